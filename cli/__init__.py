@@ -1,0 +1,1 @@
+"""The `edgeinfer` command line: thin click commands that parse, call edgeinfer and print."""

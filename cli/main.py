@@ -1,0 +1,116 @@
+"""`edgeinfer`: the click application. Thin: parse, call edgeinfer, print."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from edgeinfer import registry
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.gguf_file import GGUFError
+
+
+class _Group(click.Group):
+    """Turns the runtime's user-facing errors into one line on stderr and exit status 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (EdgeInferError, GGUFError, ValueError) as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="edgeinfer")
+def main():
+    """edgeinfer: run quantized GGUF language models on the CPU."""
+
+
+def _open_model_file(model: str):
+    from edgeinfer.gguf_file import GGUFFile
+
+    return GGUFFile(registry.resolve(model, pull_missing=False))
+
+
+@main.command()
+@click.argument("source")
+@click.option("--name", help="Name to store a URL or local file under (default: its file name).")
+@click.option("--force", is_flag=True, help="Download again even if the model is already cached.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def pull(source, name, force, quiet):
+    """Fetch a model: a catalog name, an http(s) URL (resumable) or a local .gguf path."""
+    path = registry.pull(source, progress=not quiet, force=force, name=name)
+    click.echo(f"{path}")
+
+
+@main.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def list_(as_json):
+    """List downloaded models and the catalog."""
+    from edgeinfer.info import quant_mix, summarize
+    from edgeinfer.gguf_file import GGUFFile
+
+    rows = []
+    for m in registry.list_local():
+        try:
+            with GGUFFile(m.path) as gf:
+                s = summarize(gf)
+            rows.append({"name": m.name, "size": m.size, "architecture": s["architecture"],
+                         "quant_mix": quant_mix(s), "path": str(m.path)})
+        except GGUFError as e:
+            rows.append({"name": m.name, "size": m.size, "architecture": "?", "quant_mix": f"invalid: {e}",
+                         "path": str(m.path)})
+    if as_json:
+        click.echo(json.dumps({"models": rows, "catalog": sorted(registry.CATALOG)}))
+        return
+    if rows:
+        click.echo(f"{'NAME':<28} {'SIZE':>9}  {'ARCH':<8} {'QUANT MIX':<36} PATH")
+        for r in rows:
+            click.echo(f"{r['name']:<28} {r['size'] / 1e6:>7.1f}MB  {r['architecture']:<8} {r['quant_mix']:<36} {r['path']}")
+    else:
+        click.echo(f"no models downloaded yet (cache: {registry.models_dir()})")
+    have = {r["name"] for r in rows}
+    click.echo("\ncatalog (edgeinfer pull NAME):")
+    for e in registry.CATALOG.values():
+        mark = "downloaded" if e.name in have else f"{e.size / 1e6:.0f} MB"
+        click.echo(f"  {e.name:<26} {e.description} [{mark}]")
+
+
+@main.command()
+@click.argument("model")
+def rm(model):
+    """Delete a downloaded model from the cache."""
+    path = registry.remove(model)
+    click.echo(f"removed {path}")
+
+
+@main.command()
+@click.argument("model")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def inspect(model, as_json):
+    """Show a model's architecture, sizes, tokenizer and tensor types."""
+    from edgeinfer.info import summarize
+
+    with _open_model_file(model) as gf:
+        s = summarize(gf)
+    if as_json:
+        click.echo(json.dumps(s))
+        return
+    width = max(len(k) for k in s)
+    for k, v in s.items():
+        if k in ("tensor_types", "tensor_bytes"):
+            continue
+        click.echo(f"{k:<{width}}  {v}")
+    click.echo("tensors by type:")
+    for t, n in s["tensor_types"].items():
+        click.echo(f"  {t:<6} {n:>5} tensors  {s['tensor_bytes'][t] / 1e6:>9.2f} MB")
+
+
+if __name__ == "__main__":
+    main()

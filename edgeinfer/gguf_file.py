@@ -1,0 +1,449 @@
+"""A strict, memory-mapped GGUF reader.
+
+Every malformed input raises :class:`GGUFError` (a ``ValueError``) whose message names the problem
+and the byte offset. Counts read from the file are checked against the bytes that remain before
+anything is allocated, so a tiny file that declares a huge array fails at once instead of hanging.
+Tensor data is exposed as zero-copy numpy views over the memory map.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+MAX_DIMS = 4
+DEFAULT_ALIGNMENT = 32
+
+_SCALAR_FORMATS = {
+    GGUFValueType.UINT8: "<B",
+    GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I",
+    GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f",
+    GGUFValueType.BOOL: "<B",
+    GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT64: "<d",
+}
+_SCALAR_DTYPES = {
+    GGUFValueType.UINT8: np.uint8,
+    GGUFValueType.INT8: np.int8,
+    GGUFValueType.UINT16: np.uint16,
+    GGUFValueType.INT16: np.int16,
+    GGUFValueType.UINT32: np.uint32,
+    GGUFValueType.INT32: np.int32,
+    GGUFValueType.FLOAT32: np.float32,
+    GGUFValueType.BOOL: np.uint8,
+    GGUFValueType.UINT64: np.uint64,
+    GGUFValueType.INT64: np.int64,
+    GGUFValueType.FLOAT64: np.float64,
+}
+_INT_TYPES = {
+    GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
+    GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64,
+}
+_FLOAT_TYPES = {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}
+
+# Types of metadata the runtime reads. A key present with another type is a malformed file.
+# "ARCH" stands for the value of general.architecture.
+_KEY_SCHEMA: dict[str, tuple[str, GGUFValueType | None]] = {
+    "general.architecture": ("str", None),
+    "general.name": ("str", None),
+    "general.alignment": ("uint32", None),
+    "general.file_type": ("int", None),
+    "general.quantization_version": ("int", None),
+    "tokenizer.ggml.model": ("str", None),
+    "tokenizer.ggml.pre": ("str", None),
+    "tokenizer.ggml.tokens": ("array", GGUFValueType.STRING),
+    "tokenizer.ggml.scores": ("array", GGUFValueType.FLOAT32),
+    "tokenizer.ggml.token_type": ("array", GGUFValueType.INT32),
+    "tokenizer.ggml.merges": ("array", GGUFValueType.STRING),
+    "tokenizer.ggml.bos_token_id": ("int", None),
+    "tokenizer.ggml.eos_token_id": ("int", None),
+    "tokenizer.ggml.eot_token_id": ("int", None),
+    "tokenizer.ggml.unknown_token_id": ("int", None),
+    "tokenizer.ggml.padding_token_id": ("int", None),
+    "tokenizer.ggml.add_bos_token": ("bool", None),
+    "tokenizer.ggml.add_eos_token": ("bool", None),
+    "tokenizer.ggml.add_space_prefix": ("bool", None),
+    "tokenizer.chat_template": ("str", None),
+    "ARCH.context_length": ("int", None),
+    "ARCH.embedding_length": ("int", None),
+    "ARCH.block_count": ("int", None),
+    "ARCH.feed_forward_length": ("int", None),
+    "ARCH.attention.head_count": ("int", None),
+    "ARCH.attention.head_count_kv": ("int", None),
+    "ARCH.attention.key_length": ("int", None),
+    "ARCH.attention.value_length": ("int", None),
+    "ARCH.attention.layer_norm_rms_epsilon": ("float", None),
+    "ARCH.attention.sliding_window": ("int", None),
+    "ARCH.rope.freq_base": ("float", None),
+    "ARCH.rope.dimension_count": ("int", None),
+    "ARCH.rope.scaling.type": ("str", None),
+    "ARCH.rope.scaling.factor": ("float", None),
+    "ARCH.vocab_size": ("int", None),
+    "ARCH.final_logit_softcapping": ("float", None),
+    "ARCH.attn_logit_softcapping": ("float", None),
+}
+
+
+class GGUFError(ValueError):
+    """A GGUF file is malformed or unsupported. The message names the problem and the offset."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # ggml order: shape[0] is the row length (fastest-varying)
+    ggml_type: GGMLQuantizationType
+    offset: int  # relative to the start of the data section
+    n_elements: int
+    n_bytes: int
+
+    @property
+    def type_name(self) -> str:
+        return self.ggml_type.name
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads over a buffer."""
+
+    __slots__ = ("buf", "raw", "pos", "size")
+
+    def __init__(self, buf, raw, pos: int = 0):
+        self.buf = buf  # memoryview, for numpy views
+        self.raw = raw  # the mmap itself: slicing it gives bytes
+        self.pos = pos
+        self.size = len(buf)
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise GGUFError(
+                f"truncated file: {what} needs {n} bytes at offset {self.pos}, "
+                f"but only {self.size - self.pos} remain"
+            )
+
+    def scalar(self, fmt: str, what: str):
+        n = struct.calcsize(fmt)
+        self.need(n, what)
+        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += n
+        return v
+
+    def u32(self, what: str) -> int:
+        return self.scalar("<I", what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar("<Q", what)
+
+    def string(self, what: str) -> str:
+        start = self.pos
+        n = self.u64(f"length of {what}")
+        if n > self.size - self.pos:
+            raise GGUFError(
+                f"{what} at offset {start} declares length {n}, "
+                f"larger than the {self.size - self.pos} bytes left"
+            )
+        raw = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        try:
+            return bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise GGUFError(f"{what} at offset {start} is not valid UTF-8 ({e.reason})") from None
+
+
+def _value_type(raw: int, offset: int, what: str) -> GGUFValueType:
+    try:
+        return GGUFValueType(raw)
+    except ValueError:
+        raise GGUFError(f"unknown value type {raw} for {what} at offset {offset}") from None
+
+
+def _read_string_array(cur: _Cursor, count: int, what: str) -> list[str]:
+    # Tight loop: Gemma's 262,144 vocabulary strings must load in a fraction of a second.
+    # Slicing the underlying mmap/bytes object yields bytes directly (one copy, no memoryview).
+    raw, pos, size = cur.raw, cur.pos, cur.size
+    unpack = struct.Struct("<Q").unpack_from
+    out = [None] * count
+    try:
+        for i in range(count):
+            (n,) = unpack(raw, pos)
+            pos += 8
+            if n > size - pos:
+                raise GGUFError(
+                    f"{what}[{i}] at offset {pos - 8} declares length {n}, larger than the {size - pos} bytes left"
+                )
+            out[i] = raw[pos:pos + n].decode("utf-8")
+            pos += n
+    except struct.error:
+        raise GGUFError(f"truncated file: length of {what}[{i}] at offset {pos}") from None
+    except UnicodeDecodeError as e:
+        raise GGUFError(f"{what}[{i}] at offset {pos} is not valid UTF-8 ({e.reason})") from None
+    cur.pos = pos
+    return out
+
+
+def _read_value(cur: _Cursor, vtype: GGUFValueType, what: str, depth: int = 0) -> Any:
+    if vtype == GGUFValueType.STRING:
+        return cur.string(what)
+    if vtype == GGUFValueType.ARRAY:
+        start = cur.pos
+        etype = _value_type(cur.u32(f"element type of {what}"), start, f"elements of {what}")
+        count = cur.u64(f"element count of {what}")
+        left = cur.size - cur.pos
+        if etype == GGUFValueType.ARRAY:
+            if depth >= 1:
+                raise GGUFError(f"{what} at offset {start}: arrays nested deeper than two levels")
+            min_size = 12  # an empty inner array still needs its type and count
+        elif etype == GGUFValueType.STRING:
+            min_size = 8
+        else:
+            min_size = struct.calcsize(_SCALAR_FORMATS[etype])
+        if count > left // min_size:
+            raise GGUFError(
+                f"{what} at offset {start} declares {count} elements, "
+                f"more than the {left} bytes left could hold"
+            )
+        if etype == GGUFValueType.STRING:
+            return _read_string_array(cur, count, what)
+        if etype == GGUFValueType.ARRAY:
+            return [_read_value(cur, etype, f"{what}[{i}]", depth + 1) for i in range(count)]
+        dtype = np.dtype(_SCALAR_DTYPES[etype]).newbyteorder("<")
+        arr = np.frombuffer(cur.buf, dtype=dtype, count=count, offset=cur.pos)
+        cur.pos += count * dtype.itemsize
+        if etype == GGUFValueType.BOOL:
+            return [bool(x) for x in arr]
+        return arr
+    v = cur.scalar(_SCALAR_FORMATS[vtype], what)
+    if vtype == GGUFValueType.BOOL:
+        if v not in (0, 1):
+            raise GGUFError(f"{what} at offset {cur.pos - 1} is a bool with value {v}, not 0 or 1")
+        return bool(v)
+    return v
+
+
+def _check_type(key: str, vtype: GGUFValueType, etype: GGUFValueType | None, want: str,
+                want_elem: GGUFValueType | None, offset: int) -> None:
+    ok = {
+        "str": vtype == GGUFValueType.STRING,
+        "bool": vtype == GGUFValueType.BOOL,
+        "int": vtype in _INT_TYPES,
+        "uint32": vtype == GGUFValueType.UINT32,
+        "float": vtype in _FLOAT_TYPES,
+        "array": vtype == GGUFValueType.ARRAY and etype == want_elem,
+    }[want]
+    if not ok:
+        got = vtype.name + (f" of {etype.name}" if etype is not None else "")
+        exp = {"str": "STRING", "bool": "BOOL", "int": "an integer", "uint32": "UINT32",
+               "float": "FLOAT32 or FLOAT64",
+               "array": f"ARRAY of {want_elem.name if want_elem else ''}"}[want]
+        raise GGUFError(f"metadata key {key!r} at offset {offset} has type {got}, expected {exp}")
+
+
+class GGUFFile:
+    """A validated GGUF file: ``metadata`` (key -> value), ``tensors`` (name -> TensorInfo)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            raise GGUFError(f"cannot open {self.path}: {e.strerror}") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                raise GGUFError("empty file (0 bytes): not a GGUF file")
+            self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        self.file_size = size
+        try:
+            self._parse(memoryview(self._mmap), self._mmap)
+        except GGUFError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        mm = getattr(self, "_mmap", None)
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass  # views are still alive; the map closes when they are gone
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _parse(self, buf, raw) -> None:
+        cur = _Cursor(buf, raw)
+        cur.need(4, "magic")
+        magic = bytes(buf[0:4])
+        if magic != GGUF_MAGIC:
+            raise GGUFError(f"bad magic {magic!r} at offset 0: not a GGUF file (expected b'GGUF')")
+        cur.pos = 4
+        version = cur.u32("version")
+        if version not in SUPPORTED_VERSIONS:
+            swapped = struct.unpack("<I", struct.pack(">I", version))[0]
+            if swapped in SUPPORTED_VERSIONS:
+                raise GGUFError("big-endian GGUF files are unsupported (version field at offset 4 is byte-swapped)")
+            raise GGUFError(f"unsupported GGUF version {version} at offset 4 (supported: 2, 3)")
+        self.version = version
+        n_tensors = cur.u64("tensor count")
+        n_kv = cur.u64("metadata key count")
+        left = cur.size - cur.pos
+        # A key needs at least 8 (length) + 1 (name) + 4 (type) + 1 byte; a tensor info 8+1+4+8+4+8.
+        if n_kv > left // 14:
+            raise GGUFError(f"metadata key count {n_kv} at offset 16 is larger than the {left} bytes left could hold")
+        if n_tensors > left // 33:
+            raise GGUFError(f"tensor count {n_tensors} at offset 8 is larger than the {left} bytes left could hold")
+
+        metadata: dict[str, Any] = {}
+        types: dict[str, tuple[GGUFValueType, GGUFValueType | None, int]] = {}
+        for i in range(n_kv):
+            key_off = cur.pos
+            key = cur.string(f"metadata key #{i}")
+            if not key:
+                raise GGUFError(f"empty metadata key #{i} at offset {key_off}")
+            if key in metadata:
+                raise GGUFError(f"duplicate metadata key {key!r} at offset {key_off}")
+            type_off = cur.pos
+            vtype = _value_type(cur.u32(f"type of {key!r}"), type_off, f"key {key!r}")
+            etype = None
+            if vtype == GGUFValueType.ARRAY:
+                cur.need(4, f"element type of {key!r}")
+                etype = _value_type(struct.unpack_from("<I", buf, cur.pos)[0], cur.pos, f"elements of {key!r}")
+            metadata[key] = _read_value(cur, vtype, f"value of {key!r}")
+            types[key] = (vtype, etype, type_off)
+        self.metadata = metadata
+        self.metadata_types = types
+
+        arch = metadata.get("general.architecture")
+        for pattern, (want, want_elem) in _KEY_SCHEMA.items():
+            key = pattern.replace("ARCH", arch) if isinstance(arch, str) else pattern
+            if "ARCH" in key or key not in types:
+                continue
+            vtype, etype, off = types[key]
+            _check_type(key, vtype, etype, want, want_elem, off)
+        alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise GGUFError(f"general.alignment {alignment} at offset {types['general.alignment'][2]} is not a power of two")
+        self.alignment = alignment
+
+        tensors: dict[str, TensorInfo] = {}
+        for i in range(n_tensors):
+            info_off = cur.pos
+            name = cur.string(f"name of tensor #{i}")
+            if not name:
+                raise GGUFError(f"tensor #{i} at offset {info_off} has an empty name")
+            if name in tensors:
+                raise GGUFError(f"duplicate tensor name {name!r} at offset {info_off}")
+            n_dims = cur.u32(f"dimension count of tensor {name!r}")
+            if n_dims == 0 or n_dims > MAX_DIMS:
+                raise GGUFError(f"tensor {name!r} at offset {info_off} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
+            dims = []
+            for d in range(n_dims):
+                dim = cur.u64(f"dimension {d} of tensor {name!r}")
+                if dim == 0:
+                    raise GGUFError(f"tensor {name!r} at offset {info_off} has a zero dimension {d}")
+                if dim >= 1 << 62:
+                    raise GGUFError(f"tensor {name!r} at offset {info_off}: dimension {d} ({dim}) overflows")
+                dims.append(dim)
+            type_off = cur.pos
+            raw_type = cur.u32(f"type of tensor {name!r}")
+            try:
+                gtype = GGMLQuantizationType(raw_type)
+            except ValueError:
+                raise GGUFError(f"tensor {name!r} has unknown ggml type {raw_type} at offset {type_off}") from None
+            if gtype not in GGML_QUANT_SIZES:
+                raise GGUFError(f"tensor {name!r} has unsupported ggml type {gtype.name} at offset {type_off}")
+            offset = cur.u64(f"data offset of tensor {name!r}")
+            n_el = 1
+            for dim in dims:
+                n_el *= dim
+                if n_el >= 1 << 62:
+                    raise GGUFError(f"tensor {name!r} at offset {info_off}: element count overflows")
+            block, type_size = GGML_QUANT_SIZES[gtype]
+            if dims[0] % block:
+                raise GGUFError(
+                    f"tensor {name!r} at offset {info_off}: row length {dims[0]} is not a multiple of "
+                    f"the {gtype.name} block size {block}"
+                )
+            n_bytes = n_el // block * type_size
+            if offset % alignment:
+                raise GGUFError(f"tensor {name!r}: data offset {offset} (at {type_off + 4}) is not aligned to {alignment}")
+            tensors[name] = TensorInfo(name, tuple(dims), gtype, offset, n_el, n_bytes)
+
+        self.data_offset = -(-cur.pos // alignment) * alignment
+        data_size = self.file_size - self.data_offset
+        spans = sorted((t.offset, t.offset + t.n_bytes, t.name) for t in tensors.values())
+        prev_end, prev_name = 0, None
+        for start, end, name in spans:
+            if end > data_size:
+                raise GGUFError(
+                    f"tensor {name!r} data [{self.data_offset + start}, {self.data_offset + end}) "
+                    f"runs past the end of the file ({self.file_size} bytes)"
+                )
+            if start < prev_end:
+                raise GGUFError(f"tensor {name!r} data at offset {self.data_offset + start} overlaps tensor {prev_name!r}")
+            prev_end, prev_name = end, name
+        self.tensors = tensors
+
+    # -- accessors -------------------------------------------------------------------------------
+
+    @property
+    def architecture(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if arch is None:
+            raise GGUFError("missing metadata key 'general.architecture'")
+        return arch
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def require(self, key: str) -> Any:
+        if key not in self.metadata:
+            raise GGUFError(f"missing metadata key {key!r}")
+        return self.metadata[key]
+
+    def tensor_bytes(self, name: str) -> np.ndarray:
+        """Raw bytes of a tensor as a zero-copy uint8 view, shaped (rows..., bytes per row)."""
+        t = self.tensors[name]
+        block, type_size = GGML_QUANT_SIZES[t.ggml_type]
+        arr = np.frombuffer(self._mmap, dtype=np.uint8, count=t.n_bytes, offset=self.data_offset + t.offset)
+        row_bytes = t.shape[0] // block * type_size
+        return arr.reshape(tuple(reversed(t.shape[1:])) + (row_bytes,))
+
+    def tensor(self, name: str) -> np.ndarray:
+        """A zero-copy view of a tensor: F32/F16 as floats, others as raw block bytes (numpy shape order)."""
+        t = self.tensors[name]
+        raw = self.tensor_bytes(name)
+        if t.ggml_type == GGMLQuantizationType.F32:
+            return raw.view(np.float32).reshape(tuple(reversed(t.shape)))
+        if t.ggml_type == GGMLQuantizationType.F16:
+            return raw.view(np.float16).reshape(tuple(reversed(t.shape)))
+        return raw
+
+    def type_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for t in self.tensors.values():
+            counts[t.type_name] = counts.get(t.type_name, 0) + 1
+        return counts
+
+    def type_bytes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.tensors.values():
+            out[t.type_name] = out.get(t.type_name, 0) + t.n_bytes
+        return out

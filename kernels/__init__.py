@@ -1,0 +1,1 @@
+"""Compute kernels. ``get_backend("cpu" | "cuda")`` returns the backend module."""

@@ -1,0 +1,1 @@
+"""Quantization formats: repacking GGUF blocks into kernel layouts, quantize/dequantize."""

