@@ -104,7 +104,7 @@ def spm_vocab() -> tuple[list[str], list[float], list[int]]:
              "r", "i", "l", "d", "▁of", "▁and", "▁in", "on", "at", "en", "▁s", "▁w"]
     tokens += words
     types += [1] * len(words)
-    tokens += ["<b>", "▁▁▁▁"]  # user-defined pieces
+    tokens += ["<b>", "  "]  # user-defined pieces (Gemma has runs of raw spaces and HTML tags)
     types += [4, 4]
     scores = [0.0] * 262 + [-float(i) for i in range(len(words))] + [0.0, 0.0]
     return tokens, scores, types

@@ -1,0 +1,216 @@
+"""`generate`, `chat`, `perplexity` and `warmup`: the commands that run a model."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from edgeinfer import registry
+
+
+def sampling_options(f):
+    for opt in reversed([
+        click.option("--max-tokens", "-n", type=int, default=256, show_default=True, help="Tokens to generate at most."),
+        click.option("--temperature", "-t", type=float, default=0.8, show_default=True, help="0 for greedy."),
+        click.option("--top-p", type=float, default=0.95, show_default=True),
+        click.option("--top-k", type=int, default=40, show_default=True, help="0 disables it."),
+        click.option("--min-p", type=float, default=0.05, show_default=True),
+        click.option("--repeat-penalty", type=float, default=1.0, show_default=True),
+        click.option("--seed", type=int, default=None, help="Same seed, same text."),
+        click.option("--stop", multiple=True, help="Stop at this string (repeatable); it is not printed."),
+        click.option("--threads", type=int, default=0, help="Compute threads (default: all cores)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop):
+    from edgeinfer.sampling import SamplingParams
+
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                          repetition_penalty=repeat_penalty, max_tokens=max_tokens, seed=seed, stop=tuple(stop))
+
+
+def load(model: str, threads: int):
+    from edgeinfer import LLM
+
+    if threads < 0:
+        raise click.BadParameter(f"--threads must be >= 0, got {threads}")
+    return LLM(model, threads=threads, progress=True)
+
+
+@click.command()
+@click.argument("model")
+@click.argument("prompt")
+@sampling_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text and timing stats.")
+@click.option("--special", is_flag=True, help="Parse special-token text (like <|im_start|>) in the prompt.")
+def generate(model, prompt, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads,
+             as_json, special):
+    """Continue PROMPT with MODEL, streaming the text."""
+    params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop)
+    llm = load(model, threads)
+    t0 = time.perf_counter()
+    first = None
+    text, ids, reason = [], [], None
+    try:
+        for chunk in llm.stream(prompt, params, parse_special=special):
+            first = first or time.perf_counter()
+            text.append(chunk.text)
+            ids.extend(chunk.token_ids)
+            reason = chunk.finish_reason or reason
+            if not as_json:
+                click.echo(chunk.text, nl=False)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        reason = "abort"
+    end = time.perf_counter()
+    n_prompt = len(llm._prompt_ids(prompt, special))
+    if as_json:
+        decode_s = end - (first or end)
+        click.echo(json.dumps({
+            "text": "".join(text), "finish_reason": reason, "prompt_tokens": n_prompt, "completion_tokens": len(ids),
+            "load_s": round(llm.load_seconds, 4), "ttft_s": round((first or end) - t0, 4),
+            "total_s": round(end - t0, 4),
+            "decode_tok_s": round((len(ids) - 1) / decode_s, 2) if len(ids) > 1 and decode_s > 0 else None,
+            "prompt_tok_s": round(n_prompt / ((first or end) - t0), 2) if first else None,
+        }))
+    else:
+        click.echo()
+
+
+CHAT_HELP = "commands: /reset (new conversation), /system TEXT, /stats, /exit (or Ctrl-D); Ctrl-C stops an answer"
+
+
+@click.command()
+@click.argument("model", default=registry.DEFAULT_MODEL)
+@sampling_options
+@click.option("--system", "system_prompt", default=None, help="A system message to start with.")
+def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads, system_prompt):
+    """Chat with MODEL (default: smollm2-135m-instruct, pulled on first use)."""
+    params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop)
+    interactive = sys.stdin.isatty()
+    llm = load(model, threads)
+    if interactive:
+        _setup_readline()
+        click.echo(f"edgeinfer chat: {llm.path.name} ({llm.config.arch}, {llm.config.n_layer} layers). {CHAT_HELP}")
+    system = system_prompt
+    history: list[dict] = []
+    last = {}
+    while True:
+        try:
+            line = input(">>> " if interactive else "")
+        except EOFError:
+            break
+        except KeyboardInterrupt:
+            click.echo()
+            continue
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("/"):
+            cmd, _, arg = line.partition(" ")
+            if cmd in ("/exit", "/quit", "/bye"):
+                break
+            if cmd == "/reset":
+                history = []
+                click.echo("(conversation cleared)")
+            elif cmd == "/system":
+                system = arg.strip() or None
+                history = []
+                click.echo(f"(system message {'set' if system else 'cleared'}; conversation cleared)")
+            elif cmd == "/stats":
+                click.echo(json.dumps({**last, **llm.stats()}))
+            else:
+                click.echo(f"unknown command {cmd}; {CHAT_HELP}")
+            continue
+        history.append({"role": "user", "content": line})
+        messages = ([{"role": "system", "content": system}] if system else []) + history
+        try:
+            prompt_ids = llm.render_chat(messages)
+        except ValueError as e:
+            click.echo(f"error: {e}", err=True)
+            history.pop()
+            continue
+        if len(prompt_ids) + 1 >= llm.engine.max_context:
+            click.echo(f"error: the conversation has {len(prompt_ids)} tokens, the context holds "
+                       f"{llm.engine.max_context}; /reset to start again", err=True)
+            history.pop()
+            continue
+        answer, n = [], 0
+        t0 = time.perf_counter()
+        first = None
+        try:
+            for chunk in llm.stream(prompt_ids, params):
+                first = first or time.perf_counter()
+                answer.append(chunk.text)
+                n += len(chunk.token_ids)
+                click.echo(chunk.text, nl=False)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            click.echo(" [stopped]", nl=False)
+        click.echo()
+        end = time.perf_counter()
+        last = {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "ttft_s": round((first or end) - t0, 3),
+                "decode_tok_s": round((n - 1) / (end - first), 2) if first and n > 1 and end > first else None}
+        history.append({"role": "assistant", "content": "".join(answer)})
+
+
+def _setup_readline():
+    try:
+        import atexit
+        import readline
+
+        path = registry.home() / "chat_history"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            readline.read_history_file(path)
+        except (FileNotFoundError, OSError):
+            pass
+        readline.set_history_length(1000)
+        atexit.register(lambda: _save_history(readline, path))
+    except ImportError:
+        pass
+
+
+def _save_history(readline, path):
+    try:
+        readline.write_history_file(path)
+    except OSError:
+        pass
+
+
+@click.command()
+@click.argument("model")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--ctx", "n_ctx", type=int, default=512, show_default=True, help="Tokens per chunk.")
+@click.option("--chunks", type=int, default=None, help="Chunks to score (default: all).")
+@click.option("--threads", type=int, default=0)
+@click.option("--json", "as_json", is_flag=True)
+def perplexity(model, file, n_ctx, chunks, threads, as_json):
+    """Perplexity of MODEL on a text FILE, llama-perplexity's way (second half of each chunk scored)."""
+    try:
+        text = open(file, encoding="utf-8").read()
+    except UnicodeDecodeError as e:
+        raise click.ClickException(f"{file} is not UTF-8 text: {e}")
+    llm = load(model, threads)
+    t0 = time.perf_counter()
+    r = llm.perplexity_details(text, n_ctx=n_ctx, chunks=chunks, progress=True)
+    r["seconds"] = round(time.perf_counter() - t0, 2)
+    click.echo(json.dumps(r) if as_json else f"perplexity: {r['ppl']:.4f} ({r['chunks']} chunks of {n_ctx}, "
+               f"{r['n_scored']} tokens scored, {r['seconds']} s)")
+
+
+@click.command()
+def warmup():
+    """Compile every kernel now (numba caches them on disk for later runs)."""
+    from edgeinfer.kernels.cpu import compile_status
+
+    t0 = time.perf_counter()
+    if not compile_status.is_cached():
+        click.echo("compiling kernels (one time)...", err=True)
+    compile_status.warmup()
+    click.echo(f"kernels ready ({time.perf_counter() - t0:.1f} s)")

@@ -1,0 +1,69 @@
+"""Frozen configuration objects passed down through the runtime."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture hyper-parameters, built from GGUF metadata by the architecture module."""
+
+    arch: str
+    n_layer: int
+    dim: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    v_head_dim: int
+    ffn_dim: int
+    vocab_size: int
+    context_length: int
+    norm_eps: float
+    rope_base: float
+    rope_dim: int  # dimensions rotated per head (n_rot)
+    rope_neox: bool  # rotate (i, i + n/2) pairs rather than (2i, 2i + 1)
+    rope_freq_scale: float = 1.0  # linear rope scaling: positions are multiplied by this
+    rope_base_local: float | None = None  # sliding-window layers' rope base (gemma3)
+    sliding_window: int = 0  # 0: none
+    swa_pattern: int = 0  # every swa_pattern-th layer is global; 0: all layers global
+    attn_scale: float | None = None  # default 1/sqrt(head_dim)
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    embed_scale: float = 1.0
+
+    def is_sliding(self, layer: int) -> bool:
+        return self.sliding_window > 0 and self.swa_pattern > 0 and (layer + 1) % self.swa_pattern != 0
+
+
+def default_threads() -> int:
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    return max(1, n)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs: threads, KV cache size, batching limits, backend."""
+
+    threads: int = 0  # 0: all available cores
+    block_size: int = 16
+    num_kv_blocks: int = 0  # 0: enough for max_seqs sequences of the full context (capped by kv_cache_mb)
+    kv_cache_mb: float = 512.0
+    max_seqs: int = 8
+    max_num_batched_tokens: int = 512
+    max_context: int = 0  # 0: the model's context length, capped at 4096
+    backend: str = "cpu"
+
+    def __post_init__(self):
+        for name in ("threads", "num_kv_blocks", "max_context"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("block_size", "max_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_cache_mb <= 0:
+            raise ValueError(f"kv_cache_mb must be > 0, got {self.kv_cache_mb}")

@@ -1,0 +1,1 @@
+"""Engine: sequences, block manager, scheduler, model runner, and the step loop."""

@@ -1,0 +1,187 @@
+"""Fixed-size KV blocks, per-sequence block tables, and prefix caching. Pure Python: no model, no numba.
+
+Prefix caching: once a block is full of computed tokens it is hashed as a chain (the parent block's
+hash, its token ids, the model identity) and registered. A later sequence whose prompt starts with the
+same tokens reuses the block (ref count + 1) after the tokens are compared, and skips that prefill.
+Free blocks sit in least-recently-freed order: a freed block keeps its contents and hash until it is
+handed out again, so cached prefixes are evicted least-recently-used first.
+
+The partly filled last block is never shared. When a whole prompt is cached, its last token is
+computed again to get logits; that rewrites one slot of a shared block with identical values (the
+kernels' results do not depend on the batch), so no copy is needed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from .sequence import Sequence
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: int | None = None
+        self.token_ids: tuple[int, ...] = ()
+
+    def __repr__(self):
+        return f"Block({self.block_id}, ref={self.ref_count}, hash={'-' if self.hash is None else 'y'})"
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int = 16, model_id: str = "", enable_prefix_caching: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be >= 1")
+        self.block_size = block_size
+        self.model_id = model_id
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.hash_to_block: dict[int, int] = {}
+        self.prefix_queries = 0  # full prompt blocks looked up
+        self.prefix_hits = 0
+
+    # -- counters --------------------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.hash_to_block)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- hashing ---------------------------------------------------------------------------------
+
+    def chain_hash(self, parent: int | None, tokens) -> int:
+        return hash((parent, tuple(tokens), self.model_id))
+
+    def _lookup(self, parent: int | None, tokens) -> tuple[int, int | None]:
+        h = self.chain_hash(parent, tokens)
+        bid = self.hash_to_block.get(h)
+        if bid is not None and self.blocks[bid].token_ids != tuple(tokens):
+            bid = None  # a hash collision: treat as a miss
+        return h, bid
+
+    # -- allocation ------------------------------------------------------------------------------
+
+    def _take_free(self, block_id: int | None = None) -> Block:
+        if block_id is None:
+            block_id, _ = self.free.popitem(last=False)  # least recently freed
+            block = self.blocks[block_id]
+            if block.hash is not None:  # evict its cached contents
+                if self.hash_to_block.get(block.hash) == block_id:
+                    del self.hash_to_block[block.hash]
+                block.hash = None
+                block.token_ids = ()
+        else:
+            del self.free[block_id]
+            block = self.blocks[block_id]
+        block.ref_count = 1
+        return block
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """Block ids of the cached full blocks that start seq's tokens."""
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        hits, parent = [], None
+        for i in range(seq.num_tokens // bs):
+            parent, bid = self._lookup(parent, seq.token_ids[i * bs:(i + 1) * bs])
+            if bid is None:
+                break
+            hits.append(bid)
+        return hits
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        hits = self._cached_prefix(seq)
+        in_use = sum(1 for b in hits if self.blocks[b].ref_count > 0)
+        return self.blocks_needed(seq.num_tokens) - in_use <= self.num_free
+
+    def allocate(self, seq: Sequence) -> int:
+        """Give seq blocks for all its tokens, reusing cached prefix blocks. Returns cached tokens."""
+        assert not seq.block_table, "sequence already has blocks"
+        bs = self.block_size
+        hits = self._cached_prefix(seq)
+        n_full = seq.num_tokens // bs
+        self.prefix_queries += n_full
+        self.prefix_hits += len(hits)
+        for bid in hits:
+            block = self.blocks[bid]
+            if block.ref_count == 0:
+                self._take_free(bid)
+            else:
+                block.ref_count += 1
+            seq.block_table.append(bid)
+        for _ in range(self.blocks_needed(seq.num_tokens) - len(hits)):
+            seq.block_table.append(self._take_free().block_id)
+        # keep at least one token to compute, for its logits
+        cached = min(len(hits) * bs, seq.num_tokens - 1)
+        seq.num_cached_tokens = cached
+        return cached
+
+    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        return need <= self.num_free
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Make room for seq's KV up to num_computed_tokens + num_new_tokens."""
+        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        for _ in range(need):
+            seq.block_table.append(self._take_free().block_id)
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the full blocks whose tokens are all computed, for later prefix hits."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        parent = None
+        for i in range(min(seq.num_computed_tokens // bs, len(seq.block_table))):
+            block = self.blocks[seq.block_table[i]]
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            if block.hash is None:
+                h = self.chain_hash(parent, tokens)
+                block.hash = h
+                block.token_ids = tokens
+                self.hash_to_block.setdefault(h, block.block_id)
+            parent = block.hash
+
+    def free_seq(self, seq: Sequence) -> None:
+        """Release seq's blocks; those no longer referenced join the free list (newest last)."""
+        for bid in reversed(seq.block_table):
+            block = self.blocks[bid]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {bid} freed twice"
+            if block.ref_count == 0:
+                self.free[bid] = None
+        seq.block_table = []
+
+    def check_invariants(self, live: list[Sequence]) -> None:
+        """For tests: ref counts equal table references, and free = unreferenced."""
+        refs = [0] * self.num_blocks
+        for s in live:
+            for b in s.block_table:
+                refs[b] += 1
+        for b in self.blocks:
+            assert b.ref_count == refs[b.block_id], (b, refs[b.block_id])
+            assert (b.block_id in self.free) == (b.ref_count == 0), b
+        for h, bid in self.hash_to_block.items():
+            assert self.blocks[bid].hash == h

@@ -1,0 +1,206 @@
+"""The engine: requests in, one scheduled forward pass per step, text deltas out."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..config import EngineConfig
+from ..errors import EdgeInferError
+from ..models.common import KVCache
+from ..sampling import Sampler, SamplingParams, log_softmax
+from ..tokenizer import IncrementalDecoder, Tokenizer
+from .block_manager import BlockManager
+from .model_runner import ModelRunner
+from .scheduler import Scheduler
+from .sequence import Sequence, SequenceStatus
+
+
+class PromptTooLongError(EdgeInferError, ValueError):
+    """A prompt that does not fit the context (or the KV cache)."""
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request: the new text and tokens, and whether it is done."""
+
+    request_id: str
+    delta_text: str
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    prompt_token_ids: list[int] = field(default_factory=list)
+    num_output_tokens: int = 0
+    logprobs: list[dict] | None = None  # per new token: {"token_id", "logprob", "top": [(id, logprob)]}
+
+
+class _RequestState:
+    __slots__ = ("seq", "sampler", "decoder", "text", "emitted", "stop_hold")
+
+    def __init__(self, seq: Sequence, tokenizer: Tokenizer):
+        self.seq = seq
+        self.sampler = Sampler(seq.params)
+        self.decoder = IncrementalDecoder(tokenizer)
+        self.text = ""  # all output text decoded so far
+        self.emitted = 0  # characters of it already handed to the caller
+        self.stop_hold = max((len(s) for s in seq.params.stop), default=0)
+
+
+class LLMEngine:
+    def __init__(self, model, tokenizer: Tokenizer, config: EngineConfig, model_id: str = ""):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        cfg = model.cfg
+        self.max_context = config.max_context or min(cfg.context_length, 8192)
+        per_block = KVCache.bytes_per_block(cfg, config.block_size)
+        n_blocks = config.num_kv_blocks or max(
+            1, min(config.max_seqs * -(-self.max_context // config.block_size),
+                   int(config.kv_cache_mb * 2**20 // per_block)))
+        self.cache = KVCache(cfg.n_layer, n_blocks, config.block_size, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim)
+        self.block_manager = BlockManager(n_blocks, config.block_size, model_id=model_id)
+        self.scheduler = Scheduler(self.block_manager, config.max_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(model, self.cache, config.block_size)
+        self.requests: dict[str, _RequestState] = {}
+        self._lock = threading.Lock()
+        self._pending: list[Sequence] = []
+        self._aborts: list[str] = []
+        self._next_id = 0
+
+    # -- requests (thread-safe) ------------------------------------------------------------------
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                    priority: int = 0) -> str:
+        if not isinstance(params, SamplingParams):
+            raise TypeError("params must be a SamplingParams")
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        bad = [t for t in prompt_ids if not 0 <= t < self.tokenizer.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary of {self.tokenizer.vocab_size}")
+        if len(prompt_ids) >= self.max_context:
+            raise PromptTooLongError(
+                f"the prompt has {len(prompt_ids)} tokens but the context holds {self.max_context}: "
+                f"shorten it by at least {len(prompt_ids) - self.max_context + 1} tokens"
+            )
+        need = min(len(prompt_ids) + params.max_tokens, self.max_context)
+        if not self.scheduler.can_ever_fit(need):
+            raise PromptTooLongError(
+                f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) needs "
+                f"{self.block_manager.blocks_needed(need)} KV blocks but the cache has {self.block_manager.num_blocks}"
+            )
+        with self._lock:
+            if request_id is None:
+                request_id = f"req-{self._next_id}"
+                self._next_id += 1
+            if request_id in self.requests or any(s.request_id == request_id for s in self._pending):
+                raise ValueError(f"request id {request_id!r} is already in use")
+            seq = Sequence(prompt_ids, params, request_id, priority, arrival=time.monotonic())
+            self._pending.append(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._aborts.append(request_id)
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return bool(self._pending) or self.scheduler.has_unfinished()
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def _drain_inbox(self) -> list[RequestOutput]:
+        with self._lock:
+            pending, self._pending = self._pending, []
+            aborts, self._aborts = self._aborts, []
+        for seq in pending:
+            self.requests[seq.request_id] = _RequestState(seq, self.tokenizer)
+            self.scheduler.add(seq)
+        outs = []
+        for rid in aborts:
+            st = self.requests.pop(rid, None)
+            if st is not None:
+                self.scheduler.abort(st.seq)
+                st.seq.finish_reason = "abort"
+                outs.append(RequestOutput(rid, "", [], True, "abort", st.seq.prompt_ids, len(st.seq.output_ids)))
+        return outs
+
+    def step(self) -> list[RequestOutput]:
+        outs = self._drain_inbox()
+        sched = self.scheduler.schedule()
+        if not sched:
+            return outs
+        logits, sampling = self.runner.run(sched)
+        for seq, n in zip(sched.seqs, sched.num_tokens):
+            seq.num_computed_tokens += n
+            self.block_manager.commit(seq)
+        for row, i in enumerate(sampling):
+            seq = sched.seqs[i]
+            st = self.requests[seq.request_id]
+            outs.append(self._append_token(st, logits[row]))
+        return outs
+
+    def _append_token(self, st: _RequestState, logits: np.ndarray) -> RequestOutput:
+        seq, params, tok = st.seq, st.seq.params, self.tokenizer
+        tid = st.sampler(logits, seq.prompt_ids, seq.output_ids)
+        lp = None
+        if params.logprobs is not None:
+            ls = log_softmax(logits)
+            top = np.argsort(-ls)[: params.logprobs] if params.logprobs else []
+            lp = [{"token_id": tid, "logprob": float(ls[tid]), "top": [(int(j), float(ls[j])) for j in top]}]
+        seq.token_ids.append(tid)
+        reason = None
+        stopped_by_string = False
+        is_eos = tid in tok.stop_ids or tid in params.stop_token_ids
+        if is_eos and not params.ignore_eos:
+            reason = "stop"
+        else:
+            st.text += st.decoder.push(tid)
+        if reason is None and params.stop:
+            for s in params.stop:
+                # only the text that could contain a new match: the tail plus the held-back part
+                k = st.text.find(s, max(0, st.emitted - len(s)))
+                if k >= 0:
+                    st.text = st.text[:k]
+                    reason = "stop"
+                    stopped_by_string = True
+                    break
+        if reason is None and len(seq.output_ids) >= params.max_tokens:
+            reason = "length"
+        if reason is None and seq.num_tokens >= self.max_context:
+            reason = "length"
+        if reason is not None:
+            if not stopped_by_string:  # after a stop string the undecoded tail is dropped with it
+                st.text += st.decoder.flush()
+            end = len(st.text)
+        else:
+            end = max(st.emitted, len(st.text) - (st.stop_hold - 1 if st.stop_hold else 0))
+        delta = st.text[st.emitted:end]
+        st.emitted = end
+        out = RequestOutput(seq.request_id, delta, [tid], reason is not None, reason, seq.prompt_ids,
+                            len(seq.output_ids), lp)
+        if reason is not None:
+            seq.finish_reason = reason
+            self.scheduler.finish(seq)
+            del self.requests[seq.request_id]
+        return out
+
+    # -- stats -----------------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        bm = self.block_manager
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting) + len(self._pending),
+            "kv_blocks_total": bm.num_blocks,
+            "kv_blocks_used": bm.num_used,
+            "kv_blocks_free": bm.num_free,
+            "kv_blocks_cached": bm.num_cached,
+            "prefix_cache_hit_rate": bm.hit_rate,
+            "preemptions": self.scheduler.num_preemptions,
+            "computed_tokens": self.runner.num_forward_tokens,
+        }

@@ -1,0 +1,55 @@
+"""A request's state as it moves through the scheduler."""
+
+from __future__ import annotations
+
+import itertools
+from enum import Enum
+
+_ids = itertools.count()
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """token_ids holds the prompt then the output; num_computed_tokens of them have KV in the cache."""
+
+    def __init__(self, prompt_ids: list[int], params, request_id: str | None = None, priority: int = 0,
+                 arrival: float = 0.0):
+        self.seq_id = next(_ids)
+        self.request_id = request_id if request_id is not None else str(self.seq_id)
+        self.token_ids = list(prompt_ids)
+        self.num_prompt_tokens = len(prompt_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at the last admission
+        self.block_table: list[int] = []
+        self.status = SequenceStatus.WAITING
+        self.params = params
+        self.priority = priority  # lower value: served first (as vLLM)
+        self.arrival = arrival
+        self.waited_steps = 0
+        self.num_preemptions = 0
+        self.finish_reason: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def __repr__(self):
+        return (f"Sequence({self.request_id}, {self.status.value}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={self.block_table})")

@@ -1,0 +1,224 @@
+"""The Python API: ``LLM(model).generate / stream / chat / perplexity / tokenize / detokenize``."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence as Seq
+
+import numpy as np
+
+from . import registry
+from .chat_template import ChatTemplate, default_template
+from .config import EngineConfig, default_threads
+from .engine.llm_engine import LLMEngine, PromptTooLongError, RequestOutput
+from .gguf_file import GGUFFile
+from .kernels import get_backend
+from .models import load_model
+from .models.common import Batch, KVCache
+from .sampling import SamplingParams, log_softmax
+from .tokenizer import Tokenizer
+
+
+@dataclass
+class Completion:
+    """One finished generation."""
+
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    finish_reason: str  # "stop" | "length" | "abort"
+    logprobs: list[dict] | None = None
+    timings: dict = field(default_factory=dict)
+
+
+@dataclass
+class StreamChunk:
+    """One piece of a streamed generation."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+
+
+class LLM:
+    """A loaded model with its tokenizer, chat template and engine.
+
+    model: a catalog name (pulled on first use), a cached model name, or a path to a .gguf file.
+    """
+
+    def __init__(self, model: str = registry.DEFAULT_MODEL, *, threads: int = 0, backend: str = "cpu",
+                 engine_config: EngineConfig | None = None, progress: bool = True):
+        t0 = time.perf_counter()
+        self.path = registry.resolve(model, progress=progress)
+        self.gguf = GGUFFile(self.path)
+        config = engine_config or EngineConfig(threads=threads, backend=backend)
+        self.kernels = get_backend(config.backend)
+        self.kernels.set_threads(config.threads or default_threads())
+        self.tokenizer = Tokenizer(self.gguf)
+        _announce_compile(progress)
+        self.model = load_model(self.gguf, self.kernels)
+        self.config = self.model.cfg
+        tok = self.tokenizer
+        bos = tok.tokens[tok.bos_id] if tok.bos_id is not None else ""
+        eos = tok.tokens[tok.eos_id] if tok.eos_id is not None else ""
+        self.chat_template = ChatTemplate(self.gguf.get("tokenizer.chat_template"), bos, eos,
+                                          fallback=default_template(tok))
+        self.engine = LLMEngine(self.model, tok, config, model_id=str(self.path))
+        self.gguf.close()  # weights are repacked copies; drop the file mapping from memory
+        self.load_seconds = time.perf_counter() - t0
+
+    # -- text <-> tokens -------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_bos: bool = False, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=add_bos, parse_special=parse_special)
+
+    def detokenize(self, ids: Seq[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def _prompt_ids(self, prompt, parse_special: bool = False) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_bos=None, parse_special=parse_special)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+                                                     for t in prompt):
+            return [int(t) for t in prompt]
+        raise TypeError("a prompt must be a str or a list of token ids")
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def generate(self, prompts, params: SamplingParams | None = None, *, parse_special: bool = False
+                 ) -> list[Completion]:
+        """Generate for one prompt or many; all run together as one continuous batch."""
+        params = params or SamplingParams()
+        single = isinstance(prompts, str) or (
+            isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], (int, np.integer)))
+        batch = [prompts] if single else list(prompts)
+        ids = [self._prompt_ids(p, parse_special) for p in batch]
+        rids = []
+        try:
+            for p in ids:
+                rids.append(self.engine.add_request(p, params))
+            results = {rid: {"text": [], "ids": [], "lp": [], "reason": None} for rid in rids}
+            t0 = time.perf_counter()
+            first = None
+            while any(r["reason"] is None for r in results.values()):
+                for out in self.engine.step():
+                    r = results.get(out.request_id)
+                    if r is None:
+                        continue
+                    first = first or time.perf_counter()
+                    r["text"].append(out.delta_text)
+                    r["ids"].extend(out.new_token_ids)
+                    if out.logprobs:
+                        r["lp"].extend(out.logprobs)
+                    if out.finished:
+                        r["reason"] = out.finish_reason
+        except BaseException:
+            for rid in rids:
+                self.engine.abort(rid)
+            self._drain()
+            raise
+        elapsed = time.perf_counter() - t0
+        comps = []
+        for rid, p in zip(rids, ids):
+            r = results[rid]
+            comps.append(Completion("".join(r["text"]), r["ids"], p, r["reason"],
+                                    r["lp"] if params.logprobs is not None else None,
+                                    {"seconds": elapsed, "ttft_seconds": (first or t0) - t0}))
+        return comps
+
+    def stream(self, prompt, params: SamplingParams | None = None, *, parse_special: bool = False
+               ) -> Iterator[StreamChunk]:
+        """Yield text deltas (with their token ids) as they are generated."""
+        params = params or SamplingParams()
+        rid = self.engine.add_request(self._prompt_ids(prompt, parse_special), params)
+        done = False
+        try:
+            while not done:
+                for out in self.engine.step():
+                    if out.request_id != rid:
+                        continue
+                    done = out.finished
+                    if out.delta_text or out.new_token_ids or done:
+                        yield StreamChunk(out.delta_text, out.new_token_ids, out.finish_reason)
+        finally:
+            if not done:  # the caller stopped early (Ctrl-C, break): free the request's blocks
+                self.engine.abort(rid)
+                self._drain()
+
+    def _drain(self) -> None:
+        self.engine.step()
+
+    def render_chat(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        text = self.chat_template.render(messages, add_generation_prompt)
+        ids = self.tokenizer.encode(text, add_bos=None, parse_special=True)
+        bos = self.tokenizer.bos_id
+        if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+            ids = ids[1:]  # the template wrote the BOS text and the tokenizer added one too
+        return ids
+
+    def chat(self, messages, params: SamplingParams | None = None) -> Completion:
+        """Answer a conversation ([{role, content}, ...]) through the model's chat template."""
+        return self.generate(self.render_chat(messages), params)[0]
+
+    def stream_chat(self, messages, params: SamplingParams | None = None) -> Iterator[StreamChunk]:
+        return self.stream(self.render_chat(messages), params)
+
+    # -- evaluation ------------------------------------------------------------------------------
+
+    def perplexity(self, text: str, n_ctx: int = 512, chunks: int | None = None, progress: bool = False) -> float:
+        """llama-perplexity's method: chunks of n_ctx tokens (first replaced by BOS when the model
+        adds one); the second half of each chunk is scored."""
+        return self.perplexity_details(text, n_ctx, chunks, progress)["ppl"]
+
+    def perplexity_details(self, text: str, n_ctx: int = 512, chunks: int | None = None,
+                           progress: bool = False) -> dict:
+        if n_ctx < 16:
+            raise ValueError(f"n_ctx must be >= 16, got {n_ctx}")
+        if n_ctx > self.engine.max_context:
+            raise PromptTooLongError(f"n_ctx {n_ctx} is larger than the context {self.engine.max_context}")
+        ids = self.tokenizer.encode(text, add_bos=False)
+        available = len(ids) // n_ctx
+        if available == 0:
+            raise ValueError(f"the text has {len(ids)} tokens, fewer than one chunk of n_ctx = {n_ctx}")
+        n_chunks = available if chunks is None else min(chunks, available)
+        if n_chunks < 1:
+            raise ValueError(f"chunks must be >= 1, got {chunks}")
+        bs = self.engine.config.block_size
+        n_blocks = -(-n_ctx // bs)
+        cache = KVCache(self.config.n_layer, n_blocks, bs, self.config.n_kv_head, self.config.head_dim,
+                        self.config.v_head_dim)
+        first = n_ctx // 2
+        nll, count = 0.0, 0
+        from tqdm import tqdm
+
+        bar = tqdm(total=n_chunks, desc="perplexity", disable=not progress, file=sys.stderr)
+        for c in range(n_chunks):
+            chunk = list(ids[c * n_ctx:(c + 1) * n_ctx])
+            if self.tokenizer.add_bos and self.tokenizer.bos_id is not None:
+                chunk[0] = self.tokenizer.bos_id
+            pos = np.arange(n_ctx)
+            batch = Batch(chunk, pos, np.zeros(n_ctx), pos, np.arange(n_blocks)[None], np.arange(first, n_ctx - 1))
+            logits = self.model.forward(batch, cache)
+            for j, row in enumerate(logits):
+                nll -= log_softmax(row)[chunk[first + j + 1]]
+                count += 1
+            bar.update(1)
+            bar.set_postfix(ppl=f"{np.exp(nll / count):.4f}")
+        bar.close()
+        return {"ppl": float(np.exp(nll / count)), "n_scored": count, "chunks": n_chunks, "n_ctx": n_ctx}
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+
+def _announce_compile(progress: bool) -> None:
+    """Say once that the first run compiles kernels; later runs load them from numba's cache."""
+    from .kernels.cpu import compile_status
+
+    if progress and not compile_status.is_cached():
+        print("compiling kernels (one time)...", file=sys.stderr, flush=True)
+
+
+__all__ = ["LLM", "Completion", "StreamChunk", "SamplingParams", "RequestOutput"]

@@ -1,0 +1,18 @@
+"""One module per architecture, each exporting ``config_from_gguf`` and ``Model``."""
+
+from __future__ import annotations
+
+from . import gemma3, llama
+from .common import ModelLoadError
+
+ARCHITECTURES = {llama.ARCH: llama, gemma3.ARCH: gemma3}
+
+
+def load_model(gf, kb):
+    arch = gf.architecture
+    module = ARCHITECTURES.get(arch)
+    if module is None:
+        raise ModelLoadError(
+            f"unsupported architecture {arch!r} (supported: {', '.join(sorted(ARCHITECTURES))})"
+        )
+    return module.Model(gf, kb, module.config_from_gguf(gf))

@@ -1,0 +1,136 @@
+"""What the architectures share: metadata access, weight loading, the KV cache, the attention block."""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf.constants import GGMLQuantizationType as T
+
+from ..errors import EdgeInferError
+from ..gguf_file import GGUFError, GGUFFile
+from ..quant.repack import SUPPORTED_TYPES, repack
+
+
+class ModelLoadError(EdgeInferError):
+    """A GGUF file that parses but cannot be run: a missing tensor, a wrong shape, an unsupported type."""
+
+
+def meta(gf: GGUFFile, arch: str, key: str, default=None, *, required: bool = False):
+    full = f"{arch}.{key}"
+    if full not in gf.metadata:
+        if required:
+            raise ModelLoadError(f"missing metadata key {full!r}")
+        return default
+    return gf.metadata[full]
+
+
+class WeightLoader:
+    """Loads tensors by name, checking shapes, repacking 2-D quantized weights into kernel layout."""
+
+    def __init__(self, gf: GGUFFile):
+        self.gf = gf
+
+    def has(self, name: str) -> bool:
+        return name in self.gf.tensors
+
+    def vector(self, name: str, size: int) -> np.ndarray:
+        info = self._info(name, (size,))
+        if info.ggml_type not in (T.F32, T.F16):
+            raise ModelLoadError(f"tensor {name!r} has type {info.ggml_type.name}; norms must be F32 or F16")
+        return np.array(self.gf.tensor(name), dtype=np.float32)
+
+    def matrix(self, name: str, rows: int, cols: int):
+        info = self._info(name, (cols, rows))
+        if info.ggml_type not in SUPPORTED_TYPES:
+            raise ModelLoadError(
+                f"tensor {name!r} has type {info.ggml_type.name}, which edgeinfer cannot compute yet "
+                f"(supported: {', '.join(t.name for t in SUPPORTED_TYPES)})"
+            )
+        if info.ggml_type == T.F32:
+            return np.array(self.gf.tensor(name), dtype=np.float32).reshape(rows, cols)
+        return repack(self.gf.tensor_bytes(name), info.ggml_type, info.shape)
+
+    def _info(self, name: str, shape: tuple[int, ...]):
+        info = self.gf.tensors.get(name)
+        if info is None:
+            raise ModelLoadError(f"missing tensor {name!r}")
+        if tuple(info.shape) != shape:
+            raise ModelLoadError(f"tensor {name!r} has shape {list(info.shape)}, expected {list(shape)}")
+        return info
+
+
+def rope_inv_freq(dim: int, base: float, freq_scale: float = 1.0, factors: np.ndarray | None = None) -> np.ndarray:
+    # angle_i = pos * freq_scale * base^(-2i/dim) / factor_i, i < dim/2
+    inv = freq_scale * base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+    if factors is not None:
+        inv = inv / factors.astype(np.float64)
+    return inv
+
+
+class KVCache:
+    """Paged KV storage: for each layer, (n_blocks * block_size) slots of (n_kv_head, head_dim) float32."""
+
+    def __init__(self, n_layer: int, n_blocks: int, block_size: int, n_kv_head: int, head_dim: int,
+                 v_head_dim: int):
+        self.n_blocks = n_blocks
+        self.block_size = block_size
+        n_slots = n_blocks * block_size
+        self.k = np.zeros((n_layer, n_slots, n_kv_head, head_dim), np.float32)
+        self.v = np.zeros((n_layer, n_slots, n_kv_head, v_head_dim), np.float32)
+
+    @staticmethod
+    def bytes_per_block(cfg, block_size: int) -> int:
+        return cfg.n_layer * block_size * cfg.n_kv_head * (cfg.head_dim + cfg.v_head_dim) * 4
+
+
+class Batch:
+    """The flat arrays of one forward pass over a ragged batch of sequences.
+
+    token_ids (T,) int64; positions (T,) int64; token_seq (T,) row of block_tables for each token;
+    slot_mapping (T,) KV slot each token writes; block_tables (S, max_blocks) int32;
+    logits_idx (L,) which tokens get logits (the last scheduled token of each sequence by default).
+    """
+
+    __slots__ = ("token_ids", "positions", "token_seq", "slot_mapping", "block_tables", "logits_idx")
+
+    def __init__(self, token_ids, positions, token_seq, slot_mapping, block_tables, logits_idx):
+        self.token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
+        self.positions = np.ascontiguousarray(positions, dtype=np.int64)
+        self.token_seq = np.ascontiguousarray(token_seq, dtype=np.int64)
+        self.slot_mapping = np.ascontiguousarray(slot_mapping, dtype=np.int64)
+        self.block_tables = np.ascontiguousarray(block_tables, dtype=np.int32)
+        self.logits_idx = np.ascontiguousarray(logits_idx, dtype=np.int64)
+
+
+def attention(kb, cfg, layer: int, lw, h: np.ndarray, batch: Batch, cache: KVCache, inv_freq: np.ndarray,
+              qk_norm: bool) -> np.ndarray:
+    """Self-attention of one layer for the batch: h (T, dim) -> (T, dim)."""
+    t = h.shape[0]
+    q = kb.matmul(lw.wq, h).reshape(t, cfg.n_head, cfg.head_dim)
+    k = kb.matmul(lw.wk, h).reshape(t, cfg.n_kv_head, cfg.head_dim)
+    v = kb.matmul(lw.wv, h).reshape(t, cfg.n_kv_head, cfg.v_head_dim)
+    if qk_norm:
+        kb.rmsnorm(q.reshape(-1, cfg.head_dim), lw.q_norm, cfg.norm_eps, q.reshape(-1, cfg.head_dim))
+        kb.rmsnorm(k.reshape(-1, cfg.head_dim), lw.k_norm, cfg.norm_eps, k.reshape(-1, cfg.head_dim))
+    if cfg.rope_dim < cfg.head_dim:
+        kb.rope(q[:, :, : cfg.rope_dim], batch.positions, inv_freq, cfg.rope_neox)
+        kb.rope(k[:, :, : cfg.rope_dim], batch.positions, inv_freq, cfg.rope_neox)
+    else:
+        kb.rope(q, batch.positions, inv_freq, cfg.rope_neox)
+        kb.rope(k, batch.positions, inv_freq, cfg.rope_neox)
+    kc, vc = cache.k[layer], cache.v[layer]
+    kb.write_kv(k, v, batch.slot_mapping, kc, vc)
+    out = np.empty((t, cfg.n_head, cfg.v_head_dim), np.float32)
+    scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
+    window = cfg.sliding_window if cfg.is_sliding(layer) else 0
+    kb.paged_attention(q, kc, vc, batch.token_seq, batch.positions, batch.block_tables, cache.block_size,
+                       np.float32(scale), window, np.float32(cfg.attn_softcap), out)
+    return kb.matmul(lw.wo, out.reshape(t, -1))
+
+
+def check_vocab(gf: GGUFFile, n_vocab: int) -> None:
+    tokens = gf.get("tokenizer.ggml.tokens")
+    if tokens is not None and len(tokens) != n_vocab:
+        raise ModelLoadError(f"the vocabulary has {len(tokens)} tokens but token_embd has {n_vocab} rows")
+
+
+__all__ = ["GGUFError", "ModelLoadError", "WeightLoader", "KVCache", "Batch", "attention", "meta", "rope_inv_freq"]

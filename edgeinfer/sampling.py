@@ -1,0 +1,143 @@
+"""Sampling parameters (validated on construction) and the sampler built from small filters."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token. A bad value raises ValueError naming the field."""
+
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # 1: off; on prompt and output tokens
+    presence_penalty: float = 0.0  # on output tokens
+    frequency_penalty: float = 0.0  # on output tokens
+    max_tokens: int = 256
+    stop: tuple[str, ...] = field(default=())
+    stop_token_ids: tuple[int, ...] = field(default=())
+    ignore_eos: bool = False
+    seed: int | None = None
+    logprobs: int | None = None  # how many top log-probabilities to return per token
+
+    def __post_init__(self):
+        def bad(name, why):
+            raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+
+        def num(name, integer=False):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int,) if integer else (int, float)):
+                bad(name, "must be an integer" if integer else "must be a number")
+            if not integer and not math.isfinite(v):
+                bad(name, "must be finite")
+            return v
+
+        if num("temperature") < 0:
+            bad("temperature", "must be >= 0")
+        if not 0 < num("top_p") <= 1:
+            bad("top_p", "must be in (0, 1]")
+        if num("top_k", True) < 0:
+            bad("top_k", "must be >= 0 (0 disables it)")
+        if not 0 <= num("min_p") <= 1:
+            bad("min_p", "must be in [0, 1]")
+        if num("repetition_penalty") <= 0:
+            bad("repetition_penalty", "must be > 0")
+        if not -2 <= num("presence_penalty") <= 2:
+            bad("presence_penalty", "must be in [-2, 2]")
+        if not -2 <= num("frequency_penalty") <= 2:
+            bad("frequency_penalty", "must be in [-2, 2]")
+        if num("max_tokens", True) < 1:
+            bad("max_tokens", "must be >= 1")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        if not isinstance(self.stop, (tuple, list)) or not all(isinstance(s, str) and s for s in self.stop):
+            bad("stop", "must be a list of non-empty strings")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        if not isinstance(self.stop_token_ids, (tuple, list)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            bad("stop_token_ids", "must be a list of token ids >= 0")
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            bad("seed", "must be a non-negative integer or None")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= 20):
+            bad("logprobs", "must be an integer in [0, 20] or None")
+        if not isinstance(self.ignore_eos, bool):
+            bad("ignore_eos", "must be true or false")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+# -- filters: each takes logits (V,) float64 and returns them with some entries at -inf ----------
+
+
+def apply_penalties(logits, params: SamplingParams, prompt_ids, output_ids):
+    if params.repetition_penalty != 1.0:
+        seen = np.unique(np.asarray(list(prompt_ids) + list(output_ids), np.int64))
+        if seen.size:
+            v = logits[seen]
+            logits[seen] = np.where(v > 0, v / params.repetition_penalty, v * params.repetition_penalty)
+    if (params.presence_penalty or params.frequency_penalty) and len(output_ids):
+        ids, counts = np.unique(np.asarray(output_ids, np.int64), return_counts=True)
+        logits[ids] -= params.presence_penalty + params.frequency_penalty * counts
+    return logits
+
+
+def apply_top_k(logits, k: int):
+    if 0 < k < logits.shape[0]:
+        kth = np.partition(logits, -k)[-k]
+        logits[logits < kth] = -np.inf
+    return logits
+
+
+def apply_top_p(logits, p: float):
+    if p < 1.0:
+        order = np.argsort(-logits)
+        probs = _softmax(logits[order])
+        keep = np.cumsum(probs) - probs < p  # keep the smallest prefix whose mass reaches p
+        logits[order[~keep]] = -np.inf
+    return logits
+
+
+def apply_min_p(logits, p: float):
+    if p > 0.0:
+        probs = _softmax(logits)
+        logits[probs < p * probs.max()] = -np.inf
+    return logits
+
+
+def _softmax(x):
+    e = np.exp(x - np.max(x))
+    return e / e.sum()
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+class Sampler:
+    """One per request: its params and its own seeded random generator."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray, prompt_ids, output_ids) -> int:
+        p = self.params
+        x = apply_penalties(logits.astype(np.float64), p, prompt_ids, output_ids)
+        if p.greedy:
+            return int(np.argmax(x))
+        x /= p.temperature
+        x = apply_min_p(apply_top_p(apply_top_k(x, p.top_k), p.top_p), p.min_p)
+        probs = _softmax(x)
+        return int(self.rng.choice(probs.shape[0], p=probs))

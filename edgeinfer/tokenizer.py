@@ -1,0 +1,306 @@
+"""Tokenizers built from a GGUF vocabulary, matching llama.cpp token for token.
+
+- ``gpt2`` (byte-level BPE): the `tokenizers` library with the pre-tokenizer `tokenizer.ggml.pre` names.
+- ``llama`` (SentencePiece BPE): llama.cpp's algorithm, here in Python: merge the adjacent pair whose
+  merged piece scores highest, until no adjacent pair forms a piece; unknown characters fall back to
+  byte pieces ``<0xNN>``. Building it is a dict of the pieces (a few tens of ms for 262k pieces).
+
+Control and user-defined tokens are matched in the raw text before either algorithm runs, longest
+first; control tokens only when ``parse_special`` is set, user-defined ones always (as llama.cpp).
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from typing import Iterable
+
+import numpy as np
+
+from .errors import EdgeInferError
+from .gguf_file import GGUFFile
+
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+# Pre-tokenizer regexes, as llama.cpp's llama-vocab.cpp lists them for each `tokenizer.ggml.pre`.
+_GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+             r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS = {
+    # name: (regexes applied in order, ignore_merges)
+    "default": ([_GPT2_RE], False),
+    "gpt2": ([_GPT2_RE], False),
+    "smollm": ([r"\p{N}", _GPT2_RE], False),
+    "starcoder": ([r"\p{N}", _GPT2_RE], False),
+    "llama-bpe": ([_LLAMA3_RE], True),
+    "llama3": ([_LLAMA3_RE], True),
+    "qwen2": ([_QWEN2_RE], False),
+}
+
+
+class TokenizerError(EdgeInferError):
+    """The GGUF vocabulary is missing, inconsistent or of an unsupported kind."""
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+_BYTE_ENCODER = _bytes_to_unicode()
+_BYTE_DECODER = {c: b for b, c in _BYTE_ENCODER.items()}
+
+
+class Tokenizer:
+    """Text <-> token ids for one GGUF vocabulary."""
+
+    def __init__(self, gf: GGUFFile):
+        tokens = gf.get("tokenizer.ggml.tokens")
+        if tokens is None:
+            raise TokenizerError("the GGUF file has no vocabulary (tokenizer.ggml.tokens)")
+        self.model = gf.get("tokenizer.ggml.model", "llama")
+        self.tokens: list[str] = tokens
+        n = len(tokens)
+        types = gf.get("tokenizer.ggml.token_type")
+        self.token_types = np.asarray(types, np.int32) if types is not None else np.full(n, NORMAL, np.int32)
+        if len(self.token_types) != n:
+            raise TokenizerError(f"tokenizer.ggml.token_type has {len(self.token_types)} entries for {n} tokens")
+        self.bos_id = self._opt_id(gf, "tokenizer.ggml.bos_token_id")
+        self.eos_id = self._opt_id(gf, "tokenizer.ggml.eos_token_id")
+        self.eot_id = self._opt_id(gf, "tokenizer.ggml.eot_token_id")
+        self.add_bos = bool(gf.get("tokenizer.ggml.add_bos_token", self.model == "llama"))
+        self.add_eos = bool(gf.get("tokenizer.ggml.add_eos_token", False))
+        self.add_space_prefix = bool(gf.get("tokenizer.ggml.add_space_prefix", False))
+        self.vocab_size = n
+        special = [i for i in range(n) if self.token_types[i] in (CONTROL, USER_DEFINED, UNKNOWN) and tokens[i]]
+        self._special_text = {tokens[i]: i for i in special}
+        self._re_all = self._alternation(special)
+        self._re_user = self._alternation([i for i in special if self.token_types[i] == USER_DEFINED])
+        # Tokens that end a turn: EOS, EOT, and the control tokens chat templates end a message with.
+        stops = {i for i in (self.eos_id, self.eot_id) if i is not None}
+        for name in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>"):
+            i = self._special_text.get(name)
+            if i is not None and self.token_types[i] == CONTROL:
+                stops.add(i)
+        self.stop_ids = frozenset(stops)
+
+        if self.model == "gpt2":
+            self._init_bpe(gf)
+        elif self.model == "llama":
+            self._init_spm(gf)
+        else:
+            raise TokenizerError(f"unsupported tokenizer model {self.model!r} (supported: gpt2, llama)")
+
+    # -- construction ----------------------------------------------------------------------------
+
+    def _opt_id(self, gf: GGUFFile, key: str) -> int | None:
+        v = gf.get(key)
+        if v is None:
+            return None
+        if not 0 <= int(v) < len(self.tokens):
+            raise TokenizerError(f"{key} = {v} is outside the vocabulary of {len(self.tokens)} tokens")
+        return int(v)
+
+    def _alternation(self, ids: list[int]):
+        texts = sorted({self.tokens[i] for i in ids}, key=len, reverse=True)
+        if not texts:
+            return None
+        return re.compile("|".join(re.escape(t) for t in texts))
+
+    def _init_bpe(self, gf: GGUFFile) -> None:
+        from tokenizers import Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+
+        merges = gf.get("tokenizer.ggml.merges")
+        if merges is None:
+            raise TokenizerError("a gpt2 vocabulary needs tokenizer.ggml.merges")
+        pre = gf.get("tokenizer.ggml.pre", "default")
+        if pre not in PRE_TOKENIZERS:
+            raise TokenizerError(
+                f"unsupported pre-tokenizer {pre!r} (supported: {', '.join(sorted(PRE_TOKENIZERS))})"
+            )
+        regexes, ignore_merges = PRE_TOKENIZERS[pre]
+        vocab = {t: i for i, t in enumerate(self.tokens)}
+        pairs = []
+        for m in merges:
+            a, sep, b = m.partition(" ")
+            if not sep:
+                raise TokenizerError(f"malformed merge {m!r} in tokenizer.ggml.merges")
+            pairs.append((a, b))
+        bpe = models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges)
+        tk = HFTokenizer(bpe)
+        tk.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+        tk.decoder = decoders.ByteLevel()
+        self._bpe = tk
+
+    def _init_spm(self, gf: GGUFFile) -> None:
+        scores = gf.get("tokenizer.ggml.scores")
+        self._scores = np.asarray(scores, np.float32) if scores is not None else np.zeros(len(self.tokens), np.float32)
+        if len(self._scores) != len(self.tokens):
+            raise TokenizerError(f"tokenizer.ggml.scores has {len(self._scores)} entries for {len(self.tokens)} tokens")
+        self._piece = {t: i for i, t in enumerate(self.tokens)}
+        self._byte_ids = [self._piece.get(f"<0x{b:02X}>") for b in range(256)]
+        self._unk_id = self._opt_id(gf, "tokenizer.ggml.unknown_token_id")
+
+    # -- encoding --------------------------------------------------------------------------------
+
+    def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = False) -> list[int]:
+        """Token ids of `text`. add_bos None: as the GGUF file says."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, not {type(text).__name__}")
+        ids: list[int] = []
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+            ids.append(self.bos_id)
+        pattern = self._re_all if parse_special else self._re_user
+        first = True
+        pos = 0
+        for m in pattern.finditer(text) if pattern is not None else ():
+            if m.start() > pos:
+                ids += self._encode_raw(text[pos:m.start()], first)
+            ids.append(self._special_text[m.group()])
+            pos = m.end()
+            first = False
+        if pos < len(text):
+            ids += self._encode_raw(text[pos:], first)
+        if self.add_eos and self.eos_id is not None and add_bos is None:
+            ids.append(self.eos_id)
+        return ids
+
+    def _encode_raw(self, text: str, first: bool) -> list[int]:
+        if self.model == "gpt2":
+            return self._bpe.encode(text, add_special_tokens=False).ids
+        if self.add_space_prefix and first:
+            text = " " + text
+        return self._spm(text.replace(" ", "▁"))
+
+    def _spm(self, text: str) -> list[int]:
+        # llama.cpp's SentencePiece BPE: symbols are characters; repeatedly merge the adjacent pair
+        # whose concatenation is a piece with the highest score (ties: leftmost).
+        if not text:
+            return []
+        piece, scores = self._piece, self._scores
+        syms = list(text)
+        n = len(syms)
+        prev = list(range(-1, n - 1))
+        nxt = list(range(1, n + 1))
+        nxt[-1] = -1
+        heap: list[tuple[float, int, int, str]] = []
+
+        def push(left: int) -> None:
+            right = nxt[left]
+            if right < 0:
+                return
+            merged = syms[left] + syms[right]
+            tid = piece.get(merged)
+            if tid is not None:
+                heapq.heappush(heap, (-float(scores[tid]), left, right, merged))
+
+        for i in range(n - 1):
+            push(i)
+        while heap:
+            _, left, right, merged = heapq.heappop(heap)
+            # stale entries: a side already merged into something else
+            if syms[left] is None or nxt[left] != right or syms[left] + (syms[right] or "") != merged:
+                continue
+            syms[left] = merged
+            syms[right] = None
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            if prev[left] >= 0:
+                push(prev[left])
+            push(left)
+        out: list[int] = []
+        i = 0
+        while i >= 0:
+            s = syms[i]
+            tid = piece.get(s)
+            if tid is not None:
+                out.append(tid)
+            else:
+                for b in s.encode("utf-8"):
+                    bid = self._byte_ids[b]
+                    if bid is not None:
+                        out.append(bid)
+                    elif self._unk_id is not None:
+                        out.append(self._unk_id)
+            i = nxt[i]
+        return out
+
+    # -- decoding --------------------------------------------------------------------------------
+
+    def token_bytes(self, tid: int, special: bool = False) -> bytes:
+        """The bytes token `tid` stands for. Control tokens are empty unless `special`."""
+        if not 0 <= tid < self.vocab_size:
+            raise ValueError(f"token id {tid} is outside the vocabulary of {self.vocab_size} tokens")
+        t = self.token_types[tid]
+        text = self.tokens[tid]
+        if t in (CONTROL, UNKNOWN, UNUSED):
+            return text.encode("utf-8") if special else b""
+        if t == USER_DEFINED:
+            return text.encode("utf-8")
+        if self.model == "gpt2":
+            try:
+                return bytes(_BYTE_DECODER[c] for c in text)
+            except KeyError:
+                return text.encode("utf-8")
+        if t == BYTE:
+            return bytes([int(text[3:5], 16)])
+        return text.replace("▁", " ").encode("utf-8")
+
+    def decode_bytes(self, ids: Iterable[int], special: bool = False) -> bytes:
+        return b"".join(self.token_bytes(int(i), special) for i in ids)
+
+    def decode(self, ids: Iterable[int], special: bool = False) -> str:
+        ids = list(ids)
+        data = self.decode_bytes(ids, special)
+        if self.model == "llama" and self.add_space_prefix and data.startswith(b" "):
+            data = data[1:]  # the space the encoder put in front
+        return data.decode("utf-8", errors="replace")
+
+    def is_special(self, tid: int) -> bool:
+        return self.token_types[tid] in (CONTROL, UNKNOWN, UNUSED)
+
+
+class IncrementalDecoder:
+    """Turns a growing list of token ids into text deltas, never splitting a UTF-8 character."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_leading_space: bool = False):
+        self.tok = tokenizer
+        self.pending = b""
+        self.skip_leading_space = skip_leading_space
+
+    def push(self, tid: int) -> str:
+        self.pending += self.tok.token_bytes(tid)
+        if self.skip_leading_space and self.pending:
+            if self.pending.startswith(b" "):
+                self.pending = self.pending[1:]
+            self.skip_leading_space = False
+        # emit the longest prefix that is complete UTF-8
+        data = self.pending
+        cut = len(data)
+        for back in range(1, min(4, len(data)) + 1):
+            b = data[-back]
+            if b & 0xC0 == 0x80:
+                continue  # continuation byte: keep looking for the lead byte
+            need = 1 if b < 0x80 else 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 1
+            if need > back:
+                cut = len(data) - back
+            break
+        out, self.pending = data[:cut], data[cut:]
+        return out.decode("utf-8", errors="replace")
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, b""
+        return out.decode("utf-8", errors="replace")

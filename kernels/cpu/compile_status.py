@@ -1,0 +1,52 @@
+"""Whether numba's on-disk cache holds the CPU kernels yet, and a warm-up that compiles them all."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _cache_dirs() -> list[str]:
+    dirs = [os.path.join(_HERE, "__pycache__")]
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        dirs.append(os.environ["NUMBA_CACHE_DIR"])
+    return dirs
+
+
+def is_cached() -> bool:
+    """True when compiled versions of the main kernels are on disk (a later run just loads them)."""
+    for d in _cache_dirs():
+        if glob.glob(os.path.join(d, "**", "quant.matmul_rows-*.nbi"), recursive=True) and \
+                glob.glob(os.path.join(d, "**", "ops.paged_attention-*.nbi"), recursive=True):
+            return True
+    return False
+
+
+def warmup() -> None:
+    """Compile (or load from cache) every CPU kernel with the argument types the runtime uses."""
+    from . import ops, quant
+
+    luts = quant.HALF_TO_F32
+    u8 = np.zeros((2, 128), np.uint8)
+    u16 = np.zeros((2, 8), np.uint16)
+    y = np.zeros((2, 256), np.float32)
+    quant.dequant_rows(2, u8, u8, u8, u16, u16, luts, np.zeros(1, np.int64), y[:1])
+    quant.dequant_range(2, u8, u8, u8, u16, u16, luts, 0, y)
+    quant.matmul_rows(2, u8, u8, u8, u16, u16, luts, np.zeros((1, 256), np.float32), np.zeros((1, 2), np.float32))
+    x = np.ones((2, 8), np.float32)
+    ops.rmsnorm(x, np.ones(8, np.float32), 1e-5, x)
+    q = np.ones((2, 2, 8), np.float32)
+    ops.rope(q, np.zeros(2, np.int64), np.ones(4), True)
+    ops.rope(q[:, :, :4], np.zeros(2, np.int64), np.ones(2), False)
+    kc = np.zeros((16, 1, 8), np.float32)
+    ops.write_kv(q[:, :1], q[:, :1], np.arange(2, dtype=np.int64), kc, kc)
+    out = np.zeros((2, 2, 8), np.float32)
+    ops.paged_attention(q, kc, kc, np.zeros(2, np.int64), np.arange(2, dtype=np.int64),
+                        np.zeros((1, 1), np.int32), 16, np.float32(0.3), 0, np.float32(0.0), out)
+    ops.silu_mul(x, x, x)
+    ops.gelu_tanh_mul(x, x, x)
+    ops.softcap(x, np.float32(30.0))

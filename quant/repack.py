@@ -1,0 +1,109 @@
+"""Repack GGUF block bytes, once at load, into the plain arrays the kernels index.
+
+Every weight matrix W (N rows of K elements) becomes a :class:`QTensor` with the same five fields,
+whatever its type, so one family of kernels serves every type (the kind is a small int):
+
+    qs  uint8 (N, *)   the low quant bits of each block, in ggml's order within the block
+    qh  uint8 (N, *)   high bits (Q5_0, Q5_1, Q5_K, Q6_K); empty (N, 0) otherwise
+    sc  uint8 (N, *)   per-sub-block scales: Q4_K/Q5_K 8 scales then 8 mins (6-bit values, decoded
+                       from ggml's 12-byte packing) per 256; Q6_K 16 int8 scales per 256
+    d   uint16 (N, nb) block scale as float16 bits (for F16/BF16: the values themselves, (N, K))
+    m   uint16 (N, nb) block min (Q4_1, Q5_1) or super-block min scale (Q4_K, Q5_K) as float16 bits
+
+Scales stay as float16 bits (the kernels look them up in a 65,536-entry float32 table), so the
+repacked weights take the same bytes as the file: resident memory stays at about the file's size.
+Only byte order inside a block is kept; kernels never see a GGUF block struct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+# Kind codes used by the kernels. F32 weights are not a QTensor: they stay float32 arrays.
+KIND = {T.F16: 0, T.BF16: 1, T.Q8_0: 2, T.Q4_0: 3, T.Q4_1: 4, T.Q5_0: 5, T.Q5_1: 6,
+        T.Q4_K: 7, T.Q5_K: 8, T.Q6_K: 9}
+SUPPORTED_TYPES = (T.F32,) + tuple(KIND)
+
+
+@dataclass(frozen=True)
+class QTensor:
+    """A quantized weight matrix W (N, K) in kernel layout (see the module docstring)."""
+
+    ggml_type: T
+    kind: int
+    n_rows: int
+    n_cols: int
+    qs: np.ndarray
+    qh: np.ndarray
+    sc: np.ndarray
+    d: np.ndarray
+    m: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n_rows, self.n_cols)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.qs, self.qh, self.sc, self.d, self.m))
+
+
+def _u16(blocks: np.ndarray, start: int) -> np.ndarray:
+    # (N, nb, type_size) uint8 -> (N, nb) uint16 from two little-endian bytes at `start`
+    return np.ascontiguousarray(blocks[:, :, start:start + 2]).view(np.uint16)[:, :, 0].copy()
+
+
+def _flat(blocks: np.ndarray, start: int, stop: int) -> np.ndarray:
+    n = blocks.shape[0]
+    return np.ascontiguousarray(blocks[:, :, start:stop]).reshape(n, -1)
+
+
+def decode_k_scales(packed: np.ndarray) -> np.ndarray:
+    """ggml's 12-byte packing of 8 six-bit scales and 8 six-bit mins -> (..., 16) uint8 [sc0..7, m0..7]."""
+    q = packed.astype(np.uint8)
+    sc = np.empty(q.shape[:-1] + (16,), np.uint8)
+    sc[..., 0:4] = q[..., 0:4] & 63
+    sc[..., 8:12] = q[..., 4:8] & 63
+    sc[..., 4:8] = (q[..., 8:12] & 0xF) | ((q[..., 0:4] >> 6) << 4)
+    sc[..., 12:16] = (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)
+    return sc
+
+
+def repack(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> QTensor:
+    """raw: the tensor's bytes (any shape ending in bytes per row); shape: ggml dims (K, N[, ...])."""
+    if ggml_type not in KIND:
+        raise ValueError(f"unsupported tensor type {ggml_type.name} (supported: "
+                         f"{', '.join(t.name for t in SUPPORTED_TYPES)})")
+    k = int(shape[0])
+    n = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    block, type_size = GGML_QUANT_SIZES[ggml_type]
+    nb = k // block
+    b = np.asarray(raw, dtype=np.uint8).reshape(n, nb, type_size)
+    empty = np.zeros((n, 0), np.uint8)
+    none16 = np.zeros((n, 0), np.uint16)
+    t = ggml_type
+    if t in (T.F16, T.BF16):
+        return QTensor(t, KIND[t], n, k, empty, empty, empty, b.reshape(n, k * 2).copy().view(np.uint16), none16)
+    if t == T.Q8_0:  # d f16 | qs int8[32]
+        return QTensor(t, KIND[t], n, k, _flat(b, 2, 34), empty, empty, _u16(b, 0), none16)
+    if t == T.Q4_0:  # d | qs[16]
+        return QTensor(t, KIND[t], n, k, _flat(b, 2, 18), empty, empty, _u16(b, 0), none16)
+    if t == T.Q4_1:  # d | m | qs[16]
+        return QTensor(t, KIND[t], n, k, _flat(b, 4, 20), empty, empty, _u16(b, 0), _u16(b, 2))
+    if t == T.Q5_0:  # d | qh u32 | qs[16]
+        return QTensor(t, KIND[t], n, k, _flat(b, 6, 22), _flat(b, 2, 6), empty, _u16(b, 0), none16)
+    if t == T.Q5_1:  # d | m | qh u32 | qs[16]
+        return QTensor(t, KIND[t], n, k, _flat(b, 8, 24), _flat(b, 4, 8), empty, _u16(b, 0), _u16(b, 2))
+    if t == T.Q4_K:  # d | dmin | scales[12] | qs[128]
+        sc = decode_k_scales(b[:, :, 4:16]).reshape(n, -1)
+        return QTensor(t, KIND[t], n, k, _flat(b, 16, 144), empty, sc, _u16(b, 0), _u16(b, 2))
+    if t == T.Q5_K:  # d | dmin | scales[12] | qh[32] | qs[128]
+        sc = decode_k_scales(b[:, :, 4:16]).reshape(n, -1)
+        return QTensor(t, KIND[t], n, k, _flat(b, 48, 176), _flat(b, 16, 48), sc, _u16(b, 0), _u16(b, 2))
+    if t == T.Q6_K:  # ql[128] | qh[64] | scales int8[16] | d
+        return QTensor(t, KIND[t], n, k, _flat(b, 0, 128), _flat(b, 128, 192), _flat(b, 192, 208),
+                       _u16(b, 208), none16)
+    raise AssertionError(t)

@@ -1,0 +1,76 @@
+"""generate, chat, perplexity and warmup through the CLI on a tiny model."""
+
+import json
+
+from click.testing import CliRunner
+
+from edgeinfer.cli.main import main
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def test_generate_streams_and_json(tiny_llama_path):
+    r = run("generate", tiny_llama_path, "the hen", "-n", 6, "-t", 0)
+    assert r.exit_code == 0, r.output
+    j = run("generate", tiny_llama_path, "the hen", "-n", 6, "-t", 0, "--json")
+    assert j.exit_code == 0, j.output
+    data = json.loads(j.stdout.strip().splitlines()[-1])
+    assert data["completion_tokens"] <= 6 and data["finish_reason"] in ("stop", "length")
+    assert r.stdout == data["text"] + "\n"  # the streamed text, then a newline
+    assert {"ttft_s", "total_s", "decode_tok_s", "prompt_tokens"} <= set(data)
+
+
+def test_generate_same_seed_same_text(tiny_llama_path):
+    a = run("generate", tiny_llama_path, "the", "-n", 8, "--seed", 5, "--json")
+    b = run("generate", tiny_llama_path, "the", "-n", 8, "--seed", 5, "--json")
+    assert json.loads(a.stdout)["text"] == json.loads(b.stdout)["text"]
+
+
+def test_bad_sampling_values_are_one_line_errors(tiny_llama_path):
+    for args, fragment in [(["-t", "-1"], "temperature"), (["--top-p", "0"], "top_p"), (["-n", "0"], "max_tokens"),
+                           (["--top-k", "-3"], "top_k")]:
+        r = run("generate", tiny_llama_path, "hi", *args)
+        assert r.exit_code != 0 and fragment in r.output and "Traceback" not in r.output
+
+
+def test_unknown_model_for_generate(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEINFER_HOME", str(tmp_path))
+    r = run("generate", "no-such-model", "hi")
+    assert r.exit_code == 1 and "Known names" in r.output
+
+
+def test_prompt_longer_than_context(tiny_llama_path):
+    r = run("generate", tiny_llama_path, "x " * 400, "-n", 5)
+    assert r.exit_code == 1 and "the prompt has" in r.output and "context holds 256" in r.output
+
+
+def test_chat_through_a_pipe(tiny_llama_path):
+    script = "hello there\n/stats\n/system be brief\n/reset\nthe hen\n/bogus\n/exit\nnever read\n"
+    r = run("chat", tiny_llama_path, "-n", 5, "-t", 0, input=script)
+    assert r.exit_code == 0, r.output
+    assert '"completion_tokens"' in r.output  # /stats
+    assert "system message set" in r.output and "conversation cleared" in r.output
+    assert "unknown command /bogus" in r.output
+
+
+def test_perplexity_command(tiny_llama_path, tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text("the hen sat on the thin line. " * 60)
+    r = run("perplexity", tiny_llama_path, f, "--ctx", 64, "--chunks", 2, "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout.strip().splitlines()[-1])
+    assert data["chunks"] == 2 and data["n_scored"] == 62 and data["ppl"] > 1
+
+
+def test_perplexity_text_too_short(tiny_llama_path, tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text("short")
+    r = run("perplexity", tiny_llama_path, f, "--ctx", 64)
+    assert r.exit_code == 1 and "fewer than one chunk" in r.output
+
+
+def test_warmup():
+    r = run("warmup")
+    assert r.exit_code == 0 and "kernels ready" in r.output

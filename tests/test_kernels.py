@@ -1,0 +1,174 @@
+"""CPU kernels against numpy references built on gguf.quants.dequantize."""
+
+import gguf
+import numpy as np
+import pytest
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+from edgeinfer.kernels import get_backend
+from edgeinfer.kernels.cpu import ops
+from edgeinfer.quant.repack import KIND, repack
+
+kb = get_backend("cpu")
+QUANT_TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
+ALL_TYPES = [T.F16, T.BF16] + QUANT_TYPES
+# Byte offsets of the float16 scale fields in each block, set to finite values in random blocks.
+F16_FIELDS = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q4_K: (0, 2),
+              T.Q5_K: (0, 2), T.Q6_K: (208,)}
+
+
+def random_tensor(t, n, k, rng):
+    """Raw GGUF bytes (n, row_bytes) of a random tensor of type t, and its float reference (n, k)."""
+    if t == T.F16:
+        raw = rng.standard_normal((n, k)).astype(np.float16).view(np.uint8)
+    elif t == T.BF16:
+        raw = (rng.standard_normal((n, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    else:
+        block, size = GGML_QUANT_SIZES[t]
+        raw = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
+        for off in F16_FIELDS[t]:
+            raw[:, :, off:off + 2] = (rng.standard_normal((n, k // block, 1)) * 0.05).astype(np.float16).view(np.uint8)
+        raw = raw.reshape(n, -1)
+    ref = gguf.quants.dequantize(raw, t).reshape(n, k).astype(np.float32)
+    return raw, ref
+
+
+def shapes_for(t, rng):
+    block = GGML_QUANT_SIZES[t][0]
+    return [(int(rng.integers(1, 40)) | 1, block * int(rng.integers(1, 5))) for _ in range(3)]  # odd row counts
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_dequantize_is_bit_exact_with_gguf(t):
+    rng = np.random.default_rng(KIND[t])
+    for n, k in shapes_for(t, rng):
+        raw, ref = random_tensor(t, n, k, rng)
+        w = repack(raw, t, (k, n))
+        # exact: the kernels compute d * q (+ m) in float32 as gguf's reference does
+        np.testing.assert_array_equal(kb.dequantize(w), ref)
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_matches_reference(t):
+    rng = np.random.default_rng(100 + KIND[t])
+    for n, k in shapes_for(t, rng):
+        raw, ref = random_tensor(t, n, k, rng)
+        w = repack(raw, t, (k, n))
+        for tokens in (1, 3, 17):
+            x = rng.standard_normal((tokens, k)).astype(np.float32)
+            got = kb.matmul(w, x)
+            want = x.astype(np.float64) @ ref.T.astype(np.float64)
+            # float32 accumulation over k terms in a different order than float64: the error is bounded
+            # by about k * eps32 * sum|x_i w_i|; use a 4x margin on that bound.
+            bound = 4 * k * np.finfo(np.float32).eps * (np.abs(x) @ np.abs(ref).T) + 1e-6
+            assert np.all(np.abs(got - want) <= bound)
+
+
+@pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
+def test_batched_rows_equal_single_token_bit_for_bit(t):
+    rng = np.random.default_rng(7)
+    n, k = 33, GGML_QUANT_SIZES[t][0] * 3
+    raw, _ = random_tensor(t, n, k, rng)
+    w = repack(raw, t, (k, n))
+    x = rng.standard_normal((9, k)).astype(np.float32)
+    batched = kb.matmul(w, x)
+    for i in range(9):
+        np.testing.assert_array_equal(kb.matmul(w, x[i:i + 1])[0], batched[i])
+
+
+def test_repacked_weights_take_the_files_bytes():
+    rng = np.random.default_rng(1)
+    for t in ALL_TYPES:
+        raw, _ = random_tensor(t, 8, 512, rng)
+        w = repack(raw, t, (512, 8))
+        # K-quants' 12-byte packed scales become 16 plain bytes: at most 3% more
+        assert raw.nbytes <= w.nbytes <= raw.nbytes * 1.03, t.name
+
+
+def test_embed_rows():
+    rng = np.random.default_rng(2)
+    raw, ref = random_tensor(T.Q8_0, 50, 64, rng)
+    w = repack(raw, T.Q8_0, (64, 50))
+    ids = np.array([3, 0, 49, 3])
+    np.testing.assert_array_equal(kb.embed(w, ids), ref[ids])
+
+
+def test_unsupported_type_is_a_clear_error():
+    with pytest.raises(ValueError, match="unsupported tensor type IQ2_XXS"):
+        repack(np.zeros((1, 66), np.uint8), T.IQ2_XXS, (256, 1))
+
+
+def test_rmsnorm():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    out = np.empty_like(x)
+    ops.rmsnorm(x, w, 1e-6, out)
+    ref = x / np.sqrt((x.astype(np.float64) ** 2).mean(1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)  # float32 sums of 64 squares
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_matches_complex_rotation(neox):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 3, 16)).astype(np.float32)
+    pos = np.array([0, 1, 5, 17, 100, 2000])
+    inv = 10000.0 ** (-np.arange(0, 16, 2) / 16)
+    got = x.copy()
+    ops.rope(got, pos, inv, neox)
+    if neox:
+        z = x[..., :8] + 1j * x[..., 8:]
+    else:
+        z = x[..., 0::2] + 1j * x[..., 1::2]
+    z = z * np.exp(1j * pos[:, None, None] * inv[None, None, :])
+    ref = np.concatenate([z.real, z.imag], -1) if neox else np.stack([z.real, z.imag], -1).reshape(x.shape)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)  # float32 cos/sin of angles up to 2000 rad
+
+
+def _attention_reference(q, k, v, positions, scale, window):
+    t, h, d = q.shape
+    group = h // k.shape[1]
+    out = np.zeros((t, h, v.shape[2]))
+    for i in range(t):
+        for j in range(h):
+            p = positions[i]
+            lo = max(0, p - window + 1) if window > 0 else 0
+            s = (k[lo:p + 1, j // group] @ q[i, j]) * scale
+            e = np.exp(s - s.max())
+            out[i, j] = (e / e.sum()) @ v[lo:p + 1, j // group]
+    return out
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_paged_attention_reads_through_block_tables(window):
+    rng = np.random.default_rng(5)
+    seq_len, h, kvh, d, bs = 37, 4, 2, 8, 4
+    k = rng.standard_normal((seq_len, kvh, d)).astype(np.float32)
+    v = rng.standard_normal((seq_len, kvh, d)).astype(np.float32)
+    blocks = rng.permutation(20)[: -(-seq_len // bs)]  # scattered, out-of-order physical blocks
+    kc = np.zeros((20 * bs, kvh, d), np.float32)
+    vc = np.zeros_like(kc)
+    slots = blocks[np.arange(seq_len) // bs] * bs + np.arange(seq_len) % bs
+    ops.write_kv(k, v, slots.astype(np.int64), kc, vc)
+    positions = np.array([0, 3, 4, 20, 36])
+    q = rng.standard_normal((len(positions), h, d)).astype(np.float32)
+    out = np.zeros((len(positions), h, d), np.float32)
+    table = np.zeros((2, 16), np.int32)
+    table[1, : len(blocks)] = blocks
+    ops.paged_attention(q, kc, vc, np.ones(len(positions), np.int64), positions, table, bs, np.float32(0.35),
+                        window, np.float32(0.0), out)
+    ref = _attention_reference(q, k, v, positions, 0.35, window)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)  # online softmax in float32
+
+
+def test_activations():
+    rng = np.random.default_rng(6)
+    g = rng.standard_normal((3, 40)).astype(np.float32) * 3
+    u = rng.standard_normal((3, 40)).astype(np.float32)
+    out = np.empty_like(g)
+    ops.silu_mul(g, u, out)
+    np.testing.assert_allclose(out, g / (1 + np.exp(-g.astype(np.float64))) * u, rtol=1e-5, atol=1e-6)
+    ops.gelu_tanh_mul(g, u, out)
+    gd = g.astype(np.float64)
+    ref = 0.5 * gd * (1 + np.tanh(np.sqrt(2 / np.pi) * (gd + 0.044715 * gd ** 3))) * u
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)

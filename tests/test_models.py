@@ -1,0 +1,108 @@
+"""Architectures on tiny random models: cached decoding equals one full forward pass."""
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as T
+
+from edgeinfer.gguf_file import GGUFFile
+from edgeinfer.kernels import get_backend
+from edgeinfer.models import load_model
+from edgeinfer.models.common import Batch, KVCache, ModelLoadError
+from tiny_models import write_tiny_gemma3, write_tiny_llama
+
+kb = get_backend("cpu")
+
+
+def _cache(m, n_blocks=32, bs=4):
+    c = m.cfg
+    return KVCache(c.n_layer, n_blocks, bs, c.n_kv_head, c.head_dim, c.v_head_dim)
+
+
+def _full(m, ids, bs=4):
+    t = len(ids)
+    pos = np.arange(t)
+    table = np.arange(32)[None]
+    return m.forward(Batch(ids, pos, np.zeros(t), pos, table, np.arange(t)), _cache(m, bs=bs))
+
+
+def _incremental(m, ids, chunks, bs=4):
+    cache = _cache(m, bs=bs)
+    table = np.arange(32)[None]
+    out, start = [], 0
+    for n in chunks:
+        pos = np.arange(start, start + n)
+        out.append(m.forward(Batch(ids[start:start + n], pos, np.zeros(n), pos, table, np.arange(n)), cache))
+        start += n
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("writer", [write_tiny_llama, write_tiny_gemma3], ids=["llama", "gemma3"])
+def test_cached_decoding_equals_full_forward(tmp_path, writer):
+    p = tmp_path / "m.gguf"
+    writer(p)
+    m = load_model(GGUFFile(p), kb)
+    ids = np.random.default_rng(0).integers(0, m.cfg.vocab_size, 23)
+    full = _full(m, ids)
+    one_by_one = _incremental(m, ids, [1] * 23)
+    chunked = _incremental(m, ids, [7, 1, 9, 6])
+    # the kernels give each token the same arithmetic however the tokens are grouped
+    np.testing.assert_array_equal(one_by_one, full)
+    np.testing.assert_array_equal(chunked, full)
+
+
+def test_gemma3_sliding_window_limits_attention(tmp_path):
+    # window 8: with 7 layers, layers 0-4 and 6 are local. Changing token 0 must still change the last
+    # logits (through the global layer 5), but a model with only local layers must not see it.
+    p = tmp_path / "g.gguf"
+    write_tiny_gemma3(p, n_layer=3, window=4)  # 3 layers: all local (every 6th is global)
+    m = load_model(GGUFFile(p), kb)
+    assert [m.cfg.is_sliding(i) for i in range(3)] == [True, True, True]
+    ids = np.arange(10, 30)
+    a = _full(m, ids)[-1]
+    ids2 = ids.copy()
+    ids2[0] = 99
+    b = _full(m, ids2)[-1]
+    # receptive field: 3 layers x window 4 reaches back at most 9 positions from position 19
+    np.testing.assert_array_equal(a, b)
+    c = _full(m, np.concatenate([ids[:12], [99], ids[13:]]))[-1]
+    assert not np.array_equal(a, c)
+
+
+def test_gemma3_every_sixth_layer_is_global(tiny_gemma3_path):
+    m = load_model(GGUFFile(tiny_gemma3_path), kb)
+    assert [m.cfg.is_sliding(i) for i in range(7)] == [True] * 5 + [False, True]
+    assert m.cfg.rope_base_local == 10000.0 and m.cfg.rope_base == 1e6
+    assert m.cfg.embed_scale == pytest.approx(8.0)  # sqrt(64)
+
+
+@pytest.mark.parametrize("qtype", [T.F32, T.F16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0])
+def test_llama_runs_with_each_weight_type(tmp_path, qtype):
+    p = tmp_path / "m.gguf"
+    write_tiny_llama(p, qtype=qtype, tied=False)
+    m = load_model(GGUFFile(p), kb)
+    logits = _full(m, np.arange(5, 12))
+    assert logits.shape == (7, m.cfg.vocab_size) and np.isfinite(logits).all()
+
+
+def test_unknown_architecture_names_the_supported_ones(tmp_path):
+    import gguf
+
+    p = tmp_path / "x.gguf"
+    w = gguf.GGUFWriter(str(p), "mamba")
+    w.add_tensor("t", np.zeros(32, np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    with pytest.raises(ModelLoadError, match="unsupported architecture 'mamba' \\(supported: gemma3, llama\\)"):
+        load_model(GGUFFile(p), kb)
+
+
+def test_missing_tensor_is_a_clear_error(tmp_path):
+    import gguf
+
+    p = tmp_path / "x.gguf"
+    w = gguf.GGUFWriter(str(p), "llama")
+    for k, v in dict(block_count=1, embedding_length=32, feed_forward_length=64, head_count=2).items():
+        getattr(w, f"add_{k}")(v)
+    w.add_tensor("token_embd.weight", np.zeros((10, 32), np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    with pytest.raises(ModelLoadError, match="missing tensor 'blk.0.attn_norm.weight'"):
+        load_model(GGUFFile(p), kb)
