@@ -11,10 +11,10 @@ import click
 from edgeinfer import registry
 
 
-def sampling_options(f):
+def sampling_options(f, temperature: float = 0.8):
     for opt in reversed([
         click.option("--max-tokens", "-n", type=int, default=256, show_default=True, help="Tokens to generate at most."),
-        click.option("--temperature", "-t", type=float, default=0.8, show_default=True, help="0 for greedy."),
+        click.option("--temperature", "-t", type=float, default=temperature, show_default=True, help="0 for greedy."),
         click.option("--top-p", type=float, default=0.95, show_default=True),
         click.option("--top-k", type=int, default=40, show_default=True, help="0 disables it."),
         click.option("--min-p", type=float, default=0.05, show_default=True),
@@ -87,7 +87,7 @@ CHAT_HELP = "commands: /reset (new conversation), /system TEXT, /stats, /exit (o
 
 @click.command()
 @click.argument("model", default=registry.DEFAULT_MODEL)
-@sampling_options
+@lambda f: sampling_options(f, temperature=0.2)  # small chat models stay on topic at low temperature
 @click.option("--system", "system_prompt", default=None, help="A system message to start with.")
 def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads, system_prompt):
     """Chat with MODEL (default: smollm2-135m-instruct, pulled on first use)."""
