@@ -3,15 +3,17 @@
 Every weight matrix W (N rows of K elements) becomes a :class:`QTensor` with the same five fields,
 whatever its type, so one family of kernels serves every type (the kind is a small int):
 
-    qs  uint8 (N, *)   the low quant bits of each block, in ggml's order within the block
-    qh  uint8 (N, *)   high bits (Q5_0, Q5_1, Q5_K, Q6_K); empty (N, 0) otherwise
+    qs  uint8 (N, *)   the low quant bits of each block, in ggml's order within the block;
+                       Q6_K: every weight unpacked to one signed byte (q - 32) in element order
+    qh  uint8 (N, *)   high bits (Q5_0, Q5_1, Q5_K); empty (N, 0) otherwise
     sc  uint8 (N, *)   per-sub-block scales: Q4_K/Q5_K 8 scales then 8 mins (6-bit values, decoded
                        from ggml's 12-byte packing) per 256; Q6_K 16 int8 scales per 256
     d   uint16 (N, nb) block scale as float16 bits (for F16/BF16: the values themselves, (N, K))
     m   uint16 (N, nb) block min (Q4_1, Q5_1) or super-block min scale (Q4_K, Q5_K) as float16 bits
 
 Scales stay as float16 bits (the kernels look them up in a 65,536-entry float32 table), so the
-repacked weights take the same bytes as the file: resident memory stays at about the file's size.
+repacked weights take the same bytes as the file (Q6_K: 22% more, since its 6-bit values are
+unpacked to bytes: its split layout defeats vectorisation, and it is a small part of K-quant mixes).
 Only byte order inside a block is kept; kernels never see a GGUF block struct.
 """
 
@@ -72,6 +74,22 @@ def decode_k_scales(packed: np.ndarray) -> np.ndarray:
     return sc
 
 
+def unpack_q6_k(ql: np.ndarray, qh: np.ndarray) -> np.ndarray:
+    """(..., 128) low bits and (..., 64) high bits of Q6_K super-blocks -> (..., 256) int8 (q - 32) as uint8.
+
+    Within each half of 128: element 32 r + l takes its low nibble from ql[l + 32 (r % 2)] (the high
+    nibble when r >= 2) and its two high bits from qh[l] at shift 2 r."""
+    out = np.empty(ql.shape[:-1] + (256,), np.int16)
+    for half in range(2):
+        lo = ql[..., half * 64:(half + 1) * 64].astype(np.int16)
+        hi = qh[..., half * 32:(half + 1) * 32].astype(np.int16)
+        for r in range(4):
+            src = lo[..., 32 * (r % 2):32 * (r % 2) + 32]
+            nib = (src >> 4) if r >= 2 else (src & 15)
+            out[..., half * 128 + 32 * r:half * 128 + 32 * r + 32] = (nib | (((hi >> (2 * r)) & 3) << 4)) - 32
+    return out.astype(np.int8).view(np.uint8)
+
+
 def repack(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> QTensor:
     """raw: the tensor's bytes (any shape ending in bytes per row); shape: ggml dims (K, N[, ...])."""
     if ggml_type not in KIND:
@@ -104,6 +122,6 @@ def repack(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> QTensor:
         sc = decode_k_scales(b[:, :, 4:16]).reshape(n, -1)
         return QTensor(t, KIND[t], n, k, _flat(b, 48, 176), _flat(b, 16, 48), sc, _u16(b, 0), _u16(b, 2))
     if t == T.Q6_K:  # ql[128] | qh[64] | scales int8[16] | d
-        return QTensor(t, KIND[t], n, k, _flat(b, 0, 128), _flat(b, 128, 192), _flat(b, 192, 208),
-                       _u16(b, 208), none16)
+        return QTensor(t, KIND[t], n, k, unpack_q6_k(b[:, :, 0:128], b[:, :, 128:192]).reshape(n, k), empty,
+                       _flat(b, 192, 208), _u16(b, 208), none16)
     raise AssertionError(t)

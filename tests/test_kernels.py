@@ -81,8 +81,10 @@ def test_repacked_weights_take_the_files_bytes():
     for t in ALL_TYPES:
         raw, _ = random_tensor(t, 8, 512, rng)
         w = repack(raw, t, (512, 8))
-        # K-quants' 12-byte packed scales become 16 plain bytes: at most 3% more
-        assert raw.nbytes <= w.nbytes <= raw.nbytes * 1.03, t.name
+        # K-quants' 12-byte packed scales become 16 plain bytes (at most 3% more); Q6_K's 6-bit
+        # values are unpacked to bytes (256 + 16 + 2 bytes per 210)
+        limit = 274 / 210 if t == T.Q6_K else 1.03
+        assert raw.nbytes <= w.nbytes <= raw.nbytes * limit, t.name
 
 
 def test_embed_rows():

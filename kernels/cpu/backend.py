@@ -20,9 +20,21 @@ def matmul(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         return np.matmul(x, w.T, out=out)
     if out is None:
         out = np.empty((x.shape[0], w.shape[0]), np.float32)
-    # One fixed reduction order per output element, whatever the batch: a token's result does not
-    # depend on what else is in the batch, so batched and solo generation agree bit for bit.
-    quant.matmul_rows(*_fields(w), x, out)
+    # Each kernel reduces every output element in one fixed order, whatever the batch: batched and
+    # solo generation agree bit for bit.
+    k, luts = w.kind, quant.HALF_TO_F32
+    if k <= 1:
+        quant.matmul_half(k, w.d, luts, x, out)
+    elif k == 2:
+        quant.matmul_q8_0(w.qs, w.d, luts, x, out)
+    elif k <= 4:
+        quant.matmul_q4(k, w.qs, w.d, w.m, luts, x, out)
+    elif k <= 6:
+        quant.matmul_q5(k, w.qs, w.qh, w.d, w.m, luts, x, out)
+    elif k <= 8:
+        quant.matmul_k45(k, w.qs, w.qh, w.sc, w.d, w.m, luts, x, out)
+    else:
+        quant.matmul_q6_k(w.qs, w.sc, w.d, luts, x, out)
     return out
 
 

@@ -20,7 +20,7 @@ def _cache_dirs() -> list[str]:
 def is_cached() -> bool:
     """True when compiled versions of the main kernels are on disk (a later run just loads them)."""
     for d in _cache_dirs():
-        if glob.glob(os.path.join(d, "**", "quant.matmul_rows-*.nbi"), recursive=True) and \
+        if glob.glob(os.path.join(d, "**", "quant.matmul_q4-*.nbi"), recursive=True) and \
                 glob.glob(os.path.join(d, "**", "ops.paged_attention-*.nbi"), recursive=True):
             return True
     return False
@@ -36,7 +36,17 @@ def warmup() -> None:
     y = np.zeros((2, 256), np.float32)
     quant.dequant_rows(2, u8, u8, u8, u16, u16, luts, np.zeros(1, np.int64), y[:1])
     quant.dequant_range(2, u8, u8, u8, u16, u16, luts, 0, y)
-    quant.matmul_rows(2, u8, u8, u8, u16, u16, luts, np.zeros((1, 256), np.float32), np.zeros((1, 2), np.float32))
+    from types import SimpleNamespace
+
+    from . import backend
+
+    # zero weights shaped generously for every layout: same array types as repacked tensors
+    for kind in range(10):  # every matmul family, for one token and for several
+        w = SimpleNamespace(kind=kind, shape=(2, 256), qs=np.zeros((2, 256), np.uint8), qh=np.zeros((2, 32), np.uint8),
+                            sc=np.zeros((2, 16), np.uint8), d=np.zeros((2, 256), np.uint16),
+                            m=np.zeros((2, 256), np.uint16))
+        for tokens in (1, 2):
+            backend.matmul(w, np.zeros((tokens, 256), np.float32))
     x = np.ones((2, 8), np.float32)
     ops.rmsnorm(x, np.ones(8, np.float32), 1e-5, x)
     q = np.ones((2, 2, 8), np.float32)

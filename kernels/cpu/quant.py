@@ -22,91 +22,66 @@ def _i8(v):
     return np.int32(v) - 256 if v > 127 else np.int32(v)
 
 
+@njit(inline="always", cache=True, fastmath=True)
+def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
+    # elements [32 g, 32 g + 32) of row n of W -> y (32,) float32
+    lut = luts[0]
+    base = g * 32
+    if kind == 0 or kind == 1:  # F16 / BF16
+        tab = luts[kind]
+        for j in range(32):
+            y[j] = tab[d[n, base + j]]
+    elif kind == 2:  # Q8_0: 32 int8 per block
+        db = lut[d[n, g]]
+        for j in range(32):
+            y[j] = db * _i8(qs[n, base + j])
+    elif kind == 3 or kind == 4:  # Q4_0 / Q4_1: byte j holds elements j (low nibble) and j + 16 (high)
+        db = lut[d[n, g]]
+        off = lut[m[n, g]] if kind == 4 else np.float32(-8.0) * db
+        for j in range(16):
+            q = qs[n, g * 16 + j]
+            y[j] = db * np.float32(q & 15) + off
+            y[j + 16] = db * np.float32(q >> 4) + off
+    elif kind == 5 or kind == 6:  # Q5_0 / Q5_1: the fifth bit of element j is bit j of qh (u32 LE)
+        db = lut[d[n, g]]
+        off = lut[m[n, g]] if kind == 6 else np.float32(-16.0) * db
+        h = (np.uint32(qh[n, g * 4]) | (np.uint32(qh[n, g * 4 + 1]) << 8)
+             | (np.uint32(qh[n, g * 4 + 2]) << 16) | (np.uint32(qh[n, g * 4 + 3]) << 24))
+        for j in range(16):
+            q = qs[n, g * 16 + j]
+            lo = np.int32(q & 15) | np.int32(((h >> j) & 1) << 4)
+            hi = np.int32(q >> 4) | np.int32(((h >> (j + 16)) & 1) << 4)
+            y[j] = db * np.float32(lo) + off
+            y[j + 16] = db * np.float32(hi) + off
+    elif kind == 7 or kind == 8:  # Q4_K / Q5_K: groups 2p, 2p+1 of a super-block share 32 bytes of qs
+        sb = g // 8
+        i = g % 8
+        p = i // 2
+        shift = 4 * (i % 2)
+        scale = lut[d[n, sb]] * np.float32(sc[n, sb * 16 + i])
+        mn = lut[m[n, sb]] * np.float32(sc[n, sb * 16 + 8 + i])
+        for l in range(32):
+            q = np.int32((qs[n, sb * 128 + p * 32 + l] >> shift) & 15)
+            if kind == 8:
+                q |= np.int32((qh[n, sb * 32 + l] >> i) & 1) << 4
+            y[l] = scale * np.float32(q) - mn
+    elif kind == 9:  # Q6_K: unpacked signed bytes; one int8 scale per 16 elements
+        db = lut[d[n, g // 8]]
+        for h in range(2):
+            s = db * np.float32(_i8(sc[n, g * 2 + h]))
+            for l in range(16):
+                y[h * 16 + l] = s * np.float32(_i8(qs[n, base + h * 16 + l]))
+
+
 @njit(cache=True, fastmath=True)
 def dequant_row(kind, qs, qh, sc, d, m, luts, n, y):
     # row n of W -> y (K,) float32; luts: HALF_TO_F32
     K = y.shape[0]
-    lut = luts[0]
-    if kind == 0 or kind == 1:
-        tab = luts[kind]
-        for k in range(K):
-            y[k] = tab[d[n, k]]
-    elif kind == 2:  # Q8_0: 32 int8 per block
-        for b in range(K // 32):
-            db = lut[d[n, b]]
-            for j in range(32):
-                y[b * 32 + j] = db * _i8(qs[n, b * 32 + j])
-    elif kind == 3:  # Q4_0: byte j holds elements j (low nibble) and j + 16 (high)
-        for b in range(K // 32):
-            db = lut[d[n, b]]
-            for j in range(16):
-                q = qs[n, b * 16 + j]
-                y[b * 32 + j] = db * (np.int32(q & 15) - 8)
-                y[b * 32 + j + 16] = db * (np.int32(q >> 4) - 8)
-    elif kind == 4:  # Q4_1
-        for b in range(K // 32):
-            db = lut[d[n, b]]
-            mb = lut[m[n, b]]
-            for j in range(16):
-                q = qs[n, b * 16 + j]
-                y[b * 32 + j] = db * (q & 15) + mb
-                y[b * 32 + j + 16] = db * (q >> 4) + mb
-    elif kind == 5 or kind == 6:  # Q5_0 / Q5_1: fifth bit of element j is bit j of qh (u32 LE)
-        for b in range(K // 32):
-            db = lut[d[n, b]]
-            h = (np.uint32(qh[n, b * 4]) | (np.uint32(qh[n, b * 4 + 1]) << 8)
-                 | (np.uint32(qh[n, b * 4 + 2]) << 16) | (np.uint32(qh[n, b * 4 + 3]) << 24))
-            if kind == 5:
-                off = np.float32(-16.0) * db
-            else:
-                off = lut[m[n, b]]
-            for j in range(16):
-                q = qs[n, b * 16 + j]
-                lo = np.int32(q & 15) | np.int32(((h >> j) & 1) << 4)
-                hi = np.int32(q >> 4) | np.int32(((h >> (j + 16)) & 1) << 4)
-                y[b * 32 + j] = db * lo + off
-                y[b * 32 + j + 16] = db * hi + off
-    elif kind == 7 or kind == 8:  # Q4_K / Q5_K: 4 groups of 64 per 256; 32 bytes of qs per group
-        for b in range(K // 256):
-            db = lut[d[n, b]]
-            mb = lut[m[n, b]]
-            for g in range(4):
-                d1 = db * sc[n, b * 16 + 2 * g]
-                m1 = mb * sc[n, b * 16 + 8 + 2 * g]
-                d2 = db * sc[n, b * 16 + 2 * g + 1]
-                m2 = mb * sc[n, b * 16 + 8 + 2 * g + 1]
-                base = b * 256 + g * 64
-                for l in range(32):
-                    q = qs[n, b * 128 + g * 32 + l]
-                    lo = np.int32(q & 15)
-                    hi = np.int32(q >> 4)
-                    if kind == 8:
-                        h = qh[n, b * 32 + l]
-                        lo |= np.int32((h >> (2 * g)) & 1) << 4
-                        hi |= np.int32((h >> (2 * g + 1)) & 1) << 4
-                    y[base + l] = d1 * lo - m1
-                    y[base + 32 + l] = d2 * hi - m2
-    elif kind == 9:  # Q6_K: two halves of 128; ql 64 bytes, qh 32 bytes, 8 scales per half
-        for b in range(K // 256):
-            db = lut[d[n, b]]
-            for half in range(2):
-                qlo = b * 128 + half * 64
-                qho = b * 64 + half * 32
-                so = b * 16 + half * 8
-                base = b * 256 + half * 128
-                for l in range(32):
-                    s = l // 16
-                    a = qs[n, qlo + l]
-                    c = qs[n, qlo + l + 32]
-                    h = qh[n, qho + l]
-                    q1 = (np.int32(a & 15) | (np.int32(h & 3) << 4)) - 32
-                    q2 = (np.int32(c & 15) | (np.int32((h >> 2) & 3) << 4)) - 32
-                    q3 = (np.int32(a >> 4) | (np.int32((h >> 4) & 3) << 4)) - 32
-                    q4 = (np.int32(c >> 4) | (np.int32((h >> 6) & 3) << 4)) - 32
-                    y[base + l] = db * _i8(sc[n, so + s]) * q1
-                    y[base + l + 32] = db * _i8(sc[n, so + s + 2]) * q2
-                    y[base + l + 64] = db * _i8(sc[n, so + s + 4]) * q3
-                    y[base + l + 96] = db * _i8(sc[n, so + s + 6]) * q4
+    for g in range(K // 32):
+        decode_group(kind, qs, qh, sc, d, m, luts, n, g, y[g * 32:(g + 1) * 32])
+    if kind <= 1:  # F16/BF16 rows need not be a multiple of 32 long
+        for k in range(K // 32 * 32, K):
+            y[k] = luts[kind][d[n, k]]
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -123,19 +98,184 @@ def dequant_range(kind, qs, qh, sc, d, m, luts, r0, out):
         dequant_row(kind, qs, qh, sc, d, m, luts, r0 + i, out[i])
 
 
-@njit(parallel=True, cache=True, fastmath=True)
-def matmul_rows(kind, qs, qh, sc, d, m, luts, x, out):
-    # W (N,K) @ x (T,K) -> out (T,N): each row is decoded once and dotted with every token,
-    # so W is read once per call whatever T is (decode steps and small batches).
+# -- matmul -------------------------------------------------------------------------------------
+#
+# W (N,K) @ x (T,K) -> out (T,N), one kernel per family of block layouts, computing on the packed
+# weights. Each 32-element group of a row adds (scale * q + offset) * x into 32 per-lane float
+# accumulators (no horizontal sum per block), and the 32 lanes are summed once per row.
+# EXACT: fast-math without reassociation or contraction, so every output element is computed by
+# the same sequence of float operations whatever T is, and the T == 1 branch (the decode hot path,
+# written apart so LLVM keeps its accumulators in registers) gives the same bits as the general one:
+# a token's result never depends on the rest of the batch.
+EXACT = {"nnan", "ninf", "nsz", "arcp", "afn"}
+
+
+@njit(inline="always", cache=True, fastmath=EXACT)
+def _lane_sum(acc, t):
+    s = np.float32(0.0)
+    for j in range(32):
+        s += acc[t * 32 + j]
+    return s
+
+
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def matmul_half(kind, d, luts, x, out):
+    # F16 (kind 0) / BF16 (kind 1): d (N, K) uint16 bit patterns
     N = out.shape[1]
     T, K = x.shape
-    n_tasks = (N + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    for task in prange(n_tasks):
-        y = np.empty(K, np.float32)
+    tab = luts[kind]
+    for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        acc = np.empty(T * 32, np.float32)
         for n in range(task * ROWS_PER_TASK, min(N, (task + 1) * ROWS_PER_TASK)):
-            dequant_row(kind, qs, qh, sc, d, m, luts, n, y)
+            acc[:] = 0
+            for g in range(K // 32):
+                for t in range(T):
+                    for j in range(32):
+                        acc[t * 32 + j] += tab[d[n, g * 32 + j]] * x[t, g * 32 + j]
+            for k in range(K // 32 * 32, K):  # rows need not be a multiple of 32 long
+                for t in range(T):
+                    acc[t * 32 + k % 32] += tab[d[n, k]] * x[t, k]
             for t in range(T):
-                acc = np.float32(0.0)
-                for k in range(K):
-                    acc += y[k] * x[t, k]
-                out[t, n] = acc
+                out[t, n] = _lane_sum(acc, t)
+
+
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def matmul_q8_0(qs, d, luts, x, out):
+    N = out.shape[1]
+    T, K = x.shape
+    lut = luts[0]
+    for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        acc = np.empty(T * 32, np.float32)
+        for n in range(task * ROWS_PER_TASK, min(N, (task + 1) * ROWS_PER_TASK)):
+            acc[:] = 0
+            for g in range(K // 32):
+                db = lut[d[n, g]]
+                if T == 1:
+                    for j in range(32):
+                        acc[j] += db * np.float32(_i8(qs[n, g * 32 + j])) * x[0, g * 32 + j]
+                else:
+                    for t in range(T):
+                        for j in range(32):
+                            acc[t * 32 + j] += db * np.float32(_i8(qs[n, g * 32 + j])) * x[t, g * 32 + j]
+            for t in range(T):
+                out[t, n] = _lane_sum(acc, t)
+
+
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def matmul_q4(kind, qs, d, m, luts, x, out):
+    # Q4_0 (kind 3) / Q4_1 (kind 4)
+    N = out.shape[1]
+    T, K = x.shape
+    lut = luts[0]
+    for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        acc = np.empty(T * 32, np.float32)
+        for n in range(task * ROWS_PER_TASK, min(N, (task + 1) * ROWS_PER_TASK)):
+            acc[:] = 0
+            for g in range(K // 32):
+                db = lut[d[n, g]]
+                off = lut[m[n, g]] if kind == 4 else np.float32(-8.0) * db
+                if T == 1:
+                    for j in range(16):
+                        q = qs[n, g * 16 + j]
+                        acc[j] += (db * np.float32(q & 15) + off) * x[0, g * 32 + j]
+                        acc[j + 16] += (db * np.float32(q >> 4) + off) * x[0, g * 32 + j + 16]
+                else:
+                    for t in range(T):
+                        for j in range(16):
+                            q = qs[n, g * 16 + j]
+                            acc[t * 32 + j] += (db * np.float32(q & 15) + off) * x[t, g * 32 + j]
+                            acc[t * 32 + j + 16] += (db * np.float32(q >> 4) + off) * x[t, g * 32 + j + 16]
+            for t in range(T):
+                out[t, n] = _lane_sum(acc, t)
+
+
+@njit(inline="always", cache=True)
+def _qh32(qh, n, g):
+    return (np.uint32(qh[n, g * 4]) | (np.uint32(qh[n, g * 4 + 1]) << 8)
+            | (np.uint32(qh[n, g * 4 + 2]) << 16) | (np.uint32(qh[n, g * 4 + 3]) << 24))
+
+
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def matmul_q5(kind, qs, qh, d, m, luts, x, out):
+    # Q5_0 (kind 5) / Q5_1 (kind 6)
+    N = out.shape[1]
+    T, K = x.shape
+    lut = luts[0]
+    for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        acc = np.empty(T * 32, np.float32)
+        for n in range(task * ROWS_PER_TASK, min(N, (task + 1) * ROWS_PER_TASK)):
+            acc[:] = 0
+            for g in range(K // 32):
+                db = lut[d[n, g]]
+                off = lut[m[n, g]] if kind == 6 else np.float32(-16.0) * db
+                h = _qh32(qh, n, g)
+                for t in range(T):
+                    for j in range(16):
+                        q = qs[n, g * 16 + j]
+                        lo = np.int32(q & 15) | np.int32(((h >> j) & 1) << 4)
+                        hi = np.int32(q >> 4) | np.int32(((h >> (j + 16)) & 1) << 4)
+                        acc[t * 32 + j] += (db * np.float32(lo) + off) * x[t, g * 32 + j]
+                        acc[t * 32 + j + 16] += (db * np.float32(hi) + off) * x[t, g * 32 + j + 16]
+            for t in range(T):
+                out[t, n] = _lane_sum(acc, t)
+
+
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def matmul_k45(kind, qs, qh, sc, d, m, luts, x, out):
+    # Q4_K (kind 7) / Q5_K (kind 8): 32-element group i of a super-block reads nibble i % 2 of
+    # qs bytes [32 (i // 2), +32), and for Q5_K bit i of each qh byte.
+    N = out.shape[1]
+    T, K = x.shape
+    lut = luts[0]
+    for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        acc = np.empty(T * 32, np.float32)
+        for n in range(task * ROWS_PER_TASK, min(N, (task + 1) * ROWS_PER_TASK)):
+            acc[:] = 0
+            for g in range(K // 32):
+                sb = g // 8
+                i = g % 8
+                base = sb * 128 + (i // 2) * 32
+                shift = 4 * (i % 2)
+                scale = lut[d[n, sb]] * np.float32(sc[n, sb * 16 + i])
+                mn = lut[m[n, sb]] * np.float32(sc[n, sb * 16 + 8 + i])
+                if kind == 7 and T == 1:
+                    for l in range(32):
+                        q = np.int32((qs[n, base + l] >> shift) & 15)
+                        acc[l] += (scale * np.float32(q) - mn) * x[0, g * 32 + l]
+                else:
+                    for t in range(T):
+                        for l in range(32):
+                            q = np.int32((qs[n, base + l] >> shift) & 15)
+                            if kind == 8:
+                                q |= np.int32((qh[n, sb * 32 + l] >> i) & 1) << 4
+                            acc[t * 32 + l] += (scale * np.float32(q) - mn) * x[t, g * 32 + l]
+            for t in range(T):
+                out[t, n] = _lane_sum(acc, t)
+
+
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def matmul_q6_k(qs, sc, d, luts, x, out):
+    # Q6_K, unpacked at load: qs (N, K) signed bytes, sc (N, K/16) int8 scales, d (N, K/256)
+    N = out.shape[1]
+    T, K = x.shape
+    lut = luts[0]
+    for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        acc = np.empty(T * 32, np.float32)
+        for n in range(task * ROWS_PER_TASK, min(N, (task + 1) * ROWS_PER_TASK)):
+            acc[:] = 0
+            for g in range(K // 32):
+                db = lut[d[n, g // 8]]
+                s0 = db * np.float32(_i8(sc[n, 2 * g]))
+                s1 = db * np.float32(_i8(sc[n, 2 * g + 1]))
+                if T == 1:
+                    for l in range(16):
+                        acc[l] += s0 * np.float32(_i8(qs[n, g * 32 + l])) * x[0, g * 32 + l]
+                        acc[l + 16] += s1 * np.float32(_i8(qs[n, g * 32 + l + 16])) * x[0, g * 32 + l + 16]
+                else:
+                    for t in range(T):
+                        for l in range(16):
+                            acc[t * 32 + l] += s0 * np.float32(_i8(qs[n, g * 32 + l])) * x[t, g * 32 + l]
+                            acc[t * 32 + l + 16] += (s1 * np.float32(_i8(qs[n, g * 32 + l + 16]))
+                                                     * x[t, g * 32 + l + 16])
+            for t in range(T):
+                out[t, n] = _lane_sum(acc, t)
