@@ -214,3 +214,19 @@ def warmup():
         click.echo("compiling kernels (one time)...", err=True)
     compile_status.warmup()
     click.echo(f"kernels ready ({time.perf_counter() - t0:.1f} s)")
+
+
+@click.command()
+@click.argument("model", default=registry.DEFAULT_MODEL)
+@click.option("--threads", type=int, default=0, help="Compute threads (default: all cores).")
+@click.option("--repeats", type=click.IntRange(1, 50), default=3, show_default=True, help="Runs per figure; medians reported.")
+@click.option("--json", "as_json", is_flag=True, help="End with one JSON object of the figures.")
+def bench(model, threads, repeats, as_json):
+    """Measure prompt processing, decode (1 and 8 streams), cold start and peak memory."""
+    from edgeinfer import bench as b
+
+    llm = load(model, threads)
+    res = b.run(llm, repeats=repeats, threads=threads, progress=lambda s: click.echo(f"  {s}", err=True))
+    click.echo(b.format_table(res))
+    if as_json:
+        click.echo(b.to_json(res))

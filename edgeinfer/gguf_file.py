@@ -219,7 +219,8 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, what: str, depth: int = 0) -
         if etype == GGUFValueType.ARRAY:
             return [_read_value(cur, etype, f"{what}[{i}]", depth + 1) for i in range(count)]
         dtype = np.dtype(_SCALAR_DTYPES[etype]).newbyteorder("<")
-        arr = np.frombuffer(cur.buf, dtype=dtype, count=count, offset=cur.pos)
+        # a copy, not a view: metadata must outlive the file mapping, which closes after loading
+        arr = np.frombuffer(cur.buf, dtype=dtype, count=count, offset=cur.pos).copy()
         cur.pos += count * dtype.itemsize
         if etype == GGUFValueType.BOOL:
             return [bool(x) for x in arr]
@@ -435,6 +436,21 @@ class GGUFFile:
         if t.ggml_type == GGMLQuantizationType.F16:
             return raw.view(np.float16).reshape(tuple(reversed(t.shape)))
         return raw
+
+    def release(self, name: str) -> None:
+        """Drop a tensor's pages from this process's memory once it has been copied (repacked).
+
+        The file stays mapped; reading the tensor again just faults the pages back in."""
+        t = self.tensors[name]
+        page = mmap.PAGESIZE
+        start = self.data_offset + t.offset
+        first = -(-start // page) * page  # whole pages only: neighbours may still be needed
+        last = (start + t.n_bytes) // page * page
+        if last > first and hasattr(self._mmap, "madvise"):
+            try:
+                self._mmap.madvise(mmap.MADV_DONTNEED, first, last - first)
+            except (OSError, ValueError):
+                pass
 
     def type_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}

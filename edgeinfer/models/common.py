@@ -46,8 +46,11 @@ class WeightLoader:
                 f"(supported: {', '.join(t.name for t in SUPPORTED_TYPES)})"
             )
         if info.ggml_type == T.F32:
-            return np.array(self.gf.tensor(name), dtype=np.float32).reshape(rows, cols)
-        return repack(self.gf.tensor_bytes(name), info.ggml_type, info.shape)
+            w = np.array(self.gf.tensor(name), dtype=np.float32).reshape(rows, cols)
+        else:
+            w = repack(self.gf.tensor_bytes(name), info.ggml_type, info.shape)
+        self.gf.release(name)  # the repacked copy replaces the file's pages: never hold both
+        return w
 
     def _info(self, name: str, shape: tuple[int, ...]):
         info = self.gf.tensors.get(name)
@@ -76,10 +79,31 @@ class KVCache:
         n_slots = n_blocks * block_size
         self.k = np.zeros((n_layer, n_slots, n_kv_head, head_dim), np.float32)
         self.v = np.zeros((n_layer, n_slots, n_kv_head, v_head_dim), np.float32)
+        # Each layer touches its own slice: with transparent huge pages, the first token would make
+        # every layer's K and V resident 2 MB at a time. Small pages keep memory to the blocks used.
+        for a in (self.k, self.v):
+            _no_huge_pages(a)
 
     @staticmethod
     def bytes_per_block(cfg, block_size: int) -> int:
         return cfg.n_layer * block_size * cfg.n_kv_head * (cfg.head_dim + cfg.v_head_dim) * 4
+
+
+def _no_huge_pages(a: np.ndarray) -> None:
+    import ctypes
+    import mmap
+
+    madv_nohugepage = 15  # Linux
+    page = mmap.PAGESIZE
+    start = -(-a.ctypes.data // page) * page
+    length = (a.ctypes.data + a.nbytes) // page * page - start
+    if length <= 0:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), ctypes.c_int(madv_nohugepage))
+    except (OSError, AttributeError):
+        pass  # not Linux: nothing to do
 
 
 class Batch:
