@@ -66,7 +66,8 @@ for chunk in llm.stream("Once upon a time", SamplingParams(temperature=0, max_to
     if n == 0:
         print("FIRST", flush=True)
     n += len(chunk.token_ids)
-print("RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork + exec
+print("RSS_KB", open("/proc/self/status").read().split("VmHWM:")[1].split()[0], flush=True)
 """
 
 

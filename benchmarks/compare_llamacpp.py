@@ -1,0 +1,204 @@
+"""edgeinfer against llama.cpp (through llama-cpp-python), side by side in one run.
+
+    python benchmarks/compare_llamacpp.py [--models smollm2-135m-instruct gemma3-270m] [--threads 2] [--repeats 3]
+
+For each model both engines load the same GGUF file with the same thread count; every measurement
+alternates between them (edgeinfer, llama.cpp, edgeinfer, ...) so machine noise hits both alike.
+Figures: prompt processing of 128 and 512 tokens, decode of 128 tokens after a 16-token prompt,
+aggregate decode of 8 streams (64 tokens each), and a fresh process's time to first token and peak
+RSS while generating 64 tokens. Medians are printed with the ratios; JSON and a bar chart go to
+benchmarks/results/. Needs `pip install llama-cpp-python` (and matplotlib for the chart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FIGURES = [("pp128_tok_s", "prompt 128 (tok/s)"), ("pp512_tok_s", "prompt 512 (tok/s)"),
+           ("tg128_tok_s", "decode (tok/s)"), ("batched8_tok_s", "8 streams (tok/s)"),
+           ("ttft_cold_s", "cold first token (s)"), ("peak_rss_mb", "peak RSS (MB)")]
+
+
+class LlamaCpp:
+    """llama.cpp through llama-cpp-python's low-level API: one context with room for 8 sequences."""
+
+    def __init__(self, path: str, threads: int, n_ctx: int = 2048):
+        import llama_cpp as L
+
+        self.L = L
+        L.llama_backend_init()
+        self.model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        p = L.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, 512, 512, 8
+        p.n_threads = p.n_threads_batch = threads
+        p.kv_unified = True
+        self.ctx = L.llama_init_from_model(self.model, p)
+        self.batch = L.llama_batch_init(512, 0, 8)
+
+    def _clear(self):
+        self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
+
+    def _decode(self, items):
+        """items: (token, position, sequence, wants_logits) -> {batch index: logits}"""
+        b = self.batch
+        b.n_tokens = len(items)
+        for i, (tok, pos, seq, want) in enumerate(items):
+            b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos, 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = want
+        if self.L.llama_decode(self.ctx, b) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def _argmax(self, i):
+        ptr = self.L.llama_get_logits_ith(self.ctx, i)
+        return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))))
+
+    def prompt_tok_s(self, ids):
+        self._clear()
+        t0 = time.perf_counter()
+        for s in range(0, len(ids), 512):
+            chunk = ids[s:s + 512]
+            self._decode([(t, s + j, 0, s + j == len(ids) - 1) for j, t in enumerate(chunk)])
+        self._argmax(len(ids) - 1 - (len(ids) - 1) // 512 * 512)
+        return len(ids) / (time.perf_counter() - t0)
+
+    def decode_tok_s(self, prompts, n_tokens):
+        """All streams prefilled, then n_tokens greedy steps with one token per stream per step."""
+        self._clear()
+        last = []
+        for s, ids in enumerate(prompts):
+            self._decode([(t, j, s, j == len(ids) - 1) for j, t in enumerate(ids)])
+            last.append(self._argmax(len(ids) - 1))
+        pos = [len(p) for p in prompts]
+        t0 = time.perf_counter()
+        for _ in range(n_tokens - 1):
+            self._decode([(last[s], pos[s], s, True) for s in range(len(prompts))])
+            last = [self._argmax(s) for s in range(len(prompts))]
+            pos = [p + 1 for p in pos]
+        return len(prompts) * (n_tokens - 1) / (time.perf_counter() - t0)
+
+
+_LLAMA_COLD = r"""
+import sys
+from llama_cpp import Llama
+llm = Llama(sys.argv[1], n_ctx=2048, n_threads=int(sys.argv[2]), n_threads_batch=int(sys.argv[2]), verbose=False)
+n = 0
+for out in llm("Once upon a time", max_tokens=64, temperature=0.0, stream=True):
+    if n == 0:
+        print("FIRST", flush=True)
+    n += 1
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork + exec
+print("RSS_KB", open("/proc/self/status").read().split("VmHWM:")[1].split()[0], flush=True)
+"""
+
+
+def llama_cold_start(path: str, threads: int):
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", _LLAMA_COLD, path, str(threads)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    ttft = rss = None
+    for line in proc.stdout:
+        if line.startswith("FIRST") and ttft is None:
+            ttft = time.perf_counter() - t0
+        elif line.startswith("RSS_KB"):
+            rss = int(line.split()[1]) / 1024
+    proc.wait()
+    return ttft, rss
+
+
+def compare(model: str, threads: int, repeats: int) -> dict:
+    from edgeinfer import LLM
+    from edgeinfer import bench as eb
+
+    ei = LLM(model, threads=threads, progress=True)
+    path = str(ei.path)
+    lc = LlamaCpp(path, threads)
+    rng = np.random.default_rng(0)
+    runs = {name: {k: [] for k, _ in FIGURES} for name in ("edgeinfer", "llama.cpp")}
+    eb.prompt_tok_s(ei, 16, rng)  # warm-up
+    lc.prompt_tok_s(eb.random_prompt(ei, 16, rng))
+    for r in range(repeats):
+        print(f"  {model}: run {r + 1}/{repeats}", file=sys.stderr, flush=True)
+        for n in (128, 512):
+            ids = eb.random_prompt(ei, n, rng)
+            runs["edgeinfer"][f"pp{n}_tok_s"].append(eb.prompt_tok_s(ei, n, rng))
+            runs["llama.cpp"][f"pp{n}_tok_s"].append(lc.prompt_tok_s(ids))
+        runs["edgeinfer"]["tg128_tok_s"].append(eb.decode_tok_s(ei, 1, 128, rng))
+        runs["llama.cpp"]["tg128_tok_s"].append(lc.decode_tok_s([eb.random_prompt(ei, 16, rng)], 128))
+        runs["edgeinfer"]["batched8_tok_s"].append(eb.decode_tok_s(ei, 8, 64, rng))
+        runs["llama.cpp"]["batched8_tok_s"].append(lc.decode_tok_s([eb.random_prompt(ei, 16, rng) for _ in range(8)], 64))
+        for name, fn in (("edgeinfer", eb.cold_start), ("llama.cpp", llama_cold_start)):
+            ttft, rss = fn(path, threads)
+            runs[name]["ttft_cold_s"].append(ttft)
+            runs[name]["peak_rss_mb"].append(rss)
+    med = {name: {k: round(statistics.median(v), 3) for k, v in figs.items()} for name, figs in runs.items()}
+    ratio = {k: round(med["edgeinfer"][k] / med["llama.cpp"][k], 3) for k, _ in FIGURES}
+    return {"model": model, "file": os.path.basename(path), "threads": threads, "repeats": repeats,
+            "median": med, "ratio_edgeinfer_over_llamacpp": ratio, "runs": runs}
+
+
+def chart(results: list[dict], out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no chart (pip install matplotlib)", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(len(results), len(FIGURES), figsize=(3 * len(FIGURES), 3 * len(results)), squeeze=False)
+    for row, res in zip(axes, results):
+        for ax, (key, label) in zip(row, FIGURES):
+            vals = [res["median"]["edgeinfer"][key], res["median"]["llama.cpp"][key]]
+            ax.bar(["edgeinfer", "llama.cpp"], vals, color=["tab:blue", "tab:gray"])
+            ax.set_title(f"{res['model']}\n{label}", fontsize=8)
+            ax.tick_params(labelsize=7)
+            for i, v in enumerate(vals):
+                ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"chart: {out}", file=sys.stderr)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma3-270m"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        sys.exit("llama-cpp-python is not installed: pip install llama-cpp-python (it builds llama.cpp, ~12 min)")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    results = [compare(m, args.threads, args.repeats) for m in args.models]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (RESULTS / f"compare-{stamp}.json").write_text(json.dumps(results, indent=1))
+    chart(results, RESULTS / f"compare-{stamp}.png")
+    for res in results:
+        print(f"\n{res['model']} ({res['file']}), {res['threads']} threads, median of {res['repeats']}")
+        print(f"  {'':<24}{'edgeinfer':>12}{'llama.cpp':>12}{'ratio':>8}")
+        for key, label in FIGURES:
+            m = res["median"]
+            print(f"  {label:<24}{m['edgeinfer'][key]:>12.2f}{m['llama.cpp'][key]:>12.2f}"
+                  f"{res['ratio_edgeinfer_over_llamacpp'][key]:>8.2f}")
+    print(f"\nJSON: {RESULTS / f'compare-{stamp}.json'}")
+
+
+if __name__ == "__main__":
+    main()
