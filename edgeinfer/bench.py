@@ -18,7 +18,8 @@ import numpy as np
 
 from .sampling import SamplingParams
 
-KEYS = ("pp128_tok_s", "pp512_tok_s", "tg128_tok_s", "batched8_tok_s", "ttft_cold_s", "peak_rss_mb")
+KEYS = ("pp128_tok_s", "pp512_tok_s", "tg128_tok_s", "batched8_tok_s", "ttft_cold_s", "peak_rss_mb",
+        "prefix500_ttft_ratio")
 
 
 def random_prompt(llm, n: int, rng: np.random.Generator) -> list[int]:
@@ -55,6 +56,20 @@ def decode_tok_s(llm, n_streams: int, n_tokens: int, rng, prompt_len: int = 16) 
         if t_start is None and len(started) == len(rids):
             t_start = time.perf_counter()
     return counted / (time.perf_counter() - t_start)
+
+
+def prefix_ttft_ratio(llm, rng, prefix_len: int = 496) -> float:
+    """Time to first token of a request sharing a prefix_len-token prefix with the one before it,
+    over that first request's: what the prefix cache saves."""
+    prefix = random_prompt(llm, prefix_len, rng)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    times = []
+    for _ in range(2):
+        ids = prefix + random_prompt(llm, 8, rng)
+        t0 = time.perf_counter()
+        llm.generate(ids, params)
+        times.append(time.perf_counter() - t0)
+    return times[1] / times[0]
 
 
 _COLD_CHILD = r"""
@@ -108,6 +123,8 @@ def run(llm, repeats: int = 3, threads: int = 0, progress=None) -> dict:
         results["tg128_tok_s"].append(decode_tok_s(llm, 1, 128, rng))
         say(f"run {r + 1}/{repeats}: 8 streams")
         results["batched8_tok_s"].append(decode_tok_s(llm, 8, 64, rng))
+        say(f"run {r + 1}/{repeats}: shared 496-token prefix")
+        results["prefix500_ttft_ratio"].append(prefix_ttft_ratio(llm, rng))
         say(f"run {r + 1}/{repeats}: cold start")
         ttft, rss = cold_start(str(llm.path), threads)
         results["ttft_cold_s"].append(ttft)
@@ -126,7 +143,8 @@ def format_table(res: dict) -> str:
             ("decode, 128 tokens, 1 stream", "tg128_tok_s", "tok/s"),
             ("decode, 8 streams (aggregate)", "batched8_tok_s", "tok/s"),
             ("cold start to first token", "ttft_cold_s", "s"),
-            ("peak RSS, generate 64 tokens", "peak_rss_mb", "MB")]
+            ("peak RSS, generate 64 tokens", "peak_rss_mb", "MB"),
+            ("TTFT with a cached 496-token prefix", "prefix500_ttft_ratio", "x the uncached")]
     lines = [f"{res['model']} ({res['file_mb']} MB), {res['threads']} threads, median of {len(res['runs']['pp128_tok_s'])}"]
     lines += [f"  {label:<32} {res[key]:>9.2f} {unit}" for label, key, unit in rows]
     return "\n".join(lines)

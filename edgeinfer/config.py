@@ -53,17 +53,28 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int = 0  # 0: enough for max_seqs sequences of the full context (capped by kv_cache_mb)
     kv_cache_mb: float = 512.0
-    max_seqs: int = 8
+    kv_dtype: str = "f32"  # "f32", or "f16": half the KV memory, slower long prefills (widened per read)
+    max_seqs: int = 0  # 0: sized for the cores (4 per core, at least 8)
     max_num_batched_tokens: int = 512
     max_context: int = 0  # 0: the model's context length, capped at 4096
     backend: str = "cpu"
 
     def __post_init__(self):
-        for name in ("threads", "num_kv_blocks", "max_context"):
+        for name in ("threads", "num_kv_blocks", "max_context", "max_seqs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("block_size", "max_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.kv_cache_mb <= 0:
             raise ValueError(f"kv_cache_mb must be > 0, got {self.kv_cache_mb}")
+        if self.kv_dtype not in ("f16", "f32"):
+            raise ValueError(f"kv_dtype must be 'f16' or 'f32', got {self.kv_dtype!r}")
+        if self.backend not in ("cpu", "cuda"):
+            raise ValueError(f"backend must be 'cpu' or 'cuda', got {self.backend!r}")
+
+    @property
+    def seqs_limit(self) -> int:
+        """max_seqs, or a figure sized for the machine: 4 running sequences per core, at least 8.
+        Decode is bound by reading the weights, so more sequences per step cost little each."""
+        return self.max_seqs or max(8, 4 * default_threads())

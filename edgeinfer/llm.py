@@ -188,7 +188,7 @@ class LLM:
         bs = self.engine.config.block_size
         n_blocks = -(-n_ctx // bs)
         cache = KVCache(self.config.n_layer, n_blocks, bs, self.config.n_kv_head, self.config.head_dim,
-                        self.config.v_head_dim)
+                        self.config.v_head_dim, self.engine.config.kv_dtype)
         first = n_ctx // 2
         nll, count = 0.0, 0
         from tqdm import tqdm

@@ -74,3 +74,16 @@ def test_perplexity_text_too_short(tiny_llama_path, tmp_path):
 def test_warmup():
     r = run("warmup")
     assert r.exit_code == 0 and "kernels ready" in r.output
+
+
+def test_bench_json_has_every_figure(tmp_path):
+    from tiny_models import write_tiny_llama
+
+    path = tmp_path / "ctx1024.gguf"
+    write_tiny_llama(path, n_ctx=1024)  # room for the 512-token prompt
+    r = run("bench", path, "--repeats", 1, "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout.strip().splitlines()[-1])
+    for key in ("pp128_tok_s", "pp512_tok_s", "tg128_tok_s", "batched8_tok_s", "ttft_cold_s", "peak_rss_mb"):
+        assert data[key] > 0, key
+    assert 0 < data["prefix500_ttft_ratio"] < 1  # the cached prefix is skipped

@@ -149,3 +149,65 @@ def test_perplexity_is_exp_mean_nll(llm):
     text = " ".join(["the hen sat on the thin line"] * 40)
     r = llm.perplexity_details(text, n_ctx=64, chunks=2)
     assert r["n_scored"] == 2 * 31 and r["ppl"] > 1 and np.isfinite(r["ppl"])
+
+
+def test_float32_and_float16_kv_caches(tiny_llama_path):
+    outs = {}
+    for dtype in ("f32", "f16"):
+        llm = LLM(str(tiny_llama_path), engine_config=EngineConfig(num_kv_blocks=32, block_size=4, kv_dtype=dtype),
+                  progress=False)
+        assert llm.engine.cache.k.dtype == (np.float32 if dtype == "f32" else np.uint16)
+        outs[dtype] = llm.generate("the hen", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
+    assert len(outs["f16"].token_ids) == len(outs["f32"].token_ids) == 8
+
+
+def test_engine_config_validation():
+    for kwargs, fragment in [({"kv_dtype": "f8"}, "kv_dtype"), ({"block_size": 0}, "block_size"),
+                             ({"threads": -1}, "threads"), ({"kv_cache_mb": 0}, "kv_cache_mb"),
+                             ({"backend": "tpu"}, "backend")]:
+        with pytest.raises(ValueError, match=fragment):
+            EngineConfig(**kwargs)
+    assert EngineConfig().seqs_limit >= 8
+
+
+def test_engine_loop_serves_requests_from_several_threads(tiny_llama_path):
+    import queue
+    import threading
+
+    from edgeinfer.engine.loop import EngineLoop
+
+    llm = LLM(str(tiny_llama_path), engine_config=EngineConfig(num_kv_blocks=64, block_size=4), progress=False)
+    want = {p: llm.generate(p, GREEDY)[0].token_ids for p in PROMPTS[:4]}
+    loop = EngineLoop(llm.engine).start()
+    results = {}
+
+    def client(prompt):
+        q = queue.Queue()
+        loop.submit(llm.tokenize(prompt), GREEDY, q.put)
+        ids = []
+        while True:
+            out = q.get(timeout=30)
+            ids += out.new_token_ids
+            if out.finished:
+                results[prompt] = ids
+                return
+
+    threads = [threading.Thread(target=client, args=(p,)) for p in PROMPTS[:4]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == want
+    # abort from another thread frees the blocks within a step
+    q = queue.Queue()
+    rid = loop.submit(llm.tokenize("the hen"), SamplingParams(max_tokens=200, ignore_eos=True), q.put)
+    q.get(timeout=30)
+    loop.abort(rid)
+    while not (out := q.get(timeout=30)).finished:
+        pass
+    assert out.finish_reason == "abort"
+    assert llm.engine.block_manager.num_used == 0
+    with pytest.raises(ValueError, match="empty"):
+        loop.submit([], GREEDY, q.put)
+    assert loop.num_active == 0
+    loop.stop()

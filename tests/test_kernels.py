@@ -174,3 +174,22 @@ def test_activations():
     gd = g.astype(np.float64)
     ref = 0.5 * gd * (1 + np.tanh(np.sqrt(2 / np.pi) * (gd + 0.044715 * gd ** 3))) * u
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_paged_attention_with_float16_cache():
+    rng = np.random.default_rng(8)
+    seq_len, h, kvh, d, bs = 20, 2, 1, 16, 4
+    k = rng.standard_normal((seq_len, kvh, d)).astype(np.float32)
+    v = rng.standard_normal((seq_len, kvh, d)).astype(np.float32)
+    kc = np.zeros((8 * bs, kvh, d), np.uint16)
+    vc = np.zeros_like(kc)
+    slots = np.arange(seq_len, dtype=np.int64)
+    ops.write_kv(k.astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16), slots, kc, vc)
+    q = rng.standard_normal((3, h, d)).astype(np.float32)
+    positions = np.array([0, 9, 19])
+    out = np.zeros((3, h, d), np.float32)
+    ops.paged_attention(q, kc, vc, np.zeros(3, np.int64), positions, np.arange(8, dtype=np.int32)[None], bs,
+                        np.float32(0.25), 0, np.float32(0.0), out)
+    # exact against a reference that reads the same float16-rounded K and V
+    k16, v16 = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+    np.testing.assert_allclose(out, _attention_reference(q, k16, v16, positions, 0.25, 0), rtol=1e-4, atol=1e-5)

@@ -56,13 +56,14 @@ class LLMEngine:
         self.config = config
         cfg = model.cfg
         self.max_context = config.max_context or min(cfg.context_length, 8192)
-        per_block = KVCache.bytes_per_block(cfg, config.block_size)
+        per_block = KVCache.bytes_per_block(cfg, config.block_size, config.kv_dtype)
         n_blocks = config.num_kv_blocks or max(
-            1, min(config.max_seqs * -(-self.max_context // config.block_size),
+            1, min(config.seqs_limit * -(-self.max_context // config.block_size),
                    int(config.kv_cache_mb * 2**20 // per_block)))
-        self.cache = KVCache(cfg.n_layer, n_blocks, config.block_size, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim)
+        self.cache = KVCache(cfg.n_layer, n_blocks, config.block_size, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim,
+                             config.kv_dtype)
         self.block_manager = BlockManager(n_blocks, config.block_size, model_id=model_id)
-        self.scheduler = Scheduler(self.block_manager, config.max_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens)
         self.runner = ModelRunner(model, self.cache, config.block_size)
         self.requests: dict[str, _RequestState] = {}
         self._lock = threading.Lock()

@@ -70,23 +70,34 @@ def rope_inv_freq(dim: int, base: float, freq_scale: float = 1.0, factors: np.nd
 
 
 class KVCache:
-    """Paged KV storage: for each layer, (n_blocks * block_size) slots of (n_kv_head, head_dim) float32."""
+    """Paged KV storage: for each layer, (n_blocks * block_size) slots of (n_kv_head, head_dim),
+    float32 or float16 (kept as uint16 bits; the attention kernel widens them as it reads)."""
+
+    DTYPES = {"f32": np.float32, "f16": np.uint16}
 
     def __init__(self, n_layer: int, n_blocks: int, block_size: int, n_kv_head: int, head_dim: int,
-                 v_head_dim: int):
+                 v_head_dim: int, dtype: str = "f32"):
+        if dtype not in self.DTYPES:
+            raise ValueError(f"kv cache dtype must be one of {', '.join(self.DTYPES)}, got {dtype!r}")
         self.n_blocks = n_blocks
         self.block_size = block_size
+        self.dtype = dtype
         n_slots = n_blocks * block_size
-        self.k = np.zeros((n_layer, n_slots, n_kv_head, head_dim), np.float32)
-        self.v = np.zeros((n_layer, n_slots, n_kv_head, v_head_dim), np.float32)
+        self.k = np.zeros((n_layer, n_slots, n_kv_head, head_dim), self.DTYPES[dtype])
+        self.v = np.zeros((n_layer, n_slots, n_kv_head, v_head_dim), self.DTYPES[dtype])
         # Each layer touches its own slice: with transparent huge pages, the first token would make
         # every layer's K and V resident 2 MB at a time. Small pages keep memory to the blocks used.
         for a in (self.k, self.v):
             _no_huge_pages(a)
 
+    def store(self, x: np.ndarray) -> np.ndarray:
+        """x (float32) in this cache's storage type."""
+        return x.astype(np.float16).view(np.uint16) if self.dtype == "f16" else x
+
     @staticmethod
-    def bytes_per_block(cfg, block_size: int) -> int:
-        return cfg.n_layer * block_size * cfg.n_kv_head * (cfg.head_dim + cfg.v_head_dim) * 4
+    def bytes_per_block(cfg, block_size: int, dtype: str = "f32") -> int:
+        width = 2 if dtype == "f16" else 4
+        return cfg.n_layer * block_size * cfg.n_kv_head * (cfg.head_dim + cfg.v_head_dim) * width
 
 
 def _no_huge_pages(a: np.ndarray) -> None:
@@ -142,7 +153,7 @@ def attention(kb, cfg, layer: int, lw, h: np.ndarray, batch: Batch, cache: KVCac
         kb.rope(q, batch.positions, inv_freq, cfg.rope_neox)
         kb.rope(k, batch.positions, inv_freq, cfg.rope_neox)
     kc, vc = cache.k[layer], cache.v[layer]
-    kb.write_kv(k, v, batch.slot_mapping, kc, vc)
+    kb.write_kv(cache.store(k), cache.store(v), batch.slot_mapping, kc, vc)
     out = np.empty((t, cfg.n_head, cfg.v_head_dim), np.float32)
     scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
     window = cfg.sliding_window if cfg.is_sliding(layer) else 0

@@ -55,8 +55,11 @@ def warmup() -> None:
     kc = np.zeros((16, 1, 8), np.float32)
     ops.write_kv(q[:, :1], q[:, :1], np.arange(2, dtype=np.int64), kc, kc)
     out = np.zeros((2, 2, 8), np.float32)
-    ops.paged_attention(q, kc, kc, np.zeros(2, np.int64), np.arange(2, dtype=np.int64),
-                        np.zeros((1, 1), np.int32), 16, np.float32(0.3), 0, np.float32(0.0), out)
+    for cache in (kc, kc.view(np.uint16)[:, :, :8]):  # float32 and float16-bits KV caches
+        cache = np.ascontiguousarray(cache)
+        ops.write_kv(cache[:2], cache[:2], np.arange(2, dtype=np.int64), cache, cache)
+        ops.paged_attention(q, cache, cache, np.zeros(2, np.int64), np.arange(2, dtype=np.int64),
+                            np.zeros((1, 1), np.int32), 16, np.float32(0.3), 0, np.float32(0.0), out)
     ops.silu_mul(x, x, x)
     ops.gelu_tanh_mul(x, x, x)
     ops.softcap(x, np.float32(30.0))

@@ -3,7 +3,26 @@
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
+
+# float16 bit pattern -> float32, for KV caches stored as float16 bits (uint16)
+F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+def kv_load(cache, slot, g, i):
+    """cache[slot, g, i] as float32, whether the cache holds float32 or float16 bits."""
+
+
+@overload(kv_load, inline="always")
+def _kv_load(cache, slot, g, i):
+    if cache.dtype == types.uint16:
+        def impl(cache, slot, g, i):
+            return F16_TO_F32[cache[slot, g, i]]
+    else:
+        def impl(cache, slot, g, i):
+            return cache[slot, g, i]
+    return impl
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -56,7 +75,8 @@ def write_kv(k, v, slot_mapping, k_cache, v_cache):
 @njit(parallel=True, cache=True, fastmath=True)
 def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window,
                     softcap, out):
-    # q (T, H, D); k_cache (n_slots, KVH, D); v_cache (n_slots, KVH, Dv); token_seq (T,) row of
+    # q (T, H, D); k_cache (n_slots, KVH, D); v_cache (n_slots, KVH, Dv), float32 or float16 bits
+    # (uint16); token_seq (T,) row of
     # block_tables (S, max_blocks) for each token; positions (T,) -> out (T, H, Dv).
     # Causal: token at position p sees its sequence's keys at positions max(0, p - window + 1) .. p
     # (window <= 0: all). Keys are read through the block table: no contiguous copy.
@@ -80,7 +100,7 @@ def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, blo
             slot = block_tables[row, j // block_size] * block_size + j % block_size
             s = np.float32(0.0)
             for dd in range(D):
-                s += q[t, h, dd] * k_cache[slot, g, dd]
+                s += q[t, h, dd] * kv_load(k_cache, slot, g, dd)
             s *= scale
             if softcap > 0:
                 s = softcap * np.tanh(s / softcap)
@@ -93,7 +113,7 @@ def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, blo
             p = np.exp(s - mx)
             denom += p
             for dd in range(Dv):
-                acc[dd] += p * v_cache[slot, g, dd]
+                acc[dd] += p * kv_load(v_cache, slot, g, dd)
         for dd in range(Dv):
             out[t, h, dd] = acc[dd] / denom
 
