@@ -230,3 +230,35 @@ def bench(model, threads, repeats, as_json):
     click.echo(b.format_table(res))
     if as_json:
         click.echo(b.to_json(res))
+
+
+@click.command()
+@click.argument("models", nargs=-1, required=False)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0: every network).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1 routes (or EDGEINFER_API_KEY).")
+@click.option("--cors-origin", "cors_origins", multiple=True, help="Allow browser requests from this origin (repeatable).")
+@click.option("--max-queue", type=click.IntRange(0, None), default=64, show_default=True,
+              help="Requests that may wait for a slot; past it, 503 with Retry-After.")
+@click.option("--request-timeout", type=click.FloatRange(0.1, None), default=600.0, show_default=True,
+              help="Seconds a request may take.")
+@click.option("--max-body", "max_body_bytes", type=click.IntRange(1, None), default=4 * 1024 * 1024, show_default=True,
+              help="Largest request body in bytes (413 past it).")
+@click.option("--max-seqs", type=click.IntRange(0, None), default=0, help="Sequences computed together (0: sized for the cores).")
+@click.option("--threads", type=click.IntRange(0, None), default=0, help="Compute threads (default: all cores).")
+@click.option("--shutdown-timeout", type=click.FloatRange(0, None), default=10.0, show_default=True,
+              help="Seconds to let in-flight requests finish on SIGTERM/SIGINT.")
+def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout, max_body_bytes, max_seqs, threads,
+          shutdown_timeout):
+    """Serve MODELS (default: smollm2-135m-instruct) over an OpenAI-compatible HTTP API."""
+    from edgeinfer.server.app import ServerConfig
+    from edgeinfer.server.run import serve as run_server
+
+    models = list(models) or [registry.DEFAULT_MODEL]
+    for m in models:  # fail fast on unknown names; pull catalog models now, with progress
+        registry.resolve(m, progress=True)
+    cfg = ServerConfig(models=models, threads=threads, api_key=api_key, cors_origins=list(cors_origins),
+                       max_queue=max_queue, request_timeout=request_timeout, max_body_bytes=max_body_bytes,
+                       max_seqs=max_seqs)
+    sys.exit(run_server(cfg, host=host, port=port, shutdown_timeout=shutdown_timeout))

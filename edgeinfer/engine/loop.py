@@ -11,6 +11,9 @@ from typing import Callable
 from .llm_engine import LLMEngine, RequestOutput
 
 _ids = itertools.count()
+# One step at a time across all loops (several served models): they share the cores, and numba's
+# fallback threading layer (workqueue) must not run parallel kernels from two threads at once.
+_STEP_LOCK = threading.Lock()
 
 
 class EngineLoop:
@@ -73,7 +76,8 @@ class EngineLoop:
                 self._wake.clear()
                 continue
             try:
-                outs = self.engine.step()
+                with _STEP_LOCK:
+                    outs = self.engine.step()
                 self.steps += 1
             except Exception as e:  # fail the requests in flight, keep serving new ones
                 self.last_error = f"{type(e).__name__}: {e}"

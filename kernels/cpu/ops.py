@@ -25,7 +25,7 @@ def _kv_load(cache, slot, g, i):
     return impl
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, nogil=True, cache=True, fastmath=True)
 def rmsnorm(x, w, eps, out):
     # x (R, D) * w (D,) / rms(x) -> out (R, D); out may alias x
     R, D = x.shape
@@ -38,7 +38,7 @@ def rmsnorm(x, w, eps, out):
             out[r, i] = x[r, i] * inv * w[i]
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, nogil=True, cache=True, fastmath=True)
 def rope(x, positions, inv_freq, neox):
     # x (T, H, D) rotated in place; positions (T,) int; inv_freq (n_rot/2,): angle = pos * inv_freq[i].
     # neox: pairs (i, i + n_rot/2) (GPT-NeoX, Gemma); else adjacent pairs (2i, 2i+1) (llama.cpp's llama).
@@ -63,7 +63,7 @@ def rope(x, positions, inv_freq, neox):
                     x[t, h, 2 * i + 1] = a * s + b * c
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def write_kv(k, v, slot_mapping, k_cache, v_cache):
     # k (T, KVH, D), v (T, KVH, Dv) -> k_cache/v_cache (n_slots, KVH, D|Dv) at slot_mapping (T,)
     for t in prange(k.shape[0]):
@@ -72,7 +72,7 @@ def write_kv(k, v, slot_mapping, k_cache, v_cache):
         v_cache[s] = v[t]
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, nogil=True, cache=True, fastmath=True)
 def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window,
                     softcap, out):
     # q (T, H, D); k_cache (n_slots, KVH, D); v_cache (n_slots, KVH, Dv), float32 or float16 bits
@@ -118,7 +118,7 @@ def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, blo
             out[t, h, dd] = acc[dd] / denom
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, nogil=True, cache=True, fastmath=True)
 def silu_mul(g, u, out):
     # silu(g) * u, (T, F) -> out (T, F)
     T, F = g.shape
@@ -128,7 +128,7 @@ def silu_mul(g, u, out):
             out[t, i] = x / (np.float32(1.0) + np.exp(-x)) * u[t, i]
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, nogil=True, cache=True, fastmath=True)
 def gelu_tanh_mul(g, u, out):
     # gelu(g, tanh approximation) * u, (T, F) -> out (T, F)
     T, F = g.shape
@@ -139,7 +139,7 @@ def gelu_tanh_mul(g, u, out):
             out[t, i] = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x))) * u[t, i]
 
 
-@njit(cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=True)
 def softcap(x, cap):
     # cap * tanh(x / cap), in place on x (R, V)
     R, V = x.shape

@@ -73,7 +73,7 @@ def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
                 y[h * 16 + l] = s * np.float32(_i8(qs[n, base + h * 16 + l]))
 
 
-@njit(cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=True)
 def dequant_row(kind, qs, qh, sc, d, m, luts, n, y):
     # row n of W -> y (K,) float32; luts: HALF_TO_F32
     K = y.shape[0]
@@ -84,14 +84,14 @@ def dequant_row(kind, qs, qh, sc, d, m, luts, n, y):
             y[k] = luts[kind][d[n, k]]
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, nogil=True, cache=True, fastmath=True)
 def dequant_rows(kind, qs, qh, sc, d, m, luts, rows, out):
     # W[rows] -> out (len(rows), K) float32; rows int64 (R,)
     for i in prange(rows.shape[0]):
         dequant_row(kind, qs, qh, sc, d, m, luts, rows[i], out[i])
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, nogil=True, cache=True, fastmath=True)
 def dequant_range(kind, qs, qh, sc, d, m, luts, r0, out):
     # W[r0 : r0 + R] -> out (R, K) float32
     for i in prange(out.shape[0]):
@@ -118,7 +118,7 @@ def _lane_sum(acc, t):
     return s
 
 
-@njit(parallel=True, cache=True, fastmath=EXACT)
+@njit(parallel=True, nogil=True, cache=True, fastmath=EXACT)
 def matmul_half(kind, d, luts, x, out):
     # F16 (kind 0) / BF16 (kind 1): d (N, K) uint16 bit patterns
     N = out.shape[1]
@@ -139,7 +139,7 @@ def matmul_half(kind, d, luts, x, out):
                 out[t, n] = _lane_sum(acc, t)
 
 
-@njit(parallel=True, cache=True, fastmath=EXACT)
+@njit(parallel=True, nogil=True, cache=True, fastmath=EXACT)
 def matmul_q8_0(qs, d, luts, x, out):
     N = out.shape[1]
     T, K = x.shape
@@ -161,7 +161,7 @@ def matmul_q8_0(qs, d, luts, x, out):
                 out[t, n] = _lane_sum(acc, t)
 
 
-@njit(parallel=True, cache=True, fastmath=EXACT)
+@njit(parallel=True, nogil=True, cache=True, fastmath=EXACT)
 def matmul_q4(kind, qs, d, m, luts, x, out):
     # Q4_0 (kind 3) / Q4_1 (kind 4)
     N = out.shape[1]
@@ -195,7 +195,7 @@ def _qh32(qh, n, g):
             | (np.uint32(qh[n, g * 4 + 2]) << 16) | (np.uint32(qh[n, g * 4 + 3]) << 24))
 
 
-@njit(parallel=True, cache=True, fastmath=EXACT)
+@njit(parallel=True, nogil=True, cache=True, fastmath=EXACT)
 def matmul_q5(kind, qs, qh, d, m, luts, x, out):
     # Q5_0 (kind 5) / Q5_1 (kind 6)
     N = out.shape[1]
@@ -220,7 +220,7 @@ def matmul_q5(kind, qs, qh, d, m, luts, x, out):
                 out[t, n] = _lane_sum(acc, t)
 
 
-@njit(parallel=True, cache=True, fastmath=EXACT)
+@njit(parallel=True, nogil=True, cache=True, fastmath=EXACT)
 def matmul_k45(kind, qs, qh, sc, d, m, luts, x, out):
     # Q4_K (kind 7) / Q5_K (kind 8): 32-element group i of a super-block reads nibble i % 2 of
     # qs bytes [32 (i // 2), +32), and for Q5_K bit i of each qh byte.
@@ -253,7 +253,7 @@ def matmul_k45(kind, qs, qh, sc, d, m, luts, x, out):
                 out[t, n] = _lane_sum(acc, t)
 
 
-@njit(parallel=True, cache=True, fastmath=EXACT)
+@njit(parallel=True, nogil=True, cache=True, fastmath=EXACT)
 def matmul_q6_k(qs, sc, d, luts, x, out):
     # Q6_K, unpacked at load: qs (N, K) signed bytes, sc (N, K/16) int8 scales, d (N, K/256)
     N = out.shape[1]

@@ -1,0 +1,405 @@
+"""`edgeinfer serve`: an OpenAI-compatible HTTP server on the continuous-batching engine.
+
+Every model runs its engine in one background thread (EngineLoop); the asyncio event loop only
+parses, queues and streams, so it never blocks on compute. A request's outputs come back through
+its own asyncio queue; a client that goes away has its request aborted and its KV blocks freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .. import registry
+from ..config import EngineConfig
+from ..errors import EdgeInferError
+from . import protocol as P
+from .metrics import Metrics
+
+DEFAULT_MAX_BODY = 4 * 1024 * 1024
+
+
+@dataclass
+class ServerConfig:
+    models: list[str]
+    threads: int = 0
+    api_key: str | None = None
+    cors_origins: list[str] = field(default_factory=list)
+    max_queue: int = 64  # requests waiting for a slot, per model; past it: 503 + Retry-After
+    request_timeout: float = 600.0
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    max_seqs: int = 0
+    engine_config: EngineConfig | None = None
+
+
+class ServedModel:
+    """One model: loaded in the background, then served through its engine loop."""
+
+    def __init__(self, name: str, source: str, engine_config: EngineConfig):
+        self.name = name
+        self.source = source
+        self.engine_config = engine_config
+        self.llm = None
+        self.loop = None
+        self.error: str | None = None
+        self.created = P.now()
+
+    @property
+    def ready(self) -> bool:
+        return self.loop is not None
+
+    def load(self) -> None:
+        from ..engine.loop import EngineLoop
+        from ..llm import LLM
+
+        try:
+            self.llm = LLM(self.source, engine_config=self.engine_config, progress=False)
+            self.loop = EngineLoop(self.llm.engine, self.name).start()
+        except Exception as e:  # reported by /health and every request to this model
+            self.error = f"{type(e).__name__}: {e}"
+            print(f"error: could not load model {self.name!r}: {e}", file=sys.stderr, flush=True)
+
+
+def model_name(source: str) -> str:
+    entry = registry.lookup(source)
+    if entry is not None:
+        return entry.name
+    base = os.path.basename(source)
+    return base[:-5] if base.endswith(".gguf") else base
+
+
+def error_response(e: P.APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def create_app(config: ServerConfig) -> Starlette:
+    engine_config = config.engine_config or EngineConfig(threads=config.threads, max_seqs=config.max_seqs)
+    served: dict[str, ServedModel] = {}
+    for source in config.models:
+        name = model_name(source)
+        if name in served:
+            raise EdgeInferError(f"model {name!r} is given twice")
+        served[name] = ServedModel(name, source, engine_config)
+    metrics = Metrics(served)
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def check_auth(request: Request) -> None:
+        if not config.api_key:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or token.strip() != config.api_key:
+            raise P.APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                             code="invalid_api_key")
+
+    async def read_json(request: Request):
+        ctype = request.headers.get("content-type", "")
+        if ctype.split(";")[0].strip().lower() != "application/json":
+            raise P.APIError(415, f"Content-Type must be application/json, got {ctype or 'nothing'!r}")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
+            raise P.APIError(413, f"the request body is {int(length)} bytes; the limit is {config.max_body_bytes}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > config.max_body_bytes:
+                raise P.APIError(413, f"the request body is over the limit of {config.max_body_bytes} bytes")
+            chunks.append(chunk)
+        try:
+            return json.loads(b"".join(chunks))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise P.APIError(400, f"the request body is not valid JSON: {e}") from None
+
+    def pick_model(name: str | None) -> ServedModel:
+        if name is None and len(served) == 1:
+            name = next(iter(served))
+        sm = served.get(name) if name is not None else None
+        if sm is None:
+            raise P.APIError(404, f"model {name!r} is not served here; served models: {', '.join(served)}",
+                             param="model", code="model_not_found")
+        if sm.error:
+            raise P.APIError(500, f"model {sm.name!r} failed to load: {sm.error}")
+        if not sm.ready:
+            raise P.APIError(503, f"model {sm.name!r} is still loading", headers={"Retry-After": "2"})
+        return sm
+
+    def budget(sm: ServedModel, prompt_ids: list[int], req: P.ParsedRequest, field: str) -> int:
+        context = sm.llm.engine.max_context
+        if len(prompt_ids) >= context:
+            raise P.bad(field, f"the prompt has {len(prompt_ids)} tokens but the context holds {context}")
+        room = context - len(prompt_ids)
+        if req.max_tokens is None:
+            return room
+        if req.max_tokens > room:
+            raise P.bad("max_tokens", f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({req.max_tokens}) "
+                                      f"is {len(prompt_ids) + req.max_tokens} tokens, more than the context of {context}")
+        return req.max_tokens
+
+    def submit(sm: ServedModel, prompt_ids, params) -> tuple[str, asyncio.Queue]:
+        stats = sm.llm.engine.stats()
+        must_wait = stats["waiting"] > 0 or stats["running"] >= sm.llm.engine.scheduler.max_seqs
+        if must_wait and stats["waiting"] >= config.max_queue:
+            raise P.APIError(503, f"the server is busy: {stats['waiting']} requests are waiting; try again shortly",
+                             headers={"Retry-After": "1"})
+        queue: asyncio.Queue = asyncio.Queue()
+        aloop = asyncio.get_running_loop()
+        try:
+            rid = sm.loop.submit(prompt_ids, params, lambda out: aloop.call_soon_threadsafe(queue.put_nowait, out))
+        except ValueError as e:
+            raise P.bad("prompt", str(e)) from None
+        return rid, queue
+
+    async def collect(request: Request, sm: ServedModel, rid: str, queue: asyncio.Queue, t0: float, labels):
+        """Gather a whole generation, watching for a disconnect and the timeout."""
+        deadline = t0 + config.request_timeout
+        text, ids, lps, reason = [], [], [], None
+        first = None
+        try:
+            while reason is None:
+                try:
+                    out = await asyncio.wait_for(queue.get(), timeout=min(0.5, max(0.01, deadline - time.monotonic())))
+                except asyncio.TimeoutError:
+                    if time.monotonic() >= deadline:
+                        raise P.APIError(504, f"the request took longer than {config.request_timeout:g} s") from None
+                    if await request.is_disconnected():
+                        raise ClientDisconnect() from None
+                    continue
+                if out.new_token_ids:
+                    now = time.monotonic()
+                    metrics.token(labels, now - (first or t0), first is None)
+                    first = first or now
+                text.append(out.delta_text)
+                ids += out.new_token_ids
+                lps += out.logprobs or []
+                if out.finished:
+                    reason = out.finish_reason
+        except BaseException:
+            sm.loop.abort(rid)
+            raise
+        if reason == "error":
+            raise P.APIError(500, f"generation failed: {sm.loop.last_error}")
+        return "".join(text), ids, lps, reason
+
+    def stream(request: Request, sm: ServedModel, rid: str, queue: asyncio.Queue, t0: float, labels, make_chunk,
+               usage_chunk, n_prompt: int):
+        async def events():
+            deadline = t0 + config.request_timeout
+            n_out, first, done = 0, None, False
+            try:
+                head = make_chunk(None, None, [], first_chunk=True)
+                if head is not None:
+                    yield f"data: {json.dumps(head)}\n\n"
+                while not done:
+                    try:
+                        out = await asyncio.wait_for(queue.get(), timeout=max(0.01, deadline - time.monotonic()))
+                    except asyncio.TimeoutError:
+                        err = P.APIError(504, f"the request took longer than {config.request_timeout:g} s")
+                        yield f"data: {json.dumps(err.body())}\n\n"
+                        break
+                    if out.new_token_ids:
+                        now = time.monotonic()
+                        metrics.token(labels, now - (first or t0), first is None)
+                        first = first or now
+                    n_out += len(out.new_token_ids)
+                    done = out.finished
+                    if out.finish_reason == "error":
+                        err = P.APIError(500, f"generation failed: {sm.loop.last_error}")
+                        yield f"data: {json.dumps(err.body())}\n\n"
+                        break
+                    if out.delta_text or out.logprobs or done:
+                        yield f"data: {json.dumps(make_chunk(out.delta_text, out.finish_reason if done else None, out.logprobs or []))}\n\n"
+                if done and usage_chunk is not None:
+                    yield f"data: {json.dumps(usage_chunk(n_prompt, n_out))}\n\n"
+                yield "data: [DONE]\n\n"
+                metrics.finish(labels, "200", n_prompt, n_out)
+            finally:
+                if not done:  # the client went away, or the timeout: free the request's blocks now
+                    sm.loop.abort(rid)
+                    metrics.finish(labels, "499", n_prompt, n_out)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    # -- endpoints -------------------------------------------------------------------------------
+
+    async def chat_completions(request: Request):
+        return await _generate(request, chat=True)
+
+    async def completions(request: Request):
+        return await _generate(request, chat=False)
+
+    async def _generate(request: Request, chat: bool):
+        endpoint = "chat" if chat else "completions"
+        t0 = time.monotonic()
+        labels = ("?", endpoint)
+        try:
+            check_auth(request)
+            body = await read_json(request)
+            req = P.parse_common(body, chat=chat)
+            sm = pick_model(req.model)
+            labels = (sm.name, endpoint)
+            tok = sm.llm.tokenizer
+            if chat:
+                messages = P.parse_messages(body)
+                try:
+                    prompt_ids = await asyncio.to_thread(sm.llm.render_chat, messages)
+                except ValueError as e:
+                    raise P.bad("messages", str(e)) from None
+            else:
+                prompt = P.parse_prompt(body)
+                if isinstance(prompt, str):
+                    prompt_ids = await asyncio.to_thread(tok.encode, prompt, None, False)
+                else:
+                    bad_ids = [t for t in prompt if not 0 <= t < tok.vocab_size]
+                    if bad_ids:
+                        raise P.bad("prompt", f"token id {bad_ids[0]} is outside the vocabulary of {tok.vocab_size}")
+                    prompt_ids = prompt
+                if not prompt_ids:
+                    raise P.bad("prompt", "'prompt' is empty")
+            params = P.sampling_params(req, budget(sm, prompt_ids, req, "messages" if chat else "prompt"))
+            rid, queue = submit(sm, prompt_ids, params)
+        except P.APIError as e:
+            metrics.finish(labels, str(e.status), 0, 0)
+            return error_response(e)
+        except ClientDisconnect:
+            return Response(status_code=499)
+
+        cid = P.new_id("chatcmpl" if chat else "cmpl")
+        created = P.now()
+        token_text = lambda t: tok.token_bytes(t).decode("utf-8", errors="replace")  # noqa: E731
+        n_prompt = len(prompt_ids)
+
+        if req.stream:
+            obj = "chat.completion.chunk" if chat else "text_completion"
+
+            def make_chunk(delta, finish, lps, first_chunk=False):
+                if chat:
+                    if first_chunk:
+                        d = {"role": "assistant", "content": ""}
+                    else:
+                        d = {"content": delta} if delta else {}
+                    choice = {"index": 0, "delta": d, "finish_reason": finish,
+                              "logprobs": P.chat_logprobs(lps, token_text) if req.logprobs and lps else None}
+                else:
+                    if first_chunk:
+                        return None
+                    choice = {"index": 0, "text": delta or "", "finish_reason": finish,
+                              "logprobs": P.completion_logprobs(lps, token_text) if req.logprobs and lps else None}
+                return {"id": cid, "object": obj, "created": created, "model": sm.name, "choices": [choice]}
+
+            def usage_chunk(n_p, n_o):
+                return {"id": cid, "object": obj, "created": created, "model": sm.name, "choices": [],
+                        "usage": P.usage(n_p, n_o)}
+
+            return stream(request, sm, rid, queue, t0, labels, make_chunk,
+                          usage_chunk if req.include_usage else None, n_prompt)
+
+        try:
+            text, ids, lps, reason = await collect(request, sm, rid, queue, t0, labels)
+        except P.APIError as e:
+            metrics.finish(labels, str(e.status), n_prompt, 0)
+            return error_response(e)
+        except ClientDisconnect:
+            metrics.finish(labels, "499", n_prompt, 0)
+            return Response(status_code=499)
+        metrics.finish(labels, "200", n_prompt, len(ids))
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
+                      "logprobs": P.chat_logprobs(lps, token_text) if req.logprobs else None}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": reason,
+                      "logprobs": P.completion_logprobs(lps, token_text) if req.logprobs else None}
+            obj = "text_completion"
+        return JSONResponse({"id": cid, "object": obj, "created": created, "model": sm.name, "choices": [choice],
+                             "usage": P.usage(n_prompt, len(ids))})
+
+    async def list_models(request: Request):
+        try:
+            check_auth(request)
+        except P.APIError as e:
+            return error_response(e)
+        return JSONResponse({"object": "list", "data": [
+            {"id": sm.name, "object": "model", "created": sm.created, "owned_by": "edgeinfer"}
+            for sm in served.values()]})
+
+    async def health(request: Request):
+        failed = {sm.name: sm.error for sm in served.values() if sm.error}
+        if failed:
+            return JSONResponse({"status": "error", "errors": failed}, status_code=500)
+        loading = [sm.name for sm in served.values() if not sm.ready]
+        if loading:
+            return JSONResponse({"status": "loading", "loading": loading}, status_code=503)
+        return JSONResponse({"status": "ok", "models": list(served)})
+
+    async def metrics_endpoint(request: Request):
+        data, ctype = metrics.render()
+        return Response(data, media_type=ctype)
+
+    async def not_found(request: Request, exc):
+        return error_response(P.APIError(404, f"no route {request.method} {request.url.path}"))
+
+    async def method_not_allowed(request: Request, exc):
+        status = getattr(exc, "status_code", 405)
+        return error_response(P.APIError(status, f"{request.method} is not allowed on {request.url.path}"))
+
+    async def server_error(request: Request, exc):
+        return error_response(P.APIError(500, f"internal error: {type(exc).__name__}"))
+
+    def startup():
+        def load_all():
+            for sm in served.values():
+                sm.load()
+            if all(sm.ready for sm in served.values()):
+                print(f"ready: serving {', '.join(served)}", file=sys.stderr, flush=True)
+
+        threading.Thread(target=load_all, name="edgeinfer-load", daemon=True).start()
+
+    def shutdown():
+        for sm in served.values():
+            if sm.loop is not None:
+                sm.loop.stop(timeout=2.0)
+
+    middleware = []
+    if config.cors_origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
+                                     allow_headers=["Authorization", "Content-Type"]))
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app):
+        startup()
+        yield
+        shutdown()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/models", list_models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
+        ],
+        middleware=middleware,
+        exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error},
+        lifespan=lifespan,
+    )
+    app.state.served = served
+    app.state.metrics = metrics
+    return app
+
+
+__all__ = ["ServerConfig", "create_app", "PlainTextResponse"]

@@ -1,0 +1,67 @@
+"""Prometheus metrics: request and token counters, latency histograms, and engine gauges read at scrape."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class _EngineCollector:
+    def __init__(self, served):
+        self.served = served
+
+    def collect(self):
+        g = {name: GaugeMetricFamily(f"edgeinfer_{name}", doc, labels=["model"]) for name, doc in (
+            ("running_sequences", "Sequences being computed"),
+            ("waiting_sequences", "Requests waiting for a slot"),
+            ("kv_blocks_used", "KV cache blocks in use"),
+            ("kv_blocks_total", "KV cache blocks in all"),
+            ("kv_blocks_cached", "Full blocks registered for prefix reuse"),
+            ("prefix_cache_hit_rate", "Fraction of full prompt blocks found in the prefix cache"),
+        )}
+        preempt = CounterMetricFamily("edgeinfer_preemptions", "Sequences preempted (to be recomputed)", labels=["model"])
+        for sm in self.served.values():
+            if not sm.ready:
+                continue
+            s = sm.llm.engine.stats()
+            g["running_sequences"].add_metric([sm.name], s["running"])
+            g["waiting_sequences"].add_metric([sm.name], s["waiting"])
+            g["kv_blocks_used"].add_metric([sm.name], s["kv_blocks_used"])
+            g["kv_blocks_total"].add_metric([sm.name], s["kv_blocks_total"])
+            g["kv_blocks_cached"].add_metric([sm.name], s["kv_blocks_cached"])
+            g["prefix_cache_hit_rate"].add_metric([sm.name], s["prefix_cache_hit_rate"])
+            preempt.add_metric([sm.name], s["preemptions"])
+        yield from g.values()
+        yield preempt
+
+
+class Metrics:
+    def __init__(self, served):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("edgeinfer_requests", "HTTP generation requests", ["model", "endpoint", "status"],
+                                registry=r)
+        self.prompt_tokens = Counter("edgeinfer_prompt_tokens", "Prompt tokens received", ["model"], registry=r)
+        self.completion_tokens = Counter("edgeinfer_completion_tokens", "Tokens generated", ["model"], registry=r)
+        self.ttft = Histogram("edgeinfer_time_to_first_token_seconds", "Request arrival to first token", ["model"],
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("edgeinfer_time_per_output_token_seconds", "Time between output tokens", ["model"],
+                              buckets=LATENCY_BUCKETS, registry=r)
+        r.register(_EngineCollector(served))
+
+    def token(self, labels, seconds: float, first: bool) -> None:
+        (self.ttft if first else self.tpot).labels(labels[0]).observe(seconds)
+
+    def finish(self, labels, status: str, prompt_tokens: int, completion_tokens: int) -> None:
+        model, endpoint = labels
+        self.requests.labels(model, endpoint, status).inc()
+        if prompt_tokens:
+            self.prompt_tokens.labels(model).inc(prompt_tokens)
+        if completion_tokens:
+            self.completion_tokens.labels(model).inc(completion_tokens)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,230 @@
+"""OpenAI request validation and response shapes. Pure functions: no server, no model."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ..sampling import SamplingParams
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's JSON shape: {"error": {message, type, param, code}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, type_: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type_ or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                              413: "invalid_request_error", 415: "invalid_request_error",
+                              503: "overloaded_error", 504: "timeout_error"}.get(status, "server_error")
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(param: str, message: str) -> APIError:
+    return APIError(400, message, param=param)
+
+
+# -- field readers: each names the field in its error -------------------------------------------
+
+
+def _number(body: dict, key: str, lo: float, hi: float, default):
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise bad(key, f"'{key}' must be a number, got {type(v).__name__}")
+    if not lo <= v <= hi:
+        raise bad(key, f"'{key}' must be between {lo} and {hi}, got {v}")
+    return float(v)
+
+
+def _integer(body: dict, key: str, lo: int, hi: int | None, default):
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad(key, f"'{key}' must be an integer, got {type(v).__name__}")
+    if v < lo or (hi is not None and v > hi):
+        raise bad(key, f"'{key}' must be between {lo} and {hi if hi is not None else 'the context size'}, got {v}")
+    return v
+
+
+def _boolean(body: dict, key: str, default: bool) -> bool:
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(key, f"'{key}' must be true or false, got {type(v).__name__}")
+    return v
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    v = body.get("stop")
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise bad("stop", "'stop' must be a string or a list of strings")
+    if len(v) > 4:
+        raise bad("stop", f"'stop' takes at most 4 sequences, got {len(v)}")
+    if any(s == "" for s in v):
+        raise bad("stop", "'stop' sequences must not be empty")
+    return tuple(v)
+
+
+@dataclass
+class ParsedRequest:
+    model: str | None
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+    params_kwargs: dict
+    logprobs: bool
+    top_logprobs: int
+
+
+def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("model", "'model' must be a string")
+    n = _integer(body, "n", 1, None, 1)
+    if n != 1:
+        raise bad("n", f"'n' must be 1: this server returns one choice per request (got {n})")
+    if body.get("best_of") not in (None, 1):
+        raise bad("best_of", "'best_of' is not supported")
+    for unsupported in ("tools", "functions", "tool_choice", "suffix"):
+        if body.get(unsupported) not in (None, [], "none"):
+            raise bad(unsupported, f"'{unsupported}' is not supported by this server")
+    rf = body.get("response_format")
+    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
+        raise bad("response_format", "only response_format {\"type\": \"text\"} is supported")
+    stream = _boolean(body, "stream", False)
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise bad("stream_options", "'stream_options' must be an object")
+    include_usage = _boolean(so or {}, "include_usage", False)
+    max_tokens = _integer(body, "max_completion_tokens" if body.get("max_completion_tokens") is not None
+                          else "max_tokens", 1, None, None)
+    if chat:
+        logprobs = _boolean(body, "logprobs", False)
+        top = _integer(body, "top_logprobs", 0, 20, None)
+        if top is not None and not logprobs:
+            raise bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+        top = top or 0
+    else:  # the completions API: logprobs is how many alternatives (0..5)
+        lp = _integer(body, "logprobs", 0, 5, None)
+        logprobs, top = lp is not None, lp or 0
+    seed = _integer(body, "seed", 0, 2**63 - 1, None)
+    kwargs = dict(
+        temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
+        top_p=_number(body, "top_p", 0.0, 1.0, 1.0),
+        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, 0.0),
+        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0),
+        stop=_stop(body),
+        seed=seed,
+        logprobs=top if logprobs else None,
+        ignore_eos=_boolean(body, "ignore_eos", False),  # an extension (as vLLM): generate through EOS
+    )
+    if kwargs["top_p"] == 0.0:
+        raise bad("top_p", "'top_p' must be greater than 0")
+    return ParsedRequest(model, stream, include_usage, max_tokens, kwargs, logprobs, top)
+
+
+def parse_messages(body: dict) -> list[dict]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("messages", "'messages' must be a non-empty array")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise bad(f"messages[{i}]", f"messages[{i}] must be an object")
+        role = m.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant", "tool"):
+            raise bad(f"messages[{i}].role", f"messages[{i}].role {role!r} is not one of system, user, assistant, tool")
+        content = m.get("content")
+        if content is None and role == "assistant":
+            content = ""
+        if isinstance(content, list):
+            parts = []
+            for j, p in enumerate(content):
+                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                    raise bad(f"messages[{i}].content[{j}]", f"messages[{i}].content[{j}] must be a text part")
+                parts.append(p["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise bad(f"messages[{i}].content", f"messages[{i}].content must be a string or an array of text parts")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def parse_prompt(body: dict):
+    """A completion prompt: a string, or a list of token ids (a one-element batch of either is fine)."""
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]
+    if isinstance(p, str):
+        return p
+    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        return p
+    if isinstance(p, list) and len(p) > 1 and all(isinstance(x, (str, list)) for x in p):
+        raise bad("prompt", "a batch of prompts is not supported: send one prompt per request")
+    raise bad("prompt", "'prompt' must be a string or an array of token ids")
+
+
+def sampling_params(req: ParsedRequest, max_tokens: int) -> SamplingParams:
+    try:
+        return SamplingParams(max_tokens=max_tokens, **req.params_kwargs)
+    except ValueError as e:
+        raise bad(str(e).split(" ", 1)[0], str(e)) from None
+
+
+# -- responses ----------------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def chat_logprobs(entries: list[dict], token_text) -> dict:
+    def item(tid, lp):
+        t = token_text(tid)
+        return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+
+    return {"content": [{**item(e["token_id"], e["logprob"]),
+                         "top_logprobs": [item(j, lp) for j, lp in e["top"]]} for e in entries]}
+
+
+def completion_logprobs(entries: list[dict], token_text, offset: int = 0) -> dict:
+    tokens, lps, tops, offsets = [], [], [], []
+    for e in entries:
+        t = token_text(e["token_id"])
+        offsets.append(offset)
+        offset += len(t)
+        tokens.append(t)
+        lps.append(e["logprob"])
+        tops.append({token_text(j): lp for j, lp in e["top"]})
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def now() -> int:
+    return int(time.time())

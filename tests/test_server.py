@@ -1,0 +1,309 @@
+"""`edgeinfer serve`: a real server process on a free port, driven by the openai client and raw HTTP."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *args, env=None):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "edgeinfer.cli.main", "serve", *map(str, args),
+                                      "--port", str(self.port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env={**os.environ, **(env or {})})
+
+    def wait_ready(self, timeout=60):
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stdout.read()}")
+            try:
+                if httpx.get(self.base + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("server did not become ready")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def client(self, **kw):
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw)
+
+    def metric(self, name: str) -> float:
+        """A metric's value; `name` may be a full series up to its closing brace. 0 when absent."""
+        text = httpx.get(self.base + "/metrics").text
+        pattern = rf"^{re.escape(name)}\}} (\S+)$" if "{" in name else rf"^{name}\{{[^}}]*\}} (\S+)$"
+        m = re.search(pattern, text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_path(tmp_path_factory):
+    """A small random model with a long context: slow enough (about 1 ms a token) that a long stream is
+    still running when a test looks at it."""
+    from tiny_models import write_tiny_llama
+
+    p = tmp_path_factory.mktemp("server") / "tiny-llama.gguf"
+    write_tiny_llama(p, n_ctx=4096, dim=256, n_head=4, n_kv=2, ffn=1024, n_layer=8)
+    return p
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_path):
+    s = Server(tiny_llama_path, "--max-queue", "64").wait_ready()
+    yield s
+    s.stop()
+
+
+GREEDY = dict(temperature=0, max_tokens=12, seed=1)
+
+
+def test_models_and_health(server):
+    assert [m.id for m in server.client().models.list().data] == ["tiny-llama"]
+    assert httpx.get(server.base + "/health").json()["status"] == "ok"
+
+
+def test_chat_completion_and_stream_agree(server):
+    c = server.client()
+    msgs = [{"role": "user", "content": "the hen"}]
+    full = c.chat.completions.create(model="tiny-llama", messages=msgs, **GREEDY)
+    assert full.object == "chat.completion" and full.choices[0].message.role == "assistant"
+    assert full.usage.completion_tokens == len(
+        c.chat.completions.create(model="tiny-llama", messages=msgs, logprobs=True, **GREEDY).choices[0].logprobs.content)
+    chunks = list(c.chat.completions.create(model="tiny-llama", messages=msgs, stream=True,
+                                            stream_options={"include_usage": True}, **GREEDY))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == full.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens and chunks[-1].choices == []
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == full.choices[0].finish_reason
+
+
+def test_completion_and_stream_agree(server):
+    c = server.client()
+    full = c.completions.create(model="tiny-llama", prompt="in a", **GREEDY)
+    assert full.object == "text_completion" and full.usage.prompt_tokens > 0
+    text = "".join(ch.choices[0].text for ch in c.completions.create(model="tiny-llama", prompt="in a", stream=True,
+                                                                       **GREEDY))
+    assert text == full.choices[0].text
+    lp = c.completions.create(model="tiny-llama", prompt="in a", logprobs=2, **GREEDY).choices[0].logprobs
+    assert len(lp.tokens) == full.usage.completion_tokens and all(len(t) <= 2 for t in lp.top_logprobs)
+
+
+def test_stop_and_max_completion_tokens(server):
+    c = server.client()
+    r = c.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}], temperature=0,
+                                  max_completion_tokens=3)
+    assert r.usage.completion_tokens <= 3
+
+
+def test_sixteen_concurrent_requests(server):
+    c = server.client()
+    results, errors = [], []
+
+    def one(i):
+        try:
+            r = c.completions.create(model="tiny-llama", prompt=f"the hen {i}", temperature=0.7, max_tokens=16, seed=i)
+            results.append(r.usage.completion_tokens)
+        except Exception as e:  # noqa: BLE001 - collected and asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and len(results) == 16
+
+
+def test_disconnect_mid_stream_frees_blocks(server):
+    body = {"model": "tiny-llama", "prompt": "the hen sat", "max_tokens": 4000, "stream": True, "temperature": 0,
+            "ignore_eos": True}
+    label = 'edgeinfer_requests_total{endpoint="completions",model="tiny-llama",status="499"'
+    aborted = server.metric(label)
+    with httpx.Client(timeout=30) as h:
+        with h.stream("POST", server.base + "/v1/completions", json=body) as r:
+            lines = r.iter_lines()  # kept alive: breaking out of it would close the response
+            while not next(lines).startswith("data: {"):
+                pass
+            assert server.metric("edgeinfer_running_sequences") == 1
+            assert server.metric("edgeinfer_kv_blocks_used") >= 1
+        # leaving the block closes the connection mid-stream
+    t0 = time.time()
+    while time.time() - t0 < 1.0 and server.metric("edgeinfer_kv_blocks_used") != 0:
+        time.sleep(0.05)
+    assert server.metric("edgeinfer_kv_blocks_used") == 0, "blocks not freed within a second"
+    assert server.metric("edgeinfer_running_sequences") == 0
+    assert server.metric(label) == aborted + 1  # counted as aborted by the client
+
+
+BAD = [
+    ("malformed json", b"{bad json", "application/json", 400, None),
+    ("not an object", b"[1, 2]", "application/json", 400, None),
+    ("wrong type", json.dumps({"prompt": "x", "temperature": "hot"}).encode(), "application/json", 400, "temperature"),
+    ("out of range", json.dumps({"prompt": "x", "top_p": 1.5}).encode(), "application/json", 400, "top_p"),
+    ("max_tokens type", json.dumps({"prompt": "x", "max_tokens": "ten"}).encode(), "application/json", 400, "max_tokens"),
+    ("negative penalty", json.dumps({"prompt": "x", "presence_penalty": -3}).encode(), "application/json", 400,
+     "presence_penalty"),
+    ("n > 1", json.dumps({"prompt": "x", "n": 2}).encode(), "application/json", 400, "n"),
+    ("bad prompt", json.dumps({"prompt": {"a": 1}}).encode(), "application/json", 400, "prompt"),
+    ("too long", json.dumps({"prompt": "x", "max_tokens": 10_000}).encode(), "application/json", 400, "max_tokens"),
+    ("prompt over context", json.dumps({"prompt": [5] * 4195}).encode(), "application/json", 400, "prompt"),
+    ("wrong content type", b"prompt=x", "application/x-www-form-urlencoded", 415, None),
+    ("unknown model", json.dumps({"model": "gpt-9", "prompt": "x"}).encode(), "application/json", 404, "model"),
+    ("body too large", json.dumps({"prompt": "x" * (5 * 1024 * 1024)}).encode(), "application/json", 413, None),
+]
+
+
+@pytest.mark.parametrize("name,body,ctype,status,param", BAD, ids=[b[0] for b in BAD])
+def test_bad_completion_requests(server, name, body, ctype, status, param):
+    r = httpx.post(server.base + "/v1/completions", content=body, headers={"Content-Type": ctype}, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"]
+    if param:
+        assert err["param"] == param and param.split(".")[0] in err["message"]
+    if name == "unknown model":
+        assert "tiny-llama" in err["message"]
+    if name == "too long":
+        assert "10000" in err["message"] and "4096" in err["message"]
+    if name == "prompt over context":
+        assert "4195" in err["message"] and "4096" in err["message"]
+
+
+@pytest.mark.parametrize("messages,param", [
+    ([{"role": "wizard", "content": "x"}], "messages[0].role"),
+    ([{"role": "user", "content": 5}], "messages[0].content"),
+    ([], "messages"),
+    ("hello", "messages"),
+])
+def test_bad_chat_requests(server, messages, param):
+    r = httpx.post(server.base + "/v1/chat/completions", json={"messages": messages}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_server_keeps_serving_after_bad_input(server):
+    for name, body, ctype, _, _ in BAD:
+        httpx.post(server.base + "/v1/completions", content=body, headers={"Content-Type": ctype}, timeout=30)
+    r = server.client().completions.create(model="tiny-llama", prompt="ok", max_tokens=2)
+    assert r.usage.completion_tokens >= 1
+
+
+def test_unknown_route_is_json_404(server):
+    r = httpx.get(server.base + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+
+
+def test_metrics_exposition(server):
+    server.client().completions.create(model="tiny-llama", prompt="m", max_tokens=2)
+    text = httpx.get(server.base + "/metrics").text
+    for name in ("edgeinfer_requests_total", "edgeinfer_prompt_tokens_total", "edgeinfer_completion_tokens_total",
+                 "edgeinfer_time_to_first_token_seconds_bucket", "edgeinfer_time_per_output_token_seconds_bucket",
+                 "edgeinfer_running_sequences", "edgeinfer_waiting_sequences", "edgeinfer_kv_blocks_used",
+                 "edgeinfer_prefix_cache_hit_rate", "edgeinfer_preemptions_total"):
+        assert name in text, name
+
+
+def test_api_key(tiny_llama_path):
+    s = Server(tiny_llama_path, env={"EDGEINFER_API_KEY": "sekret"}).wait_ready()
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            s.client(api_key="wrong").models.list()
+        assert httpx.get(s.base + "/v1/models").status_code == 401
+        assert [m.id for m in s.client(api_key="sekret").models.list().data] == ["tiny-llama"]
+        assert httpx.get(s.base + "/health").status_code == 200  # health needs no key
+    finally:
+        s.stop()
+
+
+def test_queue_limit_answers_503_with_retry_after(tiny_llama_path):
+    s = Server(tiny_llama_path, "--max-queue", "0", "--max-seqs", "1").wait_ready()
+    try:
+        body = {"prompt": "the", "max_tokens": 4000, "stream": True, "temperature": 0, "ignore_eos": True}
+        with httpx.Client(timeout=30) as h, h.stream("POST", s.base + "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            while not next(lines).startswith("data: {"):
+                pass
+            r2 = None
+            for _ in range(20):  # the second request waits behind the first: with no queue room, 503
+                r2 = httpx.post(s.base + "/v1/completions", json={"prompt": "x", "max_tokens": 50}, timeout=30)
+                if r2.status_code == 503:
+                    break
+            assert r2.status_code == 503 and r2.headers["retry-after"] == "1"
+    finally:
+        s.stop()
+
+
+def test_graceful_shutdown_finishes_in_flight_and_exits_zero(tiny_llama_path):
+    s = Server(tiny_llama_path).wait_ready()
+    result = {}
+
+    def long_request():
+        r = httpx.post(s.base + "/v1/completions", json={"prompt": "the", "max_tokens": 300, "temperature": 0, "ignore_eos": True},
+                       timeout=60)
+        result["status"] = r.status_code
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(0.3)
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(30) == 0
+    t.join(30)
+    assert result.get("status") == 200
+
+
+def test_host_warning_and_unknown_model(tmp_path):
+    env = {**os.environ, "EDGEINFER_HOME": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "serve", "no-such-model"], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert r.returncode == 1 and "Known names" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_health_is_503_while_loading(tiny_llama_path, monkeypatch):
+    from starlette.testclient import TestClient
+
+    from edgeinfer.server import app as server_app
+
+    release = threading.Event()
+    original = server_app.ServedModel.load
+
+    def slow_load(self):
+        release.wait(30)
+        original(self)
+
+    monkeypatch.setattr(server_app.ServedModel, "load", slow_load)
+    app = server_app.create_app(server_app.ServerConfig(models=[str(tiny_llama_path)]))
+    with TestClient(app) as client:
+        assert client.get("/health").status_code == 503
+        r = client.post("/v1/completions", json={"prompt": "x"})
+        assert r.status_code == 503 and "loading" in r.json()["error"]["message"]
+        release.set()
+        for _ in range(100):
+            if client.get("/health").status_code == 200:
+                break
+            time.sleep(0.05)
+        assert client.get("/health").status_code == 200
