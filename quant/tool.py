@@ -1,0 +1,166 @@
+"""The quantize-model tool: GGUF in, GGUF out, tensor by tensor, through gguf.GGUFWriter.
+
+Metadata and tokenizer are copied; general.file_type and general.quantization_version are set. The
+output is streamed into a temporary file beside the destination and renamed into place at the end,
+so an interrupted or failed run (a full disk, Ctrl-C) never leaves a partial file behind.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import gguf
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFValueType as VT
+
+from . import kquants
+from .mixes import QUANTIZED, TYPES, PlannedTensor, plan
+
+READABLE = {T.F32, T.F16, T.BF16} | QUANTIZED  # source tensor types we can turn into float32
+SKIP_KEYS = {"general.architecture", "general.file_type", "general.quantization_version", "general.alignment"}
+
+
+class QuantizeError(ValueError):
+    """Bad input for the quantize tool: a clear one-line message."""
+
+
+@dataclass
+class Summary:
+    src_bytes: int
+    dst_bytes: int
+    n_params: int
+    seconds: float
+    plan: list[PlannedTensor]
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.dst_bytes / max(1, self.n_params)
+
+
+def to_float32(raw: np.ndarray, src: T, shape: tuple[int, ...]) -> np.ndarray:
+    """A source tensor (raw GGUF bytes or a float view) as float32, numpy shape (rows, k)."""
+    k = shape[0]
+    if src == T.F32:
+        return np.asarray(raw, np.float32).reshape(-1, k)
+    if src == T.F16:
+        return np.asarray(raw, np.float16).astype(np.float32).reshape(-1, k)
+    return gguf.quants.dequantize(np.asarray(raw, np.uint8).reshape(-1, np.asarray(raw).shape[-1]), src).reshape(-1, k)
+
+
+def quantize_rows(x: np.ndarray, dst: T) -> np.ndarray:
+    """x (rows, k) float32 -> the tensor's data in type dst: uint8 blocks, or float16/float32/bf16 bits."""
+    if dst == T.F32:
+        return np.ascontiguousarray(x, np.float32)
+    if dst == T.F16:
+        return x.astype(np.float16)
+    if dst == T.Q4_K:
+        return kquants.quantize_q4_k(x)
+    if dst == T.Q5_K:
+        return kquants.quantize_q5_k(x)
+    if dst == T.Q6_K:
+        return kquants.quantize_q6_k(x)
+    # BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: gguf's own quantizers, so the output is bit-exact with them
+    return gguf.quants.quantize(np.ascontiguousarray(x, np.float32), dst)
+
+
+def _quantize_parallel(x: np.ndarray, dst: T, threads: int) -> np.ndarray:
+    if threads <= 1 or x.shape[0] < 64:
+        return quantize_rows(x, dst)
+    chunks = np.array_split(x, threads)
+    with ThreadPoolExecutor(threads) as pool:  # numpy releases the GIL in its array work
+        parts = list(pool.map(lambda c: quantize_rows(c, dst), chunks))
+    return np.concatenate(parts, axis=0)
+
+
+def _copy_metadata(src, writer: gguf.GGUFWriter) -> None:
+    for key, value in src.metadata.items():
+        if key in SKIP_KEYS:
+            continue
+        vtype, etype, _ = src.metadata_types[key]
+        if vtype == VT.ARRAY:
+            items = value.tolist() if isinstance(value, np.ndarray) else list(value)
+            writer.add_key_value(key, items, vtype, sub_type=etype)
+        else:
+            writer.add_key_value(key, value, vtype)
+
+
+def make_plan(src, type_name: str, *, pure=False, output_type=None, token_embedding_type=None):
+    if type_name not in TYPES:
+        raise QuantizeError(f"unknown type {type_name!r} (choose from {', '.join(TYPES)})")
+    tensors = [(t.name, tuple(t.shape), t.ggml_type) for t in src.tensors.values()]
+    unreadable = sorted({t.ggml_type.name for t in src.tensors.values() if t.ggml_type not in READABLE})
+    if unreadable:
+        raise QuantizeError(f"unsupported source tensor type {', '.join(unreadable)} "
+                            f"(readable: {', '.join(sorted(t.name for t in READABLE))})")
+    return plan(tensors, type_name, pure=pure, output_type=output_type, token_embedding_type=token_embedding_type)
+
+
+def quantize_model(src, dst_path, type_name: str, *, pure: bool = False, output_type: T | None = None,
+                   token_embedding_type: T | None = None, threads: int = 0, force: bool = False,
+                   progress: bool = True, warn: Callable[[str], None] | None = None) -> Summary:
+    """src: an opened, validated GGUF reader (edgeinfer's GGUFFile); the file goes to dst_path."""
+    warn = warn or (lambda m: print(f"warning: {m}", file=sys.stderr))
+    t0 = time.perf_counter()
+    src_path, dst_path = Path(src.path), Path(dst_path)
+    if dst_path.exists() and not force:
+        raise QuantizeError(f"{dst_path} already exists: pass --force to overwrite it")
+    if dst_path.resolve() == src_path.resolve():
+        raise QuantizeError("the output must be a different file from the input")
+    if not dst_path.parent.is_dir():
+        raise QuantizeError(f"the output folder {dst_path.parent} does not exist")
+    p = make_plan(src, type_name, pure=pure, output_type=output_type, token_embedding_type=token_embedding_type)
+    requant = sorted({x.src_type.name for x in p if x.src_type in QUANTIZED and x.dst_type != x.src_type})
+    if requant:
+        warn(f"the source is already quantized ({', '.join(requant)}): re-quantizing loses quality; "
+             "an F32/F16/BF16 source gives the best result")
+    threads = threads or (os.cpu_count() or 1)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst_path.name}.", suffix=".partial", dir=dst_path.parent)
+    os.close(fd)
+    try:
+        writer = gguf.GGUFWriter(tmp, src.architecture)
+        _copy_metadata(src, writer)
+        writer.add_file_type(int(TYPES[type_name][0]))
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        for x in p:
+            rows = x.shape[1:][::-1]
+            if x.dst_type == T.F32:
+                writer.add_tensor_info(x.name, rows + (x.shape[0],), np.dtype(np.float32), x.n_bytes)
+            elif x.dst_type == T.F16:
+                writer.add_tensor_info(x.name, rows + (x.shape[0],), np.dtype(np.float16), x.n_bytes)
+            else:
+                row_bytes = x.shape[0] // GGML_QUANT_SIZES[x.dst_type][0] * GGML_QUANT_SIZES[x.dst_type][1]
+                writer.add_tensor_info(x.name, rows + (row_bytes,), np.dtype(np.uint8), x.n_bytes, raw_dtype=x.dst_type)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        from tqdm import tqdm
+
+        bar = tqdm(p, desc="quantize", unit="tensor", disable=not progress, file=sys.stderr)
+        for x in bar:
+            bar.set_postfix_str(f"{x.name} -> {x.dst_type.name}", refresh=False)
+            if x.dst_type == x.src_type:  # kept as it is: copy the bytes
+                data = np.array(src.tensor_bytes(x.name))
+            else:
+                f32 = to_float32(src.tensor(x.name), x.src_type, x.shape)
+                data = _quantize_parallel(f32, x.dst_type, threads)
+            writer.write_tensor_data(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+            src.release(x.name)
+        writer.close()
+        os.replace(tmp, dst_path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    n_params = sum(int(np.prod(x.shape)) for x in p)
+    return Summary(src_path.stat().st_size, dst_path.stat().st_size, n_params, time.perf_counter() - t0, p)
+
+
+def estimate(p: list[PlannedTensor]) -> int:
+    return sum(x.n_bytes for x in p)
