@@ -23,6 +23,8 @@ def sampling_options(f, temperature: float = 0.8):
         click.option("--seed", type=int, default=None, help="Same seed, same text."),
         click.option("--stop", multiple=True, help="Stop at this string (repeatable); it is not printed."),
         click.option("--threads", type=int, default=0, help="Compute threads (default: all cores)."),
+        click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+                     help="Kernel backend."),
     ]):
         f = opt(f)
     return f
@@ -35,12 +37,12 @@ def make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, se
                           repetition_penalty=repeat_penalty, max_tokens=max_tokens, seed=seed, stop=tuple(stop))
 
 
-def load(model: str, threads: int):
+def load(model: str, threads: int, device: str = "cpu"):
     from edgeinfer import LLM
 
     if threads < 0:
         raise click.BadParameter(f"--threads must be >= 0, got {threads}")
-    return LLM(model, threads=threads, progress=True)
+    return LLM(model, threads=threads, backend=device, progress=True)
 
 
 @click.command()
@@ -50,10 +52,10 @@ def load(model: str, threads: int):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text and timing stats.")
 @click.option("--special", is_flag=True, help="Parse special-token text (like <|im_start|>) in the prompt.")
 def generate(model, prompt, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads,
-             as_json, special):
+             device, as_json, special):
     """Continue PROMPT with MODEL, streaming the text."""
     params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop)
-    llm = load(model, threads)
+    llm = load(model, threads, device)
     t0 = time.perf_counter()
     first = None
     text, ids, reason = [], [], None
@@ -90,11 +92,12 @@ CHAT_HELP = "commands: /reset (new conversation), /system TEXT, /stats, /exit (o
 @click.argument("model", default=registry.DEFAULT_MODEL)
 @lambda f: sampling_options(f, temperature=0.2)  # small chat models stay on topic at low temperature
 @click.option("--system", "system_prompt", default=None, help="A system message to start with.")
-def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads, system_prompt):
+def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads, device,
+         system_prompt):
     """Chat with MODEL (default: smollm2-135m-instruct, pulled on first use)."""
     params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop)
     interactive = sys.stdin.isatty()
-    llm = load(model, threads)
+    llm = load(model, threads, device)
     if interactive:
         _setup_readline()
         click.echo(f"edgeinfer chat: {llm.path.name} ({llm.config.arch}, {llm.config.n_layer} layers). {CHAT_HELP}")
@@ -221,12 +224,13 @@ def warmup():
 @click.argument("model", default=registry.DEFAULT_MODEL)
 @click.option("--threads", type=int, default=0, help="Compute threads (default: all cores).")
 @click.option("--repeats", type=click.IntRange(1, 50), default=3, show_default=True, help="Runs per figure; medians reported.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True, help="Kernel backend.")
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON object of the figures.")
-def bench(model, threads, repeats, as_json):
+def bench(model, threads, repeats, device, as_json):
     """Measure prompt processing, decode (1 and 8 streams), cold start and peak memory."""
     from edgeinfer import bench as b
 
-    llm = load(model, threads)
+    llm = load(model, threads, device)
     res = b.run(llm, repeats=repeats, threads=threads, progress=lambda s: click.echo(f"  {s}", err=True))
     click.echo(b.format_table(res))
     if as_json:
@@ -248,10 +252,11 @@ def bench(model, threads, repeats, as_json):
               help="Largest request body in bytes (413 past it).")
 @click.option("--max-seqs", type=click.IntRange(0, None), default=0, help="Sequences computed together (0: sized for the cores).")
 @click.option("--threads", type=click.IntRange(0, None), default=0, help="Compute threads (default: all cores).")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True, help="Kernel backend.")
 @click.option("--shutdown-timeout", type=click.FloatRange(0, None), default=10.0, show_default=True,
               help="Seconds to let in-flight requests finish on SIGTERM/SIGINT.")
 def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout, max_body_bytes, max_seqs, threads,
-          shutdown_timeout):
+          device, shutdown_timeout):
     """Serve MODELS (default: smollm2-135m-instruct) over an OpenAI-compatible HTTP API."""
     from edgeinfer.server.app import ServerConfig
     from edgeinfer.server.run import serve as run_server
@@ -259,9 +264,16 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
     models = list(models) or [registry.DEFAULT_MODEL]
     for m in models:  # fail fast on unknown names; pull catalog models now, with progress
         registry.resolve(m, progress=True)
+    if device != "cpu":  # fail now, not in the loading thread
+        from edgeinfer.kernels import get_backend
+
+        try:
+            get_backend(device)
+        except RuntimeError as e:
+            raise click.ClickException(str(e))
     cfg = ServerConfig(models=models, threads=threads, api_key=api_key, cors_origins=list(cors_origins),
                        max_queue=max_queue, request_timeout=request_timeout, max_body_bytes=max_body_bytes,
-                       max_seqs=max_seqs)
+                       max_seqs=max_seqs, backend=device)
     sys.exit(run_server(cfg, host=host, port=port, shutdown_timeout=shutdown_timeout))
 
 

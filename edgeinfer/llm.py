@@ -12,6 +12,7 @@ import numpy as np
 from . import registry
 from .chat_template import ChatTemplate, default_template
 from .config import EngineConfig, default_threads
+from .errors import EdgeInferError
 from .engine.llm_engine import LLMEngine, PromptTooLongError, RequestOutput
 from .gguf_file import GGUFFile
 from .kernels import get_backend
@@ -54,7 +55,10 @@ class LLM:
         self.path = registry.resolve(model, progress=progress)
         self.gguf = GGUFFile(self.path)
         config = engine_config or EngineConfig(threads=threads, backend=backend)
-        self.kernels = get_backend(config.backend)
+        try:
+            self.kernels = get_backend(config.backend)
+        except RuntimeError as e:  # e.g. the CUDA backend with no GPU: say what is missing
+            raise EdgeInferError(str(e)) from None
         self.kernels.set_threads(config.threads or default_threads())
         self.tokenizer = Tokenizer(self.gguf)
         _announce_compile(progress)
@@ -188,7 +192,7 @@ class LLM:
         bs = self.engine.config.block_size
         n_blocks = -(-n_ctx // bs)
         cache = KVCache(self.config.n_layer, n_blocks, bs, self.config.n_kv_head, self.config.head_dim,
-                        self.config.v_head_dim, self.engine.config.kv_dtype)
+                        self.config.v_head_dim, self.engine.config.kv_dtype, kb=self.kernels)
         first = n_ctx // 2
         nll, count = 0.0, 0
         from tqdm import tqdm

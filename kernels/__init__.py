@@ -2,15 +2,23 @@
 
 ``get_backend("cpu")`` returns a module with the same functions in every backend:
 ``matmul(w, x, out)``, ``embed(w, ids)``, ``dequantize(w)``, ``rmsnorm``, ``rope``, ``write_kv``,
-``paged_attention``, ``silu_mul``, ``gelu_tanh_mul``, ``softcap``, ``zeros``, ``set_threads``.
+``paged_attention``, ``silu_mul``, ``gelu_tanh_mul``, ``softcap``, the sampling helpers
+``argmax_rows`` and ``log_softmax_rows``, and the array functions ``upload``, ``prepare_batch``,
+``zeros``, ``empty``, ``add_``, ``scale_``, ``take_rows``, ``to_host``, ``kv_store``, ``set_threads``.
 """
 
-BACKENDS = ("cpu",)
+BACKENDS = ("cpu", "cuda")
 
 
 def get_backend(name: str = "cpu"):
+    """The backend module; for "cuda", RuntimeError saying what is missing when no GPU is usable."""
     if name == "cpu":
         from .cpu import backend
 
+        return backend
+    if name == "cuda":
+        from .cuda import backend
+
+        backend.check_available()
         return backend
     raise ValueError(f"unknown backend {name!r} (available: {', '.join(BACKENDS)})")

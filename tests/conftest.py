@@ -1,7 +1,11 @@
 import os
 import sys
 
-import pytest
+# The CUDA backend's tests run on numba's CUDA simulator (no GPU here or in CI). It must be chosen
+# before numba is imported, and it changes nothing for the CPU kernels.
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
+import pytest  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 

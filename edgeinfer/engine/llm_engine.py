@@ -61,7 +61,7 @@ class LLMEngine:
             1, min(config.seqs_limit * -(-self.max_context // config.block_size),
                    int(config.kv_cache_mb * 2**20 // per_block)))
         self.cache = KVCache(cfg.n_layer, n_blocks, config.block_size, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim,
-                             config.kv_dtype)
+                             config.kv_dtype, kb=model.kb)
         self.block_manager = BlockManager(n_blocks, config.block_size, model_id=model_id)
         self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens)
         self.runner = ModelRunner(model, self.cache, config.block_size)

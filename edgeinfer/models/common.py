@@ -26,8 +26,9 @@ def meta(gf: GGUFFile, arch: str, key: str, default=None, *, required: bool = Fa
 class WeightLoader:
     """Loads tensors by name, checking shapes, repacking 2-D quantized weights into kernel layout."""
 
-    def __init__(self, gf: GGUFFile):
+    def __init__(self, gf: GGUFFile, kb):
         self.gf = gf
+        self.kb = kb  # weights are handed to the backend (uploaded, for a device backend)
 
     def has(self, name: str) -> bool:
         return name in self.gf.tensors
@@ -36,7 +37,7 @@ class WeightLoader:
         info = self._info(name, (size,))
         if info.ggml_type not in (T.F32, T.F16):
             raise ModelLoadError(f"tensor {name!r} has type {info.ggml_type.name}; norms must be F32 or F16")
-        return np.array(self.gf.tensor(name), dtype=np.float32)
+        return self.kb.upload(np.array(self.gf.tensor(name), dtype=np.float32))
 
     def matrix(self, name: str, rows: int, cols: int):
         info = self._info(name, (cols, rows))
@@ -50,7 +51,7 @@ class WeightLoader:
         else:
             w = repack(self.gf.tensor_bytes(name), info.ggml_type, info.shape)
         self.gf.release(name)  # the repacked copy replaces the file's pages: never hold both
-        return w
+        return self.kb.upload(w)
 
     def _info(self, name: str, shape: tuple[int, ...]):
         info = self.gf.tensors.get(name)
@@ -76,23 +77,21 @@ class KVCache:
     DTYPES = {"f32": np.float32, "f16": np.uint16}
 
     def __init__(self, n_layer: int, n_blocks: int, block_size: int, n_kv_head: int, head_dim: int,
-                 v_head_dim: int, dtype: str = "f32"):
+                 v_head_dim: int, dtype: str = "f32", kb=None):
         if dtype not in self.DTYPES:
             raise ValueError(f"kv cache dtype must be one of {', '.join(self.DTYPES)}, got {dtype!r}")
         self.n_blocks = n_blocks
         self.block_size = block_size
         self.dtype = dtype
         n_slots = n_blocks * block_size
-        self.k = np.zeros((n_layer, n_slots, n_kv_head, head_dim), self.DTYPES[dtype])
-        self.v = np.zeros((n_layer, n_slots, n_kv_head, v_head_dim), self.DTYPES[dtype])
+        zeros = kb.zeros if kb is not None else np.zeros
+        self.k = zeros((n_layer, n_slots, n_kv_head, head_dim), self.DTYPES[dtype])
+        self.v = zeros((n_layer, n_slots, n_kv_head, v_head_dim), self.DTYPES[dtype])
         # Each layer touches its own slice: with transparent huge pages, the first token would make
         # every layer's K and V resident 2 MB at a time. Small pages keep memory to the blocks used.
         for a in (self.k, self.v):
-            _no_huge_pages(a)
-
-    def store(self, x: np.ndarray) -> np.ndarray:
-        """x (float32) in this cache's storage type."""
-        return x.astype(np.float16).view(np.uint16) if self.dtype == "f16" else x
+            if isinstance(a, np.ndarray):
+                _no_huge_pages(a)
 
     @staticmethod
     def bytes_per_block(cfg, block_size: int, dtype: str = "f32") -> int:
@@ -144,8 +143,10 @@ def attention(kb, cfg, layer: int, lw, h: np.ndarray, batch: Batch, cache: KVCac
     k = kb.matmul(lw.wk, h).reshape(t, cfg.n_kv_head, cfg.head_dim)
     v = kb.matmul(lw.wv, h).reshape(t, cfg.n_kv_head, cfg.v_head_dim)
     if qk_norm:
-        kb.rmsnorm(q.reshape(-1, cfg.head_dim), lw.q_norm, cfg.norm_eps, q.reshape(-1, cfg.head_dim))
-        kb.rmsnorm(k.reshape(-1, cfg.head_dim), lw.k_norm, cfg.norm_eps, k.reshape(-1, cfg.head_dim))
+        qf = q.reshape(t * cfg.n_head, cfg.head_dim)
+        kf = k.reshape(t * cfg.n_kv_head, cfg.head_dim)
+        kb.rmsnorm(qf, lw.q_norm, cfg.norm_eps, qf)
+        kb.rmsnorm(kf, lw.k_norm, cfg.norm_eps, kf)
     if cfg.rope_dim < cfg.head_dim:
         kb.rope(q[:, :, : cfg.rope_dim], batch.positions, inv_freq, cfg.rope_neox)
         kb.rope(k[:, :, : cfg.rope_dim], batch.positions, inv_freq, cfg.rope_neox)
@@ -153,13 +154,13 @@ def attention(kb, cfg, layer: int, lw, h: np.ndarray, batch: Batch, cache: KVCac
         kb.rope(q, batch.positions, inv_freq, cfg.rope_neox)
         kb.rope(k, batch.positions, inv_freq, cfg.rope_neox)
     kc, vc = cache.k[layer], cache.v[layer]
-    kb.write_kv(cache.store(k), cache.store(v), batch.slot_mapping, kc, vc)
-    out = np.empty((t, cfg.n_head, cfg.v_head_dim), np.float32)
+    kb.write_kv(kb.kv_store(k, cache.dtype), kb.kv_store(v, cache.dtype), batch.slot_mapping, kc, vc)
+    out = kb.empty((t, cfg.n_head, cfg.v_head_dim))
     scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
     window = cfg.sliding_window if cfg.is_sliding(layer) else 0
     kb.paged_attention(q, kc, vc, batch.token_seq, batch.positions, batch.block_tables, cache.block_size,
                        np.float32(scale), window, np.float32(cfg.attn_softcap), out)
-    return kb.matmul(lw.wo, out.reshape(t, -1))
+    return kb.matmul(lw.wo, out.reshape(t, cfg.n_head * cfg.v_head_dim))
 
 
 def check_vocab(gf: GGUFFile, n_vocab: int) -> None:

@@ -62,23 +62,24 @@ class Model(llama.Model):
     def __init__(self, gf: GGUFFile, kb, cfg: ModelConfig | None = None):
         super().__init__(gf, kb, cfg or config_from_gguf(gf))
         cfg = self.cfg
-        self.inv_freq_local = rope_inv_freq(cfg.rope_dim, cfg.rope_base_local)
+        self.inv_freq_local = kb.upload(rope_inv_freq(cfg.rope_dim, cfg.rope_base_local))
 
     def forward(self, batch: Batch, cache: KVCache) -> np.ndarray:
         kb, cfg = self.kb, self.cfg
+        batch = kb.prepare_batch(batch)
         x = kb.embed(self.tok_embd, batch.token_ids)
-        x *= np.float32(cfg.embed_scale)
-        h = np.empty_like(x)
-        ff = np.empty((x.shape[0], cfg.ffn_dim), np.float32)
+        kb.scale_(x, cfg.embed_scale)
+        h = kb.empty(x.shape)
+        ff = kb.empty((x.shape[0], cfg.ffn_dim))
         for i, lw in enumerate(self.layers):
             inv_freq = self.inv_freq_local if cfg.is_sliding(i) else self.inv_freq
             kb.rmsnorm(x, lw.attn_norm, cfg.norm_eps, h)
             a = attention(kb, cfg, i, lw, h, batch, cache, inv_freq, True)
             kb.rmsnorm(a, lw.post_attn_norm, cfg.norm_eps, a)
-            x += a
+            kb.add_(x, a)
             kb.rmsnorm(x, lw.ffn_norm, cfg.norm_eps, h)
             kb.gelu_tanh_mul(kb.matmul(lw.w_gate, h), kb.matmul(lw.w_up, h), ff)
             f = kb.matmul(lw.w_down, ff)
             kb.rmsnorm(f, lw.post_ffn_norm, cfg.norm_eps, f)
-            x += f
-        return self.logits(x[batch.logits_idx])
+            kb.add_(x, f)
+        return self.logits(kb.take_rows(x, batch.logits_idx))

@@ -81,35 +81,36 @@ class Model:
         self.cfg = cfg = cfg or config_from_gguf(gf)
         self.kb = kb
         check_vocab(gf, cfg.vocab_size)
-        ld = WeightLoader(gf)
+        ld = WeightLoader(gf, kb)
         self.tok_embd = ld.matrix("token_embd.weight", cfg.vocab_size, cfg.dim)
         self.layers = [self.load_layer(ld, cfg, i) for i in range(cfg.n_layer)]
         self.output_norm = ld.vector("output_norm.weight", cfg.dim)
         self.output = ld.matrix("output.weight", cfg.vocab_size, cfg.dim) if ld.has("output.weight") else self.tok_embd
         factors = np.array(gf.tensor("rope_freqs.weight"), np.float32) if ld.has("rope_freqs.weight") else None
-        self.inv_freq = rope_inv_freq(cfg.rope_dim, cfg.rope_base, cfg.rope_freq_scale, factors)
+        self.inv_freq = kb.upload(rope_inv_freq(cfg.rope_dim, cfg.rope_base, cfg.rope_freq_scale, factors))
 
     load_layer = staticmethod(load_layer)
 
     def forward(self, batch: Batch, cache: KVCache) -> np.ndarray:
-        """Logits (L, vocab) for the tokens batch.logits_idx selects."""
+        """Logits (L, vocab), on the host, for the tokens batch.logits_idx selects."""
         kb, cfg = self.kb, self.cfg
+        batch = kb.prepare_batch(batch)
         x = kb.embed(self.tok_embd, batch.token_ids)
-        h = np.empty_like(x)
-        ff = np.empty((x.shape[0], cfg.ffn_dim), np.float32)
+        h = kb.empty(x.shape)
+        ff = kb.empty((x.shape[0], cfg.ffn_dim))
         for i, lw in enumerate(self.layers):
             kb.rmsnorm(x, lw.attn_norm, cfg.norm_eps, h)
-            x += attention(kb, cfg, i, lw, h, batch, cache, self.inv_freq, self.qk_norm)
+            kb.add_(x, attention(kb, cfg, i, lw, h, batch, cache, self.inv_freq, self.qk_norm))
             kb.rmsnorm(x, lw.ffn_norm, cfg.norm_eps, h)
             kb.silu_mul(kb.matmul(lw.w_gate, h), kb.matmul(lw.w_up, h), ff)
-            x += kb.matmul(lw.w_down, ff)
-        return self.logits(x[batch.logits_idx])
+            kb.add_(x, kb.matmul(lw.w_down, ff))
+        return self.logits(kb.take_rows(x, batch.logits_idx))
 
-    def logits(self, x: np.ndarray) -> np.ndarray:
+    def logits(self, x) -> np.ndarray:
         kb, cfg = self.kb, self.cfg
-        h = np.empty_like(x)
+        h = kb.empty(x.shape)
         kb.rmsnorm(x, self.output_norm, cfg.norm_eps, h)
         out = kb.matmul(self.output, h)
         if cfg.final_softcap > 0:
             kb.softcap(out, np.float32(cfg.final_softcap))
-        return out
+        return kb.to_host(out)

@@ -41,6 +41,7 @@ class ServerConfig:
     request_timeout: float = 600.0
     max_body_bytes: int = DEFAULT_MAX_BODY
     max_seqs: int = 0
+    backend: str = "cpu"
     engine_config: EngineConfig | None = None
 
 
@@ -85,7 +86,8 @@ def error_response(e: P.APIError) -> JSONResponse:
 
 
 def create_app(config: ServerConfig) -> Starlette:
-    engine_config = config.engine_config or EngineConfig(threads=config.threads, max_seqs=config.max_seqs)
+    engine_config = config.engine_config or EngineConfig(threads=config.threads, max_seqs=config.max_seqs,
+                                                         backend=config.backend)
     served: dict[str, ServedModel] = {}
     for source in config.models:
         name = model_name(source)

@@ -57,8 +57,64 @@ def dequantize(w) -> np.ndarray:
     return out
 
 
+# -- sampling helpers -----------------------------------------------------------------------------
+
+
+def argmax_rows(x) -> np.ndarray:
+    # (R, V) -> (R,) int64
+    return np.argmax(np.asarray(x), axis=1)
+
+
+def log_softmax_rows(x) -> np.ndarray:
+    # (R, V) -> (R, V) float32
+    x = np.asarray(x, np.float64)
+    m = x.max(axis=1, keepdims=True)
+    return (x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))).astype(np.float32)
+
+
+# -- arrays: the CPU backend works on numpy arrays in place ---------------------------------------
+
+
 def zeros(shape, dtype=np.float32) -> np.ndarray:
     return np.zeros(shape, dtype)
+
+
+def empty(shape, dtype=np.float32) -> np.ndarray:
+    return np.empty(shape, dtype)
+
+
+def upload(a):
+    """A weight or constant, placed where the kernels read it: numpy arrays stay as they are."""
+    return a
+
+
+def prepare_batch(batch):
+    """A Batch's index arrays, placed where the kernels read them."""
+    return batch
+
+
+def to_host(a) -> np.ndarray:
+    return a
+
+
+def add_(x, y) -> None:
+    # x += y, (R, D)
+    x += y
+
+
+def scale_(x, s: float) -> None:
+    # x *= s
+    x *= np.float32(s)
+
+
+def take_rows(x, idx):
+    # x[idx] -> (len(idx), D)
+    return x[idx]
+
+
+def kv_store(x, dtype: str):
+    """x (float32) in a KV cache's storage type: float16 bits for "f16"."""
+    return x.astype(np.float16).view(np.uint16) if dtype == "f16" else x
 
 
 def set_threads(n: int) -> None:
