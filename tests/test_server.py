@@ -307,3 +307,70 @@ def test_health_is_503_while_loading(tiny_llama_path, monkeypatch):
                 break
             time.sleep(0.05)
         assert client.get("/health").status_code == 200
+
+
+def test_several_models_routed_by_name(tiny_llama_path, tiny_gemma3_path):
+    s = Server(tiny_llama_path, tiny_gemma3_path).wait_ready()
+    try:
+        c = s.client()
+        assert sorted(m.id for m in c.models.list().data) == ["tiny-gemma3", "tiny-llama"]
+        for name in ("tiny-llama", "tiny-gemma3"):
+            r = c.completions.create(model=name, prompt="the", max_tokens=3, temperature=0)
+            assert r.model == name and r.usage.completion_tokens >= 1
+        r = httpx.post(s.base + "/v1/completions", json={"model": "other", "prompt": "x"})
+        assert r.status_code == 404 and "tiny-llama" in r.text and "tiny-gemma3" in r.text
+    finally:
+        s.stop()
+
+
+def test_cors_only_when_asked(server, tiny_llama_path):
+    headers = {"Origin": "http://app.example", "Access-Control-Request-Method": "POST"}
+    assert "access-control-allow-origin" not in httpx.options(server.base + "/v1/completions", headers=headers).headers
+    s = Server(tiny_llama_path, "--cors-origin", "http://app.example").wait_ready()
+    try:
+        r = httpx.options(s.base + "/v1/completions", headers=headers)
+        assert r.headers.get("access-control-allow-origin") == "http://app.example"
+    finally:
+        s.stop()
+
+
+def test_request_timeout_answers_504_and_frees_blocks(tiny_llama_path):
+    s = Server(tiny_llama_path, "--request-timeout", "0.5").wait_ready()
+    try:
+        r = httpx.post(s.base + "/v1/completions", timeout=30,
+                       json={"prompt": "the", "max_tokens": 4000, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 504 and "longer than 0.5 s" in r.json()["error"]["message"]
+        t0 = time.time()
+        while time.time() - t0 < 2 and s.metric("edgeinfer_kv_blocks_used") != 0:
+            time.sleep(0.05)
+        assert s.metric("edgeinfer_kv_blocks_used") == 0
+    finally:
+        s.stop()
+
+
+def test_binding_every_address_warns(tiny_llama_path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "edgeinfer.cli.main", "serve", str(tiny_llama_path), "--host",
+                             "0.0.0.0", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("warning: binding 0.0.0.0") and "no API key" in first
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
+def test_streamed_request_times_out_too(tiny_llama_path):
+    s = Server(tiny_llama_path, "--request-timeout", "0.5").wait_ready()
+    try:
+        body = {"prompt": "the", "max_tokens": 4000, "temperature": 0, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=30) as h, h.stream("POST", s.base + "/v1/completions", json=body) as r:
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert '"timeout_error"' in events[-2] and events[-1] == "data: [DONE]"  # an error event, then the end
+        t0 = time.time()
+        while time.time() - t0 < 2 and s.metric("edgeinfer_kv_blocks_used") != 0:
+            time.sleep(0.05)
+        assert s.metric("edgeinfer_kv_blocks_used") == 0
+    finally:
+        s.stop()

@@ -171,11 +171,11 @@ def create_app(config: ServerConfig) -> Starlette:
         first = None
         try:
             while reason is None:
+                if time.monotonic() >= deadline:  # checked on every output: a busy stream must time out too
+                    raise P.APIError(504, f"the request took longer than {config.request_timeout:g} s")
                 try:
                     out = await asyncio.wait_for(queue.get(), timeout=min(0.5, max(0.01, deadline - time.monotonic())))
                 except asyncio.TimeoutError:
-                    if time.monotonic() >= deadline:
-                        raise P.APIError(504, f"the request took longer than {config.request_timeout:g} s") from None
                     if await request.is_disconnected():
                         raise ClientDisconnect() from None
                     continue
@@ -206,6 +206,8 @@ def create_app(config: ServerConfig) -> Starlette:
                     yield f"data: {json.dumps(head)}\n\n"
                 while not done:
                     try:
+                        if time.monotonic() >= deadline:
+                            raise asyncio.TimeoutError
                         out = await asyncio.wait_for(queue.get(), timeout=max(0.01, deadline - time.monotonic()))
                     except asyncio.TimeoutError:
                         err = P.APIError(504, f"the request took longer than {config.request_timeout:g} s")

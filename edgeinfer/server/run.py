@@ -21,6 +21,9 @@ class _Server(uvicorn.Server):
 
 def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8080, shutdown_timeout: float = 10.0,
           log_level: str = "warning") -> int:
+    # Until the event loop's handlers are in place, a stop signal during start-up just exits cleanly.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(0))
     if host in ("0.0.0.0", "::"):
         print(f"warning: binding {host} exposes the server to every network this machine is on"
               f"{'' if config.api_key else ', with no API key (--api-key)'}", file=sys.stderr, flush=True)
