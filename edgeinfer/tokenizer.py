@@ -44,7 +44,8 @@ class TokenizerError(EdgeInferError):
     """The GGUF vocabulary is missing, inconsistent or of an unsupported kind."""
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table of byte-level BPE vocabularies."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
@@ -56,7 +57,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs)))
 
 
-_BYTE_ENCODER = _bytes_to_unicode()
+_BYTE_ENCODER = bytes_to_unicode()
 _BYTE_DECODER = {c: b for b, c in _BYTE_ENCODER.items()}
 
 
@@ -268,9 +269,6 @@ class Tokenizer:
         if self.model == "llama" and self.add_space_prefix and data.startswith(b" "):
             data = data[1:]  # the space the encoder put in front
         return data.decode("utf-8", errors="replace")
-
-    def is_special(self, tid: int) -> bool:
-        return self.token_types[tid] in (CONTROL, UNKNOWN, UNUSED)
 
 
 class IncrementalDecoder:

@@ -54,6 +54,13 @@ class Server:
     def client(self, **kw):
         return openai.OpenAI(base_url=self.base + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw)
 
+    def wait_blocks_freed(self, seconds: float) -> bool:
+        """True once no KV block is in use, polling for at most `seconds`."""
+        t0 = time.time()
+        while time.time() - t0 < seconds and self.metric("edgeinfer_kv_blocks_used") != 0:
+            time.sleep(0.05)
+        return self.metric("edgeinfer_kv_blocks_used") == 0
+
     def metric(self, name: str) -> float:
         """A metric's value; `name` may be a full series up to its closing brace. 0 when absent."""
         text = httpx.get(self.base + "/metrics").text
@@ -153,10 +160,7 @@ def test_disconnect_mid_stream_frees_blocks(server):
             assert server.metric("edgeinfer_running_sequences") == 1
             assert server.metric("edgeinfer_kv_blocks_used") >= 1
         # leaving the block closes the connection mid-stream
-    t0 = time.time()
-    while time.time() - t0 < 1.0 and server.metric("edgeinfer_kv_blocks_used") != 0:
-        time.sleep(0.05)
-    assert server.metric("edgeinfer_kv_blocks_used") == 0, "blocks not freed within a second"
+    assert server.wait_blocks_freed(1.0), "blocks not freed within a second"
     assert server.metric("edgeinfer_running_sequences") == 0
     assert server.metric(label) == aborted + 1  # counted as aborted by the client
 
@@ -340,10 +344,7 @@ def test_request_timeout_answers_504_and_frees_blocks(tiny_llama_path):
         r = httpx.post(s.base + "/v1/completions", timeout=30,
                        json={"prompt": "the", "max_tokens": 4000, "temperature": 0, "ignore_eos": True})
         assert r.status_code == 504 and "longer than 0.5 s" in r.json()["error"]["message"]
-        t0 = time.time()
-        while time.time() - t0 < 2 and s.metric("edgeinfer_kv_blocks_used") != 0:
-            time.sleep(0.05)
-        assert s.metric("edgeinfer_kv_blocks_used") == 0
+        assert s.wait_blocks_freed(2.0)
     finally:
         s.stop()
 
@@ -368,9 +369,6 @@ def test_streamed_request_times_out_too(tiny_llama_path):
         with httpx.Client(timeout=30) as h, h.stream("POST", s.base + "/v1/completions", json=body) as r:
             events = [line for line in r.iter_lines() if line.startswith("data: ")]
         assert '"timeout_error"' in events[-2] and events[-1] == "data: [DONE]"  # an error event, then the end
-        t0 = time.time()
-        while time.time() - t0 < 2 and s.metric("edgeinfer_kv_blocks_used") != 0:
-            time.sleep(0.05)
-        assert s.metric("edgeinfer_kv_blocks_used") == 0
+        assert s.wait_blocks_freed(2.0)
     finally:
         s.stop()

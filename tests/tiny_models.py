@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import numpy as np
 import gguf
+import numpy as np
 from gguf.constants import GGMLQuantizationType as T
+
+from edgeinfer.tokenizer import bytes_to_unicode
 
 GPT2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
 
 
 def _add_tensor(w: gguf.GGUFWriter, name: str, x: np.ndarray, qtype: T) -> None:
@@ -48,7 +38,7 @@ def write_tiny_llama(path, *, qtype: T = T.Q8_0, n_layer: int = 2, dim: int = 64
                      chat_template: str | None = CHATML_TEMPLATE, embd_type: T = T.Q8_0) -> None:
     """A `llama` model with a GPT-2 byte-level BPE vocabulary of 256 bytes, a few merges and specials."""
     rng = np.random.default_rng(seed)
-    b2u = _bytes_to_unicode()
+    b2u = bytes_to_unicode()
     merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s"]
     tokens = GPT2_SPECIALS + [b2u[b] for b in range(256)] + [m.replace(" ", "") for m in merges]
     ttype = [3] * len(GPT2_SPECIALS) + [1] * (len(tokens) - len(GPT2_SPECIALS))

@@ -19,7 +19,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .. import registry
@@ -406,4 +406,4 @@ def create_app(config: ServerConfig) -> Starlette:
     return app
 
 
-__all__ = ["ServerConfig", "create_app", "PlainTextResponse"]
+__all__ = ["ServerConfig", "create_app"]
