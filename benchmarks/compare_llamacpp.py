@@ -13,7 +13,6 @@ benchmarks/results/. Needs `pip install llama-cpp-python` (and matplotlib for th
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import statistics

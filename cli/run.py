@@ -199,7 +199,7 @@ def perplexity(model, file, n_ctx, chunks, threads, as_json):
     try:
         text = open(file, encoding="utf-8").read()
     except UnicodeDecodeError as e:
-        raise click.ClickException(f"{file} is not UTF-8 text: {e}")
+        raise click.ClickException(f"{file} is not UTF-8 text: {e}") from None
     llm = load(model, threads)
     t0 = time.perf_counter()
     r = llm.perplexity_details(text, n_ctx=n_ctx, chunks=chunks, progress=True)
@@ -270,7 +270,7 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
         try:
             get_backend(device)
         except RuntimeError as e:
-            raise click.ClickException(str(e))
+            raise click.ClickException(str(e)) from None
     cfg = ServerConfig(models=models, threads=threads, api_key=api_key, cors_origins=list(cors_origins),
                        max_queue=max_queue, request_timeout=request_timeout, max_body_bytes=max_body_bytes,
                        max_seqs=max_seqs, backend=device)

@@ -1,6 +1,5 @@
 """quantize-model: quantizers against gguf's reference, llama.cpp's mix rules, and the tool end to end."""
 
-import json
 
 import gguf
 import numpy as np

@@ -211,7 +211,7 @@ def test_bad_chat_requests(server, messages, param):
 
 
 def test_server_keeps_serving_after_bad_input(server):
-    for name, body, ctype, _, _ in BAD:
+    for _name, body, ctype, _, _ in BAD:
         httpx.post(server.base + "/v1/completions", content=body, headers={"Content-Type": ctype}, timeout=30)
     r = server.client().completions.create(model="tiny-llama", prompt="ok", max_tokens=2)
     assert r.usage.completion_tokens >= 1

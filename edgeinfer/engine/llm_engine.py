@@ -16,7 +16,7 @@ from ..tokenizer import IncrementalDecoder, Tokenizer
 from .block_manager import BlockManager
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
-from .sequence import Sequence, SequenceStatus
+from .sequence import Sequence
 
 
 class PromptTooLongError(EdgeInferError, ValueError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import ops, quant
+from . import quant
 from .ops import gelu_tanh_mul, paged_attention, rmsnorm, rope, silu_mul, softcap, write_kv  # noqa: F401
 
 NAME = "cpu"
@@ -53,7 +53,7 @@ def dequantize(w) -> np.ndarray:
     if isinstance(w, np.ndarray):
         return w.astype(np.float32)
     out = np.empty(w.shape, np.float32)
-    quant.dequant_range(*_fields(w), 0, out)
+    quant.dequant_rows(*_fields(w), np.arange(w.shape[0], dtype=np.int64), out)
     return out
 
 

@@ -35,7 +35,6 @@ def warmup() -> None:
     u16 = np.zeros((2, 8), np.uint16)
     y = np.zeros((2, 256), np.float32)
     quant.dequant_rows(2, u8, u8, u8, u16, u16, luts, np.zeros(1, np.int64), y[:1])
-    quant.dequant_range(2, u8, u8, u8, u16, u16, luts, 0, y)
     from types import SimpleNamespace
 
     from . import backend

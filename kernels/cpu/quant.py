@@ -91,20 +91,14 @@ def dequant_rows(kind, qs, qh, sc, d, m, luts, rows, out):
         dequant_row(kind, qs, qh, sc, d, m, luts, rows[i], out[i])
 
 
-@njit(parallel=True, nogil=True, cache=True, fastmath=True)
-def dequant_range(kind, qs, qh, sc, d, m, luts, r0, out):
-    # W[r0 : r0 + R] -> out (R, K) float32
-    for i in prange(out.shape[0]):
-        dequant_row(kind, qs, qh, sc, d, m, luts, r0 + i, out[i])
-
-
 # -- matmul -------------------------------------------------------------------------------------
 #
 # W (N,K) @ x (T,K) -> out (T,N), one kernel per family of block layouts, computing on the packed
 # weights. Each 32-element group of a row adds (scale * q + offset) * x into 32 per-lane float
 # accumulators (no horizontal sum per block), and the 32 lanes are summed once per row.
-# EXACT: fast-math without reassociation or contraction, so every output element is computed by
-# the same sequence of float operations whatever T is, and the T == 1 branch (the decode hot path,
+# EXACT: fast-math without reassociation (contraction into FMAs is allowed: both branches have the
+# same expression trees), so every output element is computed by the same sequence of float
+# operations whatever T is, and the T == 1 branch (the decode hot path,
 # written apart so LLVM keeps its accumulators in registers) gives the same bits as the general one:
 # a token's result never depends on the rest of the batch.
 EXACT = {"nnan", "ninf", "nsz", "arcp", "afn", "contract"}
