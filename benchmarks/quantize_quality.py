@@ -1,6 +1,6 @@
 """Quantization quality: perplexity of edgeinfer's and llama.cpp's quantizations of the same F16.
 
-    python benchmarks/quantize_quality.py [--model gemma3-270m] [--text ../shared/golden/botchan_a.txt] [--chunks 8]
+    python benchmarks/quantize_quality.py [--model gemma3-270m] [--text tests/golden/botchan_a.txt] [--chunks 8]
 
 1. F16 by dequantizing the catalog model (edgeinfer quantize-model --type F16);
 2. edgeinfer: F16 -> Q4_K_M and F16 -> Q8_0; llama.cpp (llama-cpp-python's llama_model_quantize, when
@@ -44,7 +44,7 @@ def llama_cpp_loads(path: Path) -> bool | None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gemma3-270m")
-    ap.add_argument("--text", default=str(Path(__file__).resolve().parents[2] / "shared" / "golden" / "botchan_a.txt"))
+    ap.add_argument("--text", default=str(Path(__file__).resolve().parents[1] / "tests" / "golden" / "botchan_a.txt"))
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--workdir", default="/tmp/edgeinfer-quant")
     args = ap.parse_args()

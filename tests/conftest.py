@@ -11,7 +11,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from tiny_models import write_tiny_gemma3, write_tiny_llama  # noqa: E402
 
-GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "golden")
+# llama.cpp's reference outputs, kept with the tests (see golden/README.md)
+GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "golden")
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +37,4 @@ def real_model_path(name: str):
 
 
 def golden_path(model_file: str) -> str:
-    for base in (os.environ.get("EDGEINFER_GOLDEN"), GOLDEN_DIR):
-        if base and os.path.isfile(os.path.join(base, model_file)):
-            return os.path.join(base, model_file)
-    raise FileNotFoundError(f"golden file {model_file} not found next to the checkout (../shared/golden)")
+    return os.path.join(GOLDEN_DIR, model_file)

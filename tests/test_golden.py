@@ -1,4 +1,4 @@
-"""Both real models against llama.cpp's outputs in ../shared/golden (see its README)."""
+"""Both real models against llama.cpp's outputs in tests/golden (see its README)."""
 
 import json
 
