@@ -120,7 +120,7 @@ def llama_cold_start(path: str, threads: int):
     return ttft, rss
 
 
-def compare(model: str, threads: int, repeats: int) -> dict:
+def compare(model: str, threads: int, repeats: int, only: set[str]) -> dict:
     from edgeinfer import LLM
     from edgeinfer import bench as eb
 
@@ -134,21 +134,27 @@ def compare(model: str, threads: int, repeats: int) -> dict:
     for r in range(repeats):
         print(f"  {model}: run {r + 1}/{repeats}", file=sys.stderr, flush=True)
         for n in (128, 512):
-            ids = eb.random_prompt(ei, n, rng)
-            runs["edgeinfer"][f"pp{n}_tok_s"].append(eb.prompt_tok_s(ei, n, rng))
-            runs["llama.cpp"][f"pp{n}_tok_s"].append(lc.prompt_tok_s(ids))
-        runs["edgeinfer"]["tg128_tok_s"].append(eb.decode_tok_s(ei, 1, 128, rng))
-        runs["llama.cpp"]["tg128_tok_s"].append(lc.decode_tok_s([eb.random_prompt(ei, 16, rng)], 128))
-        runs["edgeinfer"]["batched8_tok_s"].append(eb.decode_tok_s(ei, 8, 64, rng))
-        runs["llama.cpp"]["batched8_tok_s"].append(lc.decode_tok_s([eb.random_prompt(ei, 16, rng) for _ in range(8)], 64))
-        for name, fn in (("edgeinfer", eb.cold_start), ("llama.cpp", llama_cold_start)):
-            ttft, rss = fn(path, threads)
-            runs[name]["ttft_cold_s"].append(ttft)
-            runs[name]["peak_rss_mb"].append(rss)
-    med = {name: {k: round(statistics.median(v), 3) for k, v in figs.items()} for name, figs in runs.items()}
-    ratio = {k: round(med["edgeinfer"][k] / med["llama.cpp"][k], 3) for k, _ in FIGURES}
+            if f"pp{n}_tok_s" in only:
+                ids = eb.random_prompt(ei, n, rng)
+                runs["edgeinfer"][f"pp{n}_tok_s"].append(eb.prompt_tok_s(ei, n, rng))
+                runs["llama.cpp"][f"pp{n}_tok_s"].append(lc.prompt_tok_s(ids))
+        if "tg128_tok_s" in only:
+            runs["edgeinfer"]["tg128_tok_s"].append(eb.decode_tok_s(ei, 1, 128, rng))
+            runs["llama.cpp"]["tg128_tok_s"].append(lc.decode_tok_s([eb.random_prompt(ei, 16, rng)], 128))
+        if "batched8_tok_s" in only:
+            runs["edgeinfer"]["batched8_tok_s"].append(eb.decode_tok_s(ei, 8, 64, rng))
+            runs["llama.cpp"]["batched8_tok_s"].append(
+                lc.decode_tok_s([eb.random_prompt(ei, 16, rng) for _ in range(8)], 64))
+        if only & {"ttft_cold_s", "peak_rss_mb"}:
+            for name, fn in (("edgeinfer", eb.cold_start), ("llama.cpp", llama_cold_start)):
+                ttft, rss = fn(path, threads)
+                runs[name]["ttft_cold_s"].append(ttft)
+                runs[name]["peak_rss_mb"].append(rss)
+    keys = [k for k, _ in FIGURES if runs["edgeinfer"][k]]
+    med = {name: {k: round(statistics.median(figs[k]), 3) for k in keys} for name, figs in runs.items()}
+    ratio = {k: round(med["edgeinfer"][k] / med["llama.cpp"][k], 3) for k in keys}
     return {"model": model, "file": os.path.basename(path), "threads": threads, "repeats": repeats,
-            "median": med, "ratio_edgeinfer_over_llamacpp": ratio, "runs": runs}
+            "system": eb.system_info(), "median": med, "ratio_edgeinfer_over_llamacpp": ratio, "runs": runs}
 
 
 def chart(results: list[dict], out: Path) -> None:
@@ -163,6 +169,9 @@ def chart(results: list[dict], out: Path) -> None:
     fig, axes = plt.subplots(len(results), len(FIGURES), figsize=(3 * len(FIGURES), 3 * len(results)), squeeze=False)
     for row, res in zip(axes, results):
         for ax, (key, label) in zip(row, FIGURES):
+            if key not in res["median"]["edgeinfer"]:
+                ax.axis("off")
+                continue
             vals = [res["median"]["edgeinfer"][key], res["median"]["llama.cpp"][key]]
             ax.bar(["edgeinfer", "llama.cpp"], vals, color=["tab:blue", "tab:gray"])
             ax.set_title(f"{res['model']}\n{label}", fontsize=8)
@@ -179,20 +188,26 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma3-270m"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", nargs="+", choices=[k for k, _ in FIGURES], default=[k for k, _ in FIGURES],
+                    help="measure only these figures")
     args = ap.parse_args()
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
         sys.exit("llama-cpp-python is not installed: pip install llama-cpp-python (it builds llama.cpp, ~12 min)")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    results = [compare(m, args.threads, args.repeats) for m in args.models]
+    results = [compare(m, args.threads, args.repeats, set(args.only)) for m in args.models]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (RESULTS / f"compare-{stamp}.json").write_text(json.dumps(results, indent=1))
     chart(results, RESULTS / f"compare-{stamp}.png")
     for res in results:
-        print(f"\n{res['model']} ({res['file']}), {res['threads']} threads, median of {res['repeats']}")
+        sysinfo = res["system"]
+        print(f"\n{res['model']} ({res['file']}), {res['threads']} threads, median of {res['repeats']}; "
+              f"{sysinfo['cpu']}, kernel path {sysinfo['kernel_path']}")
         print(f"  {'':<24}{'edgeinfer':>12}{'llama.cpp':>12}{'ratio':>8}")
         for key, label in FIGURES:
+            if key not in res["median"]["edgeinfer"]:
+                continue
             m = res["median"]
             print(f"  {label:<24}{m['edgeinfer'][key]:>12.2f}{m['llama.cpp'][key]:>12.2f}"
                   f"{res['ratio_edgeinfer_over_llamacpp'][key]:>8.2f}")

@@ -112,9 +112,9 @@ def inspect(model, as_json):
         click.echo(f"  {t:<6} {n:>5} tensors  {s['tensor_bytes'][t] / 1e6:>9.2f} MB")
 
 
-from .run import bench, chat, generate, perplexity, quantize_model_cmd, serve, warmup  # noqa: E402
+from .run import bench, chat, generate, perplexity, quantize_model_cmd, serve, system, warmup  # noqa: E402
 
-for _cmd in (generate, chat, perplexity, warmup, bench, serve):
+for _cmd in (generate, chat, perplexity, warmup, bench, serve, system):
     main.add_command(_cmd)
 main.add_command(quantize_model_cmd, "quantize-model")
 main.add_command(quantize_model_cmd, "quantize")  # short alias

@@ -221,6 +221,16 @@ def warmup():
 
 
 @click.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of a table.")
+def system(as_json):
+    """The CPU, its ISA features, the kernel path, threads and Numba's threading layer."""
+    from edgeinfer.system import format_system, system_info
+
+    info = system_info()
+    click.echo(json.dumps(info) if as_json else format_system(info))
+
+
+@click.command()
 @click.argument("model", default=registry.DEFAULT_MODEL)
 @click.option("--threads", type=int, default=0, help="Compute threads (default: all cores).")
 @click.option("--repeats", type=click.IntRange(1, 50), default=3, show_default=True, help="Runs per figure; medians reported.")

@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from .sampling import SamplingParams
+from .system import system_info  # noqa: F401  (benchmarks/compare_llamacpp.py reads it from here)
 
 KEYS = ("pp128_tok_s", "pp512_tok_s", "tg128_tok_s", "batched8_tok_s", "ttft_cold_s", "peak_rss_mb",
         "prefix500_ttft_ratio")
@@ -132,6 +133,7 @@ def run(llm, repeats: int = 3, threads: int = 0, progress=None) -> dict:
     out = {k: round(statistics.median(v), 3) for k, v in results.items()}
     out["runs"] = {k: [round(x, 3) for x in v] for k, v in results.items()}
     out["threads"] = threads
+    out["system"] = system_info()
     out["model"] = os.path.basename(str(llm.path))
     out["file_mb"] = round(os.path.getsize(llm.path) / 1e6, 1)
     return out
@@ -145,7 +147,8 @@ def format_table(res: dict) -> str:
             ("cold start to first token", "ttft_cold_s", "s"),
             ("peak RSS, generate 64 tokens", "peak_rss_mb", "MB"),
             ("TTFT with a cached 496-token prefix", "prefix500_ttft_ratio", "x the uncached")]
-    lines = [f"{res['model']} ({res['file_mb']} MB), {res['threads']} threads, median of {len(res['runs']['pp128_tok_s'])}"]
+    lines = [f"{res['model']} ({res['file_mb']} MB), {res['threads']} threads, median of {len(res['runs']['pp128_tok_s'])}; "
+             f"{res['system']['cpu']}, kernel path {res['system']['kernel_path']}"]
     lines += [f"  {label:<32} {res[key]:>9.2f} {unit}" for label, key, unit in rows]
     return "\n".join(lines)
 

@@ -1,7 +1,7 @@
 """Compute kernels behind one interface.
 
 ``get_backend("cpu")`` returns a module with the same functions in every backend:
-``matmul(w, x, out)``, ``embed(w, ids)``, ``dequantize(w)``, ``rmsnorm``, ``rope``, ``write_kv``,
+``quantize_input(x)`` and ``matmul(w, x, out)`` (x: float32 or what quantize_input made), ``embed(w, ids)``, ``dequantize(w)``, ``rmsnorm``, ``rope``, ``write_kv``,
 ``paged_attention``, ``silu_mul``, ``gelu_tanh_mul``, ``softcap``, the sampling helpers
 ``argmax_rows`` and ``log_softmax_rows``, and the array functions ``upload``, ``prepare_batch``,
 ``zeros``, ``empty``, ``add_``, ``scale_``, ``take_rows``, ``to_host``, ``kv_store``, ``set_threads``.

@@ -38,7 +38,8 @@ def test_matmul_embed_dequantize(t):
     w = repack(raw, t, (k, n))
     wd = gpu.upload(w)
     x = rng.standard_normal((2, k)).astype(np.float32)
-    np.testing.assert_allclose(gpu.to_host(gpu.matmul(wd, dev(x))), cpu.matmul(w, x), rtol=RTOL, atol=ATOL * 10)
+    # against the float reference: the CPU kernels round activations to 8 bits, the CUDA ones do not
+    np.testing.assert_allclose(gpu.to_host(gpu.matmul(wd, dev(x))), x @ ref.T, rtol=RTOL, atol=ATOL * 10)
     np.testing.assert_array_equal(gpu.dequantize(wd), ref)
     ids = np.array([4, 0, 2])
     np.testing.assert_array_equal(gpu.to_host(gpu.embed(wd, ids)), cpu.embed(w, ids))

@@ -6,7 +6,7 @@ import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from edgeinfer.kernels import get_backend
-from edgeinfer.kernels.cpu import ops
+from edgeinfer.kernels.cpu import ops, simd
 from edgeinfer.quant.repack import KIND, repack
 
 kb = get_backend("cpu")
@@ -48,9 +48,84 @@ def test_dequantize_is_bit_exact_with_gguf(t):
         np.testing.assert_array_equal(kb.dequantize(w), ref)
 
 
-@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
-def test_matmul_matches_reference(t):
+K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
+
+
+def q8_reference(x, block):
+    """numpy twin of the kernels' activation quantization: (int8 values, per-block scale) for 32-blocks
+    (llama.cpp's Q8_0: d = max|x| / 127) or 256-blocks (Q8_K: the largest-magnitude value maps to -127)."""
+    t, k = x.shape
+    xb = x.reshape(t, k // block, block)
+    if block == 32:
+        d = np.abs(xb).max(axis=2) / np.float32(127)
+        inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+        q = np.rint(xb * inv[:, :, None])
+    else:
+        vmax = np.take_along_axis(xb, np.abs(xb).argmax(axis=2)[:, :, None], axis=2)[:, :, 0]
+        iscale = np.where(vmax != 0, np.float32(-127) / np.where(vmax != 0, vmax, 1), 0).astype(np.float32)
+        q = np.minimum(127, np.rint(iscale[:, :, None] * xb))
+        d = np.where(vmax != 0, np.float32(1) / np.where(iscale != 0, iscale, 1), 0).astype(np.float32)
+    return q.astype(np.int8).reshape(t, k), d.astype(np.float32)
+
+
+@pytest.mark.parametrize("block", [32, 256])
+def test_activation_quantization_matches_numpy_twin(block):
+    from edgeinfer.kernels.cpu.backend import QInput
+
+    rng = np.random.default_rng(block)
+    x = (rng.standard_normal((5, 512)) * rng.uniform(0.01, 100, (5, 1))).astype(np.float32)
+    x[2, :256] = 0  # an all-zero block
+    qx = QInput(x)
+    xq, xd, sums = qx.q8() if block == 32 else qx.q8k()
+    q, d = q8_reference(x, block)
+    np.testing.assert_array_equal(xq.view(np.int8), q)
+    np.testing.assert_array_equal(xd, d)
+    # the sums the kernels fold offsets and mins through: d * sum(q) per 32 (Q8), or sum(q) per 32 (Q8_K)
+    per32 = q.reshape(5, -1, 32).astype(np.int64).sum(axis=2)
+    if block == 32:
+        np.testing.assert_array_equal(sums, d * per32.astype(np.float32))
+    else:
+        np.testing.assert_array_equal(sums, per32)
+
+
+def int8_reference(ref, x, t):
+    """float64 product of the dequantized weights with the dequantized int8 activation: the exact value
+    of the integer arithmetic the kernels do, up to float32 rounding of the scales."""
+    block = 256 if t in K_QUANTS else 32
+    q, d = q8_reference(x, block)
+    xd = (q.astype(np.float64).reshape(x.shape[0], -1, block) * d[:, :, None]).reshape(x.shape)
+    return xd @ ref.T.astype(np.float64), d, block
+
+
+def float_bound(k, a, b):
+    # float32 accumulation over k terms in another order than float64: about k * eps32 * sum|a_i b_i|,
+    # with a 4x margin
+    return 4 * k * np.finfo(np.float32).eps * (np.abs(a) @ np.abs(b).T) + 1e-6
+
+
+@pytest.mark.parametrize("path", simd.available_paths())
+@pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
+def test_int8_matmul_matches_integer_reference(t, path):
+    """Every instruction-set path this CPU runs (the portable one always) computes the same integer sums."""
+    from edgeinfer.kernels.cpu.backend import QInput, matmul_int8
+
     rng = np.random.default_rng(100 + KIND[t])
+    for n, k in shapes_for(t, rng):
+        raw, ref = random_tensor(t, n, k, rng)
+        w = repack(raw, t, (k, n))
+        for tokens in (1, 3, 17):
+            x = rng.standard_normal((tokens, k)).astype(np.float32)
+            got = np.empty((tokens, n), np.float32)
+            matmul_int8(w, QInput(x), got, simd.isa_tag(path))
+            want, d, block = int8_reference(ref, x, t)
+            assert np.all(np.abs(got - want) <= float_bound(k, np.repeat(d, block, axis=1) * 127, ref))
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_matches_dequantized_weights(t):
+    """Against gguf's dequantize and the float activation: the only extra error is the activation's
+    rounding to 8 bits, at most half a step (d / 2) per element, so |error| <= sum_j |w_j| d_j / 2."""
+    rng = np.random.default_rng(200 + KIND[t])
     for n, k in shapes_for(t, rng):
         raw, ref = random_tensor(t, n, k, rng)
         w = repack(raw, t, (k, n))
@@ -58,9 +133,11 @@ def test_matmul_matches_reference(t):
             x = rng.standard_normal((tokens, k)).astype(np.float32)
             got = kb.matmul(w, x)
             want = x.astype(np.float64) @ ref.T.astype(np.float64)
-            # float32 accumulation over k terms in a different order than float64: the error is bounded
-            # by about k * eps32 * sum|x_i w_i|; use a 4x margin on that bound.
-            bound = 4 * k * np.finfo(np.float32).eps * (np.abs(x) @ np.abs(ref).T) + 1e-6
+            bound = float_bound(k, x, ref)
+            if t in QUANT_TYPES:
+                block = 256 if t in K_QUANTS else 32
+                d = np.abs(x.reshape(tokens, -1, block)).max(axis=2) / 127
+                bound = bound + 1.001 * (np.repeat(d, block, axis=1) / 2) @ np.abs(ref).T.astype(np.float64)
             assert np.all(np.abs(got - want) <= bound)
 
 

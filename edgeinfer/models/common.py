@@ -139,9 +139,10 @@ def attention(kb, cfg, layer: int, lw, h: np.ndarray, batch: Batch, cache: KVCac
               qk_norm: bool) -> np.ndarray:
     """Self-attention of one layer for the batch: h (T, dim) -> (T, dim)."""
     t = h.shape[0]
-    q = kb.matmul(lw.wq, h).reshape(t, cfg.n_head, cfg.head_dim)
-    k = kb.matmul(lw.wk, h).reshape(t, cfg.n_kv_head, cfg.head_dim)
-    v = kb.matmul(lw.wv, h).reshape(t, cfg.n_kv_head, cfg.v_head_dim)
+    hq = kb.quantize_input(h)  # one quantized activation for q, k and v
+    q = kb.matmul(lw.wq, hq).reshape(t, cfg.n_head, cfg.head_dim)
+    k = kb.matmul(lw.wk, hq).reshape(t, cfg.n_kv_head, cfg.head_dim)
+    v = kb.matmul(lw.wv, hq).reshape(t, cfg.n_kv_head, cfg.v_head_dim)
     if qk_norm:
         qf = q.reshape(t * cfg.n_head, cfg.head_dim)
         kf = k.reshape(t * cfg.n_kv_head, cfg.head_dim)

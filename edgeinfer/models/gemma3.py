@@ -58,27 +58,36 @@ def load_layer(ld: WeightLoader, cfg: ModelConfig, i: int) -> LayerWeights:
 class Model(llama.Model):
     qk_norm = True
     load_layer = staticmethod(load_layer)
+    stack_flags = {"qk_norm": True, "post_norms": True, "gelu": True}
 
     def __init__(self, gf: GGUFFile, kb, cfg: ModelConfig | None = None):
-        super().__init__(gf, kb, cfg or config_from_gguf(gf))
-        cfg = self.cfg
+        cfg = cfg or config_from_gguf(gf)
         self.inv_freq_local = kb.upload(rope_inv_freq(cfg.rope_dim, cfg.rope_base_local))
+        super().__init__(gf, kb, cfg)
 
-    def forward(self, batch: Batch, cache: KVCache) -> np.ndarray:
+    def layer_inv_freq(self, layer: int):
+        return self.inv_freq_local if self.cfg.is_sliding(layer) else self.inv_freq
+
+    def embed(self, token_ids):
+        x = self.kb.embed(self.tok_embd, token_ids)
+        self.kb.scale_(x, self.cfg.embed_scale)
+        return x
+
+    def forward_per_op(self, batch: Batch, cache: KVCache) -> np.ndarray:
         kb, cfg = self.kb, self.cfg
         batch = kb.prepare_batch(batch)
-        x = kb.embed(self.tok_embd, batch.token_ids)
-        kb.scale_(x, cfg.embed_scale)
+        x = self.embed(batch.token_ids)
         h = kb.empty(x.shape)
         ff = kb.empty((x.shape[0], cfg.ffn_dim))
         for i, lw in enumerate(self.layers):
-            inv_freq = self.inv_freq_local if cfg.is_sliding(i) else self.inv_freq
+            inv_freq = self.layer_inv_freq(i)
             kb.rmsnorm(x, lw.attn_norm, cfg.norm_eps, h)
             a = attention(kb, cfg, i, lw, h, batch, cache, inv_freq, True)
             kb.rmsnorm(a, lw.post_attn_norm, cfg.norm_eps, a)
             kb.add_(x, a)
             kb.rmsnorm(x, lw.ffn_norm, cfg.norm_eps, h)
-            kb.gelu_tanh_mul(kb.matmul(lw.w_gate, h), kb.matmul(lw.w_up, h), ff)
+            hq = kb.quantize_input(h)  # one quantized activation for gate and up
+            kb.gelu_tanh_mul(kb.matmul(lw.w_gate, hq), kb.matmul(lw.w_up, hq), ff)
             f = kb.matmul(lw.w_down, ff)
             kb.rmsnorm(f, lw.post_ffn_norm, cfg.norm_eps, f)
             kb.add_(x, f)

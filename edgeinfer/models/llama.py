@@ -88,21 +88,40 @@ class Model:
         self.output = ld.matrix("output.weight", cfg.vocab_size, cfg.dim) if ld.has("output.weight") else self.tok_embd
         factors = np.array(gf.tensor("rope_freqs.weight"), np.float32) if ld.has("rope_freqs.weight") else None
         self.inv_freq = kb.upload(rope_inv_freq(cfg.rope_dim, cfg.rope_base, cfg.rope_freq_scale, factors))
+        # every layer in one compiled call where the backend has one; forward_per_op is the reference
+        self.stack = kb.layer_stack(cfg, self.layers, [self.layer_inv_freq(i) for i in range(cfg.n_layer)],
+                                    **self.stack_flags)
 
     load_layer = staticmethod(load_layer)
+    stack_flags = {}
+
+    def layer_inv_freq(self, layer: int):
+        return self.inv_freq
 
     def forward(self, batch: Batch, cache: KVCache) -> np.ndarray:
         """Logits (L, vocab), on the host, for the tokens batch.logits_idx selects."""
+        if self.stack is None:
+            return self.forward_per_op(batch, cache)
+        x = self.embed(batch.token_ids)
+        self.stack.run(x, batch, cache)
+        return self.logits(self.kb.take_rows(x, batch.logits_idx))
+
+    def embed(self, token_ids):
+        return self.kb.embed(self.tok_embd, token_ids)
+
+    def forward_per_op(self, batch: Batch, cache: KVCache) -> np.ndarray:
+        """The reference forward: one backend call per op (the CUDA backend's path)."""
         kb, cfg = self.kb, self.cfg
         batch = kb.prepare_batch(batch)
-        x = kb.embed(self.tok_embd, batch.token_ids)
+        x = self.embed(batch.token_ids)
         h = kb.empty(x.shape)
         ff = kb.empty((x.shape[0], cfg.ffn_dim))
         for i, lw in enumerate(self.layers):
             kb.rmsnorm(x, lw.attn_norm, cfg.norm_eps, h)
             kb.add_(x, attention(kb, cfg, i, lw, h, batch, cache, self.inv_freq, self.qk_norm))
             kb.rmsnorm(x, lw.ffn_norm, cfg.norm_eps, h)
-            kb.silu_mul(kb.matmul(lw.w_gate, h), kb.matmul(lw.w_up, h), ff)
+            hq = kb.quantize_input(h)  # one quantized activation for gate and up
+            kb.silu_mul(kb.matmul(lw.w_gate, hq), kb.matmul(lw.w_up, hq), ff)
             kb.add_(x, kb.matmul(lw.w_down, ff))
         return self.logits(kb.take_rows(x, batch.logits_idx))
 

@@ -2,40 +2,109 @@
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
-from . import quant
+from . import int8, quant, simd
 from .ops import gelu_tanh_mul, paged_attention, rmsnorm, rope, silu_mul, softcap, write_kv  # noqa: F401
 
 NAME = "cpu"
+# The instruction-set path of the int8 kernels, chosen once from the host CPU (or EDGEINFER_KERNELS).
+KERNEL_PATH = simd.choose_path()
+ISA = simd.isa_tag(KERNEL_PATH)
+
+
+class QInput:
+    """A matmul input x (T, K) float32 and, made on first use, its int8 quantizations: Q8 (32-blocks)
+    for the legacy weight types, Q8_K (256-blocks) for the K-quants. One serves every matrix that
+    reads the same input (q/k/v, gate/up)."""
+
+    __slots__ = ("x", "_q8", "_q8k")
+
+    def __init__(self, x: np.ndarray):
+        self.x = np.ascontiguousarray(x, dtype=np.float32)
+        self._q8 = self._q8k = None
+
+    @property
+    def shape(self):
+        return self.x.shape
+
+    def q8(self):
+        # (xq (T, K) int8 as uint8, xd (T, K/32) float32, xs (T, K/32) float32 d * sum(q))
+        if self._q8 is None:
+            t, k = self.x.shape
+            self._q8 = (np.empty((t, k), np.uint8), np.empty((t, k // 32), np.float32), np.empty((t, k // 32), np.float32))
+            int8.quantize_q8(self.x, *self._q8)
+        return self._q8
+
+    def q8k(self):
+        # (xq (T, K) int8 as uint8, xd (T, K/256) float32, xb (T, K/32) int32 sums)
+        if self._q8k is None:
+            t, k = self.x.shape
+            self._q8k = (np.empty((t, k), np.uint8), np.empty((t, k // 256), np.float32), np.empty((t, k // 32), np.int32))
+            int8.quantize_q8k(self.x, *self._q8k)
+        return self._q8k
+
+
+def quantize_input(x) -> QInput:
+    """x (T, K) prepared once for several matmuls that read it."""
+    return x if isinstance(x, QInput) else QInput(x)
 
 def _fields(w):
     return w.kind, w.qs, w.qh, w.sc, w.d, w.m, quant.HALF_TO_F32
 
 
-def matmul(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    # W (N, K) @ x (T, K) -> out (T, N). W: a repacked QTensor or a float32 ndarray.
-    x = np.ascontiguousarray(x, dtype=np.float32)
+def matmul(w, x, out: np.ndarray | None = None) -> np.ndarray:
+    # W (N, K) @ x (T, K) -> out (T, N). W: a repacked QTensor or a float32 ndarray; x: float32 or a QInput.
+    qx = quantize_input(x)
     if isinstance(w, np.ndarray):
-        return np.matmul(x, w.T, out=out)
+        return np.matmul(qx.x, w.T, out=out)
     if out is None:
-        out = np.empty((x.shape[0], w.shape[0]), np.float32)
-    # Each kernel reduces every output element in one fixed order, whatever the batch: batched and
-    # solo generation agree bit for bit.
-    k, luts = w.kind, quant.HALF_TO_F32
-    if k <= 1:
-        quant.matmul_half(k, w.d, luts, x, out)
-    elif k == 2:
-        quant.matmul_q8_0(w.qs, w.d, luts, x, out)
-    elif k <= 4:
-        quant.matmul_q4(k, w.qs, w.d, w.m, luts, x, out)
-    elif k <= 6:
-        quant.matmul_q5(k, w.qs, w.qh, w.d, w.m, luts, x, out)
-    elif k <= 8:
-        quant.matmul_k45(k, w.qs, w.qh, w.sc, w.d, w.m, luts, x, out)
+        out = np.empty((qx.shape[0], w.shape[0]), np.float32)
+    # Each kernel reduces every output element in one fixed order, whatever the batch, and each
+    # token's activation is quantized alone: batched and solo generation agree bit for bit.
+    if w.kind <= 1:
+        quant.matmul_half(w.kind, w.d, quant.HALF_TO_F32, qx.x, out)
     else:
-        quant.matmul_q6_k(w.qs, w.sc, w.d, luts, x, out)
+        matmul_int8(w, qx, out, ISA)
     return out
+
+
+def matmul_int8(w, qx: QInput, out: np.ndarray, isa: np.ndarray) -> None:
+    # W (N, K) quantized @ qx (T, K) -> out (T, N), on the instruction-set path `isa` (simd.isa_tag)
+    k, luts, threads = w.kind, quant.HALF_TO_F32, numba.get_num_threads()
+    if k == 2:
+        xq, xd, _ = qx.q8()
+        int8.matmul_q8_0(w.qs, w.d, luts, xq, xd, out, threads, isa)
+    elif k <= 4:
+        int8.matmul_q4(k, w.qs, w.d, w.m, luts, *qx.q8(), out, threads, isa)
+    elif k <= 6:
+        int8.matmul_q5(k, w.qs, w.qh, w.d, w.m, luts, *qx.q8(), out, threads, isa)
+    elif k <= 8:
+        int8.matmul_k45(k, w.qs, w.qh, w.sc, w.d, w.m, luts, *qx.q8k(), out, threads, isa)
+    else:
+        xq, xd, _ = qx.q8k()
+        int8.matmul_q6_k(w.qs, w.sc, w.d, luts, xq, xd, out, threads, isa)
+
+
+def layer_stack(cfg, layers, inv_freqs, *, qk_norm=False, post_norms=False, gelu=False):
+    """The model's layers as one compiled call (step.LayerStack), or None where that cannot run them.
+    inv_freqs: each layer's RoPE inverse frequencies."""
+    from .step import LayerStack
+
+    stack = LayerStack.build(cfg, layers, inv_freqs, qk_norm=qk_norm, post_norms=post_norms, gelu=gelu)
+    if stack is None:
+        return None
+    return _BoundStack(stack)
+
+
+class _BoundStack:
+    def __init__(self, stack):
+        self.stack = stack
+
+    def run(self, x, batch, cache) -> None:
+        """x (T, dim): the embedded tokens, through every layer in place."""
+        self.stack.run(x, batch, cache, ISA)
 
 
 def embed(w, ids: np.ndarray) -> np.ndarray:
@@ -118,6 +187,4 @@ def kv_store(x, dtype: str):
 
 
 def set_threads(n: int) -> None:
-    import numba
-
     numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))

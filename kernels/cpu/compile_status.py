@@ -20,7 +20,7 @@ def _cache_dirs() -> list[str]:
 def is_cached() -> bool:
     """True when compiled versions of the main kernels are on disk (a later run just loads them)."""
     for d in _cache_dirs():
-        if glob.glob(os.path.join(d, "**", "quant.matmul_q4-*.nbi"), recursive=True) and \
+        if glob.glob(os.path.join(d, "**", "int8.matmul_q4-*.nbi"), recursive=True) and \
                 glob.glob(os.path.join(d, "**", "ops.paged_attention-*.nbi"), recursive=True):
             return True
     return False

@@ -6,6 +6,8 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
+from .simd import f32_bits
+
 # float16 bit pattern -> float32, for KV caches stored as float16 bits (uint16)
 F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
@@ -22,6 +24,51 @@ def _kv_load(cache, slot, g, i):
     else:
         def impl(cache, slot, g, i):
             return cache[slot, g, i]
+    return impl
+
+
+@njit(inline="always", cache=True)
+def f32_to_f16_bits(v):
+    # float32 -> float16 bit pattern (uint16), rounding to nearest even as numpy's astype(float16) does
+    u = f32_bits(np.float32(v))
+    sign = np.uint32((u >> 16) & 0x8000)
+    exp = np.int32((u >> 23) & 0xFF)
+    mant = np.uint32(u & 0x7FFFFF)
+    if exp == 0xFF:  # inf, nan
+        return np.uint16(sign | 0x7C00 | (np.uint32(0x200) if mant != 0 else np.uint32(0)))
+    e = exp - 127 + 15
+    if e >= 31:  # too large: inf
+        return np.uint16(sign | 0x7C00)
+    if e <= 0:  # subnormal half, or zero
+        if e < -10:
+            return np.uint16(sign)
+        mant |= np.uint32(0x800000)
+        shift = np.uint32(14 - e)
+        r = mant >> shift
+        rem = mant & ((np.uint32(1) << shift) - np.uint32(1))
+        half = np.uint32(1) << (shift - np.uint32(1))
+        if rem > half or (rem == half and (r & 1) != 0):
+            r += np.uint32(1)
+        return np.uint16(sign | r)
+    r = sign | (np.uint32(e) << 10) | (mant >> 13)
+    rem = mant & 0x1FFF
+    if rem > 0x1000 or (rem == 0x1000 and (r & 1) != 0):
+        r += np.uint32(1)  # a carry into the exponent is the right rounding too
+    return np.uint16(r)
+
+
+def kv_put(cache, slot, g, i, value):
+    """cache[slot, g, i] = value, converting a float32 value to float16 bits for a float16 cache."""
+
+
+@overload(kv_put, inline="always")
+def _kv_put(cache, slot, g, i, value):
+    if cache.dtype == types.uint16 and isinstance(value, types.Float):
+        def impl(cache, slot, g, i, value):
+            cache[slot, g, i] = f32_to_f16_bits(value)
+    else:
+        def impl(cache, slot, g, i, value):
+            cache[slot, g, i] = value
     return impl
 
 
@@ -65,11 +112,17 @@ def rope(x, positions, inv_freq, neox):
 
 @njit(parallel=True, nogil=True, cache=True)
 def write_kv(k, v, slot_mapping, k_cache, v_cache):
-    # k (T, KVH, D), v (T, KVH, Dv) -> k_cache/v_cache (n_slots, KVH, D|Dv) at slot_mapping (T,)
-    for t in prange(k.shape[0]):
+    # k (T, KVH, D), v (T, KVH, Dv) -> k_cache/v_cache (n_slots, KVH, D|Dv) at slot_mapping (T,);
+    # float32 values into a float16-bits cache are rounded as numpy's astype(float16) rounds
+    T, KVH, D = k.shape
+    Dv = v.shape[2]
+    for t in prange(T):
         s = slot_mapping[t]
-        k_cache[s] = k[t]
-        v_cache[s] = v[t]
+        for g in range(KVH):
+            for i in range(D):
+                kv_put(k_cache, s, g, i, k[t, g, i])
+            for i in range(Dv):
+                kv_put(v_cache, s, g, i, v[t, g, i])
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=True)
@@ -146,3 +199,23 @@ def softcap(x, cap):
     for r in range(R):
         for i in range(V):
             x[r, i] = cap * np.tanh(x[r, i] / cap)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _touch(x):
+    for i in prange(x.shape[0]):
+        x[i] = i
+
+
+def warm_threads() -> None:
+    """Start numba's thread pool (its threading layer is chosen on the first parallel call)."""
+    _touch(np.empty(2, np.int64))
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def add_rows(x, y):
+    # x += y, (R, D)
+    R, D = x.shape
+    for r in prange(R):
+        for i in range(D):
+            x[r, i] += y[r, i]

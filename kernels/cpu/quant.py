@@ -1,4 +1,5 @@
-"""Numba kernels over repacked quantized weights (fields qs, qh, sc, d, m; see quant/repack.py).
+"""Numba kernels over repacked weights (fields qs, qh, sc, d, m; see quant/repack.py): decoding rows
+(embeddings, dequantize) and the float matmul of F16/BF16 weights.
 
 kind: 0 F16, 1 BF16, 2 Q8_0, 3 Q4_0, 4 Q4_1, 5 Q5_0, 6 Q5_1, 7 Q4_K, 8 Q5_K, 9 Q6_K.
 """
@@ -91,16 +92,12 @@ def dequant_rows(kind, qs, qh, sc, d, m, luts, rows, out):
         dequant_row(kind, qs, qh, sc, d, m, luts, rows[i], out[i])
 
 
-# -- matmul -------------------------------------------------------------------------------------
+# -- float matmul for F16/BF16 weights (the quantized types go through int8.py) -------------------
 #
-# W (N,K) @ x (T,K) -> out (T,N), one kernel per family of block layouts, computing on the packed
-# weights. Each 32-element group of a row adds (scale * q + offset) * x into 32 per-lane float
-# accumulators (no horizontal sum per block), and the 32 lanes are summed once per row.
-# EXACT: fast-math without reassociation (contraction into FMAs is allowed: both branches have the
-# same expression trees), so every output element is computed by the same sequence of float
-# operations whatever T is, and the T == 1 branch (the decode hot path,
-# written apart so LLVM keeps its accumulators in registers) gives the same bits as the general one:
-# a token's result never depends on the rest of the batch.
+# W (N,K) @ x (T,K) -> out (T,N). Each 32-element group of a row adds w * x into 32 per-lane float
+# accumulators, summed once per row. EXACT: fast-math without reassociation, so every output element
+# is computed by the same sequence of float operations whatever T is: a token's result never depends
+# on the rest of the batch.
 EXACT = {"nnan", "ninf", "nsz", "arcp", "afn", "contract"}
 
 
@@ -129,147 +126,5 @@ def matmul_half(kind, d, luts, x, out):
             for k in range(K // 32 * 32, K):  # rows need not be a multiple of 32 long
                 for t in range(T):
                     acc[t * 32 + k % 32] += tab[d[n, k]] * x[t, k]
-            for t in range(T):
-                out[t, n] = _lane_sum(acc, t)
-
-
-@njit(parallel=True, nogil=True, cache=True, fastmath=EXACT)
-def matmul_q8_0(qs, d, luts, x, out):
-    N = out.shape[1]
-    T, K = x.shape
-    lut = luts[0]
-    for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        acc = np.empty(T * 32, np.float32)
-        for n in range(task * ROWS_PER_TASK, min(N, (task + 1) * ROWS_PER_TASK)):
-            acc[:] = 0
-            for g in range(K // 32):
-                db = lut[d[n, g]]
-                if T == 1:
-                    for j in range(32):
-                        acc[j] += db * np.float32(_i8(qs[n, g * 32 + j])) * x[0, g * 32 + j]
-                else:
-                    for t in range(T):
-                        for j in range(32):
-                            acc[t * 32 + j] += db * np.float32(_i8(qs[n, g * 32 + j])) * x[t, g * 32 + j]
-            for t in range(T):
-                out[t, n] = _lane_sum(acc, t)
-
-
-@njit(parallel=True, nogil=True, cache=True, fastmath=EXACT)
-def matmul_q4(kind, qs, d, m, luts, x, out):
-    # Q4_0 (kind 3) / Q4_1 (kind 4)
-    N = out.shape[1]
-    T, K = x.shape
-    lut = luts[0]
-    for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        acc = np.empty(T * 32, np.float32)
-        for n in range(task * ROWS_PER_TASK, min(N, (task + 1) * ROWS_PER_TASK)):
-            acc[:] = 0
-            for g in range(K // 32):
-                db = lut[d[n, g]]
-                off = lut[m[n, g]] if kind == 4 else np.float32(-8.0) * db
-                if T == 1:
-                    for j in range(16):
-                        q = qs[n, g * 16 + j]
-                        acc[j] += (db * np.float32(q & 15) + off) * x[0, g * 32 + j]
-                        acc[j + 16] += (db * np.float32(q >> 4) + off) * x[0, g * 32 + j + 16]
-                else:
-                    for t in range(T):
-                        for j in range(16):
-                            q = qs[n, g * 16 + j]
-                            acc[t * 32 + j] += (db * np.float32(q & 15) + off) * x[t, g * 32 + j]
-                            acc[t * 32 + j + 16] += (db * np.float32(q >> 4) + off) * x[t, g * 32 + j + 16]
-            for t in range(T):
-                out[t, n] = _lane_sum(acc, t)
-
-
-@njit(inline="always", cache=True)
-def _qh32(qh, n, g):
-    return (np.uint32(qh[n, g * 4]) | (np.uint32(qh[n, g * 4 + 1]) << 8)
-            | (np.uint32(qh[n, g * 4 + 2]) << 16) | (np.uint32(qh[n, g * 4 + 3]) << 24))
-
-
-@njit(parallel=True, nogil=True, cache=True, fastmath=EXACT)
-def matmul_q5(kind, qs, qh, d, m, luts, x, out):
-    # Q5_0 (kind 5) / Q5_1 (kind 6)
-    N = out.shape[1]
-    T, K = x.shape
-    lut = luts[0]
-    for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        acc = np.empty(T * 32, np.float32)
-        for n in range(task * ROWS_PER_TASK, min(N, (task + 1) * ROWS_PER_TASK)):
-            acc[:] = 0
-            for g in range(K // 32):
-                db = lut[d[n, g]]
-                off = lut[m[n, g]] if kind == 6 else np.float32(-16.0) * db
-                h = _qh32(qh, n, g)
-                for t in range(T):
-                    for j in range(16):
-                        q = qs[n, g * 16 + j]
-                        lo = np.int32(q & 15) | np.int32(((h >> j) & 1) << 4)
-                        hi = np.int32(q >> 4) | np.int32(((h >> (j + 16)) & 1) << 4)
-                        acc[t * 32 + j] += (db * np.float32(lo) + off) * x[t, g * 32 + j]
-                        acc[t * 32 + j + 16] += (db * np.float32(hi) + off) * x[t, g * 32 + j + 16]
-            for t in range(T):
-                out[t, n] = _lane_sum(acc, t)
-
-
-@njit(parallel=True, nogil=True, cache=True, fastmath=EXACT)
-def matmul_k45(kind, qs, qh, sc, d, m, luts, x, out):
-    # Q4_K (kind 7) / Q5_K (kind 8): 32-element group i of a super-block reads nibble i % 2 of
-    # qs bytes [32 (i // 2), +32), and for Q5_K bit i of each qh byte.
-    N = out.shape[1]
-    T, K = x.shape
-    lut = luts[0]
-    for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        acc = np.empty(T * 32, np.float32)
-        for n in range(task * ROWS_PER_TASK, min(N, (task + 1) * ROWS_PER_TASK)):
-            acc[:] = 0
-            for g in range(K // 32):
-                sb = g // 8
-                i = g % 8
-                base = sb * 128 + (i // 2) * 32
-                shift = 4 * (i % 2)
-                scale = lut[d[n, sb]] * np.float32(sc[n, sb * 16 + i])
-                mn = lut[m[n, sb]] * np.float32(sc[n, sb * 16 + 8 + i])
-                if kind == 7 and T == 1:
-                    for l in range(32):
-                        q = np.int32((qs[n, base + l] >> shift) & 15)
-                        acc[l] += (scale * np.float32(q) - mn) * x[0, g * 32 + l]
-                else:
-                    for t in range(T):
-                        for l in range(32):
-                            q = np.int32((qs[n, base + l] >> shift) & 15)
-                            if kind == 8:
-                                q |= np.int32((qh[n, sb * 32 + l] >> i) & 1) << 4
-                            acc[t * 32 + l] += (scale * np.float32(q) - mn) * x[t, g * 32 + l]
-            for t in range(T):
-                out[t, n] = _lane_sum(acc, t)
-
-
-@njit(parallel=True, nogil=True, cache=True, fastmath=EXACT)
-def matmul_q6_k(qs, sc, d, luts, x, out):
-    # Q6_K, unpacked at load: qs (N, K) signed bytes, sc (N, K/16) int8 scales, d (N, K/256)
-    N = out.shape[1]
-    T, K = x.shape
-    lut = luts[0]
-    for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        acc = np.empty(T * 32, np.float32)
-        for n in range(task * ROWS_PER_TASK, min(N, (task + 1) * ROWS_PER_TASK)):
-            acc[:] = 0
-            for g in range(K // 32):
-                db = lut[d[n, g // 8]]
-                s0 = db * np.float32(_i8(sc[n, 2 * g]))
-                s1 = db * np.float32(_i8(sc[n, 2 * g + 1]))
-                if T == 1:
-                    for l in range(16):
-                        acc[l] += s0 * np.float32(_i8(qs[n, g * 32 + l])) * x[0, g * 32 + l]
-                        acc[l + 16] += s1 * np.float32(_i8(qs[n, g * 32 + l + 16])) * x[0, g * 32 + l + 16]
-                else:
-                    for t in range(T):
-                        for l in range(16):
-                            acc[t * 32 + l] += s0 * np.float32(_i8(qs[n, g * 32 + l])) * x[t, g * 32 + l]
-                            acc[t * 32 + l + 16] += (s1 * np.float32(_i8(qs[n, g * 32 + l + 16]))
-                                                     * x[t, g * 32 + l + 16])
             for t in range(T):
                 out[t, n] = _lane_sum(acc, t)

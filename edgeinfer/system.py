@@ -1,0 +1,65 @@
+"""What this machine offers the kernels: `edgeinfer system`, and the `system` field of bench results."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+ISA_FEATURES = ("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni",
+                "amx-int8", "neon")
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def threading_layer() -> str:
+    """Numba's threading layer, which is only known once a parallel kernel has run."""
+    import numba
+
+    try:
+        return numba.threading_layer()
+    except ValueError:
+        from .kernels.cpu import ops
+
+        ops.warm_threads()
+        return numba.threading_layer()
+
+
+def system_info() -> dict:
+    """The CPU, its ISA features, the kernel path (EDGEINFER_KERNELS or the best the CPU runs), threads."""
+    import numba
+
+    from .config import default_threads
+    from .kernels.cpu import simd
+
+    feats = simd.host_features()
+    return {
+        "cpu": cpu_name(),
+        "machine": platform.machine(),
+        "isa_features": [f for f in ISA_FEATURES if f in feats],
+        "kernel_path": simd.choose_path(),
+        "kernel_paths_available": simd.available_paths(),
+        "threads": default_threads(),
+        "numba_threads": numba.config.NUMBA_NUM_THREADS,
+        "threading_layer": threading_layer(),
+        "numba": numba.__version__,
+        "forced_by_env": os.environ.get("EDGEINFER_KERNELS") or None,
+    }
+
+
+def format_system(info: dict) -> str:
+    rows = [("CPU", info["cpu"]), ("machine", info["machine"]),
+            ("ISA features", " ".join(info["isa_features"]) or "none of note"),
+            ("kernel path", info["kernel_path"] + (" (forced by EDGEINFER_KERNELS)" if info["forced_by_env"] else "")),
+            ("paths this CPU runs", ", ".join(info["kernel_paths_available"])),
+            ("threads", f"{info['threads']} (numba's pool: {info['numba_threads']})"),
+            ("numba threading layer", info["threading_layer"]), ("numba", info["numba"])]
+    return "\n".join(f"{k:<22} {v}" for k, v in rows)

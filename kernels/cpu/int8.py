@@ -1,0 +1,622 @@
+"""Integer dot-product matmuls over repacked weights, as llama.cpp computes them.
+
+Activations are quantized once per matmul input, per token row (``quantize_q8`` / ``quantize_q8k``):
+
+- Q8 (for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 weights): 32-element blocks, int8 values, a float scale and the
+  block's integer sum (the min/offset term of the weight type is folded through it);
+- Q8_K (for Q4_K, Q5_K, Q6_K): 256-element blocks, int8 values, a float scale, int sums per 16.
+
+A weight block times an activation block is an exact integer dot product (u8 x s8 with the SIMD
+idioms of simd.py; signed weights use the sign trick |w| . sign(x, w)), scaled once per block
+(legacy types) or once per 256-element super-block (K-quants, whose 6-bit sub-block scales are
+applied in the integer domain). Every output element is computed by the same sequence of operations
+whatever the number of tokens, so batched and single-token results are bit-identical.
+
+The block functions below are written once in generic names (``zero_acc``, ``fmadd_acc``, ...) that
+resolve, per `isa` tag (see simd.py), to vectors of the SIMD paths or to plain integer loops.
+"""
+
+import numpy as np
+from numba import njit, prange
+from numba.extending import overload
+
+from . import simd
+from .simd import path_of
+
+EXACT = {"nnan", "ninf", "nsz", "arcp", "afn", "contract"}  # no reassociation: one order per element
+
+
+@njit(inline="always", cache=True)
+def _i8(v):
+    return (np.int32(v) ^ 128) - 128
+
+
+# -- the portable path's block functions: plain integer loops that LLVM vectorizes where it can
+
+
+@njit(cache=True)
+def _q4_portable(w, wo, x, xo):
+    s = np.int32(0)
+    for j in range(16):
+        q = np.int32(w[wo + j])
+        s += (q & 15) * _i8(x[xo + j]) + (q >> 4) * _i8(x[xo + 16 + j])
+    return s
+
+
+@njit(cache=True)
+def _q5_portable(w, wo, h, x, xo):
+    s = np.int32(0)
+    for j in range(16):
+        q = np.int32(w[wo + j])
+        lo = (q & 15) | np.int32(((h >> j) & 1) << 4)
+        hi = (q >> 4) | np.int32(((h >> (j + 16)) & 1) << 4)
+        s += lo * _i8(x[xo + j]) + hi * _i8(x[xo + 16 + j])
+    return s
+
+
+@njit(cache=True)
+def _q8_portable(w, wo, x, xo):
+    s = np.int32(0)
+    for j in range(32):
+        s += _i8(w[wo + j]) * _i8(x[xo + j])
+    return s
+
+
+@njit(cache=True)
+def _k_pair_portable(w, wo, qh, qho, five, i, x, xo, s_lo, s_hi):
+    a = np.int32(0)
+    b = np.int32(0)
+    for j in range(32):
+        q = np.int32(w[wo + j])
+        lo = q & 15
+        hi = q >> 4
+        if five:
+            hb = np.int32(qh[qho + j])
+            lo |= ((hb >> i) & 1) << 4
+            hi |= ((hb >> (i + 1)) & 1) << 4
+        a += lo * _i8(x[xo + j])
+        b += hi * _i8(x[xo + 32 + j])
+    return s_lo * a + s_hi * b
+
+
+@njit(cache=True)
+def _q6_portable(w, wo, x, xo, s0, s1):
+    a = np.int32(0)
+    b = np.int32(0)
+    for j in range(16):
+        a += _i8(w[wo + j]) * _i8(x[xo + j])
+        b += _i8(w[wo + 16 + j]) * _i8(x[xo + 16 + j])
+    return s0 * a + s1 * b
+
+
+# -- activation quantization --------------------------------------------------------------------
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def quantize_q8(x, xq, xd, xs):
+    # x (T, K) float32 -> xq (T, K) int8 as uint8, xd (T, K/32) float32 scale, xs (T, K/32) float32 d * sum(q).
+    # llama.cpp's quantize_row_q8_1: d = max|x| / 127, q = round(x / d), s = d * sum(q) (for the offset terms).
+    T, K = x.shape
+    for t in prange(T):
+        for g in range(K // 32):
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[t, g * 32 + j]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
+            s = np.int32(0)
+            for j in range(32):
+                q = np.int32(np.rint(x[t, g * 32 + j] * inv))
+                s += q
+                xq[t, g * 32 + j] = np.uint8(q & 255)
+            xd[t, g] = d
+            xs[t, g] = d * np.float32(s)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def quantize_q8k(x, xq, xd, xb):
+    # x (T, K) float32 -> xq (T, K) int8 as uint8, xd (T, K/256) float32, xb (T, K/32) int32 sums per 32
+    # (the K-quants' min terms need them per 32-element sub-block; llama.cpp keeps them per 16).
+    # llama.cpp's quantize_row_q8_K: the value of largest magnitude maps to -127 (its sign flips the scale).
+    T, K = x.shape
+    for t in prange(T):
+        for sb in range(K // 256):
+            amax = np.float32(0.0)
+            vmax = np.float32(0.0)
+            for j in range(256):
+                v = x[t, sb * 256 + j]
+                if abs(v) > amax:
+                    amax = abs(v)
+                    vmax = v
+            if amax == 0:
+                xd[t, sb] = 0
+                for j in range(256):
+                    xq[t, sb * 256 + j] = 0
+                for j in range(8):
+                    xb[t, sb * 8 + j] = 0
+                continue
+            iscale = np.float32(-127.0) / vmax
+            for j in range(8):
+                s = np.int32(0)
+                for l in range(32):
+                    q = min(np.int32(127), np.int32(np.rint(iscale * x[t, sb * 256 + j * 32 + l])))
+                    s += q
+                    xq[t, sb * 256 + j * 32 + l] = np.uint8(q & 255)
+                xb[t, sb * 8 + j] = s
+            xd[t, sb] = np.float32(1.0) / iscale
+
+
+# -- matmuls: W (N, K) @ x (T, K) -> out (T, N) --------------------------------------------------
+#
+# Each kernel hands two tasks of rows per thread (`threads`: numba's thread count) to the threads; `_rows` computes a task's rows for every
+# token on the chosen path. Every output element is reduced by one chain, the same on every path shape
+# (blocks in order: acc += (d_w d_x) * isum; offsets and mins in a scalar beside it; one horizontal sum),
+# so a token's result never depends on the rest of the batch. The SIMD paths get their parallelism from
+# tiles instead: two rows at once for one token (decode), four tokens at once per weight block (batches,
+# prefill), decoding each weight block once for the whole tile.
+
+
+@njit(inline="always", cache=True)
+def _rows_per_task(n, threads):
+    # two tasks per thread, an even number of rows each (the decode path takes rows in pairs): a task
+    # is one call with a dozen array arguments, whose reference counting is not free
+    per = -(-n // (2 * threads))
+    return max(2, per + per % 2)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def matmul_q8_0(qs, d, luts, xq, xd, out, threads, isa):
+    # Q8_0 weights: qs (N, K) int8 as uint8, d (N, K/32) f16 bits
+    N = out.shape[1]
+    per = _rows_per_task(N, threads)
+    for task in prange(-(-N // per)):
+        rows_q8_0(isa, qs, d, luts, xq, xd, out, task * per, min(N, (task + 1) * per))
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def matmul_q4(kind, qs, d, m, luts, xq, xd, xs, out, threads, isa):
+    # Q4_0 (kind 3: offset -8 d) / Q4_1 (kind 4: offset m): qs (N, K/2), d, m (N, K/32) f16 bits.
+    # sum_g d_w d_x sum_j q_j x_j + off_w d_x sum_j x_j: the offset goes through the activation sums.
+    N = out.shape[1]
+    per = _rows_per_task(N, threads)
+    for task in prange(-(-N // per)):
+        rows_q45(isa, kind, qs, qs, d, m, luts, xq, xd, xs, out, task * per,
+                 min(N, (task + 1) * per))
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def matmul_q5(kind, qs, qh, d, m, luts, xq, xd, xs, out, threads, isa):
+    # Q5_0 (kind 5: offset -16 d) / Q5_1 (kind 6: offset m): qs (N, K/2), qh (N, K/8): per block a
+    # little-endian u32 whose bit j is the fifth bit of element j
+    N = out.shape[1]
+    per = _rows_per_task(N, threads)
+    for task in prange(-(-N // per)):
+        rows_q45(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, task * per,
+                 min(N, (task + 1) * per))
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def matmul_k45(kind, qs, qh, sc, d, m, luts, xq, xd, xb, out, threads, isa):
+    # Q4_K (kind 7) / Q5_K (kind 8): qs (N, K/2), qh (N, K/8) (Q5_K), sc (N, K/16) 8 scales + 8 mins per 256,
+    # d, m (N, K/256) f16 bits. Groups 2p, 2p+1 of a super-block are the low/high nibbles of qs bytes [32p, +32).
+    # Per super-block: d_w d_x sum_i sc_i dot_i - dmin_w d_x sum_i m_i bsum_i (6-bit scales applied as integers).
+    N = out.shape[1]
+    per = _rows_per_task(N, threads)
+    for task in prange(-(-N // per)):
+        rows_k45(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, out, task * per,
+                 min(N, (task + 1) * per))
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def matmul_q6_k(qs, sc, d, luts, xq, xd, out, threads, isa):
+    # Q6_K, unpacked at load: qs (N, K) signed bytes, sc (N, K/16) int8 scales, d (N, K/256) f16 bits
+    N = out.shape[1]
+    per = _rows_per_task(N, threads)
+    for task in prange(-(-N // per)):
+        rows_q6_k(isa, qs, sc, d, luts, xq, xd, out, task * per, min(N, (task + 1) * per))
+
+
+def rows_q8_0(isa, qs, d, luts, xq, xd, out, n0, n1):
+    """Rows [n0, n1) of a Q8_0 matmul, for every token."""
+
+
+def rows_q45(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
+    """Rows [n0, n1) of a Q4_0/Q4_1/Q5_0/Q5_1 matmul, for every token."""
+
+
+def rows_k45(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, out, n0, n1):
+    """Rows [n0, n1) of a Q4_K/Q5_K matmul, for every token."""
+
+
+def rows_q6_k(isa, qs, sc, d, luts, xq, xd, out, n0, n1):
+    """Rows [n0, n1) of a Q6_K matmul, for every token."""
+
+
+def _by_path(portable, simd_impl):
+    # an @overload body: the portable or the SIMD implementation, by the type of `isa`
+    def pick(isa, *args):
+        impl = portable if path_of(isa) == "portable" else simd_impl
+        return lambda isa, *args: impl(isa, *args)
+    return pick
+
+
+# -- the portable path: one row, one token at a time, plain integer loops ---------------------------
+
+
+@njit(cache=True, fastmath=EXACT)
+def _q8_0_portable(isa, qs, d, luts, xq, xd, out, n0, n1):
+    T, K = xq.shape
+    nb = K // 32
+    for n in range(n0, n1):
+        for t in range(T):
+            acc = np.float32(0.0)
+            for g in range(nb):
+                acc += luts[0, d[n, g]] * xd[t, g] * np.float32(_q8_portable(qs[n], g * 32, xq[t], g * 32))
+            out[t, n] = acc
+
+
+@njit(cache=True, fastmath=EXACT)
+def _q45_portable(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
+    T, K = xq.shape
+    nb = K // 32
+    five = kind >= 5
+    for n in range(n0, n1):
+        for t in range(T):
+            acc = np.float32(0.0)
+            mo = np.float32(0.0)
+            for g in range(nb):
+                dw = luts[0, d[n, g]]
+                if kind == 4 or kind == 6:
+                    off = luts[0, m[n, g]]
+                else:
+                    off = np.float32(-16.0 if five else -8.0) * dw
+                if five:
+                    h = (np.uint32(qh[n, 4 * g]) | (np.uint32(qh[n, 4 * g + 1]) << 8)
+                         | (np.uint32(qh[n, 4 * g + 2]) << 16) | (np.uint32(qh[n, 4 * g + 3]) << 24))
+                    isum = _q5_portable(qs[n], g * 16, h, xq[t], g * 32)
+                else:
+                    isum = _q4_portable(qs[n], g * 16, xq[t], g * 32)
+                acc += dw * xd[t, g] * np.float32(isum)
+                mo += off * xs[t, g]
+            out[t, n] = acc + mo
+
+
+@njit(cache=True, fastmath=EXACT)
+def _k45_portable(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, out, n0, n1):
+    T, K = xq.shape
+    five = kind == 8
+    for n in range(n0, n1):
+        for t in range(T):
+            acc = np.float32(0.0)
+            mo = np.float32(0.0)
+            for sb in range(K // 256):
+                isum = np.int32(0)
+                for p in range(4):
+                    isum += _k_pair_portable(qs[n], sb * 128 + p * 32, qh[n], sb * 32, five, 2 * p, xq[t],
+                                             sb * 256 + p * 64, np.int32(sc[n, sb * 16 + 2 * p]),
+                                             np.int32(sc[n, sb * 16 + 2 * p + 1]))
+                msum = np.int32(0)
+                for i in range(8):
+                    msum += np.int32(sc[n, sb * 16 + 8 + i]) * xb[t, sb * 8 + i]
+                acc += luts[0, d[n, sb]] * xd[t, sb] * np.float32(isum)
+                mo -= luts[0, m[n, sb]] * xd[t, sb] * np.float32(msum)
+            out[t, n] = acc + mo
+
+
+@njit(cache=True, fastmath=EXACT)
+def _q6_k_portable(isa, qs, sc, d, luts, xq, xd, out, n0, n1):
+    T, K = xq.shape
+    for n in range(n0, n1):
+        for t in range(T):
+            acc = np.float32(0.0)
+            for sb in range(K // 256):
+                isum = np.int32(0)
+                for g in range(8):
+                    isum += _q6_portable(qs[n], sb * 256 + g * 32, xq[t], sb * 256 + g * 32,
+                                         _i8(sc[n, sb * 16 + 2 * g]), _i8(sc[n, sb * 16 + 2 * g + 1]))
+                acc += luts[0, d[n, sb]] * xd[t, sb] * np.float32(isum)
+            out[t, n] = acc
+
+
+# -- the SIMD paths (avx2, vnni) --------------------------------------------------------------------
+
+
+def dot_us(isa, w, x):
+    """u8x32 . s8x32 -> s32x8: vpdpbusd on vnni; vpmaddubsw then vpmaddwd with ones on avx2."""
+
+
+@overload(dot_us, inline="always")
+def _dot_us(isa, w, x):
+    if path_of(isa) == "vnni":
+        return lambda isa, w, x: simd.dpbusd(simd.zero32(), w, x)
+    return lambda isa, w, x: simd.madd(simd.maddubs(w, x), simd.ones16())
+
+
+@njit(inline="always", cache=True)
+def _dot_ss(isa, w, x):
+    # s8x32 . s8x32 -> s32x8 by the sign trick: |w| . (x with the sign of w)
+    return dot_us(isa, simd.abs8(w), simd.sign8(x, w))
+
+
+@njit(inline="always", cache=True)
+def _q45_weights(five, nibbles, high_bits):
+    # the 32 unsigned 4- or 5-bit values of a block as u8x32. (Helpers here take vectors and scalars,
+    # never arrays: an array argument costs reference counting on every call inside the loops.)
+    if five:
+        return simd.or_(nibbles, simd.bits_to_bytes(high_bits, np.uint8(16)))
+    return nibbles
+
+
+@njit(inline="always", cache=True, fastmath=EXACT)
+def _q45_offset(has_m, m_bits, dw, off_scale):
+    # the block's offset: its min (Q4_1, Q5_1) or -8 d / -16 d (Q4_0, Q5_0)
+    if has_m:
+        return simd.f16(m_bits)
+    return off_scale * dw
+
+
+@njit(cache=True, fastmath=EXACT)
+def _q8_0_dot1(isa, qs, d, xq, xd, n, t, nb, K):
+    acc = simd.zerof()
+    for g in range(nb):
+        acc = simd.fmadd(acc, simd.f16(simd.ld(d, n * nb + g)) * simd.ld(xd, t * nb + g),
+                         _dot_ss(isa, simd.load32(qs, n * K + g * 32), simd.load32(xq, t * K + g * 32)))
+    return simd.hsum_f(acc)
+
+
+@njit(cache=True, fastmath=EXACT)
+def _q8_0_simd(isa, qs, d, luts, xq, xd, out, n0, n1):
+    T, K = xq.shape
+    nb = K // 32
+    n = n0
+    if T == 1:
+        while n + 2 <= n1:  # two rows share each activation block
+            a0 = simd.zerof()
+            a1 = simd.zerof()
+            for g in range(nb):
+                xv = simd.load32(xq, g * 32)
+                dx = simd.ld(xd, g)
+                a0 = simd.fmadd(a0, simd.f16(simd.ld(d, n * nb + g)) * dx, _dot_ss(isa, simd.load32(qs, n * K + g * 32), xv))
+                a1 = simd.fmadd(a1, simd.f16(simd.ld(d, n * nb + nb + g)) * dx,
+                                _dot_ss(isa, simd.load32(qs, n * K + K + g * 32), xv))
+            out[0, n] = simd.hsum_f(a0)
+            out[0, n + 1] = simd.hsum_f(a1)
+            n += 2
+    for n in range(n, n1):
+        t = 0
+        while t + 4 <= T:  # four tokens share each weight block
+            a0 = simd.zerof()
+            a1 = simd.zerof()
+            a2 = simd.zerof()
+            a3 = simd.zerof()
+            for g in range(nb):
+                w = simd.load32(qs, n * K + g * 32)
+                dw = simd.f16(simd.ld(d, n * nb + g))
+                a0 = simd.fmadd(a0, dw * simd.ld(xd, t * nb + g), _dot_ss(isa, w, simd.load32(xq, t * K + g * 32)))
+                a1 = simd.fmadd(a1, dw * simd.ld(xd, t * nb + nb + g), _dot_ss(isa, w, simd.load32(xq, t * K + K + g * 32)))
+                a2 = simd.fmadd(a2, dw * simd.ld(xd, t * nb + 2 * nb + g),
+                                _dot_ss(isa, w, simd.load32(xq, t * K + 2 * K + g * 32)))
+                a3 = simd.fmadd(a3, dw * simd.ld(xd, t * nb + 3 * nb + g),
+                                _dot_ss(isa, w, simd.load32(xq, t * K + 3 * K + g * 32)))
+            out[t, n] = simd.hsum_f(a0)
+            out[t + 1, n] = simd.hsum_f(a1)
+            out[t + 2, n] = simd.hsum_f(a2)
+            out[t + 3, n] = simd.hsum_f(a3)
+            t += 4
+        for t in range(t, T):
+            out[t, n] = _q8_0_dot1(isa, qs, d, xq, xd, n, t, nb, K)
+
+
+@njit(cache=True, fastmath=EXACT)
+def _q45_dot1(isa, five, has_m, qs, qh32, d, m, xq, xd, xs, n, t, nb, K):
+    off_scale = np.float32(-16.0 if five else -8.0)
+    acc = simd.zerof()
+    mo = np.float32(0.0)
+    for g in range(nb):
+        dw = simd.f16(simd.ld(d, n * nb + g))
+        acc = simd.fmadd(acc, dw * simd.ld(xd, t * nb + g),
+                         dot_us(isa, _q45_weights(five, simd.nibbles32(qs, n * nb * 16 + g * 16), simd.ld(qh32, n * nb + g)), simd.load32(xq, t * K + g * 32)))
+        mo += _q45_offset(has_m, simd.ld(m, n * nb + g), dw, off_scale) * simd.ld(xs, t * nb + g)
+    return simd.hsum_f(acc) + mo
+
+
+@njit(cache=True, fastmath=EXACT)
+def _q45_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
+    T, K = xq.shape
+    nb = K // 32
+    five = kind >= 5
+    has_m = kind == 4 or kind == 6
+    off_scale = np.float32(-16.0 if five else -8.0)
+    qh32 = qh.reshape(qh.size).view(np.uint32)
+    n = n0
+    if T == 1:
+        while n + 2 <= n1:  # two rows share each activation block
+            a0 = simd.zerof()
+            a1 = simd.zerof()
+            m0 = np.float32(0.0)
+            m1 = np.float32(0.0)
+            for g in range(nb):
+                xv = simd.load32(xq, g * 32)
+                dx = simd.ld(xd, g)
+                sx = simd.ld(xs, g)
+                d0 = simd.f16(simd.ld(d, n * nb + g))
+                d1 = simd.f16(simd.ld(d, n * nb + nb + g))
+                a0 = simd.fmadd(a0, d0 * dx, dot_us(isa, _q45_weights(five, simd.nibbles32(qs, n * nb * 16 + g * 16), simd.ld(qh32, n * nb + g)), xv))
+                a1 = simd.fmadd(a1, d1 * dx, dot_us(isa, _q45_weights(five, simd.nibbles32(qs, n * nb * 16 + nb * 16 + g * 16), simd.ld(qh32, n * nb + nb + g)), xv))
+                m0 += _q45_offset(has_m, simd.ld(m, n * nb + g), d0, off_scale) * sx
+                m1 += _q45_offset(has_m, simd.ld(m, n * nb + nb + g), d1, off_scale) * sx
+            out[0, n] = simd.hsum_f(a0) + m0
+            out[0, n + 1] = simd.hsum_f(a1) + m1
+            n += 2
+    for n in range(n, n1):
+        t = 0
+        while t + 4 <= T:  # four tokens share each decoded weight block
+            a0 = simd.zerof()
+            a1 = simd.zerof()
+            a2 = simd.zerof()
+            a3 = simd.zerof()
+            m0 = np.float32(0.0)
+            m1 = np.float32(0.0)
+            m2 = np.float32(0.0)
+            m3 = np.float32(0.0)
+            for g in range(nb):
+                w = _q45_weights(five, simd.nibbles32(qs, n * nb * 16 + g * 16), simd.ld(qh32, n * nb + g))
+                dw = simd.f16(simd.ld(d, n * nb + g))
+                off = _q45_offset(has_m, simd.ld(m, n * nb + g), dw, off_scale)
+                j = t * nb + g
+                a0 = simd.fmadd(a0, dw * simd.ld(xd, j), dot_us(isa, w, simd.load32(xq, t * K + g * 32)))
+                a1 = simd.fmadd(a1, dw * simd.ld(xd, j + nb), dot_us(isa, w, simd.load32(xq, t * K + K + g * 32)))
+                a2 = simd.fmadd(a2, dw * simd.ld(xd, j + 2 * nb), dot_us(isa, w, simd.load32(xq, t * K + 2 * K + g * 32)))
+                a3 = simd.fmadd(a3, dw * simd.ld(xd, j + 3 * nb), dot_us(isa, w, simd.load32(xq, t * K + 3 * K + g * 32)))
+                m0 += off * simd.ld(xs, j)
+                m1 += off * simd.ld(xs, j + nb)
+                m2 += off * simd.ld(xs, j + 2 * nb)
+                m3 += off * simd.ld(xs, j + 3 * nb)
+            out[t, n] = simd.hsum_f(a0) + m0
+            out[t + 1, n] = simd.hsum_f(a1) + m1
+            out[t + 2, n] = simd.hsum_f(a2) + m2
+            out[t + 3, n] = simd.hsum_f(a3) + m3
+            t += 4
+        for t in range(t, T):
+            out[t, n] = _q45_dot1(isa, five, has_m, qs, qh32, d, m, xq, xd, xs, n, t, nb, K)
+
+
+@njit(inline="always", cache=True)
+def _k_pair_dot(lo, hi, x0, x1, s_lo, s_hi):
+    # sc_lo * (lo . x0) + sc_hi * (hi . x1), s32x8: the sub-block scales applied with vpmaddwd
+    return simd.add32(simd.madd(simd.maddubs(lo, x0), simd.splat16(s_lo, s_lo)),
+                      simd.madd(simd.maddubs(hi, x1), simd.splat16(s_hi, s_hi)))
+
+
+
+
+@njit(cache=True, fastmath=EXACT)
+def _k45_simd(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, out, n0, n1):
+    T, K = xq.shape
+    nsb = K // 256
+    five = kind == 8
+    for n in range(n0, n1):
+        t = 0
+        while t < T:
+            tt = min(4, T - t)  # up to four tokens share each decoded weight pair; each token's order is fixed
+            a0 = simd.zerof()
+            a1 = simd.zerof()
+            a2 = simd.zerof()
+            a3 = simd.zerof()
+            m0 = np.float32(0.0)
+            m1 = np.float32(0.0)
+            m2 = np.float32(0.0)
+            m3 = np.float32(0.0)
+            for sb in range(nsb):
+                i0 = simd.zero32()
+                i1 = simd.zero32()
+                i2 = simd.zero32()
+                i3 = simd.zero32()
+                for p in range(4):
+                    b = simd.load32(qs, n * K // 2 + sb * 128 + p * 32)
+                    lo = simd.low4(b)
+                    hi = simd.shr4(b)
+                    if five:
+                        hv = simd.load32(qh, n * K // 8 + sb * 32)
+                        lo = simd.or_(lo, simd.bit_to_16(hv, 2 * p))
+                        hi = simd.or_(hi, simd.bit_to_16(hv, 2 * p + 1))
+                    s_lo = np.int32(simd.ld(sc, (n * nsb + sb) * 16 + 2 * p))
+                    s_hi = np.int32(simd.ld(sc, (n * nsb + sb) * 16 + 2 * p + 1))
+                    xo = t * K + sb * 256 + p * 64
+                    i0 = simd.add32(i0, _k_pair_dot(lo, hi, simd.load32(xq, xo), simd.load32(xq, xo + 32), s_lo, s_hi))
+                    if tt > 1:
+                        xo += K
+                        i1 = simd.add32(i1, _k_pair_dot(lo, hi, simd.load32(xq, xo), simd.load32(xq, xo + 32), s_lo, s_hi))
+                    if tt > 2:
+                        xo += K
+                        i2 = simd.add32(i2, _k_pair_dot(lo, hi, simd.load32(xq, xo), simd.load32(xq, xo + 32), s_lo, s_hi))
+                    if tt > 3:
+                        xo += K
+                        i3 = simd.add32(i3, _k_pair_dot(lo, hi, simd.load32(xq, xo), simd.load32(xq, xo + 32), s_lo, s_hi))
+                dw = simd.f16(simd.ld(d, n * nsb + sb))
+                dm = simd.f16(simd.ld(m, n * nsb + sb))
+                mins = simd.widen8(sc, (n * nsb + sb) * 16 + 8)  # the 8 sub-block mins
+                j = t * nsb + sb
+                a0 = simd.fmadd(a0, dw * simd.ld(xd, j), i0)
+                m0 -= dm * simd.ld(xd, j) * np.float32(simd.hsum32(simd.mul32(mins, simd.load8_i32(xb, j * 8))))
+                if tt > 1:
+                    a1 = simd.fmadd(a1, dw * simd.ld(xd, j + nsb), i1)
+                    m1 -= dm * simd.ld(xd, j + nsb) * np.float32(
+                        simd.hsum32(simd.mul32(mins, simd.load8_i32(xb, (j + nsb) * 8))))
+                if tt > 2:
+                    a2 = simd.fmadd(a2, dw * simd.ld(xd, j + 2 * nsb), i2)
+                    m2 -= dm * simd.ld(xd, j + 2 * nsb) * np.float32(
+                        simd.hsum32(simd.mul32(mins, simd.load8_i32(xb, (j + 2 * nsb) * 8))))
+                if tt > 3:
+                    a3 = simd.fmadd(a3, dw * simd.ld(xd, j + 3 * nsb), i3)
+                    m3 -= dm * simd.ld(xd, j + 3 * nsb) * np.float32(
+                        simd.hsum32(simd.mul32(mins, simd.load8_i32(xb, (j + 3 * nsb) * 8))))
+            out[t, n] = simd.hsum_f(a0) + m0
+            if tt > 1:
+                out[t + 1, n] = simd.hsum_f(a1) + m1
+            if tt > 2:
+                out[t + 2, n] = simd.hsum_f(a2) + m2
+            if tt > 3:
+                out[t + 3, n] = simd.hsum_f(a3) + m3
+            t += tt
+
+
+@njit(inline="always", cache=True)
+def _q6_dot(aw, w, x, s0, s1):
+    # (s0, s1 per 16) * |w| . (x with the sign of w), s32x8
+    return simd.madd(simd.maddubs(aw, simd.sign8(x, w)), simd.splat16(s0, s1))
+
+
+@njit(cache=True, fastmath=EXACT)
+def _q6_k_simd(isa, qs, sc, d, luts, xq, xd, out, n0, n1):
+    T, K = xq.shape
+    nsb = K // 256
+    for n in range(n0, n1):
+        t = 0
+        while t < T:
+            tt = min(4, T - t)  # up to four tokens share each weight group
+            a0 = simd.zerof()
+            a1 = simd.zerof()
+            a2 = simd.zerof()
+            a3 = simd.zerof()
+            for sb in range(nsb):
+                i0 = simd.zero32()
+                i1 = simd.zero32()
+                i2 = simd.zero32()
+                i3 = simd.zero32()
+                for g in range(8):
+                    w = simd.load32(qs, n * K + sb * 256 + g * 32)
+                    aw = simd.abs8(w)
+                    s0 = _i8(simd.ld(sc, (n * nsb + sb) * 16 + 2 * g))
+                    s1 = _i8(simd.ld(sc, (n * nsb + sb) * 16 + 2 * g + 1))
+                    xo = t * K + sb * 256 + g * 32
+                    i0 = simd.add32(i0, _q6_dot(aw, w, simd.load32(xq, xo), s0, s1))
+                    if tt > 1:
+                        i1 = simd.add32(i1, _q6_dot(aw, w, simd.load32(xq, xo + K), s0, s1))
+                    if tt > 2:
+                        i2 = simd.add32(i2, _q6_dot(aw, w, simd.load32(xq, xo + 2 * K), s0, s1))
+                    if tt > 3:
+                        i3 = simd.add32(i3, _q6_dot(aw, w, simd.load32(xq, xo + 3 * K), s0, s1))
+                dw = simd.f16(simd.ld(d, n * nsb + sb))
+                j = t * nsb + sb
+                a0 = simd.fmadd(a0, dw * simd.ld(xd, j), i0)
+                if tt > 1:
+                    a1 = simd.fmadd(a1, dw * simd.ld(xd, j + nsb), i1)
+                if tt > 2:
+                    a2 = simd.fmadd(a2, dw * simd.ld(xd, j + 2 * nsb), i2)
+                if tt > 3:
+                    a3 = simd.fmadd(a3, dw * simd.ld(xd, j + 3 * nsb), i3)
+            out[t, n] = simd.hsum_f(a0)
+            if tt > 1:
+                out[t + 1, n] = simd.hsum_f(a1)
+            if tt > 2:
+                out[t + 2, n] = simd.hsum_f(a2)
+            if tt > 3:
+                out[t + 3, n] = simd.hsum_f(a3)
+            t += tt
+
+
+overload(rows_q8_0)(_by_path(_q8_0_portable, _q8_0_simd))
+overload(rows_q45)(_by_path(_q45_portable, _q45_simd))
+overload(rows_k45)(_by_path(_k45_portable, _k45_simd))
+overload(rows_q6_k)(_by_path(_q6_k_portable, _q6_k_simd))

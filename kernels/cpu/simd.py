@@ -1,0 +1,398 @@
+"""Named vector operations for the int8 dot-product kernels, and the choice of instruction-set path.
+
+Each operation is a Numba intrinsic that emits one LLVM vector instruction (or a short fixed
+sequence), named as ggml names its x86 idioms. LLVM never emits ``vpmaddubsw`` by itself, so the
+integer dot products are written in these names (see int8.py).
+
+The path is chosen once, at import, from the host CPU's features (llvmlite.binding), or forced with
+EDGEINFER_KERNELS=portable|avx2|vnni:
+
+- ``vnni``: AVX-512 VNNI (with VL) or AVX-VNNI: u8 x s8 dot products in one ``vpdpbusd``;
+- ``avx2``: ``vpmaddubsw`` then ``vpmaddwd`` with ones (u8 x s8 -> s16 pairs -> s32);
+- ``portable``: plain Numba integer loops that LLVM vectorizes for whatever CPU this is.
+
+Kernels take the path as an argument, ``isa``: a 0-length array whose dtype names the path (int8:
+portable, int16: avx2, int32: vnni). Its type, not its value, selects the code at compile time, so
+each path is a separate specialization in Numba's on-disk cache (forcing another path never loads
+the wrong one) and calling costs no more than passing an array.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+PATHS = ("portable", "avx2", "vnni")
+_TAG_DTYPES = {"portable": np.int8, "avx2": np.int16, "vnni": np.int32}
+
+
+def host_features() -> set[str]:
+    import llvmlite.binding as llvm
+
+    try:
+        llvm.initialize_native_target()
+    except RuntimeError:
+        pass
+    feats = llvm.get_host_cpu_features()
+    return {name for name, on in feats.items() if on}
+
+
+def available_paths() -> list[str]:
+    """The paths this CPU can execute, slowest first."""
+    f = host_features()
+    paths = ["portable"]
+    if "avx2" in f and "fma" in f and "f16c" in f:
+        paths.append("avx2")
+        if "avxvnni" in f or ("avx512vnni" in f and "avx512vl" in f):
+            paths.append("vnni")
+    return paths
+
+
+def choose_path() -> str:
+    forced = os.environ.get("EDGEINFER_KERNELS", "").strip().lower()
+    have = available_paths()
+    if forced:
+        if forced not in PATHS:
+            raise ValueError(f"EDGEINFER_KERNELS must be one of {', '.join(PATHS)}, got {forced!r}")
+        if forced not in have:
+            raise ValueError(f"EDGEINFER_KERNELS={forced}: this CPU cannot run that path (it can run {', '.join(have)})")
+        return forced
+    return have[-1]
+
+
+def isa_tag(path: str) -> np.ndarray:
+    """The `isa` argument that selects `path` in the kernels."""
+    return np.empty(0, _TAG_DTYPES[path])
+
+
+def path_of(isa) -> str:
+    """Inside an @overload: the path an `isa` argument's type names."""
+    return {types.int8: "portable", types.int16: "avx2", types.int32: "vnni"}[isa.dtype]
+
+
+# -- vector types -------------------------------------------------------------------------------
+
+
+class Vec(types.Type):
+    """An LLVM vector value held in a register: `lanes` lanes of `kind` ("i8", "i16", "i32", "f32")."""
+
+    def __init__(self, kind: str, lanes: int):
+        self.kind = kind
+        self.lanes = lanes
+        super().__init__(name=f"{kind}x{lanes}")
+
+    def llvm_type(self):
+        elem = ir.FloatType() if self.kind == "f32" else ir.IntType(int(self.kind[1:]))
+        return ir.VectorType(elem, self.lanes)
+
+
+@register_model(Vec)
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, fe_type.llvm_type())
+
+
+i8x32 = Vec("i8", 32)
+i16x16 = Vec("i16", 16)
+i32x8 = Vec("i32", 8)
+f32x8 = Vec("f32", 8)
+_V32I8 = i8x32.llvm_type()
+_V16I16 = i16x16.llvm_type()
+_V8I32 = i32x8.llvm_type()
+_V8F32 = f32x8.llvm_type()
+
+
+def _call(builder, name, ret, args):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+def _splat(builder, value, vtype):
+    v = builder.insert_element(ir.Constant(vtype, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(v, ir.Constant(vtype, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), vtype.count), None))
+
+
+def _byte_ptr(context, builder, aryty, ary, offset):
+    data = context.make_array(aryty)(context, builder, ary).data
+    return builder.gep(builder.bitcast(data, ir.IntType(8).as_pointer()), [offset])
+
+
+# -- loads --------------------------------------------------------------------------------------
+
+
+@intrinsic
+def ld(typingctx, a, i):
+    """a.flat[i] of a C-contiguous array, with no negative-index wraparound (plain pointer arithmetic)."""
+    sig = a.dtype(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.load(builder.gep(data, [args[1]]))
+
+    return sig, codegen
+
+
+
+@intrinsic
+def load32(typingctx, a, offset):
+    """a[offset : offset + 32] -> i8x32 (vmovdqu); `a` is a C-contiguous uint8 or int8 array, offset in bytes."""
+    sig = i8x32(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
+        return builder.load(builder.bitcast(p, _V32I8.as_pointer()), align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def widen8(typingctx, a, offset):
+    """8 bytes at a[offset] (uint8) zero-extended -> s32x8 (vpmovzxbd)."""
+    sig = i32x8(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        v8 = ir.VectorType(ir.IntType(8), 8)
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
+        return builder.zext(builder.load(builder.bitcast(p, v8.as_pointer()), align=1), _V8I32)
+
+    return sig, codegen
+
+
+@intrinsic
+def load8_i32(typingctx, a, index):
+    """a.flat[index : index + 8] of an int32 array -> s32x8."""
+    sig = i32x8(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.load(builder.bitcast(builder.gep(data, [args[1]]), _V8I32.as_pointer()), align=4)
+
+    return sig, codegen
+
+
+@intrinsic
+def nibbles32(typingctx, a, offset):
+    """bytes_from_nibbles_32: 16 bytes at a[offset] -> i8x32, low nibbles in lanes 0-15, high in 16-31."""
+    sig = i8x32(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        v16 = ir.VectorType(ir.IntType(8), 16)
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
+        b = builder.load(builder.bitcast(p, v16.as_pointer()), align=1)
+        lo = builder.and_(b, ir.Constant(v16, [15] * 16))
+        hi = builder.lshr(b, ir.Constant(v16, [4] * 16))
+        return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
+
+    return sig, codegen
+
+
+@intrinsic
+def bits_to_bytes(typingctx, bits, value):
+    """bytes_from_bits_32: bit j of a uint32 -> byte j of i8x32, `value` where set, 0 where clear."""
+    sig = i8x32(types.uint32, types.uint8)
+
+    def codegen(context, builder, signature, args):
+        mask = builder.bitcast(args[0], ir.VectorType(ir.IntType(1), 32))
+        return builder.select(mask, _splat(builder, args[1], _V32I8), ir.Constant(_V32I8, None))
+
+    return sig, codegen
+
+
+# -- byte arithmetic ----------------------------------------------------------------------------
+
+
+@intrinsic
+def and_(typingctx, a, b):
+    """a & b, i8x32 (vpand)."""
+    return i8x32(i8x32, i8x32), lambda c, builder, s, args: builder.and_(args[0], args[1])
+
+
+@intrinsic
+def or_(typingctx, a, b):
+    """a | b, i8x32 (vpor)."""
+    return i8x32(i8x32, i8x32), lambda c, builder, s, args: builder.or_(args[0], args[1])
+
+
+@intrinsic
+def shr4(typingctx, a):
+    """(a >> 4) & 15 per byte, i8x32 (vpsrlw + vpand)."""
+    def codegen(context, builder, signature, args):
+        return builder.lshr(args[0], ir.Constant(_V32I8, [4] * 32))
+
+    return i8x32(i8x32), codegen
+
+
+@intrinsic
+def low4(typingctx, a):
+    """a & 15 per byte, i8x32."""
+    return i8x32(i8x32), lambda c, builder, s, args: builder.and_(args[0], ir.Constant(_V32I8, [15] * 32))
+
+
+@intrinsic
+def bit_to_16(typingctx, a, i):
+    """((a >> i) & 1) << 4 per byte, i8x32: the fifth bit of a Q5_K weight from its qh byte."""
+    def codegen(context, builder, signature, args):
+        sh = builder.trunc(args[1], ir.IntType(8))
+        v = builder.lshr(args[0], _splat(builder, sh, _V32I8))
+        return builder.shl(builder.and_(v, ir.Constant(_V32I8, [1] * 32)), ir.Constant(_V32I8, [4] * 32))
+
+    return i8x32(i8x32, types.intp), codegen
+
+
+@intrinsic
+def abs8(typingctx, a):
+    """|a| per signed byte, i8x32 (vpabsb)."""
+    def codegen(context, builder, signature, args):
+        return _call(builder, "llvm.abs.v32i8", _V32I8, [args[0], ir.Constant(ir.IntType(1), 0)])
+
+    return i8x32(i8x32), codegen
+
+
+@intrinsic
+def sign8(typingctx, a, b):
+    """a with the sign of b per byte (0 where b is 0), i8x32 (vpsignb)."""
+    def codegen(context, builder, signature, args):
+        return _call(builder, "llvm.x86.avx2.psign.b", _V32I8, list(args))
+
+    return i8x32(i8x32, i8x32), codegen
+
+
+# -- integer dot products -----------------------------------------------------------------------
+
+
+@intrinsic
+def maddubs(typingctx, a, b):
+    """u8x32 * s8x32 -> s16x16, adjacent pairs summed with saturation (vpmaddubsw)."""
+    def codegen(context, builder, signature, args):
+        return _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, list(args))
+
+    return i16x16(i8x32, i8x32), codegen
+
+
+@intrinsic
+def madd(typingctx, a, b):
+    """s16x16 * s16x16 -> s32x8, adjacent pairs summed (vpmaddwd)."""
+    def codegen(context, builder, signature, args):
+        return _call(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, list(args))
+
+    return i32x8(i16x16, i16x16), codegen
+
+
+@intrinsic
+def splat16(typingctx, lo, hi):
+    """s16x16 holding `lo` in lanes 0-7 and `hi` in lanes 8-15 (one scale per 16 bytes)."""
+    def codegen(context, builder, signature, args):
+        i16 = ir.IntType(16)
+        v8 = ir.VectorType(i16, 8)
+        a = _splat(builder, builder.trunc(args[0], i16), v8)
+        b = _splat(builder, builder.trunc(args[1], i16), v8)
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 16), list(range(16))))
+
+    return i16x16(types.int32, types.int32), codegen
+
+
+@intrinsic
+def ones16(typingctx):
+    """s16x16 of ones (the second operand of mul_sum_us8_pairs' vpmaddwd)."""
+    return i16x16(), lambda c, builder, s, args: ir.Constant(_V16I16, [1] * 16)
+
+
+@intrinsic
+def dpbusd(typingctx, acc, a, b):
+    """acc + u8x32 . s8x32 in groups of 4 bytes -> s32x8, no saturation (vpdpbusd, AVX-512 VNNI/VL or AVX-VNNI)."""
+    def codegen(context, builder, signature, args):
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [args[0],
+                     builder.bitcast(args[1], _V8I32), builder.bitcast(args[2], _V8I32)])
+
+    return i32x8(i32x8, i8x32, i8x32), codegen
+
+
+@intrinsic
+def add32(typingctx, a, b):
+    """a + b, s32x8 (vpaddd)."""
+    return i32x8(i32x8, i32x8), lambda c, builder, s, args: builder.add(args[0], args[1])
+
+
+@intrinsic
+def mul32(typingctx, a, b):
+    """a * b, s32x8, low 32 bits (vpmulld)."""
+    return i32x8(i32x8, i32x8), lambda c, builder, s, args: builder.mul(args[0], args[1])
+
+
+@intrinsic
+def zero32(typingctx):
+    """s32x8 of zeros."""
+    return i32x8(), lambda c, builder, s, args: ir.Constant(_V8I32, None)
+
+
+@intrinsic
+def hsum32(typingctx, a):
+    """Sum of the 8 lanes of an s32x8 -> int32."""
+    def codegen(context, builder, signature, args):
+        return _call(builder, "llvm.vector.reduce.add.v8i32", ir.IntType(32), [args[0]])
+
+    return types.int32(i32x8), codegen
+
+
+@intrinsic
+def f16(typingctx, bits):
+    """A float16 bit pattern (uint16) -> float32 (vcvtph2ps, F16C)."""
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """The bit pattern of a float32 as uint32 (a bitcast; no instruction)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+# -- float accumulation -------------------------------------------------------------------------
+
+
+@intrinsic
+def zerof(typingctx):
+    """f32x8 of zeros."""
+    return f32x8(), lambda c, builder, s, args: ir.Constant(_V8F32, None)
+
+
+@intrinsic
+def fmadd(typingctx, acc, scale, v):
+    """acc + scale * float(v): s32x8 converted (vcvtdq2ps), then one vfmadd231ps with a broadcast scale."""
+    def codegen(context, builder, signature, args):
+        f = builder.sitofp(args[2], _V8F32)
+        return _call(builder, "llvm.fma.v8f32", _V8F32, [_splat(builder, args[1], _V8F32), f, args[0]])
+
+    return f32x8(f32x8, types.float32, i32x8), codegen
+
+
+@intrinsic
+def addf(typingctx, a, b):
+    """a + b, f32x8 (vaddps)."""
+    return f32x8(f32x8, f32x8), lambda c, builder, s, args: builder.fadd(args[0], args[1])
+
+
+@intrinsic
+def hsum_f(typingctx, a):
+    """hsum_float_8: the 8 lanes of an f32x8 summed in a fixed tree order -> float32."""
+    def codegen(context, builder, signature, args):
+        v4 = ir.VectorType(ir.FloatType(), 4)
+        idx = lambda xs: ir.Constant(ir.VectorType(ir.IntType(32), len(xs)), xs)  # noqa: E731
+        lo = builder.shuffle_vector(args[0], args[0], idx([0, 1, 2, 3]))
+        hi = builder.shuffle_vector(args[0], args[0], idx([4, 5, 6, 7]))
+        s = builder.fadd(lo, hi)
+        s2 = builder.fadd(builder.shuffle_vector(s, s, idx([0, 1])), builder.shuffle_vector(s, s, idx([2, 3])))
+        return builder.fadd(builder.extract_element(s2, ir.Constant(ir.IntType(32), 0)),
+                            builder.extract_element(s2, ir.Constant(ir.IntType(32), 1)))
+
+    return types.float32(f32x8), codegen

@@ -1,0 +1,171 @@
+"""The compiled forward pass: every layer of a llama-family model in one compiled call.
+
+The per-op forward (edgeinfer/models) makes about 20 Python-level kernel calls per layer; each costs
+argument unboxing and dispatch on top of its parallel-region launch. Here one compiled function walks
+all layers and calls the same parallel kernels (norms, int8 matmuls, RoPE, KV writes, paged
+attention, activations) directly, so a decode step costs one call and only the region launches
+(about 2.5 us each with the OpenMP layer) remain. Which ops run is read from the architecture's
+config (q/k norms, post-norms, activation, NeoX RoPE, sliding windows), not from a second copy of
+each model: the per-op forward stays the reference, and the tests hold the two to the same logits.
+
+A :class:`LayerStack` gathers a model's weights once, at load, into what the compiled function takes:
+the matrices in a typed list of (kind, qs, qh, sc, d, m) tuples, the norm weights stacked per layer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numba
+from numba import njit, typed
+
+from . import int8, ops, quant
+
+# per layer, in this order; MATS matrices follow each other in the typed list
+MATS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+# which quantization each matmul input needs, per layer: bit 0 Q8 (legacy types), bit 1 Q8_K (K-quants)
+IN_QKV, IN_O, IN_GATE_UP, IN_DOWN = range(4)
+_INPUT_OF = (IN_QKV, IN_QKV, IN_QKV, IN_O, IN_GATE_UP, IN_GATE_UP, IN_DOWN)
+
+
+def _needs(kind: int) -> int:
+    return 0 if kind <= 1 else (1 if kind <= 6 else 2)
+
+
+class LayerStack:
+    """A model's layers in the compiled step's form; None from :meth:`build` when a layer cannot be
+    (a float32 matrix, which the per-op path multiplies with numpy)."""
+
+    def __init__(self, cfg, layers, inv_freqs, qk_norm: bool, post_norms: bool, gelu: bool):
+        n, dim, hd = cfg.n_layer, cfg.dim, cfg.head_dim
+        self.mats = typed.List()
+        self.needs = np.zeros((n, 4), np.int64)
+        for i, lw in enumerate(layers):
+            for j, name in enumerate(MATS):
+                w = getattr(lw, name)
+                self.mats.append((np.int64(w.kind), w.qs, w.qh, w.sc, w.d, w.m))
+                self.needs[i, _INPUT_OF[j]] |= _needs(w.kind)
+
+        def stack(name, size):
+            rows = [getattr(lw, name, None) for lw in layers]
+            return np.stack([r if r is not None else np.ones(size, np.float32) for r in rows]).astype(np.float32)
+
+        self.attn_norm = stack("attn_norm", dim)
+        self.ffn_norm = stack("ffn_norm", dim)
+        self.q_norm = stack("q_norm", hd)
+        self.k_norm = stack("k_norm", hd)
+        self.post_attn_norm = stack("post_attn_norm", dim)
+        self.post_ffn_norm = stack("post_ffn_norm", dim)
+        self.inv_freq = np.stack([np.asarray(f, np.float64) for f in inv_freqs])  # (n_layer, rope_dim / 2)
+        self.window = np.array([cfg.sliding_window if cfg.is_sliding(i) else 0 for i in range(n)], np.int64)
+        scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
+        self.ints = (cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim, cfg.ffn_dim, cfg.rope_dim,
+                     int(cfg.rope_neox), int(qk_norm), int(post_norms), int(gelu))
+        self.floats = (np.float32(cfg.norm_eps), np.float32(scale), np.float32(cfg.attn_softcap))
+
+    @classmethod
+    def build(cls, cfg, layers, inv_freqs, *, qk_norm=False, post_norms=False, gelu=False):
+        if any(isinstance(getattr(lw, name), np.ndarray) for lw in layers for name in MATS):
+            return None
+        return cls(cfg, layers, inv_freqs, qk_norm, post_norms, gelu)
+
+    def run(self, x, batch, cache, isa) -> None:
+        """x (T, dim) float32, the embedded tokens, through every layer in place."""
+        forward_layers(x, batch.positions, batch.token_seq, batch.slot_mapping, batch.block_tables,
+                       cache.block_size, cache.k, cache.v, self.mats, self.needs, self.attn_norm, self.ffn_norm,
+                       self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm, self.inv_freq,
+                       self.window, self.ints, self.floats, quant.HALF_TO_F32, numba.get_num_threads(), isa)
+
+
+@njit(nogil=True, cache=True)
+def _quantize(x, need):
+    # x (T, K) -> (Q8 arrays, Q8_K arrays), each made only when some matrix reading x needs it
+    T, K = x.shape
+    a = (np.empty((T, K if need & 1 else 0), np.uint8), np.empty((T, K // 32 if need & 1 else 0), np.float32),
+         np.empty((T, K // 32 if need & 1 else 0), np.float32))
+    b = (np.empty((T, K if need & 2 else 0), np.uint8), np.empty((T, K // 256 if need & 2 else 0), np.float32),
+         np.empty((T, K // 32 if need & 2 else 0), np.int32))
+    if need & 1:
+        int8.quantize_q8(x, a[0], a[1], a[2])
+    if need & 2:
+        int8.quantize_q8k(x, b[0], b[1], b[2])
+    return a, b
+
+
+@njit(nogil=True, cache=True)
+def _matmul(w, x, q8, q8k, luts, out, threads, isa):
+    # W (N, K) @ x (T, K) -> out (T, N); w: (kind, qs, qh, sc, d, m); q8, q8k: x quantized (see _quantize)
+    kind, qs, qh, sc, d, m = w
+    if kind <= 1:
+        quant.matmul_half(kind, d, luts, x, out)
+    elif kind == 2:
+        int8.matmul_q8_0(qs, d, luts, q8[0], q8[1], out, threads, isa)
+    elif kind <= 4:
+        int8.matmul_q4(kind, qs, d, m, luts, q8[0], q8[1], q8[2], out, threads, isa)
+    elif kind <= 6:
+        int8.matmul_q5(kind, qs, qh, d, m, luts, q8[0], q8[1], q8[2], out, threads, isa)
+    elif kind <= 8:
+        int8.matmul_k45(kind, qs, qh, sc, d, m, luts, q8k[0], q8k[1], q8k[2], out, threads, isa)
+    else:
+        int8.matmul_q6_k(qs, sc, d, luts, q8k[0], q8k[1], out, threads, isa)
+
+
+@njit(nogil=True, cache=True)
+def forward_layers(x, positions, token_seq, slot_mapping, block_tables, block_size, k_cache, v_cache, mats, needs,
+                   attn_norm, ffn_norm, q_norm, k_norm, post_attn_norm, post_ffn_norm, inv_freq, window, ints,
+                   floats, luts, threads, isa):
+    # x (T, dim) through every layer, in place. k_cache/v_cache (n_layer, n_slots, KVH, D|Dv) float32 or
+    # float16 bits; mats: typed list of (kind, qs, qh, sc, d, m), MATS order per layer; norms (n_layer, size)
+    n_head, n_kv, hd, vhd, ffn, rope_dim, neox, qk_norm, post_norms, gelu = ints
+    eps, scale, softcap = floats
+    T, dim = x.shape
+    h = np.empty((T, dim), np.float32)
+    q = np.empty((T, n_head, hd), np.float32)
+    k = np.empty((T, n_kv, hd), np.float32)
+    v = np.empty((T, n_kv, vhd), np.float32)
+    att = np.empty((T, n_head, vhd), np.float32)
+    gate = np.empty((T, ffn), np.float32)
+    up = np.empty((T, ffn), np.float32)
+    f = np.empty((T, dim), np.float32)
+    q2 = q.reshape(T, n_head * hd)
+    k2 = k.reshape(T, n_kv * hd)
+    v2 = v.reshape(T, n_kv * vhd)
+    att2 = att.reshape(T, n_head * vhd)
+    for layer in range(k_cache.shape[0]):
+        base = layer * 7
+        # attention block
+        ops.rmsnorm(x, attn_norm[layer], eps, h)
+        a8, a8k = _quantize(h, needs[layer, 0])
+        _matmul(mats[base + 0], h, a8, a8k, luts, q2, threads, isa)
+        _matmul(mats[base + 1], h, a8, a8k, luts, k2, threads, isa)
+        _matmul(mats[base + 2], h, a8, a8k, luts, v2, threads, isa)
+        if qk_norm:
+            qf = q.reshape(T * n_head, hd)
+            kf = k.reshape(T * n_kv, hd)
+            ops.rmsnorm(qf, q_norm[layer], eps, qf)
+            ops.rmsnorm(kf, k_norm[layer], eps, kf)
+        ops.rope(q[:, :, :rope_dim], positions, inv_freq[layer], neox)
+        ops.rope(k[:, :, :rope_dim], positions, inv_freq[layer], neox)
+        kc = k_cache[layer]
+        vc = v_cache[layer]
+        ops.write_kv(k, v, slot_mapping, kc, vc)
+        ops.paged_attention(q, kc, vc, token_seq, positions, block_tables, block_size, scale, window[layer],
+                            softcap, att)
+        o8, o8k = _quantize(att2, needs[layer, 1])
+        _matmul(mats[base + 3], att2, o8, o8k, luts, f, threads, isa)
+        if post_norms:
+            ops.rmsnorm(f, post_attn_norm[layer], eps, f)
+        ops.add_rows(x, f)
+        # feed-forward block
+        ops.rmsnorm(x, ffn_norm[layer], eps, h)
+        g8, g8k = _quantize(h, needs[layer, 2])
+        _matmul(mats[base + 4], h, g8, g8k, luts, gate, threads, isa)
+        _matmul(mats[base + 5], h, g8, g8k, luts, up, threads, isa)
+        if gelu:
+            ops.gelu_tanh_mul(gate, up, gate)
+        else:
+            ops.silu_mul(gate, up, gate)
+        d8, d8k = _quantize(gate, needs[layer, 3])
+        _matmul(mats[base + 6], gate, d8, d8k, luts, f, threads, isa)
+        if post_norms:
+            ops.rmsnorm(f, post_ffn_norm[layer], eps, f)
+        ops.add_rows(x, f)
