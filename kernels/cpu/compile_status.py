@@ -11,10 +11,10 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _cache_dirs() -> list[str]:
-    dirs = [os.path.join(_HERE, "__pycache__")]
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        dirs.append(os.environ["NUMBA_CACHE_DIR"])
-    return dirs
+    import numba
+
+    # NUMBA_CACHE_DIR, or the source-hash directory kernels/cpu/__init__.py chose
+    return [numba.config.CACHE_DIR or os.path.join(_HERE, "__pycache__")]
 
 
 def is_cached() -> bool:

@@ -117,8 +117,13 @@ def quantize_q8k(x, xq, xd, xb):
 @njit(nogil=True, cache=True)
 def quantize_q8_row(x, xq, xd, xs, t):
     # token t of quantize_q8
-    K = x.shape[1]
-    for g in range(K // 32):
+    quantize_q8_blocks(x, xq, xd, xs, t, 0, x.shape[1] // 32)
+
+
+@njit(nogil=True, cache=True)
+def quantize_q8_blocks(x, xq, xd, xs, t, g0, g1):
+    # 32-blocks [g0, g1) of token t (see quantize_q8)
+    for g in range(g0, g1):
         amax = np.float32(0.0)
         for j in range(32):
             amax = max(amax, abs(x[t, g * 32 + j]))
@@ -137,8 +142,13 @@ def quantize_q8_row(x, xq, xd, xs, t):
 @njit(nogil=True, cache=True)
 def quantize_q8k_row(x, xq, xd, xb, t):
     # token t of quantize_q8k
-    K = x.shape[1]
-    for sb in range(K // 256):
+    quantize_q8k_blocks(x, xq, xd, xb, t, 0, x.shape[1] // 256)
+
+
+@njit(nogil=True, cache=True)
+def quantize_q8k_blocks(x, xq, xd, xb, t, sb0, sb1):
+    # 256-blocks [sb0, sb1) of token t (see quantize_q8k)
+    for sb in range(sb0, sb1):
         amax = np.float32(0.0)
         vmax = np.float32(0.0)
         for j in range(256):

@@ -220,14 +220,19 @@ def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, blo
 @njit(nogil=True, cache=True)
 def gated_act_row(g, u, out, gelu, t):
     # row t: act(g) * u -> out, act gelu (tanh approximation) when `gelu`, else silu
-    F = g.shape[1]
+    gated_act_range(g, u, out, gelu, t, 0, g.shape[1])
+
+
+@njit(nogil=True, cache=True)
+def gated_act_range(g, u, out, gelu, t, i0, i1):
+    # elements [i0, i1) of row t (see gated_act_row)
     if gelu:
         c = np.float32(math.sqrt(2.0 / math.pi))
-        for i in range(F):
+        for i in range(i0, i1):
             x = g[t, i]
             out[t, i] = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x))) * u[t, i]
     else:
-        for i in range(F):
+        for i in range(i0, i1):
             x = g[t, i]
             out[t, i] = x / (np.float32(1.0) + np.exp(-x)) * u[t, i]
 

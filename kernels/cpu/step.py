@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, typed
+from numba import njit, prange, typed
 
 from . import int8, ops, quant
 from .backend import as_tuple
@@ -82,13 +82,20 @@ class LayerStack:
 
 
 @njit(nogil=True, cache=True)
-def _quantize(x, need):
-    # x (T, K) -> (Q8 arrays, Q8_K arrays), each made only when some matrix reading x needs it
-    T, K = x.shape
+def _alloc_q(T, K, need):
+    # room for x (T, K) quantized: (Q8 arrays, Q8_K arrays), empty where no matrix reading x needs one
     a = (np.empty((T, K if need & 1 else 0), np.uint8), np.empty((T, K // 32 if need & 1 else 0), np.float32),
          np.empty((T, K // 32 if need & 1 else 0), np.float32))
     b = (np.empty((T, K if need & 2 else 0), np.uint8), np.empty((T, K // 256 if need & 2 else 0), np.float32),
          np.empty((T, K // 32 if need & 2 else 0), np.int32))
+    return a, b
+
+
+@njit(nogil=True, cache=True)
+def _quantize(x, need):
+    # x (T, K) -> (Q8 arrays, Q8_K arrays), each made only when some matrix reading x needs it
+    T, K = x.shape
+    a, b = _alloc_q(T, K, need)
     for t in range(T):
         if need & 1:
             int8.quantize_q8_row(x, a[0], a[1], a[2], t)
@@ -102,6 +109,24 @@ def _norm(x, w, eps, out):
     # rmsnorm of every row of x (R, D) into out
     for r in range(x.shape[0]):
         ops.rmsnorm_row(x, w, eps, out, r)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _act_quantize(gate, up, gelu, need, a, b):
+    # gate = act(gate) * up, then quantized into a (Q8) and/or b (Q8_K), in chunks of 256 elements run in
+    # parallel: the widest row-wise op of a layer, done where the work is (the same arithmetic, per element
+    # and per block, as gated_act_row followed by the quantize_*_row functions)
+    T, F = gate.shape
+    chunk = 256 if F % 256 == 0 else 32
+    per_row = F // chunk
+    for i in prange(T * per_row):
+        t = i // per_row
+        c = i % per_row
+        ops.gated_act_range(gate, up, gate, gelu, t, c * chunk, (c + 1) * chunk)
+        if need & 1:
+            int8.quantize_q8_blocks(gate, a[0], a[1], a[2], t, c * chunk // 32, (c + 1) * chunk // 32)
+        if need & 2:
+            int8.quantize_q8k_blocks(gate, b[0], b[1], b[2], t, c * chunk // 256, (c + 1) * chunk // 256)
 
 
 @njit(nogil=True, cache=True)
@@ -155,9 +180,8 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, block_si
         _norm(x, ffn_norm[layer], eps, h)
         g8, g8k = _quantize(h, needs[layer, 2])
         int8.matmuls(wg, wu, wu, 2, g8, g8k, luts, gate, up, up, threads, isa)
-        for t in range(T):
-            ops.gated_act_row(gate, up, gate, gelu, t)
-        d8, d8k = _quantize(gate, needs[layer, 3])
+        d8, d8k = _alloc_q(T, ffn, needs[layer, 3])
+        _act_quantize(gate, up, gelu, needs[layer, 3], d8, d8k)
         int8.matmuls(wd, wd, wd, 1, d8, d8k, luts, f, f, f, threads, isa)
         if post_norms:
             _norm(f, post_ffn_norm[layer], eps, f)
