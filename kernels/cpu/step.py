@@ -2,10 +2,10 @@
 
 The per-op forward (edgeinfer/models) makes about 20 Python-level kernel calls per layer; each costs
 argument unboxing and dispatch, and most launch a parallel region for a few rows of work. Here one
-compiled function walks all layers: four parallel regions per layer (q/k/v together, attention, the
-output projection, gate/up together, down: the int8 matmuls and paged attention) and the row-wise ops
-(norms, activation quantization, RoPE, KV writes, the gated activation, residuals) in plain loops
-between them, the same row functions the per-op kernels run. Which ops run is read from the architecture's
+compiled function walks all layers: six parallel regions per layer (q/k/v together, attention, the
+output projection, gate/up together, the gated activation with its quantization, down) and the small
+row-wise ops (norms, quantization, RoPE, KV writes, residuals) in plain loops between them, the same row
+functions the per-op kernels run. Which ops run is read from the architecture's
 config (q/k norms, post-norms, activation, NeoX RoPE, sliding windows), not from a second copy of
 each model: the per-op forward stays the reference, and the tests hold the two to the same logits.
 
@@ -39,12 +39,16 @@ class LayerStack:
 
     def __init__(self, cfg, layers, inv_freqs, qk_norm: bool, post_norms: bool, gelu: bool):
         n, dim, hd = cfg.n_layer, cfg.dim, cfg.head_dim
-        self.mats = typed.List()
+        self.mats = None
         self.needs = np.zeros((n, 4), np.int64)
         for i, lw in enumerate(layers):
             for j, name in enumerate(MATS):
                 w = getattr(lw, name)
-                self.mats.append(as_tuple(w))
+                # built by cached compiled functions: typed.List's own methods, called from Python,
+                # compile afresh in every process (a second of start-up)
+                self.mats = _new_list(as_tuple(w)) if self.mats is None else self.mats
+                if i or j:
+                    _append(self.mats, as_tuple(w))
                 self.needs[i, _INPUT_OF[j]] |= _needs(w.kind)
 
         def stack(name, size):
@@ -79,6 +83,18 @@ class LayerStack:
                        cache.block_size, cache.k, cache.v, self.mats, self.needs, self.attn_norm, self.ffn_norm,
                        self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm, self.inv_freq,
                        self.window, self.ints, self.floats, quant.HALF_TO_F32, numba.get_num_threads(), isa)
+
+
+@njit(cache=True)
+def _new_list(first):
+    mats = typed.List()
+    mats.append(first)
+    return mats
+
+
+@njit(cache=True)
+def _append(mats, w):
+    mats.append(w)
 
 
 @njit(nogil=True, cache=True)
