@@ -57,21 +57,6 @@ def f32_to_f16_bits(v):
     return np.uint16(r)
 
 
-@njit(cache=True)
-def f16_round(v):
-    # v rounded to the nearest float16 value, as float32 (llama.cpp stores activation scales as fp16)
-    b = np.int32(f32_to_f16_bits(v))
-    e = (b >> 10) & 31
-    m = np.float32(b & 1023)
-    if e == 31:
-        r = np.float32(np.inf)
-    elif e == 0:
-        r = m * np.float32(2.0 ** -24)
-    else:
-        r = (np.float32(1.0) + m / np.float32(1024.0)) * np.float32(2.0) ** np.float32(e - 15)
-    return -r if b & 0x8000 else r
-
-
 def kv_put(cache, slot, g, i, value):
     """cache[slot, g, i] = value, converting a float32 value to float16 bits for a float16 cache."""
 
