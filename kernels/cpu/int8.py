@@ -2,9 +2,9 @@
 
 Activations are quantized once per matmul input, per token row (``quantize_q8`` / ``quantize_q8k``):
 
-- Q8 (for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 weights): 32-element blocks, int8 values, a float scale and the
-  block's integer sum (the min/offset term of the weight type is folded through it);
-- Q8_K (for Q4_K, Q5_K, Q6_K): 256-element blocks, int8 values, a float scale, int sums per 16.
+- Q8 (for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 weights): 32-element blocks, int8 values, a float scale and
+  the scaled block sum (the min/offset term of the weight type is folded through it);
+- Q8_K (for Q4_K, Q5_K, Q6_K): 256-element blocks, int8 values, a float scale, int sums per 32.
 
 A weight block times an activation block is an exact integer dot product (u8 x s8 with the SIMD
 idioms of simd.py; signed weights use the sign trick |w| . sign(x, w)), scaled once per block
@@ -12,8 +12,11 @@ idioms of simd.py; signed weights use the sign trick |w| . sign(x, w)), scaled o
 applied in the integer domain). Every output element is computed by the same sequence of operations
 whatever the number of tokens, so batched and single-token results are bit-identical.
 
-The block functions below are written once in generic names (``zero_acc``, ``fmadd_acc``, ...) that
-resolve, per `isa` tag (see simd.py), to vectors of the SIMD paths or to plain integer loops.
+`matmuls` is the one entry point (up to three matrices reading the same input, in one parallel
+region). Each weight family has a portable implementation (plain integer loops, one row and one token
+at a time) and a SIMD one (the avx2 and vnni paths differ only in `dot_us`), chosen by the type of the
+`isa` argument (see simd.py). Helpers inside the loops take vectors and scalars, never arrays: an array
+argument costs reference counting on every call (measured 10x slower).
 """
 
 import numpy as np

@@ -223,12 +223,6 @@ def bits_to_bytes(typingctx, bits, value):
 
 
 @intrinsic
-def and_(typingctx, a, b):
-    """a & b, i8x32 (vpand)."""
-    return i8x32(i8x32, i8x32), lambda c, builder, s, args: builder.and_(args[0], args[1])
-
-
-@intrinsic
 def or_(typingctx, a, b):
     """a | b, i8x32 (vpor)."""
     return i8x32(i8x32, i8x32), lambda c, builder, s, args: builder.or_(args[0], args[1])
@@ -390,12 +384,6 @@ def fmadd(typingctx, acc, scale, v):
         return _call(builder, "llvm.fma.v8f32", _V8F32, [_splat(builder, args[1], _V8F32), f, args[0]])
 
     return f32x8(f32x8, types.float32, i32x8), codegen
-
-
-@intrinsic
-def addf(typingctx, a, b):
-    """a + b, f32x8 (vaddps)."""
-    return f32x8(f32x8, f32x8), lambda c, builder, s, args: builder.fadd(args[0], args[1])
 
 
 @intrinsic
