@@ -22,5 +22,26 @@ def _kernel_cache_dir() -> str:
     return os.path.join(here, "__pycache__", "numba-" + h.hexdigest()[:16])
 
 
+def _prune_old(current: str, max_age_s: float = 3600.0) -> None:
+    # caches of earlier sources (5-10 MB each), untouched for an hour, are dead weight
+    import shutil
+    import time
+
+    parent = os.path.dirname(current)
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(parent, name)
+        if name.startswith("numba-") and path != current:
+            try:
+                if time.time() - os.path.getmtime(path) > max_age_s:
+                    shutil.rmtree(path, ignore_errors=True)
+            except OSError:
+                pass
+
+
 if not os.environ.get("NUMBA_CACHE_DIR"):
     numba.config.CACHE_DIR = _kernel_cache_dir()
+    _prune_old(numba.config.CACHE_DIR)
