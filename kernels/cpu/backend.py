@@ -72,10 +72,9 @@ def matmul(w, x, out: np.ndarray | None = None) -> np.ndarray:
 
 def matmul_int8(w, qx: QInput, out: np.ndarray, isa: np.ndarray) -> None:
     # W (N, K) quantized @ qx (T, K) -> out (T, N), on the instruction-set path `isa` (simd.isa_tag)
-    t, k = qx.shape
     q8 = qx.q8() if w.kind <= 6 else _NO_Q8
     q8k = qx.q8k() if w.kind >= 7 else _NO_Q8K
-    wt = as_tuple(w)
+    wt = int8.as_tuple(w)
     int8.matmuls(wt, wt, wt, 1, q8, q8k, quant.HALF_TO_F32, out, out, out, numba.get_num_threads(), isa)
 
 
@@ -84,29 +83,12 @@ _NO_Q8 = (np.empty((0, 0), np.uint8), np.empty((0, 0), np.float32), np.empty((0,
 _NO_Q8K = (np.empty((0, 0), np.uint8), np.empty((0, 0), np.float32), np.empty((0, 0), np.int32))
 
 
-def as_tuple(w) -> tuple:
-    """A QTensor as the (kind, qs, qh, sc, d, m) tuple the compiled kernels take."""
-    return (np.int64(w.kind), w.qs, w.qh, w.sc, w.d, w.m)
-
-
 def layer_stack(cfg, layers, inv_freqs, *, qk_norm=False, post_norms=False, gelu=False):
     """The model's layers as one compiled call (step.LayerStack), or None where that cannot run them.
     inv_freqs: each layer's RoPE inverse frequencies."""
     from .step import LayerStack
 
-    stack = LayerStack.build(cfg, layers, inv_freqs, qk_norm=qk_norm, post_norms=post_norms, gelu=gelu)
-    if stack is None:
-        return None
-    return _BoundStack(stack)
-
-
-class _BoundStack:
-    def __init__(self, stack):
-        self.stack = stack
-
-    def run(self, x, batch, cache) -> None:
-        """x (T, dim): the embedded tokens, through every layer in place."""
-        self.stack.run(x, batch, cache, ISA)
+    return LayerStack.build(cfg, layers, inv_freqs, ISA, qk_norm=qk_norm, post_norms=post_norms, gelu=gelu)
 
 
 def embed(w, ids: np.ndarray) -> np.ndarray:

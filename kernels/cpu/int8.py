@@ -194,6 +194,11 @@ def rows_per_task(n, threads):
     return max(2, per + per % 2)
 
 
+def as_tuple(w) -> tuple:
+    """A repacked matrix (quant/repack.py's QTensor) as the (kind, qs, qh, sc, d, m) tuple `matmuls` takes."""
+    return (np.int64(w.kind), w.qs, w.qh, w.sc, w.d, w.m)
+
+
 @njit(nogil=True, cache=True)
 def rows_any(w, q8, q8k, luts, out, n0, n1, isa):
     # rows [n0, n1) of W @ x -> out (T, N) for every token. w: a quantized matrix as

@@ -20,7 +20,6 @@ import numpy as np
 from numba import njit, prange, typed
 
 from . import int8, ops, quant
-from .backend import as_tuple
 
 # per layer, in this order; MATS matrices follow each other in the typed list
 MATS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -37,19 +36,21 @@ class LayerStack:
     """A model's layers in the compiled step's form; None from :meth:`build` when a layer holds a
     float matrix."""
 
-    def __init__(self, cfg, layers, inv_freqs, qk_norm: bool, post_norms: bool, gelu: bool):
+    def __init__(self, cfg, layers, inv_freqs, isa, qk_norm: bool, post_norms: bool, gelu: bool):
         n, dim, hd = cfg.n_layer, cfg.dim, cfg.head_dim
-        self.mats = None
+        self.isa = isa  # the kernels' instruction-set path (simd.isa_tag)
         self.needs = np.zeros((n, 4), np.int64)
+        mats = []
         for i, lw in enumerate(layers):
             for j, name in enumerate(MATS):
                 w = getattr(lw, name)
-                # built by cached compiled functions: typed.List's own methods, called from Python,
-                # compile afresh in every process (a second of start-up)
-                self.mats = _new_list(as_tuple(w)) if self.mats is None else self.mats
-                if i or j:
-                    _append(self.mats, as_tuple(w))
+                mats.append(int8.as_tuple(w))
                 self.needs[i, _INPUT_OF[j]] |= _needs(w.kind)
+        # a typed list built by cached compiled functions: typed.List's own methods, called from
+        # Python, compile afresh in every process (a second of start-up)
+        self.mats = _new_list(mats[0])
+        for w in mats[1:]:
+            _append(self.mats, w)
 
         def stack(name, size):
             rows = [getattr(lw, name, None) for lw in layers]
@@ -69,20 +70,20 @@ class LayerStack:
         self.floats = (np.float32(cfg.norm_eps), np.float32(scale), np.float32(cfg.attn_softcap))
 
     @classmethod
-    def build(cls, cfg, layers, inv_freqs, *, qk_norm=False, post_norms=False, gelu=False):
+    def build(cls, cfg, layers, inv_freqs, isa, *, qk_norm=False, post_norms=False, gelu=False):
         # float matrices (F32, F16, BF16: rare in quantized models) go through the per-op path, which
         # keeps their float kernels out of this function's compile
         if any(isinstance(getattr(lw, name), np.ndarray) or getattr(lw, name).kind <= 1
                for lw in layers for name in MATS):
             return None
-        return cls(cfg, layers, inv_freqs, qk_norm, post_norms, gelu)
+        return cls(cfg, layers, inv_freqs, isa, qk_norm, post_norms, gelu)
 
-    def run(self, x, batch, cache, isa) -> None:
+    def run(self, x, batch, cache) -> None:
         """x (T, dim) float32, the embedded tokens, through every layer in place."""
         forward_layers(x, batch.positions, batch.token_seq, batch.slot_mapping, batch.block_tables,
                        cache.block_size, cache.k, cache.v, self.mats, self.needs, self.attn_norm, self.ffn_norm,
                        self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm, self.inv_freq,
-                       self.window, self.ints, self.floats, quant.HALF_TO_F32, numba.get_num_threads(), isa)
+                       self.window, self.ints, self.floats, quant.HALF_TO_F32, numba.get_num_threads(), self.isa)
 
 
 @njit(cache=True)
