@@ -6,7 +6,7 @@ import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from edgeinfer.kernels import get_backend
-from edgeinfer.kernels.cpu import ops, simd
+from edgeinfer.kernels.cpu import attention, ops, simd
 from edgeinfer.quant.repack import KIND, repack
 
 kb = get_backend("cpu")
@@ -275,7 +275,7 @@ def test_paged_attention_reads_through_block_tables(window):
     out = np.zeros((len(positions), h, d), np.float32)
     table = np.zeros((2, 16), np.int32)
     table[1, : len(blocks)] = blocks
-    ops.paged_attention(q, kc, vc, np.ones(len(positions), np.int64), positions, table, bs, np.float32(0.35),
+    attention.paged_attention(q, kc, vc, np.ones(len(positions), np.int64), positions, table, bs, np.float32(0.35),
                         window, np.float32(0.0), out)
     ref = _attention_reference(q, k, v, positions, 0.35, window)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)  # online softmax in float32
@@ -306,7 +306,7 @@ def test_paged_attention_with_float16_cache():
     q = rng.standard_normal((3, h, d)).astype(np.float32)
     positions = np.array([0, 9, 19])
     out = np.zeros((3, h, d), np.float32)
-    ops.paged_attention(q, kc, vc, np.zeros(3, np.int64), positions, np.arange(8, dtype=np.int32)[None], bs,
+    attention.paged_attention(q, kc, vc, np.zeros(3, np.int64), positions, np.arange(8, dtype=np.int32)[None], bs,
                         np.float32(0.25), 0, np.float32(0.0), out)
     # exact against a reference that reads the same float16-rounded K and V
     k16, v16 = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)

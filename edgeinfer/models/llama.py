@@ -102,9 +102,7 @@ class Model:
         """Logits (L, vocab), on the host, for the tokens batch.logits_idx selects."""
         if self.stack is None:
             return self.forward_per_op(batch, cache)
-        x = self.embed(batch.token_ids)
-        self.stack.run(x, batch, cache)
-        return self.logits(self.kb.take_rows(x, batch.logits_idx))
+        return self.logits(self.stack.run(self.embed(batch.token_ids), batch, cache))
 
     def embed(self, token_ids):
         return self.kb.embed(self.tok_embd, token_ids)

@@ -6,7 +6,8 @@ import numba
 import numpy as np
 
 from . import int8, quant, simd
-from .ops import gelu_tanh_mul, paged_attention, rmsnorm, rope, silu_mul, softcap, write_kv  # noqa: F401
+from .attention import paged_attention  # noqa: F401
+from .ops import gelu_tanh_mul, rmsnorm, rope, silu_mul, softcap, write_kv  # noqa: F401
 
 NAME = "cpu"
 # The instruction-set path of the int8 kernels, chosen once from the host CPU (or EDGEINFER_KERNELS).

@@ -21,14 +21,14 @@ def is_cached() -> bool:
     """True when compiled versions of the main kernels are on disk (a later run just loads them)."""
     for d in _cache_dirs():
         if glob.glob(os.path.join(d, "**", "step.forward_layers-*.nbi"), recursive=True) and \
-                glob.glob(os.path.join(d, "**", "ops.paged_attention-*.nbi"), recursive=True):
+                glob.glob(os.path.join(d, "**", "attention.paged_attention-*.nbi"), recursive=True):
             return True
     return False
 
 
 def warmup() -> None:
     """Compile (or load from cache) every CPU kernel with the argument types the runtime uses."""
-    from . import ops, quant
+    from . import attention, ops, quant
 
     luts = quant.HALF_TO_F32
     u8 = np.zeros((2, 128), np.uint8)
@@ -57,7 +57,7 @@ def warmup() -> None:
     for cache in (kc, kc.view(np.uint16)[:, :, :8]):  # float32 and float16-bits KV caches
         cache = np.ascontiguousarray(cache)
         ops.write_kv(cache[:2], cache[:2], np.arange(2, dtype=np.int64), cache, cache)
-        ops.paged_attention(q, cache, cache, np.zeros(2, np.int64), np.arange(2, dtype=np.int64),
+        attention.paged_attention(q, cache, cache, np.zeros(2, np.int64), np.arange(2, dtype=np.int64),
                             np.zeros((1, 1), np.int32), 16, np.float32(0.3), 0, np.float32(0.0), out)
     _warm_step(backend)
     ops.silu_mul(x, x, x)
@@ -86,5 +86,6 @@ def _warm_step(backend) -> None:
     kv = np.zeros((1, 16, 1, 128), np.float32)
     cache = SimpleNamespace(k=kv, v=kv, block_size=16)
     one = np.zeros(1, np.int64)
-    batch = SimpleNamespace(positions=one, token_seq=one, slot_mapping=one, block_tables=np.zeros((1, 1), np.int32))
+    batch = SimpleNamespace(positions=one, token_seq=one, slot_mapping=one, block_tables=np.zeros((1, 1), np.int32),
+                            logits_idx=one)
     stack.run(np.ones((1, 256), np.float32), batch, cache)

@@ -1,4 +1,4 @@
-"""Numba kernels for everything but the weight matmuls: norms, RoPE, paged attention, activations."""
+"""Numba kernels for everything but the weight matmuls and attention: norms, RoPE, KV writes, activations."""
 
 import math
 
@@ -154,52 +154,6 @@ def write_kv_row(k, v, slot_mapping, k_cache, v_cache, t):
             kv_put(k_cache, s, g, i, k[t, g, i])
         for i in range(Dv):
             kv_put(v_cache, s, g, i, v[t, g, i])
-
-
-@njit(parallel=True, nogil=True, cache=True, fastmath=True)
-def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window,
-                    softcap, out):
-    # q (T, H, D); k_cache (n_slots, KVH, D); v_cache (n_slots, KVH, Dv), float32 or float16 bits
-    # (uint16); token_seq (T,) row of
-    # block_tables (S, max_blocks) for each token; positions (T,) -> out (T, H, Dv).
-    # Causal: token at position p sees its sequence's keys at positions max(0, p - window + 1) .. p
-    # (window <= 0: all). Keys are read through the block table: no contiguous copy.
-    T, H, D = q.shape
-    KVH = k_cache.shape[1]
-    Dv = v_cache.shape[2]
-    group = H // KVH
-    for i in prange(T * H):
-        t = i // H
-        h = i % H
-        g = h // group
-        pos = positions[t]
-        row = token_seq[t]
-        lo = 0
-        if window > 0 and pos - window + 1 > 0:
-            lo = pos - window + 1
-        mx = -np.inf
-        denom = np.float32(0.0)
-        acc = np.zeros(Dv, np.float32)
-        for j in range(lo, pos + 1):
-            slot = block_tables[row, j // block_size] * block_size + j % block_size
-            s = np.float32(0.0)
-            for dd in range(D):
-                s += q[t, h, dd] * kv_load(k_cache, slot, g, dd)
-            s *= scale
-            if softcap > 0:
-                s = softcap * np.tanh(s / softcap)
-            if s > mx:
-                corr = np.exp(mx - s)
-                denom *= corr
-                for dd in range(Dv):
-                    acc[dd] *= corr
-                mx = s
-            p = np.exp(s - mx)
-            denom += p
-            for dd in range(Dv):
-                acc[dd] += p * kv_load(v_cache, slot, g, dd)
-        for dd in range(Dv):
-            out[t, h, dd] = acc[dd] / denom
 
 
 @njit(nogil=True, cache=True)

@@ -19,7 +19,7 @@ import numba
 import numpy as np
 from numba import njit, prange, typed
 
-from . import int8, ops, quant
+from . import attention, int8, ops, quant
 
 # per layer, in this order; MATS matrices follow each other in the typed list
 MATS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -78,10 +78,11 @@ class LayerStack:
             return None
         return cls(cfg, layers, inv_freqs, isa, qk_norm, post_norms, gelu)
 
-    def run(self, x, batch, cache) -> None:
-        """x (T, dim) float32, the embedded tokens, through every layer in place."""
-        forward_layers(x, batch.positions, batch.token_seq, batch.slot_mapping, batch.block_tables,
-                       cache.block_size, cache.k, cache.v, self.mats, self.needs, self.attn_norm, self.ffn_norm,
+    def run(self, x, batch, cache) -> np.ndarray:
+        """x (T, dim) float32, the embedded tokens, through every layer (x is overwritten) -> the final
+        hidden states of the rows batch.logits_idx selects, (L, dim)."""
+        return forward_layers(x, batch.positions, batch.token_seq, batch.slot_mapping, batch.block_tables,
+                       batch.logits_idx, cache.block_size, cache.k, cache.v, self.mats, self.needs, self.attn_norm, self.ffn_norm,
                        self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm, self.inv_freq,
                        self.window, self.ints, self.floats, quant.HALF_TO_F32, numba.get_num_threads(), self.isa)
 
@@ -121,11 +122,81 @@ def _quantize(x, need):
     return a, b
 
 
+# Row-wise ops run in a plain loop for a few rows (decode: a parallel region's launch costs more than
+# the work) and in parallel from PAR_ROWS rows up (prefill). The row functions are the same either way,
+# so the choice never changes a result.
+PAR_ROWS = 16
+
+
 @njit(nogil=True, cache=True)
 def _norm(x, w, eps, out):
     # rmsnorm of every row of x (R, D) into out
-    for r in range(x.shape[0]):
-        ops.rmsnorm_row(x, w, eps, out, r)
+    if x.shape[0] >= PAR_ROWS:
+        ops.rmsnorm(x, w, eps, out)
+    else:
+        for r in range(x.shape[0]):
+            ops.rmsnorm_row(x, w, eps, out, r)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _quantize_rows(x, need, a, b):
+    for t in prange(x.shape[0]):
+        if need & 1:
+            int8.quantize_q8_row(x, a[0], a[1], a[2], t)
+        if need & 2:
+            int8.quantize_q8k_row(x, b[0], b[1], b[2], t)
+
+
+@njit(nogil=True, cache=True)
+def _quantize(x, need):
+    # x (T, K) -> (Q8 arrays, Q8_K arrays), each made only when some matrix reading x needs it
+    T, K = x.shape
+    a, b = _alloc_q(T, K, need)
+    if T >= PAR_ROWS:
+        _quantize_rows(x, need, a, b)
+    else:
+        for t in range(T):
+            if need & 1:
+                int8.quantize_q8_row(x, a[0], a[1], a[2], t)
+            if need & 2:
+                int8.quantize_q8k_row(x, b[0], b[1], b[2], t)
+    return a, b
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _rope_kv_rows(q, k, v, positions, inv_freq, neox, rope_dim, slot_mapping, kc, vc):
+    for t in prange(q.shape[0]):
+        ops.rope_row(q[:, :, :rope_dim], positions, inv_freq, neox, t)
+        ops.rope_row(k[:, :, :rope_dim], positions, inv_freq, neox, t)
+        ops.write_kv_row(k, v, slot_mapping, kc, vc, t)
+
+
+@njit(nogil=True, cache=True)
+def _rope_kv(q, k, v, positions, inv_freq, neox, rope_dim, slot_mapping, kc, vc):
+    # RoPE on q and k, then k and v into their KV slots
+    if q.shape[0] >= PAR_ROWS:
+        _rope_kv_rows(q, k, v, positions, inv_freq, neox, rope_dim, slot_mapping, kc, vc)
+    else:
+        for t in range(q.shape[0]):
+            ops.rope_row(q[:, :, :rope_dim], positions, inv_freq, neox, t)
+            ops.rope_row(k[:, :, :rope_dim], positions, inv_freq, neox, t)
+            ops.write_kv_row(k, v, slot_mapping, kc, vc, t)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _add_rows(x, f):
+    for t in prange(x.shape[0]):
+        ops.add_row(x, f, t)
+
+
+@njit(nogil=True, cache=True)
+def _add(x, f):
+    # x += f, row by row
+    if x.shape[0] >= PAR_ROWS:
+        _add_rows(x, f)
+    else:
+        for t in range(x.shape[0]):
+            ops.add_row(x, f, t)
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -147,32 +218,28 @@ def _act_quantize(gate, up, gelu, need, a, b):
 
 
 @njit(nogil=True, cache=True)
-def forward_layers(x, positions, token_seq, slot_mapping, block_tables, block_size, k_cache, v_cache, mats, needs,
-                   attn_norm, ffn_norm, q_norm, k_norm, post_attn_norm, post_ffn_norm, inv_freq, window, ints,
+def forward_layers(x, positions, token_seq, slot_mapping, block_tables, keep, block_size, k_cache, v_cache, mats,
+                   needs, attn_norm, ffn_norm, q_norm, k_norm, post_attn_norm, post_ffn_norm, inv_freq, window, ints,
                    floats, luts, threads, isa):
-    # x (T, dim) through every layer, in place. k_cache/v_cache (n_layer, n_slots, KVH, D|Dv) float32 or
-    # float16 bits; mats: typed list of (kind, qs, qh, sc, d, m), MATS order per layer; norms (n_layer, size)
+    # x (T, dim) through every layer -> the rows `keep` (L,) of the result, (L, dim). k_cache/v_cache
+    # (n_layer, n_slots, KVH, D|Dv) float32 or float16 bits; mats: typed list of (kind, qs, qh, sc, d, m),
+    # MATS order per layer; norms (n_layer, size). In the last layer only the kept rows go past the KV
+    # writes (attention, output projection, feed-forward), as llama.cpp does: no other row is read after.
     n_head, n_kv, hd, vhd, ffn, rope_dim, neox, qk_norm, post_norms, gelu = ints
     eps, scale, softcap = floats
     T, dim = x.shape
+    n_layer = k_cache.shape[0]
     h = np.empty((T, dim), np.float32)
     q = np.empty((T, n_head, hd), np.float32)
     k = np.empty((T, n_kv, hd), np.float32)
     v = np.empty((T, n_kv, vhd), np.float32)
-    att = np.empty((T, n_head, vhd), np.float32)
-    gate = np.empty((T, ffn), np.float32)
-    up = np.empty((T, ffn), np.float32)
-    f = np.empty((T, dim), np.float32)
     q2 = q.reshape(T, n_head * hd)
     k2 = k.reshape(T, n_kv * hd)
     v2 = v.reshape(T, n_kv * vhd)
-    att2 = att.reshape(T, n_head * vhd)
     qf = q.reshape(T * n_head, hd)
     kf = k.reshape(T * n_kv, hd)
-    for layer in range(k_cache.shape[0]):
-        wq, wk, wv, wo, wg, wu, wd = (mats[layer * 7], mats[layer * 7 + 1], mats[layer * 7 + 2], mats[layer * 7 + 3],
-                                      mats[layer * 7 + 4], mats[layer * 7 + 5], mats[layer * 7 + 6])
-        # attention block
+    for layer in range(n_layer):
+        wq, wk, wv = mats[layer * 7], mats[layer * 7 + 1], mats[layer * 7 + 2]
         _norm(x, attn_norm[layer], eps, h)
         a8, a8k = _quantize(h, needs[layer, 0])
         int8.matmuls(wq, wk, wv, 3, a8, a8k, luts, q2, k2, v2, threads, isa)
@@ -181,26 +248,44 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, block_si
             _norm(kf, k_norm[layer], eps, kf)
         kc = k_cache[layer]
         vc = v_cache[layer]
-        for t in range(T):
-            ops.rope_row(q[:, :, :rope_dim], positions, inv_freq[layer], neox, t)
-            ops.rope_row(k[:, :, :rope_dim], positions, inv_freq[layer], neox, t)
-            ops.write_kv_row(k, v, slot_mapping, kc, vc, t)
-        ops.paged_attention(q, kc, vc, token_seq, positions, block_tables, block_size, scale, window[layer],
-                            softcap, att)
-        o8, o8k = _quantize(att2, needs[layer, 1])
-        int8.matmuls(wo, wo, wo, 1, o8, o8k, luts, f, f, f, threads, isa)
-        if post_norms:
-            _norm(f, post_attn_norm[layer], eps, f)
-        for t in range(T):
-            ops.add_row(x, f, t)
-        # feed-forward block
-        _norm(x, ffn_norm[layer], eps, h)
-        g8, g8k = _quantize(h, needs[layer, 2])
-        int8.matmuls(wg, wu, wu, 2, g8, g8k, luts, gate, up, up, threads, isa)
-        d8, d8k = _alloc_q(T, ffn, needs[layer, 3])
-        _act_quantize(gate, up, gelu, needs[layer, 3], d8, d8k)
-        int8.matmuls(wd, wd, wd, 1, d8, d8k, luts, f, f, f, threads, isa)
-        if post_norms:
-            _norm(f, post_ffn_norm[layer], eps, f)
-        for t in range(T):
-            ops.add_row(x, f, t)
+        _rope_kv(q, k, v, positions, inv_freq[layer], neox, rope_dim, slot_mapping, kc, vc)
+        if layer < n_layer - 1:
+            _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, needs, layer, ffn_norm,
+                  post_attn_norm, post_ffn_norm, window, ints, floats, luts, threads, isa)
+    xs = x[keep]
+    _rest(xs, q[keep], positions[keep], token_seq[keep], block_tables, block_size, k_cache[n_layer - 1],
+          v_cache[n_layer - 1], mats, needs, n_layer - 1, ffn_norm, post_attn_norm, post_ffn_norm, window, ints,
+          floats, luts, threads, isa)
+    return xs
+
+
+@njit(nogil=True, cache=True)
+def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, needs, layer, ffn_norm,
+          post_attn_norm, post_ffn_norm, window, ints, floats, luts, threads, isa):
+    # a layer after its KV writes: attention of q (T, H, D), output projection, residual, feed-forward,
+    # residual, on x (T, dim) in place
+    n_head, n_kv, hd, vhd, ffn, rope_dim, neox, qk_norm, post_norms, gelu = ints
+    eps, scale, softcap = floats
+    T, dim = x.shape
+    wo, wg, wu, wd = mats[layer * 7 + 3], mats[layer * 7 + 4], mats[layer * 7 + 5], mats[layer * 7 + 6]
+    att = np.empty((T, n_head, vhd), np.float32)
+    attention.paged_attention(q, kc, vc, token_seq, positions, block_tables, block_size, scale, window[layer],
+                              softcap, att)
+    f = np.empty((T, dim), np.float32)
+    o8, o8k = _quantize(att.reshape(T, n_head * vhd), needs[layer, 1])
+    int8.matmuls(wo, wo, wo, 1, o8, o8k, luts, f, f, f, threads, isa)
+    if post_norms:
+        _norm(f, post_attn_norm[layer], eps, f)
+    _add(x, f)
+    h = np.empty((T, dim), np.float32)
+    _norm(x, ffn_norm[layer], eps, h)
+    g8, g8k = _quantize(h, needs[layer, 2])
+    gate = np.empty((T, ffn), np.float32)
+    up = np.empty((T, ffn), np.float32)
+    int8.matmuls(wg, wu, wu, 2, g8, g8k, luts, gate, up, up, threads, isa)
+    d8, d8k = _alloc_q(T, ffn, needs[layer, 3])
+    _act_quantize(gate, up, gelu, needs[layer, 3], d8, d8k)
+    int8.matmuls(wd, wd, wd, 1, d8, d8k, luts, f, f, f, threads, isa)
+    if post_norms:
+        _norm(f, post_ffn_norm[layer], eps, f)
+    _add(x, f)

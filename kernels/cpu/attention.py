@@ -1,0 +1,288 @@
+"""Paged attention, tiled over queries and keys (flash-attention style), for prefill and decode alike.
+
+A task is a tile of queries: up to Q_TOKENS consecutive tokens of one sequence times the query heads
+of one KV head (GQA: the heads sharing a K/V head share every K/V load). It walks the keys in tiles of
+KEYS positions aligned to multiples of KEYS, read through the block table (any cache block size). Each
+key tile is transposed once into a scratch (head_dim, KEYS) array, then every query row of the task
+takes its scores against it (two f32x8 accumulators per row, one FMA per dimension), a running maximum
+and sum (online softmax), and its P . V contribution.
+
+Each query row's arithmetic is fixed by the row alone (its position, its window, the aligned key
+tiles that intersect its range) and done in strict IEEE order with no fast-math: a token's output is
+the same bits whether it comes in a 512-token prefill, a chunk of 7, or a decode step next to other
+sequences, so chunked prefill and batching never change a result.
+
+Tiles are handed to the threads alternately from the light and the heavy end (causal tiles late in a
+prompt see more keys), so two halves of the task list carry about the same work.
+"""
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from . import simd
+from .ops import kv_load
+
+KEYS = 16  # key positions per tile: two f32x8 score vectors per query row
+Q_TOKENS = 16  # query tokens per task: a tile of Q_TOKENS * group rows reuses each transposed key tile
+
+
+@njit(nogil=True, cache=True)
+def _tasks(token_seq, n_kv):
+    # (n, 3) int64 rows (t0, t1, g): runs of consecutive tokens of one sequence, cut into Q_TOKENS
+    T = token_seq.shape[0]
+    n = 0
+    t = 0
+    while t < T:
+        e = t + 1
+        while e < T and e - t < Q_TOKENS and token_seq[e] == token_seq[t]:
+            e += 1
+        n += 1
+        t = e
+    out = np.empty((n * n_kv, 3), np.int64)
+    i = 0
+    t = 0
+    while t < T:
+        e = t + 1
+        while e < T and e - t < Q_TOKENS and token_seq[e] == token_seq[t]:
+            e += 1
+        for g in range(n_kv):
+            out[i, 0] = t
+            out[i, 1] = e
+            out[i, 2] = g
+            i += 1
+        t = e
+    return out
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window,
+                    softcap, out):
+    # q (T, H, D); k_cache (n_slots, KVH, D); v_cache (n_slots, KVH, Dv), float32 or float16 bits
+    # (uint16); token_seq (T,) row of block_tables (S, max_blocks) for each token; positions (T,)
+    # -> out (T, H, Dv). Causal: the token at position p sees its sequence's keys at positions
+    # max(0, p - window + 1) .. p (window <= 0: all), read through the block table (no contiguous copy).
+    T, H, D = q.shape
+    KVH = k_cache.shape[1]
+    Dv = v_cache.shape[2]
+    tasks = _tasks(token_seq, KVH)
+    n = tasks.shape[0]
+    for i in prange(n):
+        j = i // 2 if i % 2 == 0 else n - 1 - i // 2  # light and heavy tiles alternate
+        if D % 8 == 0 and Dv % 8 == 0:
+            _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, out,
+                  tasks[j, 0], tasks[j, 1], tasks[j, 2])
+        else:
+            _rows_scalar(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap,
+                         out, tasks[j, 0], tasks[j, 1], tasks[j, 2])
+
+
+@njit(inline="always", cache=True)
+def _first_key(pos, window):
+    return max(0, pos - window + 1) if window > 0 else 0
+
+
+@njit(nogil=True, cache=True)
+def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, out, t0, t1, g):
+    _, H, D = q.shape
+    KVH = k_cache.shape[1]
+    Dv = v_cache.shape[2]
+    group = H // KVH
+    R = (t1 - t0) * group
+    row = token_seq[t0]
+    lo_all = _first_key(positions[t0], window)
+    hi_all = positions[t0]
+    for t in range(t0, t1):
+        lo_all = min(lo_all, _first_key(positions[t], window))
+        hi_all = max(hi_all, positions[t])
+    kt = np.zeros(D * KEYS, np.float32)  # the key tile, transposed: kt[d * KEYS + j]
+    vbase = np.zeros(KEYS, np.int64)  # flat index of each key's V row in v_cache
+    p = np.empty(KEYS, np.float32)
+    m = np.full(R, -np.inf, np.float32)
+    l = np.zeros(R, np.float32)
+    acc = np.zeros(R * Dv, np.float32)
+    sc = np.empty(R * KEYS, np.float32)  # every row's scores against the current key tile
+    fill = np.float32(-np.inf)
+    for kb in range(lo_all // KEYS * KEYS, hi_all + 1, KEYS):
+        j0 = max(lo_all, kb) - kb
+        j1 = min(hi_all + 1, kb + KEYS) - kb
+        for j in range(j0, j1):
+            pos = kb + j
+            slot = block_tables[row, pos // block_size] * block_size + pos % block_size
+            vbase[j] = (slot * KVH + g) * Dv
+            for d in range(D):
+                kt[d * KEYS + j] = kv_load(k_cache, slot, g, d)
+        _scores(q, kt, sc, t0, g, group, R, D, scale)
+        for r in range(R):
+            t = t0 + r // group
+            pos = positions[t]
+            lo = _first_key(pos, window)
+            if kb > pos or kb + KEYS <= lo:
+                continue
+            a = max(lo, kb) - kb  # this row's keys in the tile: [a, e)
+            e = min(pos + 1, kb + KEYS) - kb
+            s0 = simd.loadf8(sc, r * KEYS)
+            s1 = simd.loadf8(sc, r * KEYS + 8)
+            if softcap > 0:
+                s0, s1 = _softcap16(s0, s1, p, softcap)
+            s0 = simd.keep8(s0, 0, a, e, fill)
+            s1 = simd.keep8(s1, 8, a, e, fill)
+            m_old = m[r]
+            m_new = max(m_old, simd.hmax8(simd.max8(s0, s1)))
+            corr = np.float32(math.exp(m_old - m_new))
+            mv = simd.splatf(m_new)
+            p0 = simd.exp8(simd.sub8(s0, mv))
+            p1 = simd.exp8(simd.sub8(s1, mv))
+            l[r] = l[r] * corr + simd.hsum_f(simd.add8(p0, p1))
+            m[r] = m_new
+            simd.storef8(p, 0, p0)
+            simd.storef8(p, 8, p1)
+            _accumulate(acc, r * Dv, Dv, corr, p, a, e, v_cache, vbase)
+    for t in range(t0, t1):
+        for hh in range(group):
+            r = (t - t0) * group + hh
+            inv = np.float32(1.0) / l[r]
+            for c in range(Dv):
+                out[t, g * group + hh, c] = acc[r * Dv + c] * inv
+
+
+@njit(nogil=True, cache=True)
+def _scores(q, kt, sc, t0, g, group, R, D, scale):
+    # sc[r * KEYS + j] = scale * q_r . k_j for every row r of the task: four rows at a time share each
+    # load of the key tile and keep eight independent FMA chains in flight; each row's chain runs over
+    # d in order, the same whichever rows it is grouped with
+    H = q.shape[1]
+    sv = simd.splatf(scale)
+    r = 0
+    while r + 4 <= R:
+        ta, ha = t0 + r // group, g * group + r % group
+        tb, hb = t0 + (r + 1) // group, g * group + (r + 1) % group
+        tc, hc = t0 + (r + 2) // group, g * group + (r + 2) % group
+        td, hd = t0 + (r + 3) // group, g * group + (r + 3) % group
+        a0 = a1 = b0 = b1 = c0 = c1 = d0 = d1 = simd.splatf(np.float32(0.0))
+        for d in range(D):
+            k0 = simd.loadf8(kt, d * KEYS)
+            k1 = simd.loadf8(kt, d * KEYS + 8)
+            x = simd.splatf(q[ta, ha, d])
+            a0 = simd.fma8(x, k0, a0)
+            a1 = simd.fma8(x, k1, a1)
+            x = simd.splatf(q[tb, hb, d])
+            b0 = simd.fma8(x, k0, b0)
+            b1 = simd.fma8(x, k1, b1)
+            x = simd.splatf(q[tc, hc, d])
+            c0 = simd.fma8(x, k0, c0)
+            c1 = simd.fma8(x, k1, c1)
+            x = simd.splatf(q[td, hd, d])
+            d0 = simd.fma8(x, k0, d0)
+            d1 = simd.fma8(x, k1, d1)
+        simd.storef8(sc, r * KEYS, simd.mul8(a0, sv))
+        simd.storef8(sc, r * KEYS + 8, simd.mul8(a1, sv))
+        simd.storef8(sc, r * KEYS + 16, simd.mul8(b0, sv))
+        simd.storef8(sc, r * KEYS + 24, simd.mul8(b1, sv))
+        simd.storef8(sc, r * KEYS + 32, simd.mul8(c0, sv))
+        simd.storef8(sc, r * KEYS + 40, simd.mul8(c1, sv))
+        simd.storef8(sc, r * KEYS + 48, simd.mul8(d0, sv))
+        simd.storef8(sc, r * KEYS + 56, simd.mul8(d1, sv))
+        r += 4
+    for r in range(r, R):
+        t, h = t0 + r // group, g * group + r % group
+        a0 = a1 = simd.splatf(np.float32(0.0))
+        for d in range(D):
+            x = simd.splatf(q[t, h, d])
+            a0 = simd.fma8(x, simd.loadf8(kt, d * KEYS), a0)
+            a1 = simd.fma8(x, simd.loadf8(kt, d * KEYS + 8), a1)
+        simd.storef8(sc, r * KEYS, simd.mul8(a0, sv))
+        simd.storef8(sc, r * KEYS + 8, simd.mul8(a1, sv))
+
+
+@njit(nogil=True, cache=True)
+def _accumulate(acc, base, Dv, corr, p, a, e, v_cache, vbase):
+    # acc[base : base + Dv] = corr * acc + sum over keys j in [a, e) of p[j] * V_j, 64 values at a time
+    # (eight independent FMA chains), then 8 at a time; each 8-value chunk is the same chain either way
+    cv = simd.splatf(corr)
+    c = 0
+    while c + 64 <= Dv:
+        o = base + c
+        x0 = simd.mul8(simd.loadf8(acc, o), cv)
+        x1 = simd.mul8(simd.loadf8(acc, o + 8), cv)
+        x2 = simd.mul8(simd.loadf8(acc, o + 16), cv)
+        x3 = simd.mul8(simd.loadf8(acc, o + 24), cv)
+        x4 = simd.mul8(simd.loadf8(acc, o + 32), cv)
+        x5 = simd.mul8(simd.loadf8(acc, o + 40), cv)
+        x6 = simd.mul8(simd.loadf8(acc, o + 48), cv)
+        x7 = simd.mul8(simd.loadf8(acc, o + 56), cv)
+        for j in range(a, e):
+            pj = simd.splatf(p[j])
+            vb = vbase[j] + c
+            x0 = simd.fma8(pj, simd.loadf8(v_cache, vb), x0)
+            x1 = simd.fma8(pj, simd.loadf8(v_cache, vb + 8), x1)
+            x2 = simd.fma8(pj, simd.loadf8(v_cache, vb + 16), x2)
+            x3 = simd.fma8(pj, simd.loadf8(v_cache, vb + 24), x3)
+            x4 = simd.fma8(pj, simd.loadf8(v_cache, vb + 32), x4)
+            x5 = simd.fma8(pj, simd.loadf8(v_cache, vb + 40), x5)
+            x6 = simd.fma8(pj, simd.loadf8(v_cache, vb + 48), x6)
+            x7 = simd.fma8(pj, simd.loadf8(v_cache, vb + 56), x7)
+        simd.storef8(acc, o, x0)
+        simd.storef8(acc, o + 8, x1)
+        simd.storef8(acc, o + 16, x2)
+        simd.storef8(acc, o + 24, x3)
+        simd.storef8(acc, o + 32, x4)
+        simd.storef8(acc, o + 40, x5)
+        simd.storef8(acc, o + 48, x6)
+        simd.storef8(acc, o + 56, x7)
+        c += 64
+    while c < Dv:
+        x0 = simd.mul8(simd.loadf8(acc, base + c), cv)
+        for j in range(a, e):
+            x0 = simd.fma8(simd.splatf(p[j]), simd.loadf8(v_cache, vbase[j] + c), x0)
+        simd.storef8(acc, base + c, x0)
+        c += 8
+
+
+@njit(nogil=True, cache=True)
+def _softcap16(s0, s1, p, cap):
+    # cap * tanh(s / cap) on 16 scores, lane by lane
+    simd.storef8(p, 0, s0)
+    simd.storef8(p, 8, s1)
+    for j in range(KEYS):
+        p[j] = cap * np.float32(math.tanh(p[j] / cap))
+    return simd.loadf8(p, 0), simd.loadf8(p, 8)
+
+
+@njit(nogil=True, cache=True)
+def _rows_scalar(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, out,
+                 t0, t1, g):
+    # head sizes that are not a multiple of 8: one query row at a time, one key at a time
+    _, H, D = q.shape
+    KVH = k_cache.shape[1]
+    Dv = v_cache.shape[2]
+    group = H // KVH
+    acc = np.zeros(Dv, np.float32)
+    for t in range(t0, t1):
+        pos = positions[t]
+        row = token_seq[t]
+        for h in range(g * group, (g + 1) * group):
+            mx = np.float32(-np.inf)
+            denom = np.float32(0.0)
+            acc[:] = 0
+            for j in range(_first_key(pos, window), pos + 1):
+                slot = block_tables[row, j // block_size] * block_size + j % block_size
+                s = np.float32(0.0)
+                for dd in range(D):
+                    s += q[t, h, dd] * kv_load(k_cache, slot, g, dd)
+                s *= scale
+                if softcap > 0:
+                    s = softcap * np.float32(math.tanh(s / softcap))
+                if s > mx:
+                    corr = np.float32(math.exp(mx - s))
+                    denom *= corr
+                    for dd in range(Dv):
+                        acc[dd] *= corr
+                    mx = s
+                pr = np.float32(math.exp(s - mx))
+                denom += pr
+                for dd in range(Dv):
+                    acc[dd] += pr * kv_load(v_cache, slot, g, dd)
+            for dd in range(Dv):
+                out[t, h, dd] = acc[dd] / denom
