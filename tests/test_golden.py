@@ -19,12 +19,17 @@ MODELS = {
 TIE_MARGIN = 0.25
 # Both engines round activations to 8 bits inside the quantized dot products (llama.cpp's Q8_0/Q8_1/Q8_K,
 # which our int8 kernels reproduce), but llama.cpp also keeps K and V in float16, rounds Q to float16 for
-# the attention scores and accumulates in other orders; none of that is reproduced, and emulating parts
-# of it (float16 KV, fp16 activation scales) did not bring the two closer. Measured largest top-20 differences on these prompts: SmolLM2
-# 0.25/0.24/0.42, Gemma 3 0.38/0.55/0.32 (the float kernels before them: 0.27/0.44/0.41 and 0.27/0.41/0.49).
-# The 20 top logits must agree within this; the best token and the log-sum-exp more tightly.
-LOGIT_TOL = 0.6
-LSE_TOL = 0.4
+# the attention scores and accumulates in other orders. On these short prompts the models amplify such
+# rounding differences into a shift shared by all logits: variants of our own that differ only in
+# rounding (float32 or float16 KV, the portable and the SIMD kernel paths, two accumulation orders of the
+# int8 matmuls) moved the mean of the top 20 logits by up to 0.46 and their largest difference from
+# llama.cpp's from 0.19 to 0.78, while the shape of the distribution held: the log-probabilities of the
+# top 20 (logit minus log-sum-exp) stayed within 0.48 of llama.cpp's, the log-sum-exp within 0.47. The
+# checks are set just above those measured spreads: tighter on the log-probabilities, looser on the raw
+# logits; the best token must be the same.
+LOGPROB_TOL = 0.6
+LOGIT_TOL = 1.0
+LSE_TOL = 0.6
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
@@ -65,6 +70,8 @@ def test_top_logits_match_llama_cpp(case):
         assert int(np.argmax(logits)) == entry["top_ids"][0]
         lse = float(np.log(np.exp(logits - logits.max()).sum()) + logits.max())
         assert abs(lse - entry["logsumexp"]) < LSE_TOL
+        logprob_err = np.abs((ours - lse) - (top - entry["logsumexp"])).max()
+        assert logprob_err < LOGPROB_TOL, (entry["prompt"], logprob_err)
 
 
 def test_greedy_continuations_match_llama_cpp(case):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ...quant.repack import INTERLEAVED, QTensor, interleave8
 from . import int8, quant, simd
 from .attention import paged_attention  # noqa: F401
 from .ops import gelu_tanh_mul, rmsnorm, rope, silu_mul, softcap, write_kv  # noqa: F401
@@ -73,8 +74,8 @@ def matmul(w, x, out: np.ndarray | None = None) -> np.ndarray:
 
 def matmul_int8(w, qx: QInput, out: np.ndarray, isa: np.ndarray) -> None:
     # W (N, K) quantized @ qx (T, K) -> out (T, N), on the instruction-set path `isa` (simd.isa_tag)
-    q8 = qx.q8() if w.kind <= 6 else _NO_Q8
-    q8k = qx.q8k() if w.kind >= 7 else _NO_Q8K
+    q8k = qx.q8k() if int8.uses_q8k(w.kind) else _NO_Q8K
+    q8 = _NO_Q8 if int8.uses_q8k(w.kind) else qx.q8()
     wt = int8.as_tuple(w)
     int8.matmuls(wt, wt, wt, 1, q8, q8k, quant.HALF_TO_F32, out, out, out, numba.get_num_threads(), isa)
 
@@ -138,7 +139,10 @@ def empty(shape, dtype=np.float32) -> np.ndarray:
 
 
 def upload(a):
-    """A weight or constant, placed where the kernels read it: numpy arrays stay as they are."""
+    """A weight or constant, placed where the kernels read it: numpy arrays stay as they are; on the SIMD
+    paths, Q4_0/Q4_1/Q5_0/Q5_1 matrices are regrouped eight rows at a time (repack.interleave8)."""
+    if isinstance(a, QTensor) and a.kind in INTERLEAVED and KERNEL_PATH != "portable":
+        return interleave8(a)
     return a
 
 

@@ -188,10 +188,16 @@ def quantize_q8k_blocks(x, xq, xd, xb, t, sb0, sb1):
 
 @njit(inline="always", cache=True)
 def rows_per_task(n, threads):
-    # two tasks per thread, an even number of rows each (the decode path takes rows in pairs): a task
-    # is one call with a dozen array arguments, whose reference counting is not free
+    # two tasks per thread, a multiple of 8 rows each (interleaved weights come in groups of eight, the
+    # decode path of the others takes rows in pairs): a task is one call with a dozen array arguments,
+    # whose reference counting is not free
     per = -(-n // (2 * threads))
-    return max(2, per + per % 2)
+    return max(8, -(-per // 8) * 8)
+
+
+def uses_q8k(kind: int) -> bool:
+    """Whether a matrix of this kind reads the activation as Q8_K (K-quants) rather than Q8."""
+    return 7 <= kind <= 9
 
 
 def as_tuple(w) -> tuple:
@@ -210,8 +216,10 @@ def rows_any(w, q8, q8k, luts, out, n0, n1, isa):
         rows_q45(isa, kind, qs, qh if kind >= 5 else qs, d, m, luts, q8[0], q8[1], q8[2], out, n0, n1)
     elif kind <= 8:
         rows_k45(isa, kind, qs, qh, sc, d, m, luts, q8k[0], q8k[1], q8k[2], out, n0, n1)
-    else:
+    elif kind == 9:
         rows_q6_k(isa, qs, sc, d, luts, q8k[0], q8k[1], out, n0, n1)
+    else:
+        rows_x8(isa, kind, qs, qh, d, m, luts, q8[0], q8[1], q8[2], out, n0, n1)
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -249,6 +257,10 @@ def rows_k45(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, out, n0, n1):
 
 def rows_q6_k(isa, qs, sc, d, luts, xq, xd, out, n0, n1):
     """Rows [n0, n1) of a Q6_K matmul, for every token."""
+
+
+def rows_x8(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
+    """Rows [n0, n1) (n0 a multiple of 8) of a matmul of interleaved Q4_0/Q4_1/Q5_0/Q5_1, every token."""
 
 
 def _by_path(portable, simd_impl):
@@ -335,6 +347,39 @@ def _q6_k_portable(isa, qs, sc, d, luts, xq, xd, out, n0, n1):
                                          _i8(sc[n, sb * 16 + 2 * g]), _i8(sc[n, sb * 16 + 2 * g + 1]))
                 acc += luts[0, d[n, sb]] * xd[t, sb] * np.float32(isum)
             out[t, n] = acc
+
+
+@njit(cache=True, fastmath=EXACT)
+def _x8_portable(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
+    # one row and one token at a time, the SIMD path's arithmetic lane by lane (the same bits)
+    T, K = xq.shape
+    N = out.shape[1]
+    nb = K // 32
+    five = kind >= 12
+    has_m = kind == 11 or kind == 13
+    for n in range(n0, n1):
+        grp = n // 8
+        r = n % 8
+        for t in range(T):
+            acc = np.float32(0.0)
+            mo = np.float32(0.0)
+            for b in range(nb):
+                isum = np.int32(0)
+                for i in range(32):
+                    v = i // 4
+                    q = np.int32(qs[grp, b * 128 + (v % 4) * 32 + r * 4 + i % 4])
+                    q = q & 15 if v < 4 else q >> 4
+                    if five:
+                        o = (b * 8 + v) * 4
+                        mask = (np.uint32(qh[grp, o]) | (np.uint32(qh[grp, o + 1]) << 8)
+                                | (np.uint32(qh[grp, o + 2]) << 16) | (np.uint32(qh[grp, o + 3]) << 24))
+                        q |= np.int32((mask >> (r * 4 + i % 4)) & 1) << 4
+                    isum += q * _i8(xq[t, b * 32 + i])
+                dw = luts[0, d[grp, b * 8 + r]]
+                off = luts[0, m[grp, b * 8 + r]] if has_m else dw * np.float32(-16.0 if five else -8.0)
+                acc = simd.fma1(np.float32(isum), dw * xd[t, b], acc)
+                mo = simd.fma1(off, xs[t, b], mo)
+            out[t, n] = acc + mo
 
 
 # -- the SIMD paths (avx2, vnni) --------------------------------------------------------------------
@@ -645,3 +690,137 @@ overload(rows_q8_0)(_by_path(_q8_0_portable, _q8_0_simd))
 overload(rows_q45)(_by_path(_q45_portable, _q45_simd))
 overload(rows_k45)(_by_path(_k45_portable, _k45_simd))
 overload(rows_q6_k)(_by_path(_q6_k_portable, _q6_k_simd))
+
+
+# -- interleaved Q4_0/Q4_1/Q5_0/Q5_1 (quant/repack.py's interleave8): eight rows per vector ------------
+#
+# One 32-byte vector holds the same four elements of eight rows, so a u8 x s8 dot product against four
+# activation bytes broadcast to every lane gives eight rows' partial sums at once: eight of them make the
+# block's exact integer sums for eight rows (no horizontal sum), and the float work per block is one
+# vector for eight rows: acc = fma(float(isum), d_w * d_x, acc), mo = fma(offset_w, s_x, mo), with the
+# eight rows' scales loaded as one vector. Every output element is this chain over blocks in order,
+# whatever the batch: decode takes one token in registers, batches take up to X8_TOKENS tokens per pass
+# over a group's blocks (each block decoded once for all of them, accumulators in a small scratch).
+X8_TOKENS = 32
+
+
+def dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
+    """sum_v u8x32 w_v . s8x32 x_v -> s32x8 (exact): vpdpbusd chains on vnni; vpmaddubsw pairs summed in
+    16 bits (at most 4 x 2 x 31 x 127 < 2**15) then vpmaddwd on avx2."""
+
+
+@overload(dot8, inline="always")
+def _dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
+    if path_of(isa) == "vnni":
+        def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
+            a = simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.zero32(), w0, x0), w1, x1), w2, x2), w3, x3)
+            b = simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.zero32(), w4, x4), w5, x5), w6, x6), w7, x7)
+            return simd.add32(a, b)
+        return impl
+
+    def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
+        a = simd.add16(simd.add16(simd.maddubs(w0, x0), simd.maddubs(w1, x1)),
+                       simd.add16(simd.maddubs(w2, x2), simd.maddubs(w3, x3)))
+        b = simd.add16(simd.add16(simd.maddubs(w4, x4), simd.maddubs(w5, x5)),
+                       simd.add16(simd.maddubs(w6, x6), simd.maddubs(w7, x7)))
+        return simd.add32(simd.madd(a, simd.ones16()), simd.madd(b, simd.ones16()))
+    return impl
+
+
+@njit(inline="always", cache=True)
+def _x8_high(five, w, mask):
+    # a vector of low nibbles, with the fifth bits of a Q5 type from its 32-bit mask
+    if five:
+        return simd.or_(w, simd.bits_to_bytes(mask, np.uint8(16)))
+    return w
+
+
+@njit(inline="always", cache=True)
+def _x8_store(out, t, n, N, v, res):
+    # out[t, n : n + 8] = v, lanes past the last row N dropped
+    if n + 8 <= N:
+        simd.storef8(out, t * N + n, v)
+    else:
+        simd.storef8(res, 0, v)
+        for i in range(N - n):
+            out[t, n + i] = res[i]
+
+
+@njit(cache=True, fastmath=EXACT)
+def _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
+    T, K = xq.shape
+    N = out.shape[1]
+    nb = K // 32
+    five = kind >= 12
+    has_m = kind == 11 or kind == 13
+    offk = simd.splatf(np.float32(-16.0 if five else -8.0))
+    qh32 = qh.reshape(qh.size).view(np.uint32)
+    res = np.empty(8, np.float32)
+    if T == 1:
+        for grp in range(n0 // 8, (n1 + 7) // 8):
+            acc = simd.zerof()
+            mo = simd.zerof()
+            for b in range(nb):
+                o = grp * nb + b
+                simd.prefetch(qs, o * 128 + PREFETCH)
+                simd.prefetch(qs, o * 128 + 64 + PREFETCH)
+                v0 = simd.load32(qs, o * 128)
+                v1 = simd.load32(qs, o * 128 + 32)
+                v2 = simd.load32(qs, o * 128 + 64)
+                v3 = simd.load32(qs, o * 128 + 96)
+                isum = dot8(isa, _x8_high(five, simd.low4(v0), simd.ld(qh32, o * 8)),
+                            _x8_high(five, simd.low4(v1), simd.ld(qh32, o * 8 + 1)),
+                            _x8_high(five, simd.low4(v2), simd.ld(qh32, o * 8 + 2)),
+                            _x8_high(five, simd.low4(v3), simd.ld(qh32, o * 8 + 3)),
+                            _x8_high(five, simd.shr4(v0), simd.ld(qh32, o * 8 + 4)),
+                            _x8_high(five, simd.shr4(v1), simd.ld(qh32, o * 8 + 5)),
+                            _x8_high(five, simd.shr4(v2), simd.ld(qh32, o * 8 + 6)),
+                            _x8_high(five, simd.shr4(v3), simd.ld(qh32, o * 8 + 7)),
+                            simd.bcast4(xq, b * 32), simd.bcast4(xq, b * 32 + 4), simd.bcast4(xq, b * 32 + 8),
+                            simd.bcast4(xq, b * 32 + 12), simd.bcast4(xq, b * 32 + 16), simd.bcast4(xq, b * 32 + 20),
+                            simd.bcast4(xq, b * 32 + 24), simd.bcast4(xq, b * 32 + 28))
+                dw = simd.loadf8(d, o * 8)
+                off = simd.loadf8(m, o * 8) if has_m else simd.mul8(dw, offk)
+                acc = simd.fma8(simd.cvt8(isum), simd.mul8(dw, simd.splatf(simd.ld(xd, b))), acc)
+                mo = simd.fma8(off, simd.splatf(simd.ld(xs, b)), mo)
+            _x8_store(out, 0, grp * 8, N, simd.add8(acc, mo), res)
+        return
+    acc = np.empty(X8_TOKENS * 8, np.float32)
+    mos = np.empty(X8_TOKENS * 8, np.float32)
+    for grp in range(n0 // 8, (n1 + 7) // 8):
+        for t0 in range(0, T, X8_TOKENS):
+            t1 = min(T, t0 + X8_TOKENS)
+            acc[:] = 0
+            mos[:] = 0
+            for b in range(nb):
+                o = grp * nb + b
+                v0 = simd.load32(qs, o * 128)
+                v1 = simd.load32(qs, o * 128 + 32)
+                v2 = simd.load32(qs, o * 128 + 64)
+                v3 = simd.load32(qs, o * 128 + 96)
+                w0 = _x8_high(five, simd.low4(v0), simd.ld(qh32, o * 8))
+                w1 = _x8_high(five, simd.low4(v1), simd.ld(qh32, o * 8 + 1))
+                w2 = _x8_high(five, simd.low4(v2), simd.ld(qh32, o * 8 + 2))
+                w3 = _x8_high(five, simd.low4(v3), simd.ld(qh32, o * 8 + 3))
+                w4 = _x8_high(five, simd.shr4(v0), simd.ld(qh32, o * 8 + 4))
+                w5 = _x8_high(five, simd.shr4(v1), simd.ld(qh32, o * 8 + 5))
+                w6 = _x8_high(five, simd.shr4(v2), simd.ld(qh32, o * 8 + 6))
+                w7 = _x8_high(five, simd.shr4(v3), simd.ld(qh32, o * 8 + 7))
+                dw = simd.loadf8(d, o * 8)
+                off = simd.loadf8(m, o * 8) if has_m else simd.mul8(dw, offk)
+                for t in range(t0, t1):
+                    xo = t * K + b * 32
+                    isum = dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7,
+                                simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4), simd.bcast4(xq, xo + 8),
+                                simd.bcast4(xq, xo + 12), simd.bcast4(xq, xo + 16), simd.bcast4(xq, xo + 20),
+                                simd.bcast4(xq, xo + 24), simd.bcast4(xq, xo + 28))
+                    j = (t - t0) * 8
+                    simd.storef8(acc, j, simd.fma8(simd.cvt8(isum), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
+                                                   simd.loadf8(acc, j)))
+                    simd.storef8(mos, j, simd.fma8(off, simd.splatf(simd.ld(xs, t * nb + b)), simd.loadf8(mos, j)))
+            for t in range(t0, t1):
+                j = (t - t0) * 8
+                _x8_store(out, t, grp * 8, N, simd.add8(simd.loadf8(acc, j), simd.loadf8(mos, j)), res)
+
+
+overload(rows_x8)(_by_path(_x8_portable, _x8_simd))

@@ -1,7 +1,8 @@
 """Numba kernels over repacked weights (fields qs, qh, sc, d, m; see quant/repack.py): decoding rows
 (embeddings, dequantize) and the float matmul of F16/BF16 weights.
 
-kind: 0 F16, 1 BF16, 2 Q8_0, 3 Q4_0, 4 Q4_1, 5 Q5_0, 6 Q5_1, 7 Q4_K, 8 Q5_K, 9 Q6_K.
+kind: 0 F16, 1 BF16, 2 Q8_0, 3 Q4_0, 4 Q4_1, 5 Q5_0, 6 Q5_1, 7 Q4_K, 8 Q5_K, 9 Q6_K; 10-13 Q4_0-Q5_1
+interleaved by eight rows.
 """
 
 import numpy as np
@@ -66,6 +67,22 @@ def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
             if kind == 8:
                 q |= np.int32((qh[n, sb * 32 + l] >> i) & 1) << 4
             y[l] = scale * np.float32(q) - mn
+    elif kind >= 10:  # Q4_0 / Q4_1 / Q5_0 / Q5_1 with eight rows interleaved (quant/repack.py's interleave8)
+        G = n // 8
+        r = n % 8
+        db = lut[d[G, g * 8 + r]]
+        five = kind >= 12
+        off = lut[m[G, g * 8 + r]] if kind == 11 or kind == 13 else np.float32(-16.0 if five else -8.0) * db
+        for i in range(32):
+            v = i // 4
+            b = qs[G, g * 128 + (v % 4) * 32 + r * 4 + i % 4]
+            q = np.int32(b & 15) if v < 4 else np.int32(b >> 4)
+            if five:
+                o = (g * 8 + v) * 4
+                mask = (np.uint32(qh[G, o]) | (np.uint32(qh[G, o + 1]) << 8) | (np.uint32(qh[G, o + 2]) << 16)
+                        | (np.uint32(qh[G, o + 3]) << 24))
+                q |= np.int32((mask >> (r * 4 + i % 4)) & 1) << 4
+            y[i] = db * np.float32(q) + off
     elif kind == 9:  # Q6_K: unpacked signed bytes; one int8 scale per 16 elements
         db = lut[d[n, g // 8]]
         for h in range(2):

@@ -533,3 +533,34 @@ def exp8(typingctx, v):
         return builder.select(builder.fcmp_ordered("<", v, c(-87.0)), c(0.0), out)
 
     return f32x8(f32x8), codegen
+
+
+@intrinsic
+def bcast4(typingctx, a, offset):
+    """The 4 bytes at a[offset] (a byte offset) repeated 8 times -> i8x32 (vpbroadcastd)."""
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
+        v = _splat(builder, builder.load(builder.bitcast(p, i32.as_pointer()), align=1), _V8I32)
+        return builder.bitcast(v, _V32I8)
+
+    return i8x32(a, types.intp), codegen
+
+
+@intrinsic
+def add16(typingctx, a, b):
+    """a + b, s16x16 (vpaddw; the callers keep the sums in range)."""
+    return i16x16(i16x16, i16x16), lambda c, builder, s, args: builder.add(args[0], args[1])
+
+
+@intrinsic
+def cvt8(typingctx, a):
+    """s32x8 -> f32x8 (vcvtdq2ps; exact below 2**24)."""
+    return f32x8(i32x8), lambda c, builder, s, args: builder.sitofp(args[0], _V8F32)
+
+
+@intrinsic
+def fma1(typingctx, a, b, c):
+    """a * b + c for float32 scalars, one rounding (the lane-wise twin of fma8)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+    return sig, lambda ctx, builder, s, args: _call(builder, "llvm.fma.f32", ir.FloatType(), list(args))

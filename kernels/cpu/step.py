@@ -29,7 +29,7 @@ _INPUT_OF = (IN_QKV, IN_QKV, IN_QKV, IN_O, IN_GATE_UP, IN_GATE_UP, IN_DOWN)
 
 
 def _needs(kind: int) -> int:
-    return 0 if kind <= 1 else (1 if kind <= 6 else 2)
+    return 0 if kind <= 1 else (2 if int8.uses_q8k(kind) else 1)
 
 
 class LayerStack:
