@@ -564,3 +564,9 @@ def fma1(typingctx, a, b, c):
     """a * b + c for float32 scalars, one rounding (the lane-wise twin of fma8)."""
     sig = types.float32(types.float32, types.float32, types.float32)
     return sig, lambda ctx, builder, s, args: _call(builder, "llvm.fma.f32", ir.FloatType(), list(args))
+
+
+@intrinsic
+def div8(typingctx, a, b):
+    """a / b, f32x8 (correctly rounded)."""
+    return f32x8(f32x8, f32x8), lambda ctx, builder, s, args: builder.fdiv(args[0], args[1])
