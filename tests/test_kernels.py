@@ -7,7 +7,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from edgeinfer.kernels import get_backend
 from edgeinfer.kernels.cpu import attention, ops, simd
-from edgeinfer.quant.repack import KIND, repack
+from edgeinfer.quant.repack import INTERLEAVED, KIND, interleave8, repack
 
 kb = get_backend("cpu")
 QUANT_TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
@@ -112,13 +112,13 @@ def test_int8_matmul_matches_integer_reference(t, path):
     rng = np.random.default_rng(100 + KIND[t])
     for n, k in shapes_for(t, rng):
         raw, ref = random_tensor(t, n, k, rng)
-        w = repack(raw, t, (k, n))
-        for tokens in (1, 3, 17):
-            x = rng.standard_normal((tokens, k)).astype(np.float32)
-            got = np.empty((tokens, n), np.float32)
-            matmul_int8(w, QInput(x), got, simd.isa_tag(path))
-            want, d, block = int8_reference(ref, x, t)
-            assert np.all(np.abs(got - want) <= float_bound(k, np.repeat(d, block, axis=1) * 127, ref))
+        for w in layouts(repack(raw, t, (k, n))):
+            for tokens in (1, 3, 17, 40):
+                x = rng.standard_normal((tokens, k)).astype(np.float32)
+                got = np.empty((tokens, n), np.float32)
+                matmul_int8(w, QInput(x), got, simd.isa_tag(path))
+                want, d, block = int8_reference(ref, x, t)
+                assert np.all(np.abs(got - want) <= float_bound(k, np.repeat(d, block, axis=1) * 127, ref))
 
 
 @pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
@@ -150,15 +150,43 @@ def test_batched_rows_equal_single_token_bit_for_bit(t, path):
     rng = np.random.default_rng(7)
     n, k = 33, GGML_QUANT_SIZES[t][0] * 3
     raw, _ = random_tensor(t, n, k, rng)
-    w = repack(raw, t, (k, n))
-    x = rng.standard_normal((9, k)).astype(np.float32)
+    x = rng.standard_normal((37, k)).astype(np.float32)  # more than one 32-token pass of the tiled kernel
     isa = simd.isa_tag(path)
-    batched = np.empty((9, n), np.float32)
-    matmul_int8(w, QInput(x), batched, isa)
-    for i in range(9):
-        one = np.empty((1, n), np.float32)
-        matmul_int8(w, QInput(x[i:i + 1]), one, isa)
-        np.testing.assert_array_equal(one[0], batched[i])
+    for w in layouts(repack(raw, t, (k, n))):
+        batched = np.empty((37, n), np.float32)
+        matmul_int8(w, QInput(x), batched, isa)
+        for i in range(37):
+            one = np.empty((1, n), np.float32)
+            matmul_int8(w, QInput(x[i:i + 1]), one, isa)
+            np.testing.assert_array_equal(one[0], batched[i])
+
+
+def layouts(w):
+    """A repacked matrix, and for Q4_0/Q4_1/Q5_0/Q5_1 also its eight-row interleaved form."""
+    return (w, interleave8(w)) if w.kind in INTERLEAVED else (w,)
+
+
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1], ids=lambda t: t.name)
+def test_interleaved_layout_holds_the_same_weights_and_results(t):
+    """interleave8 moves bytes only: the same dequantized rows (odd row counts padded), and on every path
+    the same output bits for the interleaved matrix, one token or many."""
+    from edgeinfer.kernels.cpu.backend import QInput, matmul_int8
+
+    rng = np.random.default_rng(9)
+    for n in (8, 13, 40):
+        raw, ref = random_tensor(t, n, 96, rng)
+        w = repack(raw, t, (96, n))
+        x8 = interleave8(w)
+        np.testing.assert_array_equal(kb.dequantize(x8), kb.dequantize(w))
+        np.testing.assert_array_equal(kb.dequantize(x8), ref)
+        x = rng.standard_normal((5, 96)).astype(np.float32)
+        outs = []
+        for path in simd.available_paths():
+            o = np.empty((5, n), np.float32)
+            matmul_int8(x8, QInput(x), o, simd.isa_tag(path))
+            outs.append(o)
+        for o in outs[1:]:
+            np.testing.assert_array_equal(o, outs[0])
 
 
 def test_float16_conversion_matches_numpy():

@@ -36,16 +36,25 @@ def _incremental(m, ids, chunks, bs=4):
     return np.concatenate(out)
 
 
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K],
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize("writer", [write_tiny_llama, write_tiny_gemma3], ids=["llama", "gemma3"])
-def test_cached_decoding_equals_full_forward(tmp_path, writer):
+def test_chunked_prefill_equals_one_pass_bit_for_bit(tmp_path, writer, qtype):
+    """A prompt prefilled in one pass, one token at a time, or in chunks of any size gives every token the
+    same logits: the matmul tiles, the attention tiles (16 queries x 16 keys) and the row ops (serial
+    below 16 rows, parallel above) compute each token's result by the same arithmetic, for every
+    weight type (K-quants need 256-wide rows)."""
     p = tmp_path / "m.gguf"
-    writer(p)
+    if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
+        extra = {"head_dim": 128} if writer is write_tiny_gemma3 else {}
+        writer(p, qtype=qtype, dim=256, ffn=512, **extra)
+    else:
+        writer(p, qtype=qtype)
     m = load_model(GGUFFile(p), kb)
-    ids = np.random.default_rng(0).integers(0, m.cfg.vocab_size, 23)
+    ids = np.random.default_rng(0).integers(0, m.cfg.vocab_size, 40)
     full = _full(m, ids)
-    one_by_one = _incremental(m, ids, [1] * 23)
-    chunked = _incremental(m, ids, [7, 1, 9, 6])
-    # the kernels give each token the same arithmetic however the tokens are grouped
+    one_by_one = _incremental(m, ids, [1] * 40)
+    chunked = _incremental(m, ids, [7, 1, 17, 9, 6])
     np.testing.assert_array_equal(one_by_one, full)
     np.testing.assert_array_equal(chunked, full)
 

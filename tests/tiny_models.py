@@ -6,6 +6,7 @@ import gguf
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
+from edgeinfer.quant import kquants
 from edgeinfer.tokenizer import bytes_to_unicode
 
 GPT2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -22,7 +23,8 @@ def _add_tensor(w: gguf.GGUFWriter, name: str, x: np.ndarray, qtype: T) -> None:
     elif qtype in (T.F16,):
         w.add_tensor(name, x.astype(np.float16))
     else:
-        q = gguf.quants.quantize(x, qtype)
+        k_quant = {T.Q4_K: kquants.quantize_q4_k, T.Q5_K: kquants.quantize_q5_k, T.Q6_K: kquants.quantize_q6_k}
+        q = k_quant[qtype](x) if qtype in k_quant else gguf.quants.quantize(x, qtype)  # gguf has no K-quantizer
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
 
 
