@@ -205,7 +205,7 @@ def perplexity(model, file, n_ctx, chunks, threads, as_json):
     r = llm.perplexity_details(text, n_ctx=n_ctx, chunks=chunks, progress=True)
     r["seconds"] = round(time.perf_counter() - t0, 2)
     click.echo(json.dumps(r) if as_json else f"perplexity: {r['ppl']:.4f} ({r['chunks']} chunks of {n_ctx}, "
-               f"{r['n_scored']} tokens scored, {r['seconds']} s)")
+               f"{r['n_scored']} tokens scored, {r['tok_s']} tok/s, {r['seconds']} s)")
 
 
 @click.command()

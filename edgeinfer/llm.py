@@ -198,20 +198,25 @@ class LLM:
         from tqdm import tqdm
 
         bar = tqdm(total=n_chunks, desc="perplexity", disable=not progress, file=sys.stderr)
+        forward_s = 0.0
         for c in range(n_chunks):
             chunk = list(ids[c * n_ctx:(c + 1) * n_ctx])
             if self.tokenizer.add_bos and self.tokenizer.bos_id is not None:
                 chunk[0] = self.tokenizer.bos_id
             pos = np.arange(n_ctx)
             batch = Batch(chunk, pos, np.zeros(n_ctx), pos, np.arange(n_blocks)[None], np.arange(first, n_ctx - 1))
+            t0 = time.perf_counter()
             logits = self.model.forward(batch, cache)
+            forward_s += time.perf_counter() - t0
             for j, row in enumerate(logits):
                 nll -= log_softmax(row)[chunk[first + j + 1]]
                 count += 1
             bar.update(1)
             bar.set_postfix(ppl=f"{np.exp(nll / count):.4f}")
         bar.close()
-        return {"ppl": float(np.exp(nll / count)), "n_scored": count, "chunks": n_chunks, "n_ctx": n_ctx}
+        # tok_s: prompt-processing speed, every token of every chunk through the forward pass
+        return {"ppl": float(np.exp(nll / count)), "n_scored": count, "chunks": n_chunks, "n_ctx": n_ctx,
+                "tok_s": round(n_chunks * n_ctx / forward_s, 1)}
 
     def stats(self) -> dict:
         return self.engine.stats()

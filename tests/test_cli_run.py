@@ -62,6 +62,8 @@ def test_perplexity_command(tiny_llama_path, tmp_path):
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout.strip().splitlines()[-1])
     assert data["chunks"] == 2 and data["n_scored"] == 62 and data["ppl"] > 1
+    # prompt-processing speed over every token of every chunk, and no faster than the whole command ran
+    assert 0 < data["tok_s"] and 2 * 64 / data["tok_s"] <= data["seconds"] + 0.01
 
 
 def test_perplexity_text_too_short(tiny_llama_path, tmp_path):
