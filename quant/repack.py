@@ -26,9 +26,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 # Kind codes used by the kernels. F32 weights are not a QTensor: they stay float32 arrays.
 KIND = {T.F16: 0, T.BF16: 1, T.Q8_0: 2, T.Q4_0: 3, T.Q4_1: 4, T.Q5_0: 5, T.Q5_1: 6,
-        T.Q4_K: 7, T.Q5_K: 8, T.Q6_K: 9}
-# Q4_0, Q4_1, Q5_0, Q5_1 with eight rows interleaved (interleave8): the CPU's SIMD kernels' layout
-INTERLEAVED = {3: 10, 4: 11, 5: 12, 6: 13}
+        T.Q4_K: 7, T.Q5_K: 8, T.Q6_K: 9}# (kinds 10-13: Q4_0-Q5_1 with eight rows interleaved, the CPU SIMD kernels' own layout: kernels/cpu/layout.py)
 SUPPORTED_TYPES = (T.F32,) + tuple(KIND)
 
 
@@ -53,44 +51,6 @@ class QTensor:
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.qs, self.qh, self.sc, self.d, self.m))
-
-
-def interleave8(w: QTensor) -> QTensor:
-    """Q4_0/Q4_1/Q5_0/Q5_1 rows regrouped eight at a time, so that one 32-byte vector holds the same four
-    elements of eight rows (the CPU SIMD kernels' layout: a u8 x s8 dot product on it gives eight rows'
-    sums at once, against four activation bytes broadcast, and the scales of eight rows load as one
-    vector). Rows are padded with zeros to a multiple of 8; kinds become INTERLEAVED's. For row group G and
-    block b (nb = K / 32 blocks per row):
-
-        qs  (G, nb * 128)  four vectors per block: vector j holds, for each row r, bytes 4j .. 4j + 3
-                           of the row's block (low nibbles: elements 4j + e; high: elements 16 + 4j + e)
-        qh  (G, nb * 32)   Q5 only: eight uint32 per block, one per vector v (v < 4: low nibbles of
-                           vector v; v >= 4: high nibbles of vector v - 4): bit 4 r + e is the fifth bit
-                           of element 4 v + e of row r
-        d, m (G, nb * 8)   the eight rows' block scales (mins) as float16 bits
-    """
-    n, k = w.shape
-    nb = k // 32
-    g = -(-n // 8)
-    pad = ((0, g * 8 - n), (0, 0))
-    qs = np.pad(w.qs, pad).reshape(g, 8, nb, 4, 4).transpose(0, 2, 3, 1, 4).reshape(g, nb * 128)
-
-    def rows8(a):
-        return np.pad(a, pad).reshape(g, 8, nb).transpose(0, 2, 1).reshape(g, nb * 8).copy()
-
-    d = rows8(w.d)
-    m = rows8(w.m) if w.m.shape[1] else np.zeros((g, 0), np.uint16)
-    qh = np.zeros((g, 0), np.uint8)
-    if w.kind in (5, 6):
-        h = np.ascontiguousarray(np.pad(w.qh, pad)).view(np.uint32).reshape(g, 8, nb)  # bit i: element i
-        masks = np.zeros((g, nb, 8), np.uint32)
-        for v in range(8):
-            nib = (h >> np.uint32(4 * v)) & np.uint32(15)  # elements 4v .. 4v + 3 of each row
-            for r in range(8):
-                masks[:, :, v] |= nib[:, r, :] << np.uint32(4 * r)
-        qh = masks.reshape(g, nb * 8).view(np.uint8)
-    return QTensor(w.ggml_type, INTERLEAVED[w.kind], n, k, np.ascontiguousarray(qs), qh, np.zeros((g, 0), np.uint8),
-                   d, m)
 
 
 def _u16(blocks: np.ndarray, start: int) -> np.ndarray:

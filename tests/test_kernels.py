@@ -7,7 +7,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from edgeinfer.kernels import get_backend
 from edgeinfer.kernels.cpu import attention, ops, simd
-from edgeinfer.quant.repack import INTERLEAVED, KIND, interleave8, repack
+from edgeinfer.kernels.cpu.layout import INTERLEAVED, interleave8
+from edgeinfer.quant.repack import KIND, repack
 
 kb = get_backend("cpu")
 QUANT_TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ...quant.repack import INTERLEAVED, QTensor, interleave8
 from . import int8, quant, simd
+from .layout import INTERLEAVED, interleave8
 from .attention import paged_attention  # noqa: F401
 from .ops import gelu_tanh_mul, rmsnorm, rope, silu_mul, softcap, write_kv  # noqa: F401
 
@@ -140,8 +140,8 @@ def empty(shape, dtype=np.float32) -> np.ndarray:
 
 def upload(a):
     """A weight or constant, placed where the kernels read it: numpy arrays stay as they are; on the SIMD
-    paths, Q4_0/Q4_1/Q5_0/Q5_1 matrices are regrouped eight rows at a time (repack.interleave8)."""
-    if isinstance(a, QTensor) and a.kind in INTERLEAVED and KERNEL_PATH != "portable":
+    paths, Q4_0/Q4_1/Q5_0/Q5_1 matrices are regrouped eight rows at a time (layout.interleave8)."""
+    if not isinstance(a, np.ndarray) and getattr(a, "kind", None) in INTERLEAVED and KERNEL_PATH != "portable":
         return interleave8(a)
     return a
 

@@ -692,7 +692,7 @@ overload(rows_k45)(_by_path(_k45_portable, _k45_simd))
 overload(rows_q6_k)(_by_path(_q6_k_portable, _q6_k_simd))
 
 
-# -- interleaved Q4_0/Q4_1/Q5_0/Q5_1 (quant/repack.py's interleave8): eight rows per vector ------------
+# -- interleaved Q4_0/Q4_1/Q5_0/Q5_1 (layout.interleave8): eight rows per vector ------------
 #
 # One 32-byte vector holds the same four elements of eight rows, so a u8 x s8 dot product against four
 # activation bytes broadcast to every lane gives eight rows' partial sums at once: eight of them make the

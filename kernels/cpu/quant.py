@@ -67,7 +67,7 @@ def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
             if kind == 8:
                 q |= np.int32((qh[n, sb * 32 + l] >> i) & 1) << 4
             y[l] = scale * np.float32(q) - mn
-    elif kind >= 10:  # Q4_0 / Q4_1 / Q5_0 / Q5_1 with eight rows interleaved (quant/repack.py's interleave8)
+    elif kind >= 10:  # Q4_0 / Q4_1 / Q5_0 / Q5_1 with eight rows interleaved (layout.interleave8)
         G = n // 8
         r = n % 8
         db = lut[d[G, g * 8 + r]]

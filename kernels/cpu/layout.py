@@ -1,0 +1,49 @@
+"""The CPU SIMD kernels' own weight layout: Q4_0, Q4_1, Q5_0 and Q5_1 matrices with eight rows interleaved.
+
+The CPU backend applies it at load (backend.upload) on the SIMD paths; the portable path and the CUDA
+backend keep quant/repack.py's row-major layout. Kinds 10-13 name the interleaved forms of kinds 3-6.
+"""
+
+import dataclasses
+
+import numpy as np
+
+INTERLEAVED = {3: 10, 4: 11, 5: 12, 6: 13}
+
+
+def interleave8(w):
+    """A repacked Q4_0/Q4_1/Q5_0/Q5_1 matrix (quant/repack.py's QTensor) with its rows regrouped eight at a
+    time, so that one 32-byte vector holds the same four elements of eight rows (a u8 x s8 dot product on
+    it gives eight rows' sums at once, against four activation bytes broadcast, and the scales of eight
+    rows load as one vector). Rows are padded with zeros to a multiple of 8; kinds become INTERLEAVED's. For row group G and
+    block b (nb = K / 32 blocks per row):
+
+        qs  (G, nb * 128)  four vectors per block: vector j holds, for each row r, bytes 4j .. 4j + 3
+                           of the row's block (low nibbles: elements 4j + e; high: elements 16 + 4j + e)
+        qh  (G, nb * 32)   Q5 only: eight uint32 per block, one per vector v (v < 4: low nibbles of
+                           vector v; v >= 4: high nibbles of vector v - 4): bit 4 r + e is the fifth bit
+                           of element 4 v + e of row r
+        d, m (G, nb * 8)   the eight rows' block scales (mins) as float16 bits
+    """
+    n, k = w.shape
+    nb = k // 32
+    g = -(-n // 8)
+    pad = ((0, g * 8 - n), (0, 0))
+    qs = np.pad(w.qs, pad).reshape(g, 8, nb, 4, 4).transpose(0, 2, 3, 1, 4).reshape(g, nb * 128)
+
+    def rows8(a):
+        return np.pad(a, pad).reshape(g, 8, nb).transpose(0, 2, 1).reshape(g, nb * 8).copy()
+
+    d = rows8(w.d)
+    m = rows8(w.m) if w.m.shape[1] else np.zeros((g, 0), np.uint16)
+    qh = np.zeros((g, 0), np.uint8)
+    if w.kind in (5, 6):
+        h = np.ascontiguousarray(np.pad(w.qh, pad)).view(np.uint32).reshape(g, 8, nb)  # bit i: element i
+        masks = np.zeros((g, nb, 8), np.uint32)
+        for v in range(8):
+            nib = (h >> np.uint32(4 * v)) & np.uint32(15)  # elements 4v .. 4v + 3 of each row
+            for r in range(8):
+                masks[:, :, v] |= nib[:, r, :] << np.uint32(4 * r)
+        qh = masks.reshape(g, nb * 8).view(np.uint8)
+    return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=np.ascontiguousarray(qs), qh=qh,
+                               sc=np.zeros((g, 0), np.uint8), d=d, m=m)
