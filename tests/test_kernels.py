@@ -77,16 +77,18 @@ def test_activation_quantization_matches_numpy_twin(block):
     x = (rng.standard_normal((5, 512)) * rng.uniform(0.01, 100, (5, 1))).astype(np.float32)
     x[2, :256] = 0  # an all-zero block
     qx = QInput(x)
-    xq, xd, sums = qx.q8() if block == 32 else qx.q8k()
+    xq, xd, sums, *more = qx.q8() if block == 32 else qx.q8k()
     q, d = q8_reference(x, block)
     np.testing.assert_array_equal(xq.view(np.int8), q)
     np.testing.assert_array_equal(xd, d)
-    # the sums the kernels fold offsets and mins through: d * sum(q) per 32 (Q8), or sum(q) per 32 (Q8_K)
+    # the sums the kernels fold offsets and mins through: d * sum(q) per 32 (Q8), or sum(q) per 32 and
+    # per 16 (Q8_K)
     per32 = q.reshape(5, -1, 32).astype(np.int64).sum(axis=2)
     if block == 32:
         np.testing.assert_array_equal(sums, d * per32.astype(np.float32))
     else:
         np.testing.assert_array_equal(sums, per32)
+        np.testing.assert_array_equal(more[0], q.reshape(5, -1, 16).astype(np.int64).sum(axis=2))
 
 
 def int8_reference(ref, x, t):
@@ -163,24 +165,25 @@ def test_batched_rows_equal_single_token_bit_for_bit(t, path):
 
 
 def layouts(w):
-    """A repacked matrix, and for Q4_0/Q4_1/Q5_0/Q5_1 also its eight-row interleaved form."""
+    """A repacked matrix, and (all quantized types but Q8_0) also its eight-row interleaved form."""
     return (w, interleave8(w)) if w.kind in INTERLEAVED else (w,)
 
 
-@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 def test_interleaved_layout_holds_the_same_weights_and_results(t):
     """interleave8 moves bytes only: the same dequantized rows (odd row counts padded), and on every path
     the same output bits for the interleaved matrix, one token or many."""
     from edgeinfer.kernels.cpu.backend import QInput, matmul_int8
 
     rng = np.random.default_rng(9)
+    k = 512 if t in K_QUANTS else 96
     for n in (8, 13, 40):
-        raw, ref = random_tensor(t, n, 96, rng)
-        w = repack(raw, t, (96, n))
+        raw, ref = random_tensor(t, n, k, rng)
+        w = repack(raw, t, (k, n))
         x8 = interleave8(w)
         np.testing.assert_array_equal(kb.dequantize(x8), kb.dequantize(w))
         np.testing.assert_array_equal(kb.dequantize(x8), ref)
-        x = rng.standard_normal((5, 96)).astype(np.float32)
+        x = rng.standard_normal((5, k)).astype(np.float32)
         outs = []
         for path in simd.available_paths():
             o = np.empty((5, n), np.float32)

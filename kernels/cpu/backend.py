@@ -40,10 +40,11 @@ class QInput:
         return self._q8
 
     def q8k(self):
-        # (xq (T, K) int8 as uint8, xd (T, K/256) float32, xb (T, K/32) int32 sums)
+        # (xq (T, K) int8 as uint8, xd (T, K/256) float32, xb (T, K/32) and xb16 (T, K/16) int32 sums)
         if self._q8k is None:
             t, k = self.x.shape
-            self._q8k = (np.empty((t, k), np.uint8), np.empty((t, k // 256), np.float32), np.empty((t, k // 32), np.int32))
+            self._q8k = (np.empty((t, k), np.uint8), np.empty((t, k // 256), np.float32), np.empty((t, k // 32), np.int32),
+                         np.empty((t, k // 16), np.int32))
             int8.quantize_q8k(self.x, *self._q8k)
         return self._q8k
 
@@ -82,7 +83,8 @@ def matmul_int8(w, qx: QInput, out: np.ndarray, isa: np.ndarray) -> None:
 
 # stand-ins for the activation format a matrix does not read
 _NO_Q8 = (np.empty((0, 0), np.uint8), np.empty((0, 0), np.float32), np.empty((0, 0), np.float32))
-_NO_Q8K = (np.empty((0, 0), np.uint8), np.empty((0, 0), np.float32), np.empty((0, 0), np.int32))
+_NO_Q8K = (np.empty((0, 0), np.uint8), np.empty((0, 0), np.float32), np.empty((0, 0), np.int32),
+           np.empty((0, 0), np.int32))
 
 
 def layer_stack(cfg, layers, inv_freqs, *, qk_norm=False, post_norms=False, gelu=False):

@@ -109,12 +109,13 @@ def quantize_q8(x, xq, xd, xs):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def quantize_q8k(x, xq, xd, xb):
+def quantize_q8k(x, xq, xd, xb, xb16):
     # x (T, K) float32 -> xq (T, K) int8 as uint8, xd (T, K/256) float32, xb (T, K/32) int32 sums per 32
-    # (the K-quants' min terms need them per 32-element sub-block; llama.cpp keeps them per 16).
+    # (the K-quants' min terms need them per 32-element sub-block), xb16 (T, K/16) sums per 16 (as
+    # llama.cpp's bsums: the interleaved Q6_K kernel's offset of 32 per 16-element group).
     # llama.cpp's quantize_row_q8_K: the value of largest magnitude maps to -127 (its sign flips the scale).
     for t in prange(x.shape[0]):
-        quantize_q8k_row(x, xq, xd, xb, t)
+        quantize_q8k_row(x, xq, xd, xb, xb16, t)
 
 
 @njit(nogil=True, cache=True)
@@ -142,13 +143,13 @@ def quantize_q8_blocks(x, xq, xd, xs, t, g0, g1):
 
 
 @njit(nogil=True, cache=True)
-def quantize_q8k_row(x, xq, xd, xb, t):
+def quantize_q8k_row(x, xq, xd, xb, xb16, t):
     # token t of quantize_q8k
-    quantize_q8k_blocks(x, xq, xd, xb, t, 0, x.shape[1] // 256)
+    quantize_q8k_blocks(x, xq, xd, xb, xb16, t, 0, x.shape[1] // 256)
 
 
 @njit(nogil=True, cache=True)
-def quantize_q8k_blocks(x, xq, xd, xb, t, sb0, sb1):
+def quantize_q8k_blocks(x, xq, xd, xb, xb16, t, sb0, sb1):
     # 256-blocks [sb0, sb1) of token t (see quantize_q8k)
     for sb in range(sb0, sb1):
         amax = np.float32(0.0)
@@ -164,15 +165,23 @@ def quantize_q8k_blocks(x, xq, xd, xb, t, sb0, sb1):
                 xq[t, sb * 256 + j] = 0
             for j in range(8):
                 xb[t, sb * 8 + j] = 0
+                xb16[t, sb * 16 + 2 * j] = 0
+                xb16[t, sb * 16 + 2 * j + 1] = 0
             continue
         iscale = np.float32(-127.0) / vmax
         for j in range(8):
             s = np.int32(0)
+            s16 = np.int32(0)
             for l in range(32):
                 q = min(np.int32(127), np.int32(np.rint(iscale * x[t, sb * 256 + j * 32 + l])))
                 s += q
+                s16 += q
+                if l == 15:
+                    xb16[t, sb * 16 + 2 * j] = s16
+                    s16 = np.int32(0)
                 xq[t, sb * 256 + j * 32 + l] = np.uint8(q & 255)
             xb[t, sb * 8 + j] = s
+            xb16[t, sb * 16 + 2 * j + 1] = s16
         xd[t, sb] = np.float32(1.0) / iscale
 
 
@@ -197,7 +206,7 @@ def rows_per_task(n, threads):
 
 def uses_q8k(kind: int) -> bool:
     """Whether a matrix of this kind reads the activation as Q8_K (K-quants) rather than Q8."""
-    return 7 <= kind <= 9
+    return 7 <= kind <= 9 or kind >= 14
 
 
 def as_tuple(w) -> tuple:
@@ -218,8 +227,10 @@ def rows_any(w, q8, q8k, luts, out, n0, n1, isa):
         rows_k45(isa, kind, qs, qh, sc, d, m, luts, q8k[0], q8k[1], q8k[2], out, n0, n1)
     elif kind == 9:
         rows_q6_k(isa, qs, sc, d, luts, q8k[0], q8k[1], out, n0, n1)
-    else:
+    elif kind <= 13:
         rows_x8(isa, kind, qs, qh, d, m, luts, q8[0], q8[1], q8[2], out, n0, n1)
+    else:
+        rows_kx8(isa, kind, qs, qh, sc, d, m, luts, q8k[0], q8k[1], q8k[2], q8k[3], out, n0, n1)
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -261,6 +272,10 @@ def rows_q6_k(isa, qs, sc, d, luts, xq, xd, out, n0, n1):
 
 def rows_x8(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
     """Rows [n0, n1) (n0 a multiple of 8) of a matmul of interleaved Q4_0/Q4_1/Q5_0/Q5_1, every token."""
+
+
+def rows_kx8(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
+    """Rows [n0, n1) (n0 a multiple of 8) of a matmul of interleaved Q4_K/Q5_K/Q6_K, every token."""
 
 
 def _by_path(portable, simd_impl):
@@ -824,3 +839,137 @@ def _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
 
 
 overload(rows_x8)(_by_path(_x8_portable, _x8_simd))
+
+
+# -- interleaved Q4_K/Q5_K/Q6_K (layout._k8): eight rows per vector ----------------------------------
+#
+# As for the legacy types, each vector holds four elements of eight rows; the sub-block scales are
+# applied in the integer domain to eight rows at once (vpmulld with the rows' scales widened to 32 bits),
+# the mins from the activation's sums per 32, and one float FMA per 256 elements per eight rows:
+#   Q4_K/Q5_K  acc = fma(float(sum_j sc_j dot_j), d d_x, acc), mo = fma(float(sum_j min_j xsum_j), dmin d_x, mo)
+#   Q6_K       acc = fma(float(sum_j sc_j (dot_j - 32 xsum16_j)), d d_x, acc)   (q stored unsigned, 0..63)
+# Q4_K/Q5_K weights are unpacked once per row group into a scratch of bytes (8 K of them), which every
+# token then reads; Q6_K's are stored unpacked. One code path for every batch size: the same bits.
+
+
+def dot4(isa, w0, w1, w2, w3, x0, x1, x2, x3):
+    """sum_v u8x32 w_v . s8x32 x_v -> s32x8 (exact) for weights up to 63: vpdpbusd chain on vnni; on avx2
+    vpmaddubsw pairs summed in 16 bits (at most 2 x 2 x 63 x 127 < 2**15), then vpmaddwd."""
+
+
+@overload(dot4, inline="always")
+def _dot4(isa, w0, w1, w2, w3, x0, x1, x2, x3):
+    if path_of(isa) == "vnni":
+        def impl(isa, w0, w1, w2, w3, x0, x1, x2, x3):
+            return simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.zero32(), w0, x0), w1, x1), w2, x2), w3, x3)
+        return impl
+
+    def impl(isa, w0, w1, w2, w3, x0, x1, x2, x3):
+        a = simd.add16(simd.maddubs(w0, x0), simd.maddubs(w1, x1))
+        b = simd.add16(simd.maddubs(w2, x2), simd.maddubs(w3, x3))
+        return simd.add32(simd.madd(a, simd.ones16()), simd.madd(b, simd.ones16()))
+    return impl
+
+
+@njit(cache=True, fastmath=EXACT)
+def _kx8_portable(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
+    # one row and one token at a time, the SIMD path's arithmetic lane by lane (the same bits)
+    T, K = xq.shape
+    nsb = K // 256
+    for n in range(n0, n1):
+        grp = n // 8
+        r = n % 8
+        for t in range(T):
+            acc = np.float32(0.0)
+            mo = np.float32(0.0)
+            for sb in range(nsb):
+                isum = np.int32(0)
+                msum = np.int32(0)
+                if kind == 16:
+                    for j in range(16):
+                        dot = np.int32(0)
+                        for i in range(16):
+                            e = j * 16 + i
+                            dot += np.int32(qs[grp, ((sb * 64 + e // 4) * 8 + r) * 4 + e % 4]) * _i8(xq[t, sb * 256 + e])
+                        isum += _i8(sc[grp, (sb * 16 + j) * 8 + r]) * (dot - 32 * xb16[t, sb * 16 + j])
+                else:
+                    for j in range(8):
+                        dot = np.int32(0)
+                        for l in range(32):
+                            b = qs[grp, (((sb * 4 + j // 2) * 8 + l // 4) * 8 + r) * 4 + l % 4]
+                            q = np.int32(b & 15) if j % 2 == 0 else np.int32(b >> 4)
+                            if kind == 15:
+                                q |= np.int32((qh[grp, ((sb * 8 + l // 4) * 8 + r) * 4 + l % 4] >> j) & 1) << 4
+                            dot += q * _i8(xq[t, sb * 256 + j * 32 + l])
+                        isum += np.int32(sc[grp, (sb * 16 + j) * 8 + r]) * dot
+                        msum += np.int32(sc[grp, (sb * 16 + 8 + j) * 8 + r]) * xb[t, sb * 8 + j]
+                dx = xd[t, sb]
+                acc = simd.fma1(np.float32(isum), luts[0, d[grp, sb * 8 + r]] * dx, acc)
+                if kind != 16:
+                    mo = simd.fma1(np.float32(msum), luts[0, m[grp, sb * 8 + r]] * dx, mo)
+            out[t, n] = acc - mo if kind != 16 else acc
+
+
+@njit(cache=True, fastmath=EXACT)
+def _kx8_simd(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
+    T, K = xq.shape
+    N = out.shape[1]
+    nsb = K // 256
+    res = np.empty(8, np.float32)
+    ws = np.empty(8 * K if kind != 16 else 0, np.uint8)  # a row group's Q4_K/Q5_K weights as bytes
+    for grp in range(n0 // 8, (n1 + 7) // 8):
+        if kind != 16:  # unpack: sub-block j, vector v at ((sb * 8 + j) * 8 + v) * 32
+            for sb in range(nsb):
+                for p in range(4):
+                    for v in range(8):
+                        o = (((grp * nsb + sb) * 4 + p) * 8 + v) * 32
+                        simd.prefetch(qs, o + PREFETCH)
+                        b = simd.load32(qs, o)
+                        lo = simd.low4(b)
+                        hi = simd.shr4(b)
+                        if kind == 15:
+                            hv = simd.load32(qh, ((grp * nsb + sb) * 8 + v) * 32)
+                            lo = simd.or_(lo, simd.bit_to_16(hv, 2 * p))
+                            hi = simd.or_(hi, simd.bit_to_16(hv, 2 * p + 1))
+                        simd.store32(ws, ((sb * 8 + 2 * p) * 8 + v) * 32, lo)
+                        simd.store32(ws, ((sb * 8 + 2 * p + 1) * 8 + v) * 32, hi)
+        for t in range(T):
+            acc = simd.zerof()
+            mo = simd.zerof()
+            for sb in range(nsb):
+                so = (grp * nsb + sb) * 128
+                isum = simd.zero32()
+                if kind == 16:
+                    for j in range(16):
+                        o = ((grp * nsb + sb) * 64 + j * 4) * 32
+                        if T == 1:
+                            simd.prefetch(qs, o + PREFETCH)
+                            simd.prefetch(qs, o + 64 + PREFETCH)
+                        xo = t * K + sb * 256 + j * 16
+                        dot = dot4(isa, simd.load32(qs, o), simd.load32(qs, o + 32), simd.load32(qs, o + 64),
+                                   simd.load32(qs, o + 96), simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4),
+                                   simd.bcast4(xq, xo + 8), simd.bcast4(xq, xo + 12))
+                        dot = simd.sub32(dot, simd.splat32(32 * simd.ld(xb16, t * nsb * 16 + sb * 16 + j)))
+                        isum = simd.add32(isum, simd.mul32(dot, simd.widen8s(sc, so + j * 8)))
+                else:
+                    msum = simd.zero32()
+                    for j in range(8):
+                        o = (sb * 8 + j) * 256
+                        xo = t * K + sb * 256 + j * 32
+                        dot = dot8(isa, simd.load32(ws, o), simd.load32(ws, o + 32), simd.load32(ws, o + 64),
+                                   simd.load32(ws, o + 96), simd.load32(ws, o + 128), simd.load32(ws, o + 160),
+                                   simd.load32(ws, o + 192), simd.load32(ws, o + 224),
+                                   simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4), simd.bcast4(xq, xo + 8),
+                                   simd.bcast4(xq, xo + 12), simd.bcast4(xq, xo + 16), simd.bcast4(xq, xo + 20),
+                                   simd.bcast4(xq, xo + 24), simd.bcast4(xq, xo + 28))
+                        isum = simd.add32(isum, simd.mul32(dot, simd.widen8(sc, so + j * 8)))
+                        msum = simd.add32(msum, simd.mul32(simd.widen8(sc, so + 64 + j * 8),
+                                                           simd.splat32(simd.ld(xb, t * nsb * 8 + sb * 8 + j))))
+                    mo = simd.fma8(simd.cvt8(msum), simd.mul8(simd.loadf8(m, (grp * nsb + sb) * 8),
+                                                              simd.splatf(simd.ld(xd, t * nsb + sb))), mo)
+                acc = simd.fma8(simd.cvt8(isum), simd.mul8(simd.loadf8(d, (grp * nsb + sb) * 8),
+                                                           simd.splatf(simd.ld(xd, t * nsb + sb))), acc)
+            _x8_store(out, t, grp * 8, N, simd.sub8(acc, mo) if kind != 16 else acc, res)
+
+
+overload(rows_kx8)(_by_path(_kx8_portable, _kx8_simd))

@@ -67,6 +67,29 @@ def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
             if kind == 8:
                 q |= np.int32((qh[n, sb * 32 + l] >> i) & 1) << 4
             y[l] = scale * np.float32(q) - mn
+    elif kind == 14 or kind == 15:  # Q4_K / Q5_K, eight rows interleaved (layout._k8)
+        G = n // 8
+        r = n % 8
+        sb = g // 8
+        j = g % 8
+        scale = lut[d[G, sb * 8 + r]] * np.float32(sc[G, (sb * 16 + j) * 8 + r])
+        mn = lut[m[G, sb * 8 + r]] * np.float32(sc[G, (sb * 16 + 8 + j) * 8 + r])
+        for l in range(32):
+            o = ((sb * 4 + j // 2) * 8 + l // 4) * 32 + r * 4 + l % 4
+            q = np.int32(qs[G, o] & 15) if j % 2 == 0 else np.int32(qs[G, o] >> 4)
+            if kind == 15:
+                q |= np.int32((qh[G, (sb * 8 + l // 4) * 32 + r * 4 + l % 4] >> j) & 1) << 4
+            y[l] = scale * np.float32(q) - mn
+    elif kind == 16:  # Q6_K, eight rows interleaved, unsigned q (value q - 32)
+        G = n // 8
+        r = n % 8
+        sb = g // 8
+        db = lut[d[G, sb * 8 + r]]
+        for h in range(2):
+            s = db * np.float32(_i8(sc[G, (sb * 16 + (g % 8) * 2 + h) * 8 + r]))
+            for l in range(16):
+                i = (g % 8) * 32 + h * 16 + l
+                y[h * 16 + l] = s * np.float32(np.int32(qs[G, (sb * 64 + i // 4) * 32 + r * 4 + i % 4]) - 32)
     elif kind >= 10:  # Q4_0 / Q4_1 / Q5_0 / Q5_1 with eight rows interleaved (layout.interleave8)
         G = n // 8
         r = n % 8

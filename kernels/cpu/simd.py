@@ -570,3 +570,42 @@ def fma1(typingctx, a, b, c):
 def div8(typingctx, a, b):
     """a / b, f32x8 (correctly rounded)."""
     return f32x8(f32x8, f32x8), lambda ctx, builder, s, args: builder.fdiv(args[0], args[1])
+
+
+@intrinsic
+def widen8s(typingctx, a, offset):
+    """8 bytes at a[offset] (int8 bit patterns in a uint8 array) sign-extended -> s32x8 (vpmovsxbd)."""
+    sig = i32x8(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        v8 = ir.VectorType(ir.IntType(8), 8)
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
+        return builder.sext(builder.load(builder.bitcast(p, v8.as_pointer()), align=1), _V8I32)
+
+    return sig, codegen
+
+
+@intrinsic
+def splat32(typingctx, x):
+    """s32x8 with the integer x in every lane."""
+    def codegen(context, builder, signature, args):
+        return _splat(builder, context.cast(builder, args[0], signature.args[0], types.int32), _V8I32)
+
+    return i32x8(x), codegen
+
+
+@intrinsic
+def sub32(typingctx, a, b):
+    """a - b, s32x8 (vpsubd)."""
+    return i32x8(i32x8, i32x8), lambda c, builder, s, args: builder.sub(args[0], args[1])
+
+
+@intrinsic
+def store32(typingctx, a, offset, v):
+    """a[offset : offset + 32] = v (i8x32), a uint8 array, offset in bytes."""
+    def codegen(context, builder, signature, args):
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
+        builder.store(args[2], builder.bitcast(p, _V32I8.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.void(a, types.intp, i8x32), codegen

@@ -105,20 +105,7 @@ def _alloc_q(T, K, need):
     a = (np.empty((T, K if need & 1 else 0), np.uint8), np.empty((T, K // 32 if need & 1 else 0), np.float32),
          np.empty((T, K // 32 if need & 1 else 0), np.float32))
     b = (np.empty((T, K if need & 2 else 0), np.uint8), np.empty((T, K // 256 if need & 2 else 0), np.float32),
-         np.empty((T, K // 32 if need & 2 else 0), np.int32))
-    return a, b
-
-
-@njit(nogil=True, cache=True)
-def _quantize(x, need):
-    # x (T, K) -> (Q8 arrays, Q8_K arrays), each made only when some matrix reading x needs it
-    T, K = x.shape
-    a, b = _alloc_q(T, K, need)
-    for t in range(T):
-        if need & 1:
-            int8.quantize_q8_row(x, a[0], a[1], a[2], t)
-        if need & 2:
-            int8.quantize_q8k_row(x, b[0], b[1], b[2], t)
+         np.empty((T, K // 32 if need & 2 else 0), np.int32), np.empty((T, K // 16 if need & 2 else 0), np.int32))
     return a, b
 
 
@@ -144,7 +131,7 @@ def _quantize_rows(x, need, a, b):
         if need & 1:
             int8.quantize_q8_row(x, a[0], a[1], a[2], t)
         if need & 2:
-            int8.quantize_q8k_row(x, b[0], b[1], b[2], t)
+            int8.quantize_q8k_row(x, b[0], b[1], b[2], b[3], t)
 
 
 @njit(nogil=True, cache=True)
@@ -159,7 +146,7 @@ def _quantize(x, need):
             if need & 1:
                 int8.quantize_q8_row(x, a[0], a[1], a[2], t)
             if need & 2:
-                int8.quantize_q8k_row(x, b[0], b[1], b[2], t)
+                int8.quantize_q8k_row(x, b[0], b[1], b[2], b[3], t)
     return a, b
 
 
@@ -214,7 +201,7 @@ def _act_quantize(gate, up, gelu, need, a, b):
         if need & 1:
             int8.quantize_q8_blocks(gate, a[0], a[1], a[2], t, c * chunk // 32, (c + 1) * chunk // 32)
         if need & 2:
-            int8.quantize_q8k_blocks(gate, b[0], b[1], b[2], t, c * chunk // 256, (c + 1) * chunk // 256)
+            int8.quantize_q8k_blocks(gate, b[0], b[1], b[2], b[3], t, c * chunk // 256, (c + 1) * chunk // 256)
 
 
 @njit(nogil=True, cache=True)
