@@ -130,7 +130,7 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
             s1 = simd.keep8(s1, 8, a, e, fill)
             m_old = m[r]
             m_new = max(m_old, simd.hmax8(simd.max8(s0, s1)))
-            corr = np.float32(math.exp(m_old - m_new))
+            corr = simd.lane8(simd.exp8(simd.splatf(m_old - m_new)), 0)
             mv = simd.splatf(m_new)
             p0 = simd.exp8(simd.sub8(s0, mv))
             p1 = simd.exp8(simd.sub8(s1, mv))
@@ -138,7 +138,48 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
             m[r] = m_new
             simd.storef8(p, 0, p0)
             simd.storef8(p, 8, p1)
-            _accumulate(acc, r * Dv, Dv, corr, p, a, e, v_cache, vbase)
+            # acc_r = corr * acc_r + sum over keys j in [a, e) of p[j] * V_j: 64 values at a time (eight
+            # independent FMA chains), then 8 at a time; each 8-value chunk is the same chain either way.
+            # (Written out here, not called: an array argument costs reference counting per call.)
+            cv = simd.splatf(corr)
+            base = r * Dv
+            c = 0
+            while c + 64 <= Dv:
+                o = base + c
+                x0 = simd.mul8(simd.loadf8(acc, o), cv)
+                x1 = simd.mul8(simd.loadf8(acc, o + 8), cv)
+                x2 = simd.mul8(simd.loadf8(acc, o + 16), cv)
+                x3 = simd.mul8(simd.loadf8(acc, o + 24), cv)
+                x4 = simd.mul8(simd.loadf8(acc, o + 32), cv)
+                x5 = simd.mul8(simd.loadf8(acc, o + 40), cv)
+                x6 = simd.mul8(simd.loadf8(acc, o + 48), cv)
+                x7 = simd.mul8(simd.loadf8(acc, o + 56), cv)
+                for j in range(a, e):
+                    pj = simd.splatf(p[j])
+                    vb = vbase[j] + c
+                    x0 = simd.fma8(pj, simd.loadf8(v_cache, vb), x0)
+                    x1 = simd.fma8(pj, simd.loadf8(v_cache, vb + 8), x1)
+                    x2 = simd.fma8(pj, simd.loadf8(v_cache, vb + 16), x2)
+                    x3 = simd.fma8(pj, simd.loadf8(v_cache, vb + 24), x3)
+                    x4 = simd.fma8(pj, simd.loadf8(v_cache, vb + 32), x4)
+                    x5 = simd.fma8(pj, simd.loadf8(v_cache, vb + 40), x5)
+                    x6 = simd.fma8(pj, simd.loadf8(v_cache, vb + 48), x6)
+                    x7 = simd.fma8(pj, simd.loadf8(v_cache, vb + 56), x7)
+                simd.storef8(acc, o, x0)
+                simd.storef8(acc, o + 8, x1)
+                simd.storef8(acc, o + 16, x2)
+                simd.storef8(acc, o + 24, x3)
+                simd.storef8(acc, o + 32, x4)
+                simd.storef8(acc, o + 40, x5)
+                simd.storef8(acc, o + 48, x6)
+                simd.storef8(acc, o + 56, x7)
+                c += 64
+            while c < Dv:
+                x0 = simd.mul8(simd.loadf8(acc, base + c), cv)
+                for j in range(a, e):
+                    x0 = simd.fma8(simd.splatf(p[j]), simd.loadf8(v_cache, vbase[j] + c), x0)
+                simd.storef8(acc, base + c, x0)
+                c += 8
     for t in range(t0, t1):
         for hh in range(group):
             r = (t - t0) * group + hh
@@ -194,50 +235,6 @@ def _scores(q, kt, sc, t0, g, group, R, D, scale):
             a1 = simd.fma8(x, simd.loadf8(kt, d * KEYS + 8), a1)
         simd.storef8(sc, r * KEYS, simd.mul8(a0, sv))
         simd.storef8(sc, r * KEYS + 8, simd.mul8(a1, sv))
-
-
-@njit(nogil=True, cache=True)
-def _accumulate(acc, base, Dv, corr, p, a, e, v_cache, vbase):
-    # acc[base : base + Dv] = corr * acc + sum over keys j in [a, e) of p[j] * V_j, 64 values at a time
-    # (eight independent FMA chains), then 8 at a time; each 8-value chunk is the same chain either way
-    cv = simd.splatf(corr)
-    c = 0
-    while c + 64 <= Dv:
-        o = base + c
-        x0 = simd.mul8(simd.loadf8(acc, o), cv)
-        x1 = simd.mul8(simd.loadf8(acc, o + 8), cv)
-        x2 = simd.mul8(simd.loadf8(acc, o + 16), cv)
-        x3 = simd.mul8(simd.loadf8(acc, o + 24), cv)
-        x4 = simd.mul8(simd.loadf8(acc, o + 32), cv)
-        x5 = simd.mul8(simd.loadf8(acc, o + 40), cv)
-        x6 = simd.mul8(simd.loadf8(acc, o + 48), cv)
-        x7 = simd.mul8(simd.loadf8(acc, o + 56), cv)
-        for j in range(a, e):
-            pj = simd.splatf(p[j])
-            vb = vbase[j] + c
-            x0 = simd.fma8(pj, simd.loadf8(v_cache, vb), x0)
-            x1 = simd.fma8(pj, simd.loadf8(v_cache, vb + 8), x1)
-            x2 = simd.fma8(pj, simd.loadf8(v_cache, vb + 16), x2)
-            x3 = simd.fma8(pj, simd.loadf8(v_cache, vb + 24), x3)
-            x4 = simd.fma8(pj, simd.loadf8(v_cache, vb + 32), x4)
-            x5 = simd.fma8(pj, simd.loadf8(v_cache, vb + 40), x5)
-            x6 = simd.fma8(pj, simd.loadf8(v_cache, vb + 48), x6)
-            x7 = simd.fma8(pj, simd.loadf8(v_cache, vb + 56), x7)
-        simd.storef8(acc, o, x0)
-        simd.storef8(acc, o + 8, x1)
-        simd.storef8(acc, o + 16, x2)
-        simd.storef8(acc, o + 24, x3)
-        simd.storef8(acc, o + 32, x4)
-        simd.storef8(acc, o + 40, x5)
-        simd.storef8(acc, o + 48, x6)
-        simd.storef8(acc, o + 56, x7)
-        c += 64
-    while c < Dv:
-        x0 = simd.mul8(simd.loadf8(acc, base + c), cv)
-        for j in range(a, e):
-            x0 = simd.fma8(simd.splatf(p[j]), simd.loadf8(v_cache, vbase[j] + c), x0)
-        simd.storef8(acc, base + c, x0)
-        c += 8
 
 
 @njit(nogil=True, cache=True)
