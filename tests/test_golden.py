@@ -20,16 +20,16 @@ TIE_MARGIN = 0.25
 # Both engines round activations to 8 bits inside the quantized dot products (llama.cpp's Q8_0/Q8_1/Q8_K,
 # which our int8 kernels reproduce), but llama.cpp also keeps K and V in float16, rounds Q to float16 for
 # the attention scores and accumulates in other orders. On these short prompts the models amplify such
-# rounding differences into a shift shared by all logits: variants of our own that differ only in
-# rounding (float32 or float16 KV, the portable and the SIMD kernel paths, two accumulation orders of the
-# int8 matmuls) moved the mean of the top 20 logits by up to 0.46 and their largest difference from
-# llama.cpp's from 0.19 to 0.78, while the shape of the distribution held: the log-probabilities of the
-# top 20 (logit minus log-sum-exp) stayed within 0.48 of llama.cpp's, the log-sum-exp within 0.47. The
-# checks are set just above those measured spreads: tighter on the log-probabilities, looser on the raw
-# logits; the best token must be the same.
+# rounding differences into a shift shared by all logits (the hidden state's scale before the output
+# matrix): variants of our own that differ only in rounding (float32 or float16 KV, the portable and the
+# SIMD kernel paths, three accumulation orders of the int8 matmuls) moved the mean of the top 20 logits
+# by up to 0.61 and the log-sum-exp by up to 0.70 away from llama.cpp's, while the shape of the
+# distribution held: the log-probabilities of the top 20 (logit minus log-sum-exp) stayed within 0.48
+# of llama.cpp's. So the log-probabilities are checked tightly, just above that spread; the raw logits
+# and the log-sum-exp, which carry the shared shift, loosely; and the best token must be the same.
 LOGPROB_TOL = 0.6
-LOGIT_TOL = 1.0
-LSE_TOL = 0.6
+LOGIT_TOL = 1.2
+LSE_TOL = 1.0
 
 
 @pytest.fixture(scope="module", params=list(MODELS))

@@ -165,11 +165,11 @@ def test_batched_rows_equal_single_token_bit_for_bit(t, path):
 
 
 def layouts(w):
-    """A repacked matrix, and (all quantized types but Q8_0) also its eight-row interleaved form."""
+    """A repacked matrix, and for a quantized type also its eight-row interleaved form."""
     return (w, interleave8(w)) if w.kind in INTERLEAVED else (w,)
 
 
-@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
 def test_interleaved_layout_holds_the_same_weights_and_results(t):
     """interleave8 moves bytes only: the same dequantized rows (odd row counts padded), and on every path
     the same output bits for the interleaved matrix, one token or many."""

@@ -2,19 +2,34 @@
 
 The CPU backend applies it at load (backend.upload) on the SIMD paths; the portable path and the CUDA
 backend keep quant/repack.py's row-major layout. Kinds 10-13 name the interleaved forms of Q4_0, Q4_1,
-Q5_0, Q5_1 (kinds 3-6), kinds 14-16 those of Q4_K, Q5_K, Q6_K (kinds 7-9); Q8_0 keeps its layout.
+Q5_0, Q5_1 (kinds 3-6), kinds 14-16 those of Q4_K, Q5_K, Q6_K (kinds 7-9), kind 17 that of Q8_0 (kind 2).
 """
 
 import dataclasses
 
 import numpy as np
 
-INTERLEAVED = {3: 10, 4: 11, 5: 12, 6: 13, 7: 14, 8: 15, 9: 16}
+INTERLEAVED = {3: 10, 4: 11, 5: 12, 6: 13, 7: 14, 8: 15, 9: 16, 2: 17}
 
 
 def interleave8(w):
-    """A repacked matrix of a kind in INTERLEAVED, eight rows interleaved (see _legacy8 and _k8)."""
+    """A repacked matrix of a kind in INTERLEAVED, eight rows interleaved (see _legacy8, _k8 and _q8_8)."""
+    if w.kind == 2:
+        return _q8_8(w)
     return _legacy8(w) if w.kind <= 6 else _k8(w)
+
+
+def _q8_8(w):
+    """Q8_0, eight rows per group G: qs (G, nb * 256), for block b and v < 8 a vector of the eight rows'
+    signed bytes 4v .. 4v + 3; d (G, nb * 8) the rows' block scales as float16 bits."""
+    n, k = w.shape
+    nb = k // 32
+    g = -(-n // 8)
+    pad = ((0, g * 8 - n), (0, 0))
+    qs = np.pad(w.qs, pad).reshape(g, 8, nb, 8, 4).transpose(0, 2, 3, 1, 4).reshape(g, -1)
+    return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=np.ascontiguousarray(qs), d=_rows8(w.d, g, pad, 1),
+                               qh=np.zeros((g, 0), np.uint8), sc=np.zeros((g, 0), np.uint8),
+                               m=np.zeros((g, 0), np.uint16))
 
 
 def _rows8(a, g, pad, per_row):

@@ -67,6 +67,12 @@ def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
             if kind == 8:
                 q |= np.int32((qh[n, sb * 32 + l] >> i) & 1) << 4
             y[l] = scale * np.float32(q) - mn
+    elif kind == 17:  # Q8_0, eight rows interleaved (layout._q8_8)
+        G = n // 8
+        r = n % 8
+        db = lut[d[G, g * 8 + r]]
+        for i in range(32):
+            y[i] = db * _i8(qs[G, (g * 8 + i // 4) * 32 + r * 4 + i % 4])
     elif kind == 14 or kind == 15:  # Q4_K / Q5_K, eight rows interleaved (layout._k8)
         G = n // 8
         r = n % 8
