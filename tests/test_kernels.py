@@ -182,6 +182,13 @@ def test_interleaved_layout_holds_the_same_weights_and_results(t):
         w = repack(raw, t, (k, n))
         x8 = interleave8(w)
         np.testing.assert_array_equal(kb.dequantize(x8), kb.dequantize(w))
+        # in place (what loading does): the same arrays, made in the row-major copy's memory
+        spent = repack(raw, t, (k, n))
+        x8_inplace = interleave8(spent, inplace=True)
+        for f in ("qs", "qh", "sc", "d", "m"):
+            np.testing.assert_array_equal(getattr(x8_inplace, f), getattr(x8, f))
+        if n % 8 == 0:
+            assert np.shares_memory(x8_inplace.qs, spent.qs)
         np.testing.assert_array_equal(kb.dequantize(x8), ref)
         x = rng.standard_normal((5, k)).astype(np.float32)
         outs = []

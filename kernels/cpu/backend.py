@@ -142,9 +142,9 @@ def empty(shape, dtype=np.float32) -> np.ndarray:
 
 def upload(a):
     """A weight or constant, placed where the kernels read it: numpy arrays stay as they are; on the SIMD
-    paths, Q4_0/Q4_1/Q5_0/Q5_1 matrices are regrouped eight rows at a time (layout.interleave8)."""
+    paths, quantized matrices are regrouped eight rows at a time, in place (layout.interleave8)."""
     if not isinstance(a, np.ndarray) and getattr(a, "kind", None) in INTERLEAVED and KERNEL_PATH != "portable":
-        return interleave8(a)
+        return interleave8(a, inplace=True)  # the loader drops the row-major copy
     return a
 
 

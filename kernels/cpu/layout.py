@@ -12,33 +12,58 @@ import numpy as np
 INTERLEAVED = {3: 10, 4: 11, 5: 12, 6: 13, 7: 14, 8: 15, 9: 16, 2: 17}
 
 
-def interleave8(w):
-    """A repacked matrix of a kind in INTERLEAVED, eight rows interleaved (see _legacy8, _k8 and _q8_8)."""
+def interleave8(w, inplace: bool = False):
+    """A repacked matrix of a kind in INTERLEAVED, eight rows interleaved (see _legacy8, _k8 and _q8_8).
+    inplace: reuse w's arrays (a per-group permutation in place, when the row count is a multiple of 8),
+    so loading holds no second copy of a matrix; w is then spent."""
     if w.kind == 2:
-        return _q8_8(w)
-    return _legacy8(w) if w.kind <= 6 else _k8(w)
+        return _q8_8(w, inplace)
+    return _legacy8(w, inplace) if w.kind <= 6 else _k8(w, inplace)
 
 
-def _q8_8(w):
+def _groups(a, transform, inplace):
+    """(N, W) -> (G, 8 W): `transform` maps an (8 G, W) array to its (G, 8 W) interleaved form; in place
+    (the same permutation applied to each group's 8 W contiguous entries, a few thousand groups at a
+    time) where N is a multiple of 8, else on a zero-padded copy."""
+    n, width = a.shape
+    g = -(-n // 8)
+    if width == 0:
+        return np.zeros((g, 0), a.dtype)
+    if inplace and n % 8 == 0 and a.flags.c_contiguous and a.flags.writeable:
+        perm = transform(np.arange(8 * width).reshape(8, width)).reshape(-1)
+        out = a.reshape(g, 8 * width)
+        for c in range(0, g, 4096):
+            out[c:c + 4096] = np.take(out[c:c + 4096], perm, axis=1)
+        return out
+    return np.ascontiguousarray(transform(np.pad(a, ((0, g * 8 - n), (0, 0)))))
+
+
+def _by_rows(per_row):
+    # entry i of row r of a group goes to (i // per_row, i % per_row, r): one vector of eight rows' values
+    def transform(a):
+        g = a.shape[0] // 8
+        return a.reshape(g, 8, -1, per_row).transpose(0, 2, 3, 1).reshape(g, -1)
+    return transform
+
+
+def _by_words(words):
+    # per block of `words` 4-byte words: word v of the eight rows side by side (a vector)
+    def transform(a):
+        g = a.shape[0] // 8
+        return a.reshape(g, 8, -1, words, 4).transpose(0, 2, 3, 1, 4).reshape(g, -1)
+    return transform
+
+
+def _q8_8(w, inplace):
     """Q8_0, eight rows per group G: qs (G, nb * 256), for block b and v < 8 a vector of the eight rows'
     signed bytes 4v .. 4v + 3; d (G, nb * 8) the rows' block scales as float16 bits."""
-    n, k = w.shape
-    nb = k // 32
-    g = -(-n // 8)
-    pad = ((0, g * 8 - n), (0, 0))
-    qs = np.pad(w.qs, pad).reshape(g, 8, nb, 8, 4).transpose(0, 2, 3, 1, 4).reshape(g, -1)
-    return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=np.ascontiguousarray(qs), d=_rows8(w.d, g, pad, 1),
-                               qh=np.zeros((g, 0), np.uint8), sc=np.zeros((g, 0), np.uint8),
-                               m=np.zeros((g, 0), np.uint16))
+    g = -(-w.shape[0] // 8)
+    return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=_groups(w.qs, _by_words(8), inplace),
+                               d=_groups(w.d, _by_rows(1), inplace), qh=np.zeros((g, 0), np.uint8),
+                               sc=np.zeros((g, 0), np.uint8), m=np.zeros((g, 0), np.uint16))
 
 
-def _rows8(a, g, pad, per_row):
-    # (N, nb * per_row) -> (G, nb * per_row * 8): entry i of row r of a group at (i // per_row, i % per_row, r)
-    nb = a.shape[1] // per_row
-    return np.ascontiguousarray(np.pad(a, pad).reshape(g, 8, nb, per_row).transpose(0, 2, 3, 1).reshape(g, -1))
-
-
-def _k8(w):
+def _k8(w, inplace):
     """Q4_K/Q5_K/Q6_K, eight rows per group G, per 256-element super-block s (nsb per row):
 
         Q4_K/Q5_K  qs (G, nsb * 1024)  for pair p (sub-blocks 2p, 2p + 1) and v < 8: a vector of the
@@ -52,32 +77,22 @@ def _k8(w):
                    sc (G, nsb * 128)   16 int8 scales x 8 rows
         d, m       (G, nsb * 8)        the eight rows' super-block scale (and min scale), float16 bits
     """
-    n, k = w.shape
-    nsb = k // 256
-    g = -(-n // 8)
-    pad = ((0, g * 8 - n), (0, 0))
-    d = _rows8(w.d, g, pad, 1)
-    m = _rows8(w.m, g, pad, 1) if w.m.shape[1] else np.zeros((g, 0), np.uint16)
-    sc = _rows8(w.sc, g, pad, 16)
     if w.kind == 9:
-        q = (np.pad(w.qs, pad).view(np.int8).astype(np.int16) + 32).astype(np.uint8)
-        qs = q.reshape(g, 8, nsb, 64, 4).transpose(0, 2, 3, 1, 4).reshape(g, -1)
-        qh = np.zeros((g, 0), np.uint8)
+        qs = _groups(w.qs, _by_words(64), inplace)
+        qs += np.uint8(32)  # q - 32 as a byte, plus 32 (mod 256): q; padding rows' zeros become 32, times scale 0
     else:
-        qs = np.pad(w.qs, pad).reshape(g, 8, nsb, 4, 8, 4).transpose(0, 2, 3, 4, 1, 5).reshape(g, -1)
-        qh = np.zeros((g, 0), np.uint8)
-        if w.kind == 8:
-            qh = np.pad(w.qh, pad).reshape(g, 8, nsb, 8, 4).transpose(0, 2, 3, 1, 4).reshape(g, -1)
-    return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=np.ascontiguousarray(qs), qh=np.ascontiguousarray(qh),
-                               sc=sc, d=d, m=m)
+        qs = _groups(w.qs, _by_words(8), inplace)  # each pair's 32 bytes as eight words
+    return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=qs, qh=_groups(w.qh, _by_words(8), inplace),
+                               sc=_groups(w.sc, _by_rows(16), inplace), d=_groups(w.d, _by_rows(1), inplace),
+                               m=_groups(w.m, _by_rows(1), inplace))
 
 
-def _legacy8(w):
+def _legacy8(w, inplace):
     """A repacked Q4_0/Q4_1/Q5_0/Q5_1 matrix (quant/repack.py's QTensor) with its rows regrouped eight at a
     time, so that one 32-byte vector holds the same four elements of eight rows (a u8 x s8 dot product on
     it gives eight rows' sums at once, against four activation bytes broadcast, and the scales of eight
-    rows load as one vector). Rows are padded with zeros to a multiple of 8; kinds become INTERLEAVED's. For row group G and
-    block b (nb = K / 32 blocks per row):
+    rows load as one vector). Rows are padded with zeros to a multiple of 8; kinds become INTERLEAVED's.
+    For row group G and block b (nb = K / 32 blocks per row):
 
         qs  (G, nb * 128)  four vectors per block: vector j holds, for each row r, bytes 4j .. 4j + 3
                            of the row's block (low nibbles: elements 4j + e; high: elements 16 + 4j + e)
@@ -89,22 +104,15 @@ def _legacy8(w):
     n, k = w.shape
     nb = k // 32
     g = -(-n // 8)
-    pad = ((0, g * 8 - n), (0, 0))
-    qs = np.pad(w.qs, pad).reshape(g, 8, nb, 4, 4).transpose(0, 2, 3, 1, 4).reshape(g, nb * 128)
-
-    def rows8(a):
-        return np.pad(a, pad).reshape(g, 8, nb).transpose(0, 2, 1).reshape(g, nb * 8).copy()
-
-    d = rows8(w.d)
-    m = rows8(w.m) if w.m.shape[1] else np.zeros((g, 0), np.uint16)
     qh = np.zeros((g, 0), np.uint8)
-    if w.kind in (5, 6):
-        h = np.ascontiguousarray(np.pad(w.qh, pad)).view(np.uint32).reshape(g, 8, nb)  # bit i: element i
+    if w.kind in (5, 6):  # a transpose of bits, not of bytes: computed afresh (an eighth of qs's size)
+        h = np.ascontiguousarray(np.pad(w.qh, ((0, g * 8 - n), (0, 0)))).view(np.uint32).reshape(g, 8, nb)
         masks = np.zeros((g, nb, 8), np.uint32)
         for v in range(8):
             nib = (h >> np.uint32(4 * v)) & np.uint32(15)  # elements 4v .. 4v + 3 of each row
             for r in range(8):
                 masks[:, :, v] |= nib[:, r, :] << np.uint32(4 * r)
         qh = masks.reshape(g, nb * 8).view(np.uint8)
-    return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=np.ascontiguousarray(qs), qh=qh,
-                               sc=np.zeros((g, 0), np.uint8), d=d, m=m)
+    return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=_groups(w.qs, _by_words(4), inplace), qh=qh,
+                               sc=np.zeros((g, 0), np.uint8), d=_groups(w.d, _by_rows(1), inplace),
+                               m=_groups(w.m, _by_rows(1), inplace))
