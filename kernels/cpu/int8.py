@@ -722,6 +722,12 @@ overload(rows_q6_k)(_by_path(_q6_k_portable, _q6_k_simd))
 # eight rows' scales loaded as one vector. Every output element is this chain over blocks in order,
 # whatever the batch: decode takes one token in registers, batches take up to X8_TOKENS tokens per pass
 # over a group's blocks (each block decoded once for all of them, accumulators in a small scratch).
+# Tile shape: 8 rows (the eight 32-bit lanes of a ymm register) x up to 32 tokens. The loop over tokens
+# holds only the block's eight weight vectors and a few temporaries in registers (the accumulators live
+# in the scratch, an L1 load and store per token and block), so the same shape fits AVX2's 16 vector
+# registers and AVX-512's 32 without spills, on both paths and for every weight type (Q4_K/Q5_K read
+# their weights from a byte scratch instead, Q6_K straight from its unpacked layout). 32 tokens keep the
+# scratch (1 KiB) and the tokens' activation rows in L1 while a group's blocks stream past.
 X8_TOKENS = 32
 
 
