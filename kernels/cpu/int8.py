@@ -727,7 +727,8 @@ overload(rows_q6_k)(_by_path(_q6_k_portable, _q6_k_simd))
 # in the scratch, an L1 load and store per token and block), so the same shape fits AVX2's 16 vector
 # registers and AVX-512's 32 without spills, on both paths and for every weight type (Q4_K/Q5_K read
 # their weights from a byte scratch instead, Q6_K straight from its unpacked layout). 32 tokens keep the
-# scratch (1 KiB) and the tokens' activation rows in L1 while a group's blocks stream past.
+# scratch (1 KiB) in L1 and the tokens' activation rows (32 K bytes) in L1 or L2 while a group's blocks
+# stream past.
 X8_TOKENS = 32
 
 
