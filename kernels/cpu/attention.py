@@ -29,24 +29,28 @@ Q_TOKENS = 16  # query tokens per task: a tile of Q_TOKENS * group rows reuses e
 
 
 @njit(nogil=True, cache=True)
+def _run_end(token_seq, t):
+    # the end of the run of tokens of token_seq[t]'s sequence that starts at t, at most Q_TOKENS long
+    e = t + 1
+    while e < token_seq.shape[0] and e - t < Q_TOKENS and token_seq[e] == token_seq[t]:
+        e += 1
+    return e
+
+
+@njit(nogil=True, cache=True)
 def _tasks(token_seq, n_kv):
-    # (n, 3) int64 rows (t0, t1, g): runs of consecutive tokens of one sequence, cut into Q_TOKENS
-    T = token_seq.shape[0]
+    # (n, 3) int64 rows (t0, t1, g): runs of consecutive tokens of one sequence, cut into Q_TOKENS, times
+    # the KV heads
     n = 0
     t = 0
-    while t < T:
-        e = t + 1
-        while e < T and e - t < Q_TOKENS and token_seq[e] == token_seq[t]:
-            e += 1
+    while t < token_seq.shape[0]:
+        t = _run_end(token_seq, t)
         n += 1
-        t = e
     out = np.empty((n * n_kv, 3), np.int64)
     i = 0
     t = 0
-    while t < T:
-        e = t + 1
-        while e < T and e - t < Q_TOKENS and token_seq[e] == token_seq[t]:
-            e += 1
+    while t < token_seq.shape[0]:
+        e = _run_end(token_seq, t)
         for g in range(n_kv):
             out[i, 0] = t
             out[i, 1] = e
