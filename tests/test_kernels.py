@@ -147,7 +147,8 @@ def test_matmul_matches_dequantized_weights(t):
 @pytest.mark.parametrize("path", simd.available_paths())
 @pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
 def test_batched_rows_equal_single_token_bit_for_bit(t, path):
-    """Tiles of four tokens, leftovers, and the two-rows-at-once decode path give each token the same bits."""
+    """Passes of up to 32 tokens, leftovers and the one-token decode path give each token the same bits, in
+    both layouts."""
     from edgeinfer.kernels.cpu.backend import QInput, matmul_int8
 
     rng = np.random.default_rng(7)

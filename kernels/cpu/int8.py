@@ -4,19 +4,25 @@ Activations are quantized once per matmul input, per token row (``quantize_q8`` 
 
 - Q8 (for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 weights): 32-element blocks, int8 values, a float scale and
   the scaled block sum (the min/offset term of the weight type is folded through it);
-- Q8_K (for Q4_K, Q5_K, Q6_K): 256-element blocks, int8 values, a float scale, int sums per 32.
+- Q8_K (for Q4_K, Q5_K, Q6_K): 256-element blocks, int8 values, a float scale, int sums per 32 and 16.
 
-A weight block times an activation block is an exact integer dot product (u8 x s8 with the SIMD
-idioms of simd.py; signed weights use the sign trick |w| . sign(x, w)), scaled once per block
-(legacy types) or once per 256-element super-block (K-quants, whose 6-bit sub-block scales are
-applied in the integer domain). Every output element is computed by the same sequence of operations
-whatever the number of tokens, so batched and single-token results are bit-identical.
+A weight block times an activation block is an exact integer dot product, scaled once per block
+(legacy types) or once per 256-element super-block (K-quants, whose sub-block scales are applied in the
+integer domain). Every output element is computed by the same sequence of operations whatever the
+number of tokens, so batched and single-token results are bit-identical.
 
 `matmuls` is the one entry point (up to three matrices reading the same input, in one parallel
-region). Each weight family has a portable implementation (plain integer loops, one row and one token
-at a time) and a SIMD one (the avx2 and vnni paths differ only in `dot_us`), chosen by the type of the
-`isa` argument (see simd.py). Helpers inside the loops take vectors and scalars, never arrays: an array
-argument costs reference counting on every call (measured 10x slower).
+region). Two layouts, two families of kernels:
+
+- row-major (quant/repack.py's QTensor, kinds 2-9): plain integer loops, one row and one token at a
+  time; the portable path's layout;
+- eight rows interleaved (layout.py, kinds 10-17): the SIMD paths' layout. A vector's eight lanes are
+  eight output rows (u8 x s8 with the idioms of simd.py; vpdpbusd on vnni, vpmaddubsw + vpmaddwd on
+  avx2, chosen by the type of the `isa` argument); each has a portable twin that computes the lanes one
+  by one, to the same bits.
+
+Helpers inside the loops take vectors and scalars, never arrays: an array argument costs reference
+counting on every call (measured 10x slower).
 """
 
 import numpy as np
@@ -187,19 +193,16 @@ def quantize_q8k_blocks(x, xq, xd, xb, xb16, t, sb0, sb1):
 
 # -- matmuls: W (N, K) @ x (T, K) -> out (T, N) --------------------------------------------------
 #
-# `matmuls` hands two tasks of rows per thread (`threads`: numba's thread count) to the threads; `_rows` computes a task's rows for every
-# token on the chosen path. Every output element is reduced by one chain, the same on every path shape
-# (blocks in order: acc += (d_w d_x) * isum; offsets and mins in a scalar beside it; one horizontal sum),
-# so a token's result never depends on the rest of the batch. The SIMD paths get their parallelism from
-# tiles instead: two rows at once for one token (decode), four tokens at once per weight block (batches,
-# prefill), decoding each weight block once for the whole tile.
+# `matmuls` hands two tasks of rows per thread (`threads`: numba's thread count) to the threads;
+# `rows_any` computes a task's rows for every token with the kernel of the matrix's kind. Every output
+# element is reduced by one chain of operations whatever the batch, so a token's result never depends
+# on the rest of the batch.
 
 
 @njit(inline="always", cache=True)
 def rows_per_task(n, threads):
-    # two tasks per thread, a multiple of 8 rows each (interleaved weights come in groups of eight, the
-    # decode path of the others takes rows in pairs): a task is one call with a dozen array arguments,
-    # whose reference counting is not free
+    # two tasks per thread, a multiple of 8 rows each (interleaved weights come in groups of eight): a
+    # task is one call with a dozen array arguments, whose reference counting is not free
     per = -(-n // (2 * threads))
     return max(8, -(-per // 8) * 8)
 
@@ -217,7 +220,8 @@ def as_tuple(w) -> tuple:
 @njit(nogil=True, cache=True)
 def rows_any(w, q8, q8k, luts, out, n0, n1, isa):
     # rows [n0, n1) of W @ x -> out (T, N) for every token. w: a quantized matrix as
-    # (kind, qs, qh, sc, d, m) (see quant/repack.py; kinds 2-9); q8, q8k: x quantized (quantize_q8, quantize_q8k)
+    # (kind, qs, qh, sc, d, m) (quant/repack.py, kinds 2-9; layout.py, kinds 10-17); q8, q8k: x quantized
+    # (quantize_q8, quantize_q8k)
     kind, qs, qh, sc, d, m = w
     if kind == 2:
         rows_q8_0(isa, qs, d, luts, q8[0], q8[1], out, n0, n1)
@@ -256,22 +260,6 @@ def matmuls(w0, w1, w2, n_mats, q8, q8k, luts, o0, o1, o2, threads, isa):
             rows_any(w2, q8, q8k, luts, o2, i * per2, min(o2.shape[1], (i + 1) * per2), isa)
 
 
-def rows_q8_0(isa, qs, d, luts, xq, xd, out, n0, n1):
-    """Rows [n0, n1) of a Q8_0 matmul, for every token."""
-
-
-def rows_q45(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
-    """Rows [n0, n1) of a Q4_0/Q4_1/Q5_0/Q5_1 matmul, for every token."""
-
-
-def rows_k45(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, out, n0, n1):
-    """Rows [n0, n1) of a Q4_K/Q5_K matmul, for every token."""
-
-
-def rows_q6_k(isa, qs, sc, d, luts, xq, xd, out, n0, n1):
-    """Rows [n0, n1) of a Q6_K matmul, for every token."""
-
-
 def rows_x8(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
     """Rows [n0, n1) (n0 a multiple of 8) of a matmul of interleaved Q4_0/Q4_1/Q5_0/Q5_1, every token."""
 
@@ -292,7 +280,7 @@ def _by_path(portable, simd_impl):
     return pick
 
 
-# -- the portable path: one row, one token at a time, plain integer loops ---------------------------
+# -- the row-major layout (the portable path): one row, one token at a time, plain integer loops -----
 
 
 @njit(cache=True, fastmath=EXACT)
@@ -403,314 +391,12 @@ def _x8_portable(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
             out[t, n] = acc + mo
 
 
-# -- the SIMD paths (avx2, vnni) --------------------------------------------------------------------
-
-
-def dot_us(isa, w, x):
-    """u8x32 . s8x32 -> s32x8: vpdpbusd on vnni; vpmaddubsw then vpmaddwd with ones on avx2."""
-
-
-@overload(dot_us, inline="always")
-def _dot_us(isa, w, x):
-    if path_of(isa) == "vnni":
-        return lambda isa, w, x: simd.dpbusd(simd.zero32(), w, x)
-    return lambda isa, w, x: simd.madd(simd.maddubs(w, x), simd.ones16())
-
-
-@njit(inline="always", cache=True)
-def _dot_ss(isa, w, x):
-    # s8x32 . s8x32 -> s32x8 by the sign trick: |w| . (x with the sign of w)
-    return dot_us(isa, simd.abs8(w), simd.sign8(x, w))
-
-
-@njit(inline="always", cache=True)
-def _q45_weights(five, nibbles, high_bits):
-    # the 32 unsigned 4- or 5-bit values of a block as u8x32. (Helpers here take vectors and scalars,
-    # never arrays: an array argument costs reference counting on every call inside the loops.)
-    if five:
-        return simd.or_(nibbles, simd.bits_to_bytes(high_bits, np.uint8(16)))
-    return nibbles
-
-
-@njit(inline="always", cache=True, fastmath=EXACT)
-def _q45_offset(has_m, m_bits, dw, off_scale):
-    # the block's offset: its min (Q4_1, Q5_1) or -8 d / -16 d (Q4_0, Q5_0)
-    if has_m:
-        return simd.f16(m_bits)
-    return off_scale * dw
-
-
-@njit(cache=True, fastmath=EXACT)
-def _q8_0_dot1(isa, qs, d, xq, xd, n, t, nb, K):
-    acc = simd.zerof()
-    for g in range(nb):
-        acc = simd.fmadd(acc, simd.f16(simd.ld(d, n * nb + g)) * simd.ld(xd, t * nb + g),
-                         _dot_ss(isa, simd.load32(qs, n * K + g * 32), simd.load32(xq, t * K + g * 32)))
-    return simd.hsum_f(acc)
-
-
-@njit(cache=True, fastmath=EXACT)
-def _q8_0_simd(isa, qs, d, luts, xq, xd, out, n0, n1):
-    T, K = xq.shape
-    nb = K // 32
-    n = n0
-    if T == 1:
-        while n + 2 <= n1:  # two rows share each activation block
-            a0 = simd.zerof()
-            a1 = simd.zerof()
-            for g in range(nb):
-                simd.prefetch(qs, n * K + g * 32 + PREFETCH)
-                simd.prefetch(qs, n * K + K + g * 32 + PREFETCH)
-                xv = simd.load32(xq, g * 32)
-                dx = simd.ld(xd, g)
-                a0 = simd.fmadd(a0, simd.f16(simd.ld(d, n * nb + g)) * dx, _dot_ss(isa, simd.load32(qs, n * K + g * 32), xv))
-                a1 = simd.fmadd(a1, simd.f16(simd.ld(d, n * nb + nb + g)) * dx,
-                                _dot_ss(isa, simd.load32(qs, n * K + K + g * 32), xv))
-            out[0, n] = simd.hsum_f(a0)
-            out[0, n + 1] = simd.hsum_f(a1)
-            n += 2
-    for n in range(n, n1):
-        t = 0
-        while t + 4 <= T:  # four tokens share each weight block
-            a0 = simd.zerof()
-            a1 = simd.zerof()
-            a2 = simd.zerof()
-            a3 = simd.zerof()
-            for g in range(nb):
-                w = simd.load32(qs, n * K + g * 32)
-                dw = simd.f16(simd.ld(d, n * nb + g))
-                a0 = simd.fmadd(a0, dw * simd.ld(xd, t * nb + g), _dot_ss(isa, w, simd.load32(xq, t * K + g * 32)))
-                a1 = simd.fmadd(a1, dw * simd.ld(xd, t * nb + nb + g), _dot_ss(isa, w, simd.load32(xq, t * K + K + g * 32)))
-                a2 = simd.fmadd(a2, dw * simd.ld(xd, t * nb + 2 * nb + g),
-                                _dot_ss(isa, w, simd.load32(xq, t * K + 2 * K + g * 32)))
-                a3 = simd.fmadd(a3, dw * simd.ld(xd, t * nb + 3 * nb + g),
-                                _dot_ss(isa, w, simd.load32(xq, t * K + 3 * K + g * 32)))
-            out[t, n] = simd.hsum_f(a0)
-            out[t + 1, n] = simd.hsum_f(a1)
-            out[t + 2, n] = simd.hsum_f(a2)
-            out[t + 3, n] = simd.hsum_f(a3)
-            t += 4
-        for t in range(t, T):
-            out[t, n] = _q8_0_dot1(isa, qs, d, xq, xd, n, t, nb, K)
-
-
-@njit(cache=True, fastmath=EXACT)
-def _q45_dot1(isa, five, has_m, qs, qh32, d, m, xq, xd, xs, n, t, nb, K):
-    off_scale = np.float32(-16.0 if five else -8.0)
-    acc = simd.zerof()
-    mo = np.float32(0.0)
-    for g in range(nb):
-        dw = simd.f16(simd.ld(d, n * nb + g))
-        acc = simd.fmadd(acc, dw * simd.ld(xd, t * nb + g),
-                         dot_us(isa, _q45_weights(five, simd.nibbles32(qs, n * nb * 16 + g * 16), simd.ld(qh32, n * nb + g)), simd.load32(xq, t * K + g * 32)))
-        mo += _q45_offset(has_m, simd.ld(m, n * nb + g), dw, off_scale) * simd.ld(xs, t * nb + g)
-    return simd.hsum_f(acc) + mo
-
-
-@njit(cache=True, fastmath=EXACT)
-def _q45_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
-    T, K = xq.shape
-    nb = K // 32
-    five = kind >= 5
-    has_m = kind == 4 or kind == 6
-    off_scale = np.float32(-16.0 if five else -8.0)
-    qh32 = qh.reshape(qh.size).view(np.uint32)
-    n = n0
-    if T == 1:
-        while n + 2 <= n1:  # two rows share each activation block
-            a0 = simd.zerof()
-            a1 = simd.zerof()
-            m0 = np.float32(0.0)
-            m1 = np.float32(0.0)
-            for g in range(nb):
-                simd.prefetch(qs, n * nb * 16 + g * 16 + PREFETCH)
-                simd.prefetch(qs, n * nb * 16 + nb * 16 + g * 16 + PREFETCH)
-                xv = simd.load32(xq, g * 32)
-                dx = simd.ld(xd, g)
-                sx = simd.ld(xs, g)
-                d0 = simd.f16(simd.ld(d, n * nb + g))
-                d1 = simd.f16(simd.ld(d, n * nb + nb + g))
-                a0 = simd.fmadd(a0, d0 * dx, dot_us(isa, _q45_weights(five, simd.nibbles32(qs, n * nb * 16 + g * 16), simd.ld(qh32, n * nb + g)), xv))
-                a1 = simd.fmadd(a1, d1 * dx, dot_us(isa, _q45_weights(five, simd.nibbles32(qs, n * nb * 16 + nb * 16 + g * 16), simd.ld(qh32, n * nb + nb + g)), xv))
-                m0 += _q45_offset(has_m, simd.ld(m, n * nb + g), d0, off_scale) * sx
-                m1 += _q45_offset(has_m, simd.ld(m, n * nb + nb + g), d1, off_scale) * sx
-            out[0, n] = simd.hsum_f(a0) + m0
-            out[0, n + 1] = simd.hsum_f(a1) + m1
-            n += 2
-    for n in range(n, n1):
-        t = 0
-        while t + 4 <= T:  # four tokens share each decoded weight block
-            a0 = simd.zerof()
-            a1 = simd.zerof()
-            a2 = simd.zerof()
-            a3 = simd.zerof()
-            m0 = np.float32(0.0)
-            m1 = np.float32(0.0)
-            m2 = np.float32(0.0)
-            m3 = np.float32(0.0)
-            for g in range(nb):
-                w = _q45_weights(five, simd.nibbles32(qs, n * nb * 16 + g * 16), simd.ld(qh32, n * nb + g))
-                dw = simd.f16(simd.ld(d, n * nb + g))
-                off = _q45_offset(has_m, simd.ld(m, n * nb + g), dw, off_scale)
-                j = t * nb + g
-                a0 = simd.fmadd(a0, dw * simd.ld(xd, j), dot_us(isa, w, simd.load32(xq, t * K + g * 32)))
-                a1 = simd.fmadd(a1, dw * simd.ld(xd, j + nb), dot_us(isa, w, simd.load32(xq, t * K + K + g * 32)))
-                a2 = simd.fmadd(a2, dw * simd.ld(xd, j + 2 * nb), dot_us(isa, w, simd.load32(xq, t * K + 2 * K + g * 32)))
-                a3 = simd.fmadd(a3, dw * simd.ld(xd, j + 3 * nb), dot_us(isa, w, simd.load32(xq, t * K + 3 * K + g * 32)))
-                m0 += off * simd.ld(xs, j)
-                m1 += off * simd.ld(xs, j + nb)
-                m2 += off * simd.ld(xs, j + 2 * nb)
-                m3 += off * simd.ld(xs, j + 3 * nb)
-            out[t, n] = simd.hsum_f(a0) + m0
-            out[t + 1, n] = simd.hsum_f(a1) + m1
-            out[t + 2, n] = simd.hsum_f(a2) + m2
-            out[t + 3, n] = simd.hsum_f(a3) + m3
-            t += 4
-        for t in range(t, T):
-            out[t, n] = _q45_dot1(isa, five, has_m, qs, qh32, d, m, xq, xd, xs, n, t, nb, K)
-
-
-@njit(inline="always", cache=True)
-def _k_pair_dot(lo, hi, x0, x1, s_lo, s_hi):
-    # sc_lo * (lo . x0) + sc_hi * (hi . x1), s32x8: the sub-block scales applied with vpmaddwd
-    return simd.add32(simd.madd(simd.maddubs(lo, x0), simd.splat16(s_lo, s_lo)),
-                      simd.madd(simd.maddubs(hi, x1), simd.splat16(s_hi, s_hi)))
-
-
-
-
-@njit(cache=True, fastmath=EXACT)
-def _k45_simd(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, out, n0, n1):
-    T, K = xq.shape
-    nsb = K // 256
-    five = kind == 8
-    for n in range(n0, n1):
-        t = 0
-        while t < T:
-            tt = min(4, T - t)  # up to four tokens share each decoded weight pair; each token's order is fixed
-            a0 = simd.zerof()
-            a1 = simd.zerof()
-            a2 = simd.zerof()
-            a3 = simd.zerof()
-            m0 = np.float32(0.0)
-            m1 = np.float32(0.0)
-            m2 = np.float32(0.0)
-            m3 = np.float32(0.0)
-            for sb in range(nsb):
-                i0 = simd.zero32()
-                i1 = simd.zero32()
-                i2 = simd.zero32()
-                i3 = simd.zero32()
-                for p in range(4):
-                    simd.prefetch(qs, n * K // 2 + sb * 128 + p * 32 + PREFETCH)
-                    b = simd.load32(qs, n * K // 2 + sb * 128 + p * 32)
-                    lo = simd.low4(b)
-                    hi = simd.shr4(b)
-                    if five:
-                        hv = simd.load32(qh, n * K // 8 + sb * 32)
-                        lo = simd.or_(lo, simd.bit_to_16(hv, 2 * p))
-                        hi = simd.or_(hi, simd.bit_to_16(hv, 2 * p + 1))
-                    s_lo = np.int32(simd.ld(sc, (n * nsb + sb) * 16 + 2 * p))
-                    s_hi = np.int32(simd.ld(sc, (n * nsb + sb) * 16 + 2 * p + 1))
-                    xo = t * K + sb * 256 + p * 64
-                    i0 = simd.add32(i0, _k_pair_dot(lo, hi, simd.load32(xq, xo), simd.load32(xq, xo + 32), s_lo, s_hi))
-                    if tt > 1:
-                        xo += K
-                        i1 = simd.add32(i1, _k_pair_dot(lo, hi, simd.load32(xq, xo), simd.load32(xq, xo + 32), s_lo, s_hi))
-                    if tt > 2:
-                        xo += K
-                        i2 = simd.add32(i2, _k_pair_dot(lo, hi, simd.load32(xq, xo), simd.load32(xq, xo + 32), s_lo, s_hi))
-                    if tt > 3:
-                        xo += K
-                        i3 = simd.add32(i3, _k_pair_dot(lo, hi, simd.load32(xq, xo), simd.load32(xq, xo + 32), s_lo, s_hi))
-                dw = simd.f16(simd.ld(d, n * nsb + sb))
-                dm = simd.f16(simd.ld(m, n * nsb + sb))
-                mins = simd.widen8(sc, (n * nsb + sb) * 16 + 8)  # the 8 sub-block mins
-                j = t * nsb + sb
-                a0 = simd.fmadd(a0, dw * simd.ld(xd, j), i0)
-                m0 -= dm * simd.ld(xd, j) * np.float32(simd.hsum32(simd.mul32(mins, simd.load8_i32(xb, j * 8))))
-                if tt > 1:
-                    a1 = simd.fmadd(a1, dw * simd.ld(xd, j + nsb), i1)
-                    m1 -= dm * simd.ld(xd, j + nsb) * np.float32(
-                        simd.hsum32(simd.mul32(mins, simd.load8_i32(xb, (j + nsb) * 8))))
-                if tt > 2:
-                    a2 = simd.fmadd(a2, dw * simd.ld(xd, j + 2 * nsb), i2)
-                    m2 -= dm * simd.ld(xd, j + 2 * nsb) * np.float32(
-                        simd.hsum32(simd.mul32(mins, simd.load8_i32(xb, (j + 2 * nsb) * 8))))
-                if tt > 3:
-                    a3 = simd.fmadd(a3, dw * simd.ld(xd, j + 3 * nsb), i3)
-                    m3 -= dm * simd.ld(xd, j + 3 * nsb) * np.float32(
-                        simd.hsum32(simd.mul32(mins, simd.load8_i32(xb, (j + 3 * nsb) * 8))))
-            out[t, n] = simd.hsum_f(a0) + m0
-            if tt > 1:
-                out[t + 1, n] = simd.hsum_f(a1) + m1
-            if tt > 2:
-                out[t + 2, n] = simd.hsum_f(a2) + m2
-            if tt > 3:
-                out[t + 3, n] = simd.hsum_f(a3) + m3
-            t += tt
-
-
-@njit(inline="always", cache=True)
-def _q6_dot(aw, w, x, s0, s1):
-    # (s0, s1 per 16) * |w| . (x with the sign of w), s32x8
-    return simd.madd(simd.maddubs(aw, simd.sign8(x, w)), simd.splat16(s0, s1))
-
-
-@njit(cache=True, fastmath=EXACT)
-def _q6_k_simd(isa, qs, sc, d, luts, xq, xd, out, n0, n1):
-    T, K = xq.shape
-    nsb = K // 256
-    for n in range(n0, n1):
-        t = 0
-        while t < T:
-            tt = min(4, T - t)  # up to four tokens share each weight group
-            a0 = simd.zerof()
-            a1 = simd.zerof()
-            a2 = simd.zerof()
-            a3 = simd.zerof()
-            for sb in range(nsb):
-                i0 = simd.zero32()
-                i1 = simd.zero32()
-                i2 = simd.zero32()
-                i3 = simd.zero32()
-                for g in range(8):
-                    simd.prefetch(qs, n * K + sb * 256 + g * 32 + PREFETCH)
-                    w = simd.load32(qs, n * K + sb * 256 + g * 32)
-                    aw = simd.abs8(w)
-                    s0 = _i8(simd.ld(sc, (n * nsb + sb) * 16 + 2 * g))
-                    s1 = _i8(simd.ld(sc, (n * nsb + sb) * 16 + 2 * g + 1))
-                    xo = t * K + sb * 256 + g * 32
-                    i0 = simd.add32(i0, _q6_dot(aw, w, simd.load32(xq, xo), s0, s1))
-                    if tt > 1:
-                        i1 = simd.add32(i1, _q6_dot(aw, w, simd.load32(xq, xo + K), s0, s1))
-                    if tt > 2:
-                        i2 = simd.add32(i2, _q6_dot(aw, w, simd.load32(xq, xo + 2 * K), s0, s1))
-                    if tt > 3:
-                        i3 = simd.add32(i3, _q6_dot(aw, w, simd.load32(xq, xo + 3 * K), s0, s1))
-                dw = simd.f16(simd.ld(d, n * nsb + sb))
-                j = t * nsb + sb
-                a0 = simd.fmadd(a0, dw * simd.ld(xd, j), i0)
-                if tt > 1:
-                    a1 = simd.fmadd(a1, dw * simd.ld(xd, j + nsb), i1)
-                if tt > 2:
-                    a2 = simd.fmadd(a2, dw * simd.ld(xd, j + 2 * nsb), i2)
-                if tt > 3:
-                    a3 = simd.fmadd(a3, dw * simd.ld(xd, j + 3 * nsb), i3)
-            out[t, n] = simd.hsum_f(a0)
-            if tt > 1:
-                out[t + 1, n] = simd.hsum_f(a1)
-            if tt > 2:
-                out[t + 2, n] = simd.hsum_f(a2)
-            if tt > 3:
-                out[t + 3, n] = simd.hsum_f(a3)
-            t += tt
-
-
-overload(rows_q8_0)(_by_path(_q8_0_portable, _q8_0_simd))
-overload(rows_q45)(_by_path(_q45_portable, _q45_simd))
-overload(rows_k45)(_by_path(_k45_portable, _k45_simd))
-overload(rows_q6_k)(_by_path(_q6_k_portable, _q6_k_simd))
+# The row-major kinds run only here: on the SIMD paths the backend regroups every quantized matrix
+# (layout.interleave8) and the interleaved kernels below take them.
+rows_q8_0 = _q8_0_portable
+rows_q45 = _q45_portable
+rows_k45 = _k45_portable
+rows_q6_k = _q6_k_portable
 
 
 # -- interleaved Q4_0/Q4_1/Q5_0/Q5_1 (layout.interleave8): eight rows per vector ------------
