@@ -6,8 +6,8 @@ import numba
 import numpy as np
 
 from . import int8, quant, simd
-from .layout import INTERLEAVED, interleave8
 from .attention import paged_attention  # noqa: F401
+from .layout import INTERLEAVED, interleave8
 from .ops import gelu_tanh_mul, rmsnorm, rope, silu_mul, softcap, write_kv  # noqa: F401
 
 NAME = "cpu"
@@ -75,8 +75,7 @@ def matmul(w, x, out: np.ndarray | None = None) -> np.ndarray:
 
 def matmul_int8(w, qx: QInput, out: np.ndarray, isa: np.ndarray) -> None:
     # W (N, K) quantized @ qx (T, K) -> out (T, N), on the instruction-set path `isa` (simd.isa_tag)
-    q8k = qx.q8k() if int8.uses_q8k(w.kind) else _NO_Q8K
-    q8 = _NO_Q8 if int8.uses_q8k(w.kind) else qx.q8()
+    q8, q8k = (_NO_Q8, qx.q8k()) if int8.uses_q8k(w.kind) else (qx.q8(), _NO_Q8K)
     wt = int8.as_tuple(w)
     int8.matmuls(wt, wt, wt, 1, q8, q8k, quant.HALF_TO_F32, out, out, out, numba.get_num_threads(), isa)
 

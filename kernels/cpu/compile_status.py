@@ -58,7 +58,7 @@ def warmup() -> None:
         cache = np.ascontiguousarray(cache)
         ops.write_kv(cache[:2], cache[:2], np.arange(2, dtype=np.int64), cache, cache)
         attention.paged_attention(q, cache, cache, np.zeros(2, np.int64), np.arange(2, dtype=np.int64),
-                            np.zeros((1, 1), np.int32), 16, np.float32(0.3), 0, np.float32(0.0), out)
+                                  np.zeros((1, 1), np.int32), 16, np.float32(0.3), 0, np.float32(0.0), out)
     _warm_step(backend)
     ops.silu_mul(x, x, x)
     ops.gelu_tanh_mul(x, x, x)

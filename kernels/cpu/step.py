@@ -4,8 +4,9 @@ The per-op forward (edgeinfer/models) makes about 20 Python-level kernel calls p
 argument unboxing and dispatch, and most launch a parallel region for a few rows of work. Here one
 compiled function walks all layers: six parallel regions per layer (q/k/v together, attention, the
 output projection, gate/up together, the gated activation with its quantization, down) and the small
-row-wise ops (norms, quantization, RoPE, KV writes, residuals) in plain loops between them, the same row
-functions the per-op kernels run. Which ops run is read from the architecture's
+row-wise ops (norms, quantization, RoPE, KV writes, residuals) between them, in plain loops for a few
+rows and in parallel for many (PAR_ROWS), the same row functions the per-op kernels run. In the last
+layer only the rows that get logits go on past the KV writes. Which ops run is read from the architecture's
 config (q/k norms, post-norms, activation, NeoX RoPE, sliding windows), not from a second copy of
 each model: the per-op forward stays the reference, and the tests hold the two to the same logits.
 
@@ -82,9 +83,10 @@ class LayerStack:
         """x (T, dim) float32, the embedded tokens, through every layer (x is overwritten) -> the final
         hidden states of the rows batch.logits_idx selects, (L, dim)."""
         return forward_layers(x, batch.positions, batch.token_seq, batch.slot_mapping, batch.block_tables,
-                       batch.logits_idx, cache.block_size, cache.k, cache.v, self.mats, self.needs, self.attn_norm, self.ffn_norm,
-                       self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm, self.inv_freq,
-                       self.window, self.ints, self.floats, quant.HALF_TO_F32, numba.get_num_threads(), self.isa)
+                              batch.logits_idx, cache.block_size, cache.k, cache.v, self.mats, self.needs,
+                              self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self.post_attn_norm,
+                              self.post_ffn_norm, self.inv_freq, self.window, self.ints, self.floats, quant.HALF_TO_F32,
+                              numba.get_num_threads(), self.isa)
 
 
 @njit(cache=True)
