@@ -299,10 +299,11 @@ def _attention_reference(q, k, v, positions, scale, window):
     return out
 
 
+@pytest.mark.parametrize("d", [8, 12], ids=["vector", "head-size-not-a-multiple-of-8"])
 @pytest.mark.parametrize("window", [0, 5])
-def test_paged_attention_reads_through_block_tables(window):
+def test_paged_attention_reads_through_block_tables(window, d):
     rng = np.random.default_rng(5)
-    seq_len, h, kvh, d, bs = 37, 4, 2, 8, 4
+    seq_len, h, kvh, bs = 37, 4, 2, 4
     k = rng.standard_normal((seq_len, kvh, d)).astype(np.float32)
     v = rng.standard_normal((seq_len, kvh, d)).astype(np.float32)
     blocks = rng.permutation(20)[: -(-seq_len // bs)]  # scattered, out-of-order physical blocks
