@@ -179,32 +179,6 @@ def widen8(typingctx, a, offset):
     return sig, codegen
 
 
-@intrinsic
-def load8_i32(typingctx, a, index):
-    """a.flat[index : index + 8] of an int32 array -> s32x8."""
-    sig = i32x8(a, types.intp)
-
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        return builder.load(builder.bitcast(builder.gep(data, [args[1]]), _V8I32.as_pointer()), align=4)
-
-    return sig, codegen
-
-
-@intrinsic
-def nibbles32(typingctx, a, offset):
-    """bytes_from_nibbles_32: 16 bytes at a[offset] -> i8x32, low nibbles in lanes 0-15, high in 16-31."""
-    sig = i8x32(a, types.intp)
-
-    def codegen(context, builder, signature, args):
-        v16 = ir.VectorType(ir.IntType(8), 16)
-        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
-        b = builder.load(builder.bitcast(p, v16.as_pointer()), align=1)
-        lo = builder.and_(b, ir.Constant(v16, [15] * 16))
-        hi = builder.lshr(b, ir.Constant(v16, [4] * 16))
-        return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
-
-    return sig, codegen
 
 
 @intrinsic
@@ -293,18 +267,6 @@ def madd(typingctx, a, b):
     return i32x8(i16x16, i16x16), codegen
 
 
-@intrinsic
-def splat16(typingctx, lo, hi):
-    """s16x16 holding `lo` in lanes 0-7 and `hi` in lanes 8-15 (one scale per 16 bytes)."""
-    def codegen(context, builder, signature, args):
-        i16 = ir.IntType(16)
-        v8 = ir.VectorType(i16, 8)
-        a = _splat(builder, builder.trunc(args[0], i16), v8)
-        b = _splat(builder, builder.trunc(args[1], i16), v8)
-        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 16), list(range(16))))
-
-    return i16x16(types.int32, types.int32), codegen
-
 
 @intrinsic
 def ones16(typingctx):
@@ -340,22 +302,6 @@ def zero32(typingctx):
     return i32x8(), lambda c, builder, s, args: ir.Constant(_V8I32, None)
 
 
-@intrinsic
-def hsum32(typingctx, a):
-    """Sum of the 8 lanes of an s32x8 -> int32."""
-    def codegen(context, builder, signature, args):
-        return _call(builder, "llvm.vector.reduce.add.v8i32", ir.IntType(32), [args[0]])
-
-    return types.int32(i32x8), codegen
-
-
-@intrinsic
-def f16(typingctx, bits):
-    """A float16 bit pattern (uint16) -> float32 (vcvtph2ps, F16C)."""
-    def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-
-    return types.float32(types.uint16), codegen
 
 
 @intrinsic
@@ -376,15 +322,6 @@ def zerof(typingctx):
     return f32x8(), lambda c, builder, s, args: ir.Constant(_V8F32, None)
 
 
-@intrinsic
-def fmadd(typingctx, acc, scale, v):
-    """acc + scale * float(v): s32x8 converted (vcvtdq2ps), then one vfmadd231ps with a broadcast scale."""
-    def codegen(context, builder, signature, args):
-        f = builder.sitofp(args[2], _V8F32)
-        return _call(builder, "llvm.fma.v8f32", _V8F32, [_splat(builder, args[1], _V8F32), f, args[0]])
-
-    return f32x8(f32x8, types.float32, i32x8), codegen
-
 
 @intrinsic
 def hsum_f(typingctx, a):
@@ -402,7 +339,7 @@ def hsum_f(typingctx, a):
     return types.float32(f32x8), codegen
 
 
-# -- float vectors (attention) ------------------------------------------------------------------
+# -- float vectors (attention, activations, the interleaved matmuls) ---------------------------------
 #
 # Plain IEEE operations with no fast-math flags: a kernel built from them computes the same bits in
 # every calling context (one row or a tile of rows, inlined or not).
