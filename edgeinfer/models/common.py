@@ -7,7 +7,7 @@ from gguf.constants import GGMLQuantizationType as T
 
 from ..errors import EdgeInferError
 from ..gguf_file import GGUFError, GGUFFile
-from ..quant.repack import SUPPORTED_TYPES, repack
+from ..quant.repack import SUPPORTED_TYPES, repack_rows
 
 
 class ModelLoadError(EdgeInferError):
@@ -49,8 +49,11 @@ class WeightLoader:
         if info.ggml_type == T.F32:
             w = np.array(self.gf.tensor(name), dtype=np.float32).reshape(rows, cols)
         else:
-            w = repack(self.gf.tensor_bytes(name), info.ggml_type, info.shape)
-        self.gf.release(name)  # the repacked copy replaces the file's pages: never hold both
+            # a chunk of rows at a time, each chunk's file pages dropped once copied: the repacked copy
+            # replaces the file's pages, and the two are never both resident
+            w = repack_rows(self.gf.tensor_bytes(name), info.ggml_type, info.shape,
+                            release=lambda r0, r1: self.gf.release(name, r0, r1))
+        self.gf.release(name)
         return self.kb.upload(w)
 
     def _info(self, name: str, shape: tuple[int, ...]):
@@ -71,32 +74,53 @@ def rope_inv_freq(dim: int, base: float, freq_scale: float = 1.0, factors: np.nd
 
 
 class KVCache:
-    """Paged KV storage: for each layer, (n_blocks * block_size) slots of (n_kv_head, head_dim),
-    float32 or float16 (kept as uint16 bits; the attention kernel widens them as it reads)."""
+    """Paged KV storage: for each layer, (n_blocks * block_size) slots of n_kv_head rows, stored as
+    float32, float16 bits (uint16) or q8_0 (int8: a row's quants, then its per-32 float16 scales; see
+    kernels.cpu.ops.kv_put_head). The attention kernel widens or dequantizes as it reads."""
 
-    DTYPES = {"f32": np.float32, "f16": np.uint16}
+    DTYPES = {"f32": np.float32, "f16": np.uint16, "q8_0": np.int8}
 
     def __init__(self, n_layer: int, n_blocks: int, block_size: int, n_kv_head: int, head_dim: int,
                  v_head_dim: int, dtype: str = "f32", kb=None):
         if dtype not in self.DTYPES:
             raise ValueError(f"kv cache dtype must be one of {', '.join(self.DTYPES)}, got {dtype!r}")
+        check_kv_type(dtype, head_dim, v_head_dim)
         self.n_blocks = n_blocks
         self.block_size = block_size
         self.dtype = dtype
         n_slots = n_blocks * block_size
         zeros = kb.zeros if kb is not None else np.zeros
-        self.k = zeros((n_layer, n_slots, n_kv_head, head_dim), self.DTYPES[dtype])
-        self.v = zeros((n_layer, n_slots, n_kv_head, v_head_dim), self.DTYPES[dtype])
+        self.k = zeros((n_layer, n_slots, n_kv_head, row_len(head_dim, dtype)), self.DTYPES[dtype])
+        self.v = zeros((n_layer, n_slots, n_kv_head, row_len(v_head_dim, dtype)), self.DTYPES[dtype])
         # Each layer touches its own slice: with transparent huge pages, the first token would make
         # every layer's K and V resident 2 MB at a time. Small pages keep memory to the blocks used.
         for a in (self.k, self.v):
             if isinstance(a, np.ndarray):
                 _no_huge_pages(a)
 
+    @property
+    def nbytes(self) -> int:
+        return int(self.k.nbytes + self.v.nbytes)
+
+    @staticmethod
+    def bytes_per_token(cfg, dtype: str = "f32") -> int:
+        return cfg.n_layer * cfg.n_kv_head * (row_len(cfg.head_dim, dtype) + row_len(cfg.v_head_dim, dtype)) \
+            * np.dtype(KVCache.DTYPES[dtype]).itemsize
+
     @staticmethod
     def bytes_per_block(cfg, block_size: int, dtype: str = "f32") -> int:
-        width = 2 if dtype == "f16" else 4
-        return cfg.n_layer * block_size * cfg.n_kv_head * (cfg.head_dim + cfg.v_head_dim) * width
+        return block_size * KVCache.bytes_per_token(cfg, dtype)
+
+
+def row_len(d: int, dtype: str) -> int:
+    """Elements in one KV row of d values: d, or d quants + d/32 float16 scales (2 bytes each) for q8_0."""
+    return d + d // 16 if dtype == "q8_0" else d
+
+
+def check_kv_type(dtype: str, head_dim: int, v_head_dim: int) -> None:
+    if dtype == "q8_0" and (head_dim % 32 or v_head_dim % 32):
+        raise ValueError(f"a q8_0 KV cache needs head sizes that are multiples of 32 (this model's are "
+                         f"{head_dim} and {v_head_dim}): use kv_type 'f16'")
 
 
 def _no_huge_pages(a: np.ndarray) -> None:

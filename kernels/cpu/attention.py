@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd
-from .ops import kv_load
+from .ops import kv_key_to_tile, kv_load, kv_vec8
 
 KEYS = 16  # key positions per tile: two f32x8 score vectors per query row
 Q_TOKENS = 16  # query tokens per task: a tile of Q_TOKENS * group rows reuses each transposed key tile
@@ -42,13 +42,13 @@ def _tasks(token_seq, n_kv):
     # (n, 3) int64 rows (t0, t1, g): runs of consecutive tokens of one sequence, cut into Q_TOKENS, times
     # the KV heads
     n = 0
-    t = 0
+    t = np.int64(0)  # not a literal 0: that would compile a second _run_end
     while t < token_seq.shape[0]:
         t = _run_end(token_seq, t)
         n += 1
     out = np.empty((n * n_kv, 3), np.int64)
     i = 0
-    t = 0
+    t = np.int64(0)
     while t < token_seq.shape[0]:
         e = _run_end(token_seq, t)
         for g in range(n_kv):
@@ -63,13 +63,13 @@ def _tasks(token_seq, n_kv):
 @njit(parallel=True, nogil=True, cache=True)
 def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window,
                     softcap, out):
-    # q (T, H, D); k_cache (n_slots, KVH, D); v_cache (n_slots, KVH, Dv), float32 or float16 bits
-    # (uint16); token_seq (T,) row of block_tables (S, max_blocks) for each token; positions (T,)
+    # q (T, H, D); k_cache (n_slots, KVH, D); v_cache (n_slots, KVH, Dv), float32, float16 bits
+    # (uint16) or q8_0 rows (int8; see ops.kv_put_head); token_seq (T,) row of block_tables (S, max_blocks) for each token; positions (T,)
     # -> out (T, H, Dv). Causal: the token at position p sees its sequence's keys at positions
     # max(0, p - window + 1) .. p (window <= 0: all), read through the block table (no contiguous copy).
     T, H, D = q.shape
     KVH = k_cache.shape[1]
-    Dv = v_cache.shape[2]
+    Dv = out.shape[2]
     tasks = _tasks(token_seq, KVH)
     n = tasks.shape[0]
     for i in prange(n):
@@ -91,7 +91,8 @@ def _first_key(pos, window):
 def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, out, t0, t1, g):
     _, H, D = q.shape
     KVH = k_cache.shape[1]
-    Dv = v_cache.shape[2]
+    Dv = out.shape[2]
+    row_len = v_cache.shape[2]  # Dv, or more for a q8_0 row (its scales follow the quants)
     group = H // KVH
     R = (t1 - t0) * group
     row = token_seq[t0]
@@ -101,7 +102,7 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
         lo_all = min(lo_all, _first_key(positions[t], window))
         hi_all = max(hi_all, positions[t])
     kt = np.zeros(D * KEYS, np.float32)  # the key tile, transposed: kt[d * KEYS + j]
-    vbase = np.zeros(KEYS, np.int64)  # flat index of each key's V row in v_cache
+    vbase = np.zeros(KEYS, np.int64)  # flat index of the start of each key's V row in v_cache
     p = np.empty(KEYS, np.float32)
     m = np.full(R, -np.inf, np.float32)
     l = np.zeros(R, np.float32)
@@ -114,9 +115,8 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
         for j in range(j0, j1):
             pos = kb + j
             slot = block_tables[row, pos // block_size] * block_size + pos % block_size
-            vbase[j] = (slot * KVH + g) * Dv
-            for d in range(D):
-                kt[d * KEYS + j] = kv_load(k_cache, slot, g, d)
+            vbase[j] = (slot * KVH + g) * row_len
+            kv_key_to_tile(kt, k_cache, slot, g, D, j, KEYS)
         _scores(q, kt, sc, t0, g, group, R, D, scale)
         for r in range(R):
             t = t0 + r // group
@@ -160,15 +160,15 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
                 x7 = simd.mul8(simd.loadf8(acc, o + 56), cv)
                 for j in range(a, e):
                     pj = simd.splatf(p[j])
-                    vb = vbase[j] + c
-                    x0 = simd.fma8(pj, simd.loadf8(v_cache, vb), x0)
-                    x1 = simd.fma8(pj, simd.loadf8(v_cache, vb + 8), x1)
-                    x2 = simd.fma8(pj, simd.loadf8(v_cache, vb + 16), x2)
-                    x3 = simd.fma8(pj, simd.loadf8(v_cache, vb + 24), x3)
-                    x4 = simd.fma8(pj, simd.loadf8(v_cache, vb + 32), x4)
-                    x5 = simd.fma8(pj, simd.loadf8(v_cache, vb + 40), x5)
-                    x6 = simd.fma8(pj, simd.loadf8(v_cache, vb + 48), x6)
-                    x7 = simd.fma8(pj, simd.loadf8(v_cache, vb + 56), x7)
+                    vb = vbase[j]
+                    x0 = simd.fma8(pj, kv_vec8(v_cache, vb, c), x0)
+                    x1 = simd.fma8(pj, kv_vec8(v_cache, vb, c + 8), x1)
+                    x2 = simd.fma8(pj, kv_vec8(v_cache, vb, c + 16), x2)
+                    x3 = simd.fma8(pj, kv_vec8(v_cache, vb, c + 24), x3)
+                    x4 = simd.fma8(pj, kv_vec8(v_cache, vb, c + 32), x4)
+                    x5 = simd.fma8(pj, kv_vec8(v_cache, vb, c + 40), x5)
+                    x6 = simd.fma8(pj, kv_vec8(v_cache, vb, c + 48), x6)
+                    x7 = simd.fma8(pj, kv_vec8(v_cache, vb, c + 56), x7)
                 simd.storef8(acc, o, x0)
                 simd.storef8(acc, o + 8, x1)
                 simd.storef8(acc, o + 16, x2)
@@ -181,7 +181,7 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
             while c < Dv:
                 x0 = simd.mul8(simd.loadf8(acc, base + c), cv)
                 for j in range(a, e):
-                    x0 = simd.fma8(simd.splatf(p[j]), simd.loadf8(v_cache, vbase[j] + c), x0)
+                    x0 = simd.fma8(simd.splatf(p[j]), kv_vec8(v_cache, vbase[j], c), x0)
                 simd.storef8(acc, base + c, x0)
                 c += 8
     for t in range(t0, t1):
@@ -257,7 +257,7 @@ def _rows_scalar(q, k_cache, v_cache, token_seq, positions, block_tables, block_
     # head sizes that are not a multiple of 8: one query row at a time, one key at a time
     _, H, D = q.shape
     KVH = k_cache.shape[1]
-    Dv = v_cache.shape[2]
+    Dv = out.shape[2]
     group = H // KVH
     acc = np.zeros(Dv, np.float32)
     for t in range(t0, t1):

@@ -13,7 +13,18 @@ from .ops import gelu_tanh_mul, rmsnorm, rope, silu_mul, softcap, write_kv  # no
 NAME = "cpu"
 # The instruction-set path of the int8 kernels, chosen once from the host CPU (or EDGEINFER_KERNELS).
 KERNEL_PATH = simd.choose_path()
-ISA = simd.isa_tag(KERNEL_PATH)
+ISA = simd.isa_tag(KERNEL_PATH)  # every kind (warm-up, tests)
+_ISA_OF_KIND = {}
+
+
+def isa_for(kinds) -> np.ndarray:
+    """The kernel tag for matrices of these kinds on this host's path (simd.isa_tag): compiled kernels
+    hold those kinds' code alone."""
+    kinds = tuple(sorted(set(kinds)))
+    tag = _ISA_OF_KIND.get(kinds)
+    if tag is None:
+        tag = _ISA_OF_KIND[kinds] = simd.isa_tag(KERNEL_PATH, kinds)
+    return tag
 
 
 class QInput:
@@ -69,7 +80,7 @@ def matmul(w, x, out: np.ndarray | None = None) -> np.ndarray:
     if w.kind <= 1:
         quant.matmul_half(w.kind, w.d, quant.HALF_TO_F32, qx.x, out)
     else:
-        matmul_int8(w, qx, out, ISA)
+        matmul_int8(w, qx, out, isa_for((w.kind,)))
     return out
 
 
@@ -91,7 +102,9 @@ def layer_stack(cfg, layers, inv_freqs, *, qk_norm=False, post_norms=False, gelu
     inv_freqs: each layer's RoPE inverse frequencies."""
     from .step import LayerStack
 
-    return LayerStack.build(cfg, layers, inv_freqs, ISA, qk_norm=qk_norm, post_norms=post_norms, gelu=gelu)
+    kinds = {k for lw in layers for name in LayerStack.MATS if (k := getattr(getattr(lw, name), "kind", 0)) >= 2}
+    return LayerStack.build(cfg, layers, inv_freqs, isa_for(kinds or (2,)), qk_norm=qk_norm, post_norms=post_norms,
+                            gelu=gelu)
 
 
 def embed(w, ids: np.ndarray) -> np.ndarray:
@@ -172,7 +185,8 @@ def take_rows(x, idx):
 
 
 def kv_store(x, dtype: str):
-    """x (float32) in a KV cache's storage type: float16 bits for "f16"."""
+    """x (float32) in a form write_kv takes for a KV cache of `dtype`: float16 bits for "f16"; float32
+    for "f32" and "q8_0" (write_kv quantizes each row into q8_0 blocks)."""
     return x.astype(np.float16).view(np.uint16) if dtype == "f16" else x
 
 

@@ -13,8 +13,29 @@ from .simd import f32_bits
 F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
+# KV cache storage, per layer (n_slots, KVH, row), one of:
+#   float32 values; float16 bit patterns (uint16); or q8_0 (int8): a row of D values is D int8 quants
+#   (blocks of 32) followed by the D/32 blocks' float16 scales as little-endian byte pairs, D + D/16
+#   bytes in all, 1.0625 bytes per value (llama.cpp's q8_0 block: 34 bytes per 32 values).
+Q8_KV_BLOCK = 32
+
+
+def q8_kv_row_len(d: int) -> int:
+    """Bytes in a q8_0 KV row of d values (d a multiple of 32)."""
+    return d + d // 16
+
+
 def kv_load(cache, slot, g, i):
-    """cache[slot, g, i] as float32, whether the cache holds float32 or float16 bits."""
+    """cache[slot, g, i] as float32, whatever the cache's storage (float32, float16 bits, q8_0)."""
+
+
+@njit(inline="always", cache=True)
+def _q8_scale(cache, slot, g, b):
+    # the float16 scale of block b of a q8_0 row, as float32
+    D = cache.shape[2] * 16 // 17
+    lo = np.int64(cache[slot, g, D + 2 * b]) & 0xFF
+    hi = np.int64(cache[slot, g, D + 2 * b + 1]) & 0xFF
+    return F16_TO_F32[lo | (hi << 8)]
 
 
 @overload(kv_load, inline="always")
@@ -22,9 +43,50 @@ def _kv_load(cache, slot, g, i):
     if cache.dtype == types.uint16:
         def impl(cache, slot, g, i):
             return F16_TO_F32[cache[slot, g, i]]
+    elif cache.dtype == types.int8:
+        def impl(cache, slot, g, i):
+            return np.float32(cache[slot, g, i]) * _q8_scale(cache, slot, g, i // Q8_KV_BLOCK)
     else:
         def impl(cache, slot, g, i):
             return cache[slot, g, i]
+    return impl
+
+
+def kv_vec8(cache, row, c):
+    """Values c .. c+7 of the KV row that starts at flat index `row` (an element index of the cache),
+    as f32x8, c a multiple of 8."""
+
+
+@overload(kv_vec8, inline="always")
+def _kv_vec8(cache, row, c):
+    if cache.dtype == types.int8:
+        def impl(cache, row, c):
+            D = cache.shape[2] * 16 // 17
+            b = row + D + 2 * (c // Q8_KV_BLOCK)
+            s = F16_TO_F32[(np.int64(cache.flat[b]) & 0xFF) | ((np.int64(cache.flat[b + 1]) & 0xFF) << 8)]
+            return simd.mul8(simd.cvt8(simd.widen8s(cache, row + c)), simd.splatf(s))
+    else:
+        def impl(cache, row, c):
+            return simd.loadf8(cache, row + c)
+    return impl
+
+
+def kv_key_to_tile(kt, cache, slot, g, D, j, stride):
+    """kt[d * stride + j] = key d of cache[slot, g] as float32, d < D."""
+
+
+@overload(kv_key_to_tile, inline="always")
+def _kv_key_to_tile(kt, cache, slot, g, D, j, stride):
+    if cache.dtype == types.int8:
+        def impl(kt, cache, slot, g, D, j, stride):
+            for b in range(D // Q8_KV_BLOCK):
+                s = _q8_scale(cache, slot, g, b)
+                for d in range(b * Q8_KV_BLOCK, (b + 1) * Q8_KV_BLOCK):
+                    kt[d * stride + j] = np.float32(cache[slot, g, d]) * s
+    else:
+        def impl(kt, cache, slot, g, D, j, stride):
+            for d in range(D):
+                kt[d * stride + j] = kv_load(cache, slot, g, d)
     return impl
 
 
@@ -58,18 +120,40 @@ def f32_to_f16_bits(v):
     return np.uint16(r)
 
 
-def kv_put(cache, slot, g, i, value):
-    """cache[slot, g, i] = value, converting a float32 value to float16 bits for a float16 cache."""
+def kv_put_head(cache, slot, g, x, t):
+    """cache[slot, g] = x[t, g] (x float32 (T, KVH, D), or already in the cache's storage type):
+    converted to float16 bits for a float16 cache (rounded as numpy's astype(float16) rounds), quantized
+    to q8_0 blocks for an int8 cache (as llama.cpp's reference quantize_row_q8_0: d = amax / 127 stored
+    as float16, q = round-half-away(x / d) with the float32 d)."""
 
 
-@overload(kv_put)
-def _kv_put(cache, slot, g, i, value):
-    if cache.dtype == types.uint16 and isinstance(value, types.Float):
-        def impl(cache, slot, g, i, value):
-            cache[slot, g, i] = f32_to_f16_bits(value)
+@overload(kv_put_head)
+def _kv_put_head(cache, slot, g, x, t):
+    if cache.dtype == types.int8:
+        def impl(cache, slot, g, x, t):
+            D = x.shape[2]
+            for b in range(D // Q8_KV_BLOCK):
+                amax = np.float32(0.0)
+                for i in range(b * Q8_KV_BLOCK, (b + 1) * Q8_KV_BLOCK):
+                    amax = max(amax, abs(x[t, g, i]))
+                d = amax / np.float32(127.0)
+                inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+                bits = f32_to_f16_bits(d)
+                cache[slot, g, D + 2 * b] = np.int8(np.int64(bits & 0xFF) - (256 if bits & 0x80 else 0))
+                hi = np.int64(bits >> 8)
+                cache[slot, g, D + 2 * b + 1] = np.int8(hi - (256 if hi & 0x80 else 0))
+                for i in range(b * Q8_KV_BLOCK, (b + 1) * Q8_KV_BLOCK):
+                    v = x[t, g, i] * inv
+                    q = math.floor(abs(v) + 0.5)  # roundf: halves away from zero
+                    cache[slot, g, i] = np.int8(q if v >= 0 else -q)
+    elif cache.dtype == types.uint16 and isinstance(x.dtype, types.Float):
+        def impl(cache, slot, g, x, t):
+            for i in range(x.shape[2]):
+                cache[slot, g, i] = f32_to_f16_bits(x[t, g, i])
     else:
-        def impl(cache, slot, g, i, value):
-            cache[slot, g, i] = value
+        def impl(cache, slot, g, x, t):
+            for i in range(x.shape[2]):
+                cache[slot, g, i] = x[t, g, i]
     return impl
 
 
@@ -101,7 +185,8 @@ def rmsnorm_row(x, w, eps, out, r):
 @njit(parallel=True, nogil=True, cache=True)
 def rmsnorm(x, w, eps, out):
     # x (R, D) * w (D,) / rms(x) -> out (R, D); out may alias x
-    for r in prange(x.shape[0]):
+    for r_ in prange(x.shape[0]):
+        r = np.int64(r_)  # prange counts in uint64: one row function for both loops
         rmsnorm_row(x, w, eps, out, r)
 
 
@@ -109,7 +194,8 @@ def rmsnorm(x, w, eps, out):
 def rope(x, positions, inv_freq, neox):
     # x (T, H, D) rotated in place; positions (T,) int; inv_freq (n_rot/2,): angle = pos * inv_freq[i].
     # neox: pairs (i, i + n_rot/2) (GPT-NeoX, Gemma); else adjacent pairs (2i, 2i+1) (llama.cpp's llama).
-    for t in prange(x.shape[0]):
+    for t_ in prange(x.shape[0]):
+        t = np.int64(t_)  # prange counts in uint64: one row function for both loops
         rope_row(x, positions, inv_freq, neox, t)
 
 
@@ -138,23 +224,20 @@ def rope_row(x, positions, inv_freq, neox, t):
 
 @njit(parallel=True, nogil=True, cache=True)
 def write_kv(k, v, slot_mapping, k_cache, v_cache):
-    # k (T, KVH, D), v (T, KVH, Dv) -> k_cache/v_cache (n_slots, KVH, D|Dv) at slot_mapping (T,);
-    # float32 values into a float16-bits cache are rounded as numpy's astype(float16) rounds
-    for t in prange(k.shape[0]):
+    # k (T, KVH, D), v (T, KVH, Dv) -> k_cache/v_cache (n_slots, KVH, row) at slot_mapping (T,), in the
+    # cache's storage (see kv_put_head)
+    for t_ in prange(k.shape[0]):
+        t = np.int64(t_)  # prange counts in uint64: one row function for both loops
         write_kv_row(k, v, slot_mapping, k_cache, v_cache, t)
 
 
 @njit(nogil=True, cache=True)
 def write_kv_row(k, v, slot_mapping, k_cache, v_cache, t):
     # token t's k and v into their slot (see write_kv)
-    _, KVH, D = k.shape
-    Dv = v.shape[2]
     s = slot_mapping[t]
-    for g in range(KVH):
-        for i in range(D):
-            kv_put(k_cache, s, g, i, k[t, g, i])
-        for i in range(Dv):
-            kv_put(v_cache, s, g, i, v[t, g, i])
+    for g in range(k.shape[1]):
+        kv_put_head(k_cache, s, g, k, t)
+        kv_put_head(v_cache, s, g, v, t)
 
 
 @njit(nogil=True, cache=True)
@@ -201,7 +284,8 @@ def _act8(x, u, gelu):
 @njit(parallel=True, nogil=True, cache=True)
 def gated_act(g, u, out, gelu):
     # act(g) * u, (T, F) -> out (T, F); out may alias g
-    for t in prange(g.shape[0]):
+    for t_ in prange(g.shape[0]):
+        t = np.int64(t_)  # prange counts in uint64: one row function for both loops
         gated_act_row(g, u, out, gelu, t)
 
 

@@ -464,7 +464,7 @@ def prepare_batch(batch):
 
 def kv_store(x, dtype: str):
     if dtype != "f32":
-        raise ValueError("the CUDA backend keeps the KV cache in f32: use kv_dtype='f32'")
+        raise ValueError(f"the CUDA backend has no {dtype} KV cache yet: use kv_type 'f32'")
     return x
 
 
