@@ -45,19 +45,28 @@ def default_threads() -> int:
     return max(1, n)
 
 
+KV_TYPES = ("f32", "f16", "q8_0")
+DEFAULT_MAX_CONTEXT = 4096  # tokens per sequence when the caller does not say: an edge box's KV budget
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs: threads, KV cache size, batching limits, backend."""
 
     threads: int = 0  # 0: all available cores
     block_size: int = 16
-    num_kv_blocks: int = 0  # 0: enough for max_seqs sequences of the full context (capped by kv_cache_mb)
-    kv_cache_mb: float = 512.0
-    kv_dtype: str = "f32"  # "f32", or "f16": half the KV memory, slower long prefills (widened per read)
+    num_kv_blocks: int = 0  # 0: one full context's worth, shared by the running sequences (see memory.py)
+    kv_cache_mb: float = 512.0  # an upper bound on the KV pool when num_kv_blocks is 0
+    # KV storage: "f32"; "f16" (half of f32; the CPU default, as llama.cpp's); "q8_0" (int8 blocks of 32
+    # with a float16 scale: 53% of f16). "" picks the backend's default (f16 on the CPU, f32 on CUDA).
+    kv_dtype: str = ""
     max_seqs: int = 0  # 0: sized for the cores (4 per core, at least 8)
     max_num_batched_tokens: int = 512
-    max_context: int = 0  # 0: the model's context length, capped at 4096
+    max_context: int = 0  # 0: the model's context length, capped at DEFAULT_MAX_CONTEXT
     backend: str = "cpu"
+    # 0: none. Else the MB this model may use in all (runtime + weights + KV + buffers): the KV pool and
+    # the number of sequences are sized to fit, or loading fails naming the smallest budget that fits.
+    memory_budget_mb: float = 0.0
 
     def __post_init__(self):
         for name in ("threads", "num_kv_blocks", "max_context", "max_seqs"):
@@ -68,10 +77,16 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.kv_cache_mb <= 0:
             raise ValueError(f"kv_cache_mb must be > 0, got {self.kv_cache_mb}")
-        if self.kv_dtype not in ("f16", "f32"):
-            raise ValueError(f"kv_dtype must be 'f16' or 'f32', got {self.kv_dtype!r}")
         if self.backend not in ("cpu", "cuda"):
             raise ValueError(f"backend must be 'cpu' or 'cuda', got {self.backend!r}")
+        if not self.kv_dtype:
+            object.__setattr__(self, "kv_dtype", "f32" if self.backend == "cuda" else "f16")
+        if self.kv_dtype not in KV_TYPES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_TYPES)}, got {self.kv_dtype!r}")
+        if self.backend == "cuda" and self.kv_dtype != "f32":
+            raise ValueError(f"the CUDA backend has no {self.kv_dtype} KV cache yet: use kv type 'f32'")
+        if self.memory_budget_mb < 0:
+            raise ValueError(f"memory_budget_mb must be >= 0, got {self.memory_budget_mb}")
 
     @property
     def seqs_limit(self) -> int:

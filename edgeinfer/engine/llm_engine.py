@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import memory
 from ..config import EngineConfig
 from ..errors import EdgeInferError
 from ..models.common import KVCache
@@ -55,11 +56,9 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         cfg = model.cfg
-        self.max_context = config.max_context or min(cfg.context_length, 8192)
-        per_block = KVCache.bytes_per_block(cfg, config.block_size, config.kv_dtype)
-        n_blocks = config.num_kv_blocks or max(
-            1, min(config.seqs_limit * -(-self.max_context // config.block_size),
-                   int(config.kv_cache_mb * 2**20 // per_block)))
+        est = memory.estimate(0, cfg, config)
+        self.max_context = est.max_context
+        n_blocks = config.num_kv_blocks or memory.default_blocks(est, config)
         self.cache = KVCache(cfg.n_layer, n_blocks, config.block_size, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim,
                              config.kv_dtype, kb=model.kb)
         self.block_manager = BlockManager(n_blocks, config.block_size, model_id=model_id)

@@ -1,0 +1,122 @@
+"""Memory estimates and the KV pool's size: what a model needs, and what fits a budget.
+
+The KV pool is fixed-size blocks that the running sequences share (prefix-cached blocks live in it
+too, evicted least recently used first). By default it holds one full context: the same KV memory as
+llama.cpp's unified cache for that context, however many sequences share it (the scheduler preempts
+and recomputes the lowest-priority sequence when blocks run out). With a memory budget the pool takes
+whatever the budget leaves after the runtime, the weights and the step's buffers, up to one full
+context per sequence, and loading fails, naming the smallest budget that fits, if not even one
+context fits.
+
+Figures are bytes unless a name says MB; an MB here is 2**20 bytes, in the flags as in the reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .config import DEFAULT_MAX_CONTEXT, KV_TYPES, EngineConfig, ModelConfig
+from .errors import EdgeInferError
+
+MB = 2**20
+# Resident memory of a process with the runtime imported and the kernels loaded from Numba's cache
+# but no model (Python, numpy, Numba, LLVM, the compiled kernels, the thread pool): measured at
+# 92-104 MB on x86-64 Linux with Python 3.11, Numba 0.61 (benchmarks/memory_report.py prints it).
+RUNTIME_BYTES = 110 * MB
+MIN_TOKENS_PER_SEQ = 256  # with a budget, the number of sequences is cut so each has at least this much KV
+
+
+class MemoryBudgetError(EdgeInferError):
+    """A memory budget that cannot hold the model: the message names what does not fit."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What one model needs: its weights, its KV per token for each KV type, its step buffers."""
+
+    weights: int
+    kv_per_token: dict  # kv type -> bytes per token (all layers, K and V)
+    buffers: int  # the compiled step's activations for a full token budget, the logits, scratch
+    max_context: int
+
+    def kv(self, kv_type: str, tokens: int) -> int:
+        return self.kv_per_token[kv_type] * tokens
+
+    def minimum(self, kv_type: str) -> int:
+        """This model's share of a budget with the smallest pool: one full context."""
+        return self.weights + self.buffers + self.kv(kv_type, self.max_context)
+
+
+def max_context(cfg: ModelConfig, config: EngineConfig) -> int:
+    return config.max_context or min(cfg.context_length, DEFAULT_MAX_CONTEXT)
+
+
+def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig) -> Estimate:
+    from .models.common import KVCache
+
+    T = config.max_num_batched_tokens
+    per_row = (4 * cfg.dim + 3 * cfg.ffn_dim + (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim
+               + cfg.n_head * cfg.v_head_dim)  # float32 activations alive at once in a layer
+    quantized = cfg.dim + cfg.ffn_dim + cfg.n_head * cfg.v_head_dim  # int8 copies, plus scales (~1/8)
+    buffers = T * (4 * per_row + quantized * 9 // 8) + 2 * config.seqs_limit * cfg.vocab_size * 4
+    return Estimate(weights=weight_bytes, kv_per_token={t: KVCache.bytes_per_token(cfg, t) for t in KV_TYPES},
+                    buffers=buffers, max_context=max_context(cfg, config))
+
+
+def weight_bytes(gf) -> int:
+    """Bytes the loaded weights occupy: the file's tensor data (repacking keeps the size)."""
+    return sum(info.n_bytes for info in gf.tensors.values())
+
+
+def default_blocks(est: Estimate, config: EngineConfig) -> int:
+    """The pool without a budget: one full context, within config.kv_cache_mb."""
+    bs = config.block_size
+    per_block = est.kv_per_token[config.kv_dtype] * bs
+    return max(1, min(-(-est.max_context // bs), int(config.kv_cache_mb * MB // per_block)))
+
+
+def fit_budget(estimates: list[Estimate], configs: list[EngineConfig], budget_mb: float,
+               names: list[str] | None = None) -> list[EngineConfig]:
+    """Engine configs for models that share one process and a budget of budget_mb MiB: each model's KV
+    pool gets one full context plus a share of what is left (in proportion to its KV per token), up
+    to one context per sequence; its sequences are cut so each has MIN_TOKENS_PER_SEQ tokens of KV.
+    Raises MemoryBudgetError naming the parts and the smallest budget that would fit."""
+    names = names or [f"model {i + 1}" for i in range(len(estimates))]
+    budget = int(budget_mb * MB)
+    need = RUNTIME_BYTES + sum(e.minimum(c.kv_dtype) for e, c in zip(estimates, configs))
+    if need > budget:
+        parts = [f"runtime {RUNTIME_BYTES / MB:.0f} MB"]
+        for n, e, c in zip(names, estimates, configs):
+            parts.append(f"{n}: weights {e.weights / MB:.0f} MB + buffers {e.buffers / MB:.0f} MB + KV for one "
+                         f"{e.max_context}-token context {e.kv(c.kv_dtype, e.max_context) / MB:.0f} MB ({c.kv_dtype})")
+        raise MemoryBudgetError(
+            f"a memory budget of {budget_mb:g} MB is too small: {'; '.join(parts)}; the smallest budget that fits "
+            f"is {-(-need // MB)} MB (a shorter --max-context or --kv-type q8_0 needs less)")
+    spare = budget - need
+    weights = [e.kv_per_token[c.kv_dtype] * e.max_context for e, c in zip(estimates, configs)]
+    out = []
+    for e, c, w in zip(estimates, configs, weights):
+        bs = c.block_size
+        kv_bytes = e.kv(c.kv_dtype, e.max_context) + spare * w // sum(weights)
+        blocks = kv_bytes // (e.kv_per_token[c.kv_dtype] * bs)
+        ctx_blocks = -(-e.max_context // bs)
+        blocks = max(ctx_blocks, min(blocks, c.seqs_limit * ctx_blocks))
+        seqs = max(1, min(c.seqs_limit, blocks * bs // MIN_TOKENS_PER_SEQ))
+        out.append(replace(c, num_kv_blocks=int(blocks), max_seqs=int(seqs), max_context=e.max_context))
+    return out
+
+
+def report(est: Estimate, config: EngineConfig) -> dict:
+    """The estimate as `edgeinfer inspect --memory` prints it (MB)."""
+    blocks = default_blocks(est, config)
+    kv = blocks * config.block_size * est.kv_per_token[config.kv_dtype]
+    return {
+        "weights_mb": round(est.weights / MB, 1),
+        "kv_mb_per_1k_tokens": {t: round(est.kv_per_token[t] * 1000 / MB, 2) for t in KV_TYPES},
+        "buffers_mb": round(est.buffers / MB, 1),
+        "runtime_mb": round(RUNTIME_BYTES / MB, 1),
+        "max_context": est.max_context,
+        "default_kv_type": config.kv_dtype,
+        "default_kv_pool_mb": round(kv / MB, 1),
+        "total_mb": round((RUNTIME_BYTES + est.weights + est.buffers + kv) / MB, 1),
+    }
