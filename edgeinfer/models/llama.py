@@ -126,7 +126,7 @@ class Model:
     def logits(self, x) -> np.ndarray:
         kb, cfg = self.kb, self.cfg
         h = kb.empty(x.shape)
-        kb.rmsnorm(x, self.output_norm, cfg.norm_eps, h)
+        kb.rmsnorm(x, self.output_norm, np.float32(cfg.norm_eps), h)  # float32 eps: the step's own rmsnorm
         out = kb.matmul(self.output, h)
         if cfg.final_softcap > 0:
             kb.softcap(out, np.float32(cfg.final_softcap))

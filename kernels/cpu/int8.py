@@ -30,7 +30,7 @@ from numba import njit, prange
 from numba.extending import overload
 
 from . import simd
-from .simd import path_of
+from .simd import kinds_of, path_of
 
 # Bytes ahead that the loops ask for the weights (prefetcht0). The hardware prefetcher alone reached 15 GB/s
 # on a 178 MB matrix (2 threads); 4 KiB ahead reached 25 GB/s, the machine's streaming read rate.
@@ -110,7 +110,8 @@ def quantize_q8(x, xq, xd, xs):
     # llama.cpp's quantize_row_q8_1: d = max|x| / 127, q = round(x / d), s = d * sum(q) (for the offset terms).
     # d and s stay float32: rounding them to fp16 as llama.cpp's blocks store them was measured to move
     # the golden top logits further from llama.cpp's (0.42 -> 0.65 at worst), not closer.
-    for t in prange(x.shape[0]):
+    for t_ in prange(x.shape[0]):
+        t = np.int64(t_)  # prange counts in uint64: one row function for both loops
         quantize_q8_row(x, xq, xd, xs, t)
 
 
@@ -120,14 +121,15 @@ def quantize_q8k(x, xq, xd, xb, xb16):
     # (the K-quants' min terms need them per 32-element sub-block), xb16 (T, K/16) sums per 16 (as
     # llama.cpp's bsums: the interleaved Q6_K kernel's offset of 32 per 16-element group).
     # llama.cpp's quantize_row_q8_K: the value of largest magnitude maps to -127 (its sign flips the scale).
-    for t in prange(x.shape[0]):
+    for t_ in prange(x.shape[0]):
+        t = np.int64(t_)  # prange counts in uint64: one row function for both loops
         quantize_q8k_row(x, xq, xd, xb, xb16, t)
 
 
 @njit(nogil=True, cache=True)
 def quantize_q8_row(x, xq, xd, xs, t):
     # token t of quantize_q8
-    quantize_q8_blocks(x, xq, xd, xs, t, 0, x.shape[1] // 32)
+    quantize_q8_blocks(x, xq, xd, xs, t, np.int64(0), x.shape[1] // 32)
 
 
 @njit(nogil=True, cache=True)
@@ -151,7 +153,7 @@ def quantize_q8_blocks(x, xq, xd, xs, t, g0, g1):
 @njit(nogil=True, cache=True)
 def quantize_q8k_row(x, xq, xd, xb, xb16, t):
     # token t of quantize_q8k
-    quantize_q8k_blocks(x, xq, xd, xb, xb16, t, 0, x.shape[1] // 256)
+    quantize_q8k_blocks(x, xq, xd, xb, xb16, t, np.int64(0), x.shape[1] // 256)
 
 
 @njit(nogil=True, cache=True)
@@ -217,26 +219,50 @@ def as_tuple(w) -> tuple:
     return (np.int64(w.kind), w.qs, w.qh, w.sc, w.d, w.m)
 
 
-@njit(nogil=True, cache=True)
 def rows_any(w, q8, q8k, luts, out, n0, n1, isa):
-    # rows [n0, n1) of W @ x -> out (T, N) for every token. w: a quantized matrix as
-    # (kind, qs, qh, sc, d, m) (quant/repack.py, kinds 2-9; layout.py, kinds 10-17); q8, q8k: x quantized
-    # (quantize_q8, quantize_q8k)
-    kind, qs, qh, sc, d, m = w
-    if kind == 2:
-        rows_q8_0(isa, qs, d, luts, q8[0], q8[1], out, n0, n1)
-    elif kind <= 6:
-        rows_q45(isa, kind, qs, qh if kind >= 5 else qs, d, m, luts, q8[0], q8[1], q8[2], out, n0, n1)
-    elif kind <= 8:
-        rows_k45(isa, kind, qs, qh, sc, d, m, luts, q8k[0], q8k[1], q8k[2], out, n0, n1)
-    elif kind == 9:
-        rows_q6_k(isa, qs, sc, d, luts, q8k[0], q8k[1], out, n0, n1)
-    elif kind <= 13:
-        rows_x8(isa, kind, qs, qh, d, m, luts, q8[0], q8[1], q8[2], out, n0, n1)
-    elif kind <= 16:
-        rows_kx8(isa, kind, qs, qh, sc, d, m, luts, q8k[0], q8k[1], q8k[2], q8k[3], out, n0, n1)
-    else:
-        rows_q8x8(isa, qs, d, luts, q8[0], q8[1], out, n0, n1)
+    """Rows [n0, n1) of W @ x -> out (T, N) for every token. w: a quantized matrix as (kind, qs, qh, sc,
+    d, m) (quant/repack.py, kinds 2-9; layout.py, kinds 10-17); q8, q8k: x quantized (quantize_q8,
+    quantize_q8k). Only the kinds the type of `isa` names are compiled in (simd.isa_tag); a matrix of
+    another kind leaves out untouched."""
+
+
+@overload(rows_any)
+def _rows_any(w, q8, q8k, luts, out, n0, n1, isa):
+    ks = kinds_of(isa)
+    # branches on these closure constants are pruned before typing: the kernels of absent kinds are
+    # never compiled
+    h_q8_0 = 2 in ks
+    h_q45 = bool(ks & {3, 4, 5, 6})
+    h_k45 = bool(ks & {7, 8})
+    h_q6_k = 9 in ks
+    h_x8 = bool(ks & {10, 11, 12, 13})
+    h_kx8 = bool(ks & {14, 15, 16})
+    h_q8x8 = 17 in ks
+
+    def impl(w, q8, q8k, luts, out, n0, n1, isa):
+        kind, qs, qh, sc, d, m = w
+        if h_x8:
+            if 10 <= kind <= 13:
+                rows_x8(isa, kind, qs, qh, d, m, luts, q8[0], q8[1], q8[2], out, n0, n1)
+        if h_kx8:
+            if 14 <= kind <= 16:
+                rows_kx8(isa, kind, qs, qh, sc, d, m, luts, q8k[0], q8k[1], q8k[2], q8k[3], out, n0, n1)
+        if h_q8x8:
+            if kind == 17:
+                rows_q8x8(isa, qs, d, luts, q8[0], q8[1], out, n0, n1)
+        if h_q8_0:
+            if kind == 2:
+                rows_q8_0(isa, qs, d, luts, q8[0], q8[1], out, n0, n1)
+        if h_q45:
+            if 3 <= kind <= 6:
+                rows_q45(isa, kind, qs, qh if kind >= 5 else qs, d, m, luts, q8[0], q8[1], q8[2], out, n0, n1)
+        if h_k45:
+            if 7 <= kind <= 8:
+                rows_k45(isa, kind, qs, qh, sc, d, m, luts, q8k[0], q8k[1], q8k[2], out, n0, n1)
+        if h_q6_k:
+            if kind == 9:
+                rows_q6_k(isa, qs, sc, d, luts, q8k[0], q8k[1], out, n0, n1)
+    return impl
 
 
 @njit(parallel=True, nogil=True, cache=True)

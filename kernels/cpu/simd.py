@@ -28,7 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 PATHS = ("portable", "avx2", "vnni")
-_TAG_DTYPES = {"portable": np.int8, "avx2": np.int16, "vnni": np.int32}
+ALL_KINDS = tuple(range(2, 18))  # the quantized matrix kinds (quant/repack.py 2-9, layout.py 10-17)
 
 
 def host_features() -> set[str]:
@@ -65,14 +65,25 @@ def choose_path() -> str:
     return have[-1]
 
 
-def isa_tag(path: str) -> np.ndarray:
-    """The `isa` argument that selects `path` in the kernels."""
-    return np.empty(0, _TAG_DTYPES[path])
+def isa_tag(path: str, kinds=None) -> np.ndarray:
+    """The `isa` argument that selects `path` in the kernels, and the matrix kinds they must handle (None:
+    every kind). Both live in the argument's type (an empty array of a record dtype whose field names
+    say them), so a compiled function holds the code of that path and those kinds alone: a model's
+    forward pass compiles the matmul kernels of its own weight types, not of all sixteen."""
+    kinds = ALL_KINDS if kinds is None else tuple(sorted({int(k) for k in kinds}))
+    if path not in PATHS or not kinds or not set(kinds) <= set(ALL_KINDS):
+        raise ValueError(f"bad kernel tag: path {path!r}, kinds {kinds}")
+    return np.empty(0, np.dtype([(path, np.uint8)] + [(f"k{k}", np.uint8) for k in kinds]))
 
 
 def path_of(isa) -> str:
     """Inside an @overload: the path an `isa` argument's type names."""
-    return {types.int8: "portable", types.int16: "avx2", types.int32: "vnni"}[isa.dtype]
+    return next(iter(isa.dtype.fields))
+
+
+def kinds_of(isa) -> frozenset:
+    """Inside an @overload: the matrix kinds an `isa` argument's type names."""
+    return frozenset(int(name[1:]) for name in isa.dtype.fields if name.startswith("k"))
 
 
 # -- vector types -------------------------------------------------------------------------------

@@ -37,6 +37,8 @@ class LayerStack:
     """A model's layers in the compiled step's form; None from :meth:`build` when a layer holds a
     float matrix."""
 
+    MATS = MATS
+
     def __init__(self, cfg, layers, inv_freqs, isa, qk_norm: bool, post_norms: bool, gelu: bool):
         n, dim, hd = cfg.n_layer, cfg.dim, cfg.head_dim
         self.isa = isa  # the kernels' instruction-set path (simd.isa_tag)
@@ -129,7 +131,8 @@ def _norm(x, w, eps, out):
 
 @njit(parallel=True, nogil=True, cache=True)
 def _quantize_rows(x, need, a, b):
-    for t in prange(x.shape[0]):
+    for t_ in prange(x.shape[0]):
+        t = np.int64(t_)  # prange counts in uint64: one row function for both loops
         if need & 1:
             int8.quantize_q8_row(x, a[0], a[1], a[2], t)
         if need & 2:
@@ -154,7 +157,8 @@ def _quantize(x, need):
 
 @njit(parallel=True, nogil=True, cache=True)
 def _rope_kv_rows(q, k, v, positions, inv_freq, neox, rope_dim, slot_mapping, kc, vc):
-    for t in prange(q.shape[0]):
+    for t_ in prange(q.shape[0]):
+        t = np.int64(t_)  # prange counts in uint64: one row function for both loops
         ops.rope_row(q[:, :, :rope_dim], positions, inv_freq, neox, t)
         ops.rope_row(k[:, :, :rope_dim], positions, inv_freq, neox, t)
         ops.write_kv_row(k, v, slot_mapping, kc, vc, t)
@@ -174,7 +178,8 @@ def _rope_kv(q, k, v, positions, inv_freq, neox, rope_dim, slot_mapping, kc, vc)
 
 @njit(parallel=True, nogil=True, cache=True)
 def _add_rows(x, f):
-    for t in prange(x.shape[0]):
+    for t_ in prange(x.shape[0]):
+        t = np.int64(t_)  # prange counts in uint64: one row function for both loops
         ops.add_row(x, f, t)
 
 
@@ -196,7 +201,8 @@ def _act_quantize(gate, up, gelu, need, a, b):
     T, F = gate.shape
     chunk = 256 if F % 256 == 0 else 32
     per_row = F // chunk
-    for i in prange(T * per_row):
+    for i_ in prange(T * per_row):
+        i = np.int64(i_)
         t = i // per_row
         c = i % per_row
         ops.gated_act_range(gate, up, gate, gelu, t, c * chunk, (c + 1) * chunk)
@@ -231,7 +237,7 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, keep, bl
         wq, wk, wv = mats[layer * 7], mats[layer * 7 + 1], mats[layer * 7 + 2]
         _norm(x, attn_norm[layer], eps, h)
         a8, a8k = _quantize(h, needs[layer, 0])
-        int8.matmuls(wq, wk, wv, 3, a8, a8k, luts, q2, k2, v2, threads, isa)
+        int8.matmuls(wq, wk, wv, np.int64(3), a8, a8k, luts, q2, k2, v2, threads, isa)
         if qk_norm:
             _norm(qf, q_norm[layer], eps, qf)
             _norm(kf, k_norm[layer], eps, kf)
@@ -262,7 +268,7 @@ def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, ne
                               softcap, att)
     f = np.empty((T, dim), np.float32)
     o8, o8k = _quantize(att.reshape(T, n_head * vhd), needs[layer, 1])
-    int8.matmuls(wo, wo, wo, 1, o8, o8k, luts, f, f, f, threads, isa)
+    int8.matmuls(wo, wo, wo, np.int64(1), o8, o8k, luts, f, f, f, threads, isa)
     if post_norms:
         _norm(f, post_attn_norm[layer], eps, f)
     _add(x, f)
@@ -271,10 +277,10 @@ def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, ne
     g8, g8k = _quantize(h, needs[layer, 2])
     gate = np.empty((T, ffn), np.float32)
     up = np.empty((T, ffn), np.float32)
-    int8.matmuls(wg, wu, wu, 2, g8, g8k, luts, gate, up, up, threads, isa)
+    int8.matmuls(wg, wu, wu, np.int64(2), g8, g8k, luts, gate, up, up, threads, isa)
     d8, d8k = _alloc_q(T, ffn, needs[layer, 3])
     _act_quantize(gate, up, gelu, needs[layer, 3], d8, d8k)
-    int8.matmuls(wd, wd, wd, 1, d8, d8k, luts, f, f, f, threads, isa)
+    int8.matmuls(wd, wd, wd, np.int64(1), d8, d8k, luts, f, f, f, threads, isa)
     if post_norms:
         _norm(f, post_ffn_norm[layer], eps, f)
     _add(x, f)
