@@ -93,23 +93,43 @@ def rm(model):
 @main.command()
 @click.argument("model")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def inspect(model, as_json):
-    """Show a model's architecture, sizes, tokenizer and tensor types."""
+@click.option("--memory", is_flag=True, help="Estimate the memory a run needs: weights, KV per 1k tokens, buffers.")
+@click.option("--kv-type", type=click.Choice(["f32", "f16", "q8_0"]), default=None, help="KV type for --memory's pool.")
+@click.option("--max-context", type=click.IntRange(0, None), default=0, help="Context for --memory's pool.")
+def inspect(model, as_json, memory, kv_type, max_context):
+    """Show a model's architecture, sizes, tokenizer and tensor types (--memory: what a run needs)."""
     from edgeinfer.info import summarize
 
     with _open_model_file(model) as gf:
         s = summarize(gf)
+        if memory:
+            from edgeinfer import memory as mem
+            from edgeinfer.config import EngineConfig
+            from edgeinfer.models import model_config
+
+            config = EngineConfig(kv_dtype=kv_type or "", max_context=max_context)
+            s["memory"] = mem.report(mem.estimate(mem.weight_bytes(gf), model_config(gf), config), config)
     if as_json:
         click.echo(json.dumps(s))
         return
     width = max(len(k) for k in s)
     for k, v in s.items():
-        if k in ("tensor_types", "tensor_bytes"):
+        if k in ("tensor_types", "tensor_bytes", "memory"):
             continue
         click.echo(f"{k:<{width}}  {v}")
     click.echo("tensors by type:")
     for t, n in s["tensor_types"].items():
         click.echo(f"  {t:<6} {n:>5} tensors  {s['tensor_bytes'][t] / 1e6:>9.2f} MB")
+    if memory:
+        m = s["memory"]
+        click.echo("memory estimate (MB = 2**20 bytes):")
+        rows = [("weights", m["weights_mb"])]
+        rows += [(f"KV per 1k tokens, {t}", v) for t, v in m["kv_mb_per_1k_tokens"].items()]
+        rows += [("step buffers", m["buffers_mb"]), ("runtime (Python, Numba)", m["runtime_mb"]),
+                 (f"KV pool: {m['max_context']} tokens, {m['default_kv_type']}", m["default_kv_pool_mb"])]
+        for label, v in rows:
+            click.echo(f"  {label:<32} {v:>8.1f} MB")
+        click.echo(f"  {'total when all is resident':<32} {m['total_mb']:>8.1f} MB")
 
 
 from .run import bench, chat, generate, perplexity, quantize_model_cmd, serve, system, warmup  # noqa: E402

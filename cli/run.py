@@ -27,6 +27,23 @@ def sampling_options(f, temperature: float = 0.8):
                      help="Kernel backend."),
     ]):
         f = opt(f)
+    return engine_options(f)
+
+
+def engine_options(f, budget: bool = True):
+    """--kv-type, --max-context and (where a budget applies) --memory-budget."""
+    opts = [
+        click.option("--kv-type", type=click.Choice(["f32", "f16", "q8_0"]), default=None,
+                     help="KV cache storage (default: f16 on the CPU, f32 on CUDA); q8_0 needs about half of f16."),
+        click.option("--max-context", type=click.IntRange(0, None), default=0,
+                     help="Tokens per sequence at most (default: the model's context, capped at 4096)."),
+    ]
+    if budget:
+        opts.append(click.option("--memory-budget", "memory_budget", type=click.FloatRange(0, None), default=0.0,
+                                 help="MB the process may use: the KV cache and sequences are sized to fit "
+                                      "(an error names the smallest budget that would)."))
+    for opt in reversed(opts):
+        f = opt(f)
     return f
 
 
@@ -37,12 +54,14 @@ def make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, se
                           repetition_penalty=repeat_penalty, max_tokens=max_tokens, seed=seed, stop=tuple(stop))
 
 
-def load(model: str, threads: int, device: str = "cpu"):
+def load(model: str, threads: int, device: str = "cpu", kv_type: str | None = None, max_context: int = 0,
+         memory_budget: float = 0.0):
     from edgeinfer import LLM
 
     if threads < 0:
         raise click.BadParameter(f"--threads must be >= 0, got {threads}")
-    return LLM(model, threads=threads, backend=device, progress=True)
+    return LLM(model, threads=threads, backend=device, kv_type=kv_type or "", max_context=max_context,
+               memory_budget_mb=memory_budget, progress=True)
 
 
 @click.command()
@@ -52,10 +71,10 @@ def load(model: str, threads: int, device: str = "cpu"):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text and timing stats.")
 @click.option("--special", is_flag=True, help="Parse special-token text (like <|im_start|>) in the prompt.")
 def generate(model, prompt, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads,
-             device, as_json, special):
+             device, kv_type, max_context, memory_budget, as_json, special):
     """Continue PROMPT with MODEL, streaming the text."""
     params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop)
-    llm = load(model, threads, device)
+    llm = load(model, threads, device, kv_type, max_context, memory_budget)
     t0 = time.perf_counter()
     first = None
     text, ids, reason = [], [], None
@@ -93,11 +112,11 @@ CHAT_HELP = "commands: /reset (new conversation), /system TEXT, /stats, /exit (o
 @lambda f: sampling_options(f, temperature=0.2)  # small chat models stay on topic at low temperature
 @click.option("--system", "system_prompt", default=None, help="A system message to start with.")
 def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads, device,
-         system_prompt):
+         kv_type, max_context, memory_budget, system_prompt):
     """Chat with MODEL (default: smollm2-135m-instruct, pulled on first use)."""
     params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop)
     interactive = sys.stdin.isatty()
-    llm = load(model, threads, device)
+    llm = load(model, threads, device, kv_type, max_context, memory_budget)
     if interactive:
         _setup_readline()
         click.echo(f"edgeinfer chat: {llm.path.name} ({llm.config.arch}, {llm.config.n_layer} layers). {CHAT_HELP}")
@@ -194,13 +213,14 @@ def _save_history(readline, path):
 @click.option("--chunks", type=int, default=None, help="Chunks to score (default: all).")
 @click.option("--threads", type=int, default=0)
 @click.option("--json", "as_json", is_flag=True)
-def perplexity(model, file, n_ctx, chunks, threads, as_json):
+@lambda f: engine_options(f, budget=False)
+def perplexity(model, file, n_ctx, chunks, threads, as_json, kv_type, max_context):
     """Perplexity of MODEL on a text FILE, llama-perplexity's way (second half of each chunk scored)."""
     try:
         text = open(file, encoding="utf-8").read()
     except UnicodeDecodeError as e:
         raise click.ClickException(f"{file} is not UTF-8 text: {e}") from None
-    llm = load(model, threads)
+    llm = load(model, threads, kv_type=kv_type, max_context=max_context)
     t0 = time.perf_counter()
     r = llm.perplexity_details(text, n_ctx=n_ctx, chunks=chunks, progress=True)
     r["seconds"] = round(time.perf_counter() - t0, 2)
@@ -209,14 +229,21 @@ def perplexity(model, file, n_ctx, chunks, threads, as_json):
 
 
 @click.command()
-def warmup():
-    """Compile every kernel now (numba caches them on disk for later runs)."""
-    from edgeinfer.kernels.cpu import compile_status
+@click.argument("models", nargs=-1)
+@click.option("--kv-type", "kv_types", type=click.Choice(["f32", "f16", "q8_0"]), multiple=True,
+              help="KV types to compile for (repeatable; default: the default one).")
+def warmup(models, kv_types):
+    """Compile the kernels MODELS need (default: smollm2-135m-instruct) into Numba's cache, ahead of time.
+
+    Kernels are compiled for each model's own weight types and KV type, so a run of a model with other
+    types compiles once more."""
+    from edgeinfer import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    if not compile_status.is_cached():
-        click.echo("compiling kernels (one time)...", err=True)
-    compile_status.warmup()
+    for model in models or [registry.DEFAULT_MODEL]:
+        for kv in kv_types or [""]:
+            llm = LLM(model, kv_type=kv, progress=True)
+            llm.generate([llm.tokenizer.bos_id or 0] * 2, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     click.echo(f"kernels ready ({time.perf_counter() - t0:.1f} s)")
 
 
@@ -236,12 +263,15 @@ def system(as_json):
 @click.option("--repeats", type=click.IntRange(1, 50), default=3, show_default=True, help="Runs per figure; medians reported.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True, help="Kernel backend.")
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON object of the figures.")
-def bench(model, threads, repeats, device, as_json):
-    """Measure prompt processing, decode (1 and 8 streams), cold start and peak memory."""
+@click.option("--first-run", is_flag=True, help="Also time a first run: a fresh process with an empty kernel cache.")
+@lambda f: engine_options(f, budget=False)
+def bench(model, threads, repeats, device, as_json, first_run, kv_type, max_context):
+    """Measure prompt processing, decode (1 and 8 streams), start-up (with its breakdown) and memory."""
     from edgeinfer import bench as b
 
-    llm = load(model, threads, device)
-    res = b.run(llm, repeats=repeats, threads=threads, progress=lambda s: click.echo(f"  {s}", err=True))
+    llm = load(model, threads, device, kv_type, max_context)
+    res = b.run(llm, repeats=repeats, threads=threads, progress=lambda s: click.echo(f"  {s}", err=True),
+                first_run_too=first_run)
     click.echo(b.format_table(res))
     if as_json:
         click.echo(b.to_json(res))
@@ -265,15 +295,23 @@ def bench(model, threads, repeats, device, as_json):
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True, help="Kernel backend.")
 @click.option("--shutdown-timeout", type=click.FloatRange(0, None), default=10.0, show_default=True,
               help="Seconds to let in-flight requests finish on SIGTERM/SIGINT.")
+@engine_options
 def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout, max_body_bytes, max_seqs, threads,
-          device, shutdown_timeout):
+          device, shutdown_timeout, kv_type, max_context, memory_budget):
     """Serve MODELS (default: smollm2-135m-instruct) over an OpenAI-compatible HTTP API."""
+    try:
+        import prometheus_client  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise click.ClickException(f"the server needs the 'serve' extra ({e.name} is not installed): "
+                                   f"pip install 'edgeinfer[serve]'") from None
+    from edgeinfer.config import EngineConfig
     from edgeinfer.server.app import ServerConfig
     from edgeinfer.server.run import serve as run_server
 
     models = list(models) or [registry.DEFAULT_MODEL]
-    for m in models:  # fail fast on unknown names; pull catalog models now, with progress
-        registry.resolve(m, progress=True)
+    paths = [registry.resolve(m, progress=True) for m in models]  # fail fast on unknown names; pull now
     if device != "cpu":  # fail now, not in the loading thread
         from edgeinfer.kernels import get_backend
 
@@ -281,10 +319,30 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
             get_backend(device)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
+    base = EngineConfig(threads=threads, max_seqs=max_seqs, backend=device, kv_dtype=kv_type or "",
+                        max_context=max_context)
+    per_model = None
+    if memory_budget:  # one budget for the whole process: every model's weights, KV and buffers
+        per_model = dict(zip(models, budget_configs(paths, base, memory_budget)))
     cfg = ServerConfig(models=models, threads=threads, api_key=api_key, cors_origins=list(cors_origins),
                        max_queue=max_queue, request_timeout=request_timeout, max_body_bytes=max_body_bytes,
-                       max_seqs=max_seqs, backend=device)
+                       max_seqs=max_seqs, backend=device, engine_config=base, model_configs=per_model)
     sys.exit(run_server(cfg, host=host, port=port, shutdown_timeout=shutdown_timeout))
+
+
+def budget_configs(paths, base, budget_mb: float):
+    """Engine configs, one per model file, that together fit budget_mb (see edgeinfer.memory)."""
+    import os
+
+    from edgeinfer import memory
+    from edgeinfer.gguf_file import GGUFFile
+    from edgeinfer.models import model_config
+
+    ests = []
+    for p in paths:
+        with GGUFFile(p) as gf:
+            ests.append(memory.estimate(memory.weight_bytes(gf), model_config(gf), base))
+    return memory.fit_budget(ests, [base] * len(paths), budget_mb, [os.path.basename(p) for p in paths])
 
 
 @click.command("quantize-model")

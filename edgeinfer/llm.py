@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence as Seq
+from typing import TYPE_CHECKING, Iterator, Sequence as Seq
 
 import numpy as np
 
 from . import registry
-from .chat_template import ChatTemplate, default_template
 from .config import EngineConfig, default_threads
 from .errors import EdgeInferError
 from .engine.llm_engine import LLMEngine, PromptTooLongError, RequestOutput
 from .gguf_file import GGUFFile
 from .kernels import get_backend
-from .models import load_model
+from .models import load_model, model_config
 from .models.common import Batch, KVCache
 from .sampling import SamplingParams, log_softmax
 from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from .chat_template import ChatTemplate
 
 
 @dataclass
@@ -50,28 +53,55 @@ class LLM:
     """
 
     def __init__(self, model: str = registry.DEFAULT_MODEL, *, threads: int = 0, backend: str = "cpu",
+                 kv_type: str = "", max_context: int = 0, memory_budget_mb: float = 0.0,
                  engine_config: EngineConfig | None = None, progress: bool = True):
         t0 = time.perf_counter()
+        config = engine_config or EngineConfig(threads=threads, backend=backend, kv_dtype=kv_type,
+                                               max_context=max_context, memory_budget_mb=memory_budget_mb)
         self.path = registry.resolve(model, progress=progress)
         self.gguf = GGUFFile(self.path)
-        config = engine_config or EngineConfig(threads=threads, backend=backend)
+        # where loading goes, for `edgeinfer bench` (start-up breakdown), in seconds
+        self.timings = {"open_s": time.perf_counter() - t0}
+        if config.memory_budget_mb:
+            config = fit_budget_for(self.gguf, config)
+        lap = time.perf_counter()
+
+        def mark(name):
+            nonlocal lap
+            now = time.perf_counter()
+            self.timings[name] = now - lap
+            lap = now
+
         try:
             self.kernels = get_backend(config.backend)
         except RuntimeError as e:  # e.g. the CUDA backend with no GPU: say what is missing
             raise EdgeInferError(str(e)) from None
         self.kernels.set_threads(config.threads or default_threads())
+        mark("backend_s")
         self.tokenizer = Tokenizer(self.gguf)
+        mark("tokenizer_s")
         _announce_compile(progress)
         self.model = load_model(self.gguf, self.kernels)
         self.config = self.model.cfg
-        tok = self.tokenizer
-        bos = tok.tokens[tok.bos_id] if tok.bos_id is not None else ""
-        eos = tok.tokens[tok.eos_id] if tok.eos_id is not None else ""
-        self.chat_template = ChatTemplate(self.gguf.get("tokenizer.chat_template"), bos, eos,
-                                          fallback=default_template(tok))
-        self.engine = LLMEngine(self.model, tok, config, model_id=str(self.path))
+        mark("weights_s")
+        self._chat_template = None
+        self._template_source = self.gguf.get("tokenizer.chat_template")
+        self.engine = LLMEngine(self.model, self.tokenizer, config, model_id=str(self.path))
         self.gguf.close()  # weights are repacked copies; drop the file mapping from memory
+        mark("engine_s")
         self.load_seconds = time.perf_counter() - t0
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The model's chat template, compiled on first use (jinja2 is imported only then)."""
+        if self._chat_template is None:
+            from .chat_template import ChatTemplate, default_template
+
+            tok = self.tokenizer
+            bos = tok.tokens[tok.bos_id] if tok.bos_id is not None else ""
+            eos = tok.tokens[tok.eos_id] if tok.eos_id is not None else ""
+            self._chat_template = ChatTemplate(self._template_source, bos, eos, fallback=default_template(tok))
+        return self._chat_template
 
     # -- text <-> tokens -------------------------------------------------------------------------
 
@@ -222,12 +252,21 @@ class LLM:
         return self.engine.stats()
 
 
-def _announce_compile(progress: bool) -> None:
-    """Say once that the first run compiles kernels; later runs load them from numba's cache."""
-    from .kernels.cpu import compile_status
+def fit_budget_for(gf: GGUFFile, config: EngineConfig) -> EngineConfig:
+    """config with its KV pool and sequences sized to config.memory_budget_mb for the model in gf."""
+    from . import memory
 
-    if progress and not compile_status.is_cached():
-        print("compiling kernels (one time)...", file=sys.stderr, flush=True)
+    est = memory.estimate(memory.weight_bytes(gf), model_config(gf), config)
+    return memory.fit_budget([est], [config], config.memory_budget_mb, [os.path.basename(gf.path)])[0]
+
+
+def _announce_compile(progress: bool) -> None:
+    """With progress, a status line on stderr whenever kernels compile (a first run; later runs load them
+    from Numba's cache)."""
+    if progress:
+        from .kernels.cpu import compile_status
+
+        compile_status.show_progress()
 
 
 __all__ = ["LLM", "Completion", "StreamChunk", "SamplingParams", "RequestOutput"]

@@ -91,9 +91,15 @@ def test_bad_kernel_path_is_a_one_line_error():
     assert p.stderr.strip().splitlines() == ["error: EDGEINFER_KERNELS must be one of portable, avx2, vnni, got 'sse9'"]
 
 
-def test_warmup():
-    r = run("warmup")
-    assert r.exit_code == 0 and "kernels ready" in r.output
+def test_warmup(tiny_gemma3_path):
+    r = run("warmup", tiny_gemma3_path, "--kv-type", "f16", "--kv-type", "q8_0")
+    assert r.exit_code == 0 and "kernels ready" in r.output, r.output
+
+
+def test_q8_0_kv_needs_head_sizes_of_32(tiny_llama_path):
+    r = run("generate", tiny_llama_path, "the", "-n", 2, "--kv-type", "q8_0")
+    assert r.exit_code == 1
+    assert "q8_0 KV cache needs head sizes that are multiples of 32" in r.output and "Traceback" not in r.output
 
 
 def test_bench_json_has_every_figure(tmp_path):

@@ -43,6 +43,7 @@ class ServerConfig:
     max_seqs: int = 0
     backend: str = "cpu"
     engine_config: EngineConfig | None = None
+    model_configs: dict | None = None  # model source -> its own EngineConfig (a shared memory budget)
 
 
 class ServedModel:
@@ -67,6 +68,7 @@ class ServedModel:
 
         try:
             self.llm = LLM(self.source, engine_config=self.engine_config, progress=False)
+            self.llm.chat_template  # compiled now: a template that does not parse fails the load, not a request
             self.loop = EngineLoop(self.llm.engine, self.name).start()
         except Exception as e:  # reported by /health and every request to this model
             self.error = f"{type(e).__name__}: {e}"
@@ -93,7 +95,7 @@ def create_app(config: ServerConfig) -> Starlette:
         name = model_name(source)
         if name in served:
             raise EdgeInferError(f"model {name!r} is given twice")
-        served[name] = ServedModel(name, source, engine_config)
+        served[name] = ServedModel(name, source, (config.model_configs or {}).get(source, engine_config))
     metrics = Metrics(served)
 
     # -- helpers ---------------------------------------------------------------------------------
