@@ -437,15 +437,19 @@ class GGUFFile:
             return raw.view(np.float16).reshape(tuple(reversed(t.shape)))
         return raw
 
-    def release(self, name: str) -> None:
-        """Drop a tensor's pages from this process's memory once it has been copied (repacked).
+    def release(self, name: str, row0: int = 0, row1: int | None = None) -> None:
+        """Drop a tensor's pages (or those of its rows row0 .. row1) from this process's memory once they
+        have been copied (repacked).
 
         The file stays mapped; reading the tensor again just faults the pages back in."""
         t = self.tensors[name]
         page = mmap.PAGESIZE
-        start = self.data_offset + t.offset
+        rows = max(1, t.n_elements // t.shape[0])
+        row_bytes = t.n_bytes // rows
+        row1 = rows if row1 is None else row1
+        start = self.data_offset + t.offset + row0 * row_bytes
         first = -(-start // page) * page  # whole pages only: neighbours may still be needed
-        last = (start + t.n_bytes) // page * page
+        last = (self.data_offset + t.offset + row1 * row_bytes) // page * page
         if last > first and hasattr(self._mmap, "madvise"):
             try:
                 self._mmap.madvise(mmap.MADV_DONTNEED, first, last - first)

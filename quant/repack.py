@@ -90,6 +90,37 @@ def unpack_q6_k(ql: np.ndarray, qh: np.ndarray) -> np.ndarray:
     return out.astype(np.int8).view(np.uint8)
 
 
+CHUNK_BYTES = 8 * 2**20  # repack_rows works through a matrix this many source bytes at a time
+
+
+def repack_rows(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...], release=None) -> QTensor:
+    """repack() a 2-D matrix a few MB of rows at a time into arrays allocated once: the temporaries of
+    one chunk at most, never a second copy of the matrix. release(r0, r1), when given, is called once
+    rows r0 .. r1 have been copied (the loader drops those file pages from memory)."""
+    k = int(shape[0])
+    n = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    rows = np.asarray(raw, dtype=np.uint8).reshape(n, -1)
+    step = max(8, CHUNK_BYTES // max(1, rows.shape[1]) // 8 * 8)
+    if step >= n:
+        out = repack(rows, ggml_type, shape)
+        if release is not None:
+            release(0, n)
+        return out
+    out = None
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        part = repack(rows[r0:r1], ggml_type, (k, r1 - r0))
+        if out is None:
+            fields = {f: np.empty((n,) + getattr(part, f).shape[1:], getattr(part, f).dtype)
+                      for f in ("qs", "qh", "sc", "d", "m")}
+            out = QTensor(part.ggml_type, part.kind, n, k, **fields)
+        for f in ("qs", "qh", "sc", "d", "m"):
+            getattr(out, f)[r0:r1] = getattr(part, f)
+        if release is not None:
+            release(r0, r1)
+    return out
+
+
 def repack(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> QTensor:
     """raw: the tensor's bytes (any shape ending in bytes per row); shape: ggml dims (K, N[, ...])."""
     if ggml_type not in KIND:
