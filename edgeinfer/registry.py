@@ -15,9 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.error
 import urllib.parse
-import urllib.request
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,6 +249,9 @@ def _name_from_url(url: str) -> str:
 
 
 def _pull_url(url: str, *, name: str | None, progress: bool, force: bool, timeout: float = 60.0) -> Path:
+    import urllib.error  # imported here: a run of a cached model never loads the HTTP client
+    import urllib.request
+
     final = models_dir() / (f"{name}.gguf" if name else _name_from_url(url))
     if final.is_file() and not force:
         return final

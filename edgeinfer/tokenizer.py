@@ -61,6 +61,43 @@ _BYTE_ENCODER = bytes_to_unicode()
 _BYTE_DECODER = {c: b for b, c in _BYTE_ENCODER.items()}
 
 
+class _LiteralMatcher:
+    """Finds special-token texts in a string: at the leftmost position where one starts, the longest
+    one (what a regex alternation of them, longest first, finds). Indexed by first character and length,
+    so building it costs next to nothing even for vocabularies with thousands of special tokens (a
+    regex of Gemma 3's 6,400 took a third of a second to compile)."""
+
+    def __init__(self, texts: dict[str, int]):
+        self._by_first: dict[str, tuple[list[int], dict[str, int]]] = {}
+        for t, i in texts.items():
+            lengths, table = self._by_first.setdefault(t[0], ([], {}))
+            table[t] = i
+        for lengths, table in self._by_first.values():
+            lengths.extend(sorted({len(t) for t in table}, reverse=True))
+        chars = "".join(sorted(self._by_first))
+        self._first = re.compile("[" + re.escape(chars) + "]") if chars else None
+
+    def finditer(self, text: str):
+        """(start, end, token id) of each match, left to right, not overlapping."""
+        if self._first is None:
+            return
+        pos = 0
+        while True:
+            m = self._first.search(text, pos)
+            if m is None:
+                return
+            s = m.start()
+            lengths, table = self._by_first[text[s]]
+            for n in lengths:
+                tid = table.get(text[s:s + n])
+                if tid is not None:
+                    yield s, s + n, tid
+                    pos = s + n
+                    break
+            else:
+                pos = s + 1
+
+
 class Tokenizer:
     """Text <-> token ids for one GGUF vocabulary."""
 
@@ -82,10 +119,11 @@ class Tokenizer:
         self.add_eos = bool(gf.get("tokenizer.ggml.add_eos_token", False))
         self.add_space_prefix = bool(gf.get("tokenizer.ggml.add_space_prefix", False))
         self.vocab_size = n
-        special = [i for i in range(n) if self.token_types[i] in (CONTROL, USER_DEFINED, UNKNOWN) and tokens[i]]
+        special = [int(i) for i in np.nonzero(np.isin(self.token_types, (CONTROL, USER_DEFINED, UNKNOWN)))[0]
+                   if tokens[i]]
         self._special_text = {tokens[i]: i for i in special}
-        self._re_all = self._alternation(special)
-        self._re_user = self._alternation([i for i in special if self.token_types[i] == USER_DEFINED])
+        self._match_all = _LiteralMatcher({tokens[i]: i for i in special})
+        self._match_user = _LiteralMatcher({tokens[i]: i for i in special if self.token_types[i] == USER_DEFINED})
         # Tokens that end a turn: EOS, EOT, and the control tokens chat templates end a message with.
         stops = {i for i in (self.eos_id, self.eot_id) if i is not None}
         for name in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>"):
@@ -110,12 +148,6 @@ class Tokenizer:
         if not 0 <= int(v) < len(self.tokens):
             raise TokenizerError(f"{key} = {v} is outside the vocabulary of {len(self.tokens)} tokens")
         return int(v)
-
-    def _alternation(self, ids: list[int]):
-        texts = sorted({self.tokens[i] for i in ids}, key=len, reverse=True)
-        if not texts:
-            return None
-        return re.compile("|".join(re.escape(t) for t in texts))
 
     def _init_bpe(self, gf: GGUFFile) -> None:
         from tokenizers import Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
@@ -163,14 +195,14 @@ class Tokenizer:
         ids: list[int] = []
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids.append(self.bos_id)
-        pattern = self._re_all if parse_special else self._re_user
+        matcher = self._match_all if parse_special else self._match_user
         first = True
         pos = 0
-        for m in pattern.finditer(text) if pattern is not None else ():
-            if m.start() > pos:
-                ids += self._encode_raw(text[pos:m.start()], first)
-            ids.append(self._special_text[m.group()])
-            pos = m.end()
+        for start, end, tid in matcher.finditer(text):
+            if start > pos:
+                ids += self._encode_raw(text[pos:start], first)
+            ids.append(tid)
+            pos = end
             first = False
         if pos < len(text):
             ids += self._encode_raw(text[pos:], first)
