@@ -121,6 +121,104 @@ def repack_rows(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...], release=N
     return out
 
 
+# Where each field sits in a block (byte ranges), for the types whose interleaved layout is built straight
+# from the file (repack_interleaved). d and m are float16 values; sc is decoded (K-quants' 12-byte packing).
+_BLOCK_FIELDS = {
+    T.Q8_0: {"d": (0, 2), "qs": (2, 34)},
+    T.Q4_0: {"d": (0, 2), "qs": (2, 18)},
+    T.Q4_1: {"d": (0, 2), "m": (2, 4), "qs": (4, 20)},
+    T.Q5_0: {"d": (0, 2), "qh": (2, 6), "qs": (6, 22)},
+    T.Q5_1: {"d": (0, 2), "m": (2, 4), "qh": (4, 8), "qs": (8, 24)},
+    T.Q4_K: {"d": (0, 2), "m": (2, 4), "sc": (4, 16), "qs": (16, 144)},
+    T.Q5_K: {"d": (0, 2), "m": (2, 4), "sc": (4, 16), "qh": (16, 48), "qs": (48, 176)},
+}
+DIRECT_TYPES = tuple(_BLOCK_FIELDS)
+_MADV_HUGEPAGE = 14
+_MADV_POPULATE_READ = 22  # Linux 5.14+: map a range's pages in one call instead of a fault per page
+
+
+def _madvise(a: np.ndarray, advice: int) -> None:
+    """madvise over the whole pages inside a's memory; silently nothing where Linux lacks the advice."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    start = -(-a.ctypes.data // page) * page
+    length = (a.ctypes.data + a.nbytes) // page * page - start
+    if length <= 0:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), ctypes.c_int(advice))
+    except (OSError, AttributeError):
+        pass
+
+
+def _weights_array(shape, dtype) -> np.ndarray:
+    # huge pages for the weights, where the kernel allows them: a 2 MB fault instead of 512 small ones
+    # while loading, and fewer TLB misses while the matmuls stream them
+    a = np.empty(shape, dtype)
+    if a.nbytes >= 2 << 20:
+        _madvise(a, _MADV_HUGEPAGE)
+    return a
+
+
+def repack_interleaved(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...], release=None) -> QTensor:
+    """A 2-D matrix of one of DIRECT_TYPES straight into the CPU SIMD kernels' interleaved layout
+    (kernels/cpu/layout.py): the same arrays as interleave8(repack(...)), built a few MB of rows at a
+    time with one gather per field from the file's bytes (no row-major copy in between, no second copy
+    of the matrix). release(r0, r1) as for repack_rows."""
+    from ..kernels.cpu import layout
+
+    k = int(shape[0])
+    n = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    block, type_size = GGML_QUANT_SIZES[ggml_type]
+    nb = k // block
+    rows = np.asarray(raw, dtype=np.uint8).reshape(n, nb * type_size)
+    kind = KIND[ggml_type]
+    g = -(-n // 8)
+    fields = _BLOCK_FIELDS[ggml_type]
+    starts = np.arange(nb, dtype=np.int64) * type_size
+    out = {"qs": None, "qh": np.zeros((g, 0), np.uint8), "sc": np.zeros((g, 0), np.uint8),
+           "d": None, "m": np.zeros((g, 0), np.uint16)}
+    plans = {}  # field -> (rows, cols, unit) of a gather, or None: computed per chunk
+    for f, (a, b) in fields.items():
+        if f in ("d", "m"):
+            out[f] = _weights_array((g, 8 * nb), np.uint16)
+            plans[f] = layout.gather_index(kind, f, starts + a, nb * type_size, 2) + (2,)
+        elif f == "sc":
+            plans[f] = None
+        else:
+            cols = (starts[:, None] + np.arange(a, b)[None, :]).reshape(-1)
+            idx = layout.gather_index(kind, f, cols, nb * type_size, 4)
+            plans[f] = idx + (4,) if idx is not None else (None, cols)
+            if idx is not None:
+                out[f] = _weights_array((g, 8 * cols.shape[0]), np.uint8)
+    step = max(8, CHUNK_BYTES // max(1, rows.shape[1]) // 8 * 8)
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        g0, g1 = r0 // 8, -(-r1 // 8)
+        src = rows[r0:r1]
+        _madvise(src, _MADV_POPULATE_READ)
+        for f, plan in plans.items():
+            if plan is not None and plan[0] is not None:
+                ridx, cidx, unit = plan
+                layout.gather_groups(src, ridx, cidx, unit, out[f].view(np.uint8)[g0:g1])
+                continue
+            if f == "sc":
+                a8 = decode_k_scales(src.reshape(r1 - r0, nb, type_size)[:, :, 4:16]).reshape(r1 - r0, -1)
+            else:  # Q5_0/Q5_1 qh: the row-major bytes, then their bit transpose
+                a8 = np.ascontiguousarray(src[:, plan[1]])
+            part = layout.interleave_field(kind, f, a8)
+            if out[f] is None or out[f].shape[1] == 0:
+                out[f] = _weights_array((g, part.shape[1]), part.dtype)
+            out[f][g0:g1] = part
+        if release is not None:
+            release(r0, r1)
+    from ..kernels.cpu.layout import INTERLEAVED
+
+    return QTensor(ggml_type, INTERLEAVED[kind], n, k, out["qs"], out["qh"], out["sc"], out["d"], out["m"])
+
+
 def repack(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> QTensor:
     """raw: the tensor's bytes (any shape ending in bytes per row); shape: ggml dims (K, N[, ...])."""
     if ggml_type not in KIND:

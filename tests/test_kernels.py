@@ -1,5 +1,7 @@
 """CPU kernels against numpy references built on gguf.quants.dequantize."""
 
+from unittest.mock import patch
+
 import gguf
 import numpy as np
 import pytest
@@ -8,7 +10,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from edgeinfer.kernels import get_backend
 from edgeinfer.kernels.cpu import attention, ops, simd
 from edgeinfer.kernels.cpu.layout import INTERLEAVED, interleave8
-from edgeinfer.quant.repack import KIND, repack
+from edgeinfer.quant import repack as repack_module
+from edgeinfer.quant.repack import DIRECT_TYPES, KIND, repack, repack_interleaved
 
 kb = get_backend("cpu")
 QUANT_TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
@@ -190,6 +193,14 @@ def test_interleaved_layout_holds_the_same_weights_and_results(t):
             np.testing.assert_array_equal(getattr(x8_inplace, f), getattr(x8, f))
         if n % 8 == 0:
             assert np.shares_memory(x8_inplace.qs, spent.qs)
+        if t in DIRECT_TYPES:  # straight from the file's bytes (what loading does), in chunks of a few rows
+            with patch.object(repack_module, "CHUNK_BYTES", 2 * raw.shape[-1] if raw.ndim > 1 else 64):
+                released = []
+                direct = repack_interleaved(raw, t, (k, n), release=lambda r0, r1: released.append((r0, r1)))
+            assert direct.kind == x8.kind and released[0][0] == 0 and released[-1][1] == n
+            for f in ("qs", "qh", "sc", "d", "m"):
+                np.testing.assert_array_equal(getattr(direct, f), getattr(x8, f))
+                assert getattr(direct, f).dtype == getattr(x8, f).dtype
         np.testing.assert_array_equal(kb.dequantize(x8), ref)
         x = rng.standard_normal((5, k)).astype(np.float32)
         outs = []

@@ -7,7 +7,7 @@ from gguf.constants import GGMLQuantizationType as T
 
 from ..errors import EdgeInferError
 from ..gguf_file import GGUFError, GGUFFile
-from ..quant.repack import SUPPORTED_TYPES, repack_rows
+from ..quant.repack import DIRECT_TYPES, KIND, SUPPORTED_TYPES, repack_interleaved, repack_rows
 
 
 class ModelLoadError(EdgeInferError):
@@ -48,6 +48,10 @@ class WeightLoader:
             )
         if info.ggml_type == T.F32:
             w = np.array(self.gf.tensor(name), dtype=np.float32).reshape(rows, cols)
+        elif info.ggml_type in DIRECT_TYPES and self.kb.interleaves(KIND[info.ggml_type]):
+            # the backend's interleaved layout, built straight from the file a chunk of rows at a time
+            w = repack_interleaved(self.gf.tensor_bytes(name), info.ggml_type, info.shape,
+                                   release=lambda r0, r1: self.gf.release(name, r0, r1))
         else:
             # a chunk of rows at a time, each chunk's file pages dropped once copied: the repacked copy
             # replaces the file's pages, and the two are never both resident

@@ -152,6 +152,12 @@ def empty(shape, dtype=np.float32) -> np.ndarray:
     return np.empty(shape, dtype)
 
 
+def interleaves(kind: int) -> bool:
+    """Whether this backend keeps quantized matrices of row-major `kind` in the interleaved layout
+    (layout.py): the loader may then build that layout straight from the file (quant.repack_interleaved)."""
+    return kind in INTERLEAVED and KERNEL_PATH != "portable"
+
+
 def upload(a):
     """A weight or constant, placed where the kernels read it: numpy arrays stay as they are; on the SIMD
     paths, quantized matrices are regrouped eight rows at a time, in place (layout.interleave8)."""

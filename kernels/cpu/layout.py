@@ -8,6 +8,9 @@ Q5_0, Q5_1 (kinds 3-6), kinds 14-16 those of Q4_K, Q5_K, Q6_K (kinds 7-9), kind 
 import dataclasses
 
 import numpy as np
+from numba import njit, prange
+
+from . import simd
 
 INTERLEAVED = {3: 10, 4: 11, 5: 12, 6: 13, 7: 14, 8: 15, 9: 16, 2: 17}
 
@@ -116,3 +119,90 @@ def _legacy8(w, inplace):
     return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=_groups(w.qs, _by_words(4), inplace), qh=qh,
                                sc=np.zeros((g, 0), np.uint8), d=_groups(w.d, _by_rows(1), inplace),
                                m=_groups(w.m, _by_rows(1), inplace))
+
+
+# -- straight from the file's blocks: one gather per field, no row-major copy in between --------------
+#
+# Where a field's interleaved form is a permutation of the file's bytes (qs, d, m and Q5_K's qh: whole
+# 4- or 2-byte units moved), the loader builds it in one pass with gather_groups, from the GGUF rows
+# to the final array; quant/repack.py knows where each field sits in a block and asks gather_index for
+# the permutation. The other fields (K-quant scales, Q5_0/Q5_1 high bits, all of Q6_K) are computed
+# (decoded) first and regrouped with interleave_field.
+
+def _transform(kind, field):
+    # the regrouping interleave8 applies to `field` of a row-major matrix of `kind` (see _q8_8, _legacy8, _k8)
+    if field in ("d", "m"):
+        return _by_rows(1)
+    if field == "sc":
+        return _by_rows(16)
+    if kind == 2:
+        return _by_words(8)
+    if kind <= 6:
+        return _by_words(4) if field == "qs" else None  # Q5_0/Q5_1 qh: a bit transpose
+    return _by_words(64) if kind == 9 else _by_words(8)
+
+
+def gather_index(kind, field, cols, row_bytes, unit):
+    """For `field` (row-major: each row's bytes at columns `cols` of its file row, in field order; for a
+    2-byte field, the first byte of each value) of a matrix of row-major `kind`: (rows, cols) int64
+    arrays, one entry per `unit` bytes of a row group's interleaved field, naming where in the group's
+    eight file rows those bytes start. None where the field is not a permutation of whole units."""
+    t = _transform(kind, field)
+    if t is None:
+        return None
+    cols = np.asarray(cols, np.int64)
+    width = cols.shape[0]
+    src = (np.arange(8, dtype=np.int64)[:, None] * row_bytes + cols[None, :])  # (8, width): file offsets
+    order = t(np.arange(8 * width, dtype=np.int64).reshape(8, width)).reshape(-1)
+    flat = src.reshape(-1)[order]
+    if unit > 1 and field not in ("d", "m"):  # byte fields: moved in whole runs of `unit`?
+        runs = flat.reshape(-1, unit)
+        if not np.array_equal(runs - runs[:, :1], np.broadcast_to(np.arange(unit), runs.shape)):
+            return None
+        flat = runs[:, 0]
+    return flat // row_bytes, flat % row_bytes
+
+
+def interleave_field(kind, field, a):
+    """A computed row-major field `a` (N, W) of a matrix of row-major `kind`, regrouped as interleave8
+    regroups it: (ceil(N / 8), 8 W), rows past N as zeros (Q5_0/Q5_1 qh: the bit masks of _legacy8)."""
+    if kind in (5, 6) and field == "qh":
+        n = a.shape[0]
+        nb = a.shape[1] // 4
+        g = -(-n // 8)
+        h = np.ascontiguousarray(np.pad(a, ((0, g * 8 - n), (0, 0)))).view(np.uint32).reshape(g, 8, nb)
+        masks = np.zeros((g, nb, 8), np.uint32)
+        for v in range(8):
+            nib = (h >> np.uint32(4 * v)) & np.uint32(15)
+            for r in range(8):
+                masks[:, :, v] |= nib[:, r, :] << np.uint32(4 * r)
+        return masks.reshape(g, nb * 8).view(np.uint8)
+    out = _groups(a, _transform(kind, field), False)
+    if kind == 9 and field == "qs":
+        out += np.uint8(32)  # as _k8: unsigned q
+    return out
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def gather_groups(src, rows, cols, unit, out):
+    # src (R, row_bytes) uint8, file rows of whole row groups (the last may be short); rows/cols (M,) int64
+    # from gather_index; out (ceil(R / 8), M * unit) uint8 <- for group g and entry j, the `unit` (2 or 4)
+    # bytes at src[8 g + rows[j], cols[j]:], zeros for rows past R. One unaligned 2- or 4-byte move each.
+    R, rb = src.shape
+    M = rows.shape[0]
+    width = out.shape[1]
+    for g_ in prange(out.shape[0]):
+        g = np.int64(g_)
+        base = 8 * g * rb
+        dst = g * width
+        if 8 * g + 8 <= R:
+            if unit == 4:
+                for j in range(M):
+                    simd.copy_bytes(out, dst + 4 * j, src, base + rows[j] * rb + cols[j], 4)
+            else:
+                for j in range(M):
+                    simd.copy_bytes(out, dst + 2 * j, src, base + rows[j] * rb + cols[j], 2)
+        else:
+            for j in range(M):
+                for e in range(unit):
+                    out[g, j * unit + e] = src[8 * g + rows[j], cols[j] + e] if 8 * g + rows[j] < R else 0

@@ -534,6 +534,23 @@ def widen8s(typingctx, a, offset):
 
 
 @intrinsic
+def copy_bytes(typingctx, dst, doff, src, soff, n):
+    """dst[doff : doff + n] = src[soff : soff + n] for n a constant 2 or 4: one unaligned move (byte offsets
+    into two arrays, any dtype)."""
+    if not isinstance(n, types.IntegerLiteral) or n.literal_value not in (2, 4):
+        return None
+    width = ir.IntType(8 * n.literal_value)
+
+    def codegen(context, builder, signature, args):
+        sp = builder.bitcast(_byte_ptr(context, builder, signature.args[2], args[2], args[3]), width.as_pointer())
+        dp = builder.bitcast(_byte_ptr(context, builder, signature.args[0], args[0], args[1]), width.as_pointer())
+        builder.store(builder.load(sp, align=1), dp, align=1)
+        return context.get_dummy_value()
+
+    return types.void(dst, types.intp, src, types.intp, n), codegen
+
+
+@intrinsic
 def splat32(typingctx, x):
     """s32x8 with the integer x in every lane."""
     def codegen(context, builder, signature, args):

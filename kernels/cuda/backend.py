@@ -62,6 +62,11 @@ def _dev(a: np.ndarray):
     return cuda.to_device(a)
 
 
+def interleaves(kind: int) -> bool:
+    """The CUDA kernels read the row-major layout (quant/repack.py) of every kind."""
+    return False
+
+
 def upload(a):
     if hasattr(a, "kind") and hasattr(a, "qs"):
         return DeviceWeight(a.kind, a.shape, qs=_dev(a.qs), qh=_dev(a.qh), sc=_dev(a.sc), d=_dev(a.d), m=_dev(a.m))
