@@ -5,9 +5,11 @@
 For each model both engines load the same GGUF file with the same thread count; every measurement
 alternates between them (edgeinfer, llama.cpp, edgeinfer, ...) so machine noise hits both alike.
 Figures: prompt processing of 128 and 512 tokens, decode of 128 tokens after a 16-token prompt,
-aggregate decode of 8 streams (64 tokens each), and a fresh process's time to first token and peak
-RSS while generating 64 tokens. Medians are printed with the ratios; JSON and a bar chart go to
-benchmarks/results/. Needs `pip install llama-cpp-python` (and matplotlib for the chart).
+aggregate decode of 8 streams (64 tokens each), and a fresh process generating 64 tokens: its time
+to the first token and to the last, its peak RSS, and that peak less the model file's bytes (what the
+runtime itself costs). Both sides run a 2,048-token context with an f16 KV cache (llama.cpp's
+default), so memory compares like for like. Medians are printed with the ratios; JSON and a bar chart
+go to benchmarks/results/. Needs `pip install llama-cpp-python` (and matplotlib for the chart).
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results"
 FIGURES = [("pp128_tok_s", "prompt 128 (tok/s)"), ("pp512_tok_s", "prompt 512 (tok/s)"),
            ("tg128_tok_s", "decode (tok/s)"), ("batched8_tok_s", "8 streams (tok/s)"),
-           ("ttft_cold_s", "cold first token (s)"), ("peak_rss_mb", "peak RSS (MB)")]
+           ("ttft_cold_s", "fresh: first token (s)"), ("wall64_cold_s", "fresh: 64 tokens (s)"),
+           ("peak_rss_mb", "peak RSS (MB)"), ("rss_less_weights_mb", "peak RSS - file (MB)")]
+CONTEXT = 2048  # both sides, with f16 KV
+COLD = {"ttft_cold_s", "wall64_cold_s", "peak_rss_mb", "rss_less_weights_mb"}
 
 
 class LlamaCpp:
@@ -95,40 +100,52 @@ class LlamaCpp:
 _LLAMA_COLD = r"""
 import sys
 from llama_cpp import Llama
-llm = Llama(sys.argv[1], n_ctx=2048, n_threads=int(sys.argv[2]), n_threads_batch=int(sys.argv[2]), verbose=False)
+llm = Llama(sys.argv[1], n_ctx=int(sys.argv[3]), n_threads=int(sys.argv[2]), n_threads_batch=int(sys.argv[2]),
+            verbose=False)  # f16 KV: llama.cpp's default
+print("LOADED", open("/proc/self/status").read().split("VmRSS:")[1].split()[0], flush=True)
 n = 0
 for out in llm("Once upon a time", max_tokens=64, temperature=0.0, stream=True):
     if n == 0:
-        print("FIRST", flush=True)
+        print("FIRST", open("/proc/self/status").read().split("VmRSS:")[1].split()[0], flush=True)
     n += 1
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork + exec
-print("RSS_KB", open("/proc/self/status").read().split("VmHWM:")[1].split()[0], flush=True)
+s = open("/proc/self/status").read()
+print("END", *(s.split(k + ":")[1].split()[0] for k in ("VmHWM", "RssAnon", "RssFile")), flush=True)
 """
 
 
-def llama_cold_start(path: str, threads: int):
+def llama_cold_start(path: str, threads: int) -> dict:
+    """The same figures as edgeinfer.bench.cold_start, for llama.cpp in a fresh process."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", _LLAMA_COLD, path, str(threads)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
-    ttft = rss = None
+    proc = subprocess.Popen([sys.executable, "-c", _LLAMA_COLD, path, str(threads), str(CONTEXT)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    out = {}
     for line in proc.stdout:
-        if line.startswith("FIRST") and ttft is None:
-            ttft = time.perf_counter() - t0
-        elif line.startswith("RSS_KB"):
-            rss = int(line.split()[1]) / 1024
-    proc.wait()
-    return ttft, rss
+        word, *vals = line.split()
+        if word == "LOADED":
+            out["rss_load_mb"] = int(vals[0]) / 1024
+        elif word == "FIRST" and "ttft_s" not in out:
+            out["ttft_s"] = time.perf_counter() - t0
+            out["rss_first_mb"] = int(vals[0]) / 1024
+        elif word == "END":
+            out["wall64_s"] = time.perf_counter() - t0
+            out["peak_rss_mb"], out["anon_end_mb"], out["file_end_mb"] = (int(v) / 1024 for v in vals)
+    if proc.wait() != 0 or "peak_rss_mb" not in out:
+        raise RuntimeError("the llama.cpp cold-start process failed")
+    return out
 
 
 def compare(model: str, threads: int, repeats: int, only: set[str]) -> dict:
     from edgeinfer import LLM
     from edgeinfer import bench as eb
 
-    ei = LLM(model, threads=threads, progress=True)
+    ei = LLM(model, threads=threads, kv_type="f16", max_context=CONTEXT, progress=True)
     path = str(ei.path)
-    lc = LlamaCpp(path, threads)
+    file_mb = os.path.getsize(path) / 2**20
+    lc = LlamaCpp(path, threads, n_ctx=CONTEXT)
     rng = np.random.default_rng(0)
     runs = {name: {k: [] for k, _ in FIGURES} for name in ("edgeinfer", "llama.cpp")}
+    details = {"edgeinfer": [], "llama.cpp": []}  # each fresh process's RSS after load / at first token, phases
     eb.prompt_tok_s(ei, 16, rng)  # warm-up
     lc.prompt_tok_s(eb.random_prompt(ei, 16, rng))
     for r in range(repeats):
@@ -145,16 +162,21 @@ def compare(model: str, threads: int, repeats: int, only: set[str]) -> dict:
             runs["edgeinfer"]["batched8_tok_s"].append(eb.decode_tok_s(ei, 8, 64, rng))
             runs["llama.cpp"]["batched8_tok_s"].append(
                 lc.decode_tok_s([eb.random_prompt(ei, 16, rng) for _ in range(8)], 64))
-        if only & {"ttft_cold_s", "peak_rss_mb"}:
-            for name, fn in (("edgeinfer", eb.cold_start), ("llama.cpp", llama_cold_start)):
-                ttft, rss = fn(path, threads)
-                runs[name]["ttft_cold_s"].append(ttft)
-                runs[name]["peak_rss_mb"].append(rss)
+        if only & COLD:
+            for name, fn in (("edgeinfer", lambda: eb.cold_start(path, threads, "f16", CONTEXT)),
+                             ("llama.cpp", lambda: llama_cold_start(path, threads))):
+                c = fn()
+                runs[name]["ttft_cold_s"].append(c["ttft_s"])
+                runs[name]["wall64_cold_s"].append(c["wall64_s"])
+                runs[name]["peak_rss_mb"].append(c["peak_rss_mb"])
+                runs[name]["rss_less_weights_mb"].append(c["peak_rss_mb"] - file_mb)
+                details[name].append({k: round(v, 4) if isinstance(v, float) else v for k, v in c.items()})
     keys = [k for k, _ in FIGURES if runs["edgeinfer"][k]]
     med = {name: {k: round(statistics.median(figs[k]), 3) for k in keys} for name, figs in runs.items()}
     ratio = {k: round(med["edgeinfer"][k] / med["llama.cpp"][k], 3) for k in keys}
     return {"model": model, "file": os.path.basename(path), "threads": threads, "repeats": repeats,
-            "system": eb.system_info(), "median": med, "ratio_edgeinfer_over_llamacpp": ratio, "runs": runs}
+            "system": eb.system_info(), "context": CONTEXT, "kv_type": "f16", "file_mb": round(file_mb, 1),
+            "median": med, "ratio_edgeinfer_over_llamacpp": ratio, "runs": runs, "cold_details": details}
 
 
 def chart(results: list[dict], out: Path) -> None:

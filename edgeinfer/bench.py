@@ -19,8 +19,8 @@ import numpy as np
 from .sampling import SamplingParams
 from .system import system_info  # noqa: F401  (benchmarks/compare_llamacpp.py reads it from here)
 
-KEYS = ("pp128_tok_s", "pp512_tok_s", "tg128_tok_s", "batched8_tok_s", "ttft_cold_s", "peak_rss_mb",
-        "prefix500_ttft_ratio")
+KEYS = ("pp128_tok_s", "pp512_tok_s", "tg128_tok_s", "batched8_tok_s", "ttft_cold_s", "wall64_cold_s",
+        "peak_rss_mb", "rss_load_mb", "rss_first_mb", "prefix500_ttft_ratio")
 
 
 def random_prompt(llm, n: int, rng: np.random.Generator) -> list[int]:
@@ -74,39 +74,81 @@ def prefix_ttft_ratio(llm, rng, prefix_len: int = 496) -> float:
 
 
 _COLD_CHILD = r"""
-import resource, sys, time
+import json, sys, time
+t0 = time.perf_counter()
+
+
+def mem():
+    s = open("/proc/self/status").read()
+    g = lambda k: int(s.split(k + ":")[1].split()[0]) / 1024
+    return {"rss": g("VmRSS"), "hwm": g("VmHWM"), "anon": g("RssAnon"), "file": g("RssFile")}
+
+
 from edgeinfer import LLM, SamplingParams
-llm = LLM(sys.argv[1], threads=int(sys.argv[2]), progress=False)
-n = 0
+t_import = time.perf_counter()
+llm = LLM(sys.argv[1], threads=int(sys.argv[2]), kv_type=sys.argv[3], max_context=int(sys.argv[4]), progress=False)
+t_load = time.perf_counter()
+at_load = mem()
+n, first, at_first = 0, None, None
 for chunk in llm.stream("Once upon a time", SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)):
-    if n == 0:
+    if first is None:
+        first = time.perf_counter()
+        at_first = mem()
         print("FIRST", flush=True)
     n += len(chunk.token_ids)
+end = time.perf_counter()
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork + exec
-print("RSS_KB", open("/proc/self/status").read().split("VmHWM:")[1].split()[0], flush=True)
+print("JSON", json.dumps({"import_s": t_import - t0, **llm.timings, "first_forward_s": first - t_load,
+                          "to_first_token_s": first - t0, "wall64_s": end - t0, "tokens": n,
+                          "mem_load": at_load, "mem_first": at_first, "mem_end": mem()}), flush=True)
 """
 
+# the start-up phases, in order (seconds; LLM.timings names the loading ones)
+STARTUP = ("interpreter_s", "import_s", "open_s", "backend_s", "tokenizer_s", "weights_s", "engine_s",
+           "first_forward_s")
 
-def cold_start(model_path: str, threads: int) -> tuple[float, float]:
-    """A fresh process (warm kernel cache): seconds from its start to the first token, and its peak
-    RSS in MB over loading the model and generating 64 tokens."""
+
+def cold_start(model_path: str, threads: int, kv_type: str = "", max_context: int = 0,
+               env: dict | None = None) -> dict:
+    """A fresh process (warm kernel cache, unless env points Numba elsewhere) loads the model and
+    generates 64 tokens: seconds to its first token (ttft_s, from the parent's spawn) and to its last
+    (wall64_s), its peak RSS in MB, RSS after loading and at the first token (with the anonymous and
+    file-backed parts), and the start-up phases (STARTUP)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", _COLD_CHILD, str(model_path), str(threads)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ttft, rss = None, None
+    proc = subprocess.Popen([sys.executable, "-c", _COLD_CHILD, str(model_path), str(threads), kv_type,
+                             str(max_context)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    ttft, data, wall = None, None, None
     for line in proc.stdout:
         if line.startswith("FIRST") and ttft is None:
             ttft = time.perf_counter() - t0
-        elif line.startswith("RSS_KB"):
-            rss = int(line.split()[1]) / 1024
+        elif line.startswith("JSON"):
+            wall = time.perf_counter() - t0
+            data = json.loads(line[4:])
     err = proc.stderr.read()
-    if proc.wait() != 0 or ttft is None or rss is None:
+    if proc.wait() != 0 or ttft is None or data is None:
         raise RuntimeError(f"the cold-start process failed: {err.strip().splitlines()[-1] if err.strip() else '?'}")
-    return ttft, rss
+    # the interpreter's own start: spawn to the child's first line of code
+    phases = {"interpreter_s": max(0.0, ttft - data["to_first_token_s"])}
+    phases.update({k: data[k] for k in STARTUP[1:]})
+    return {"ttft_s": ttft, "wall64_s": wall, "peak_rss_mb": data["mem_end"]["hwm"],
+            "rss_load_mb": data["mem_load"]["rss"], "rss_first_mb": data["mem_first"]["rss"],
+            "anon_end_mb": data["mem_end"]["anon"], "file_end_mb": data["mem_end"]["file"],
+            "startup": {k: round(v, 4) for k, v in phases.items()}}
 
 
-def run(llm, repeats: int = 3, threads: int = 0, progress=None) -> dict:
-    """All measurements, each the median of `repeats` runs. progress(name) is called before each."""
+def first_run(model_path: str, threads: int) -> float:
+    """Seconds to the first token of a fresh process with an empty kernel cache (a first run)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-first-run-") as d:
+        return cold_start(model_path, threads, env={"NUMBA_CACHE_DIR": d})["ttft_s"]
+
+
+def run(llm, repeats: int = 3, threads: int = 0, progress=None, first_run_too: bool = False) -> dict:
+    """All measurements, each the median of `repeats` runs. progress(name) is called before each.
+    first_run_too: also the time to a first token with an empty kernel cache (first_run_s, one run:
+    it compiles every kernel the model needs, tens of seconds)."""
     from .config import default_threads
 
     threads = threads or default_threads()
@@ -115,6 +157,7 @@ def run(llm, repeats: int = 3, threads: int = 0, progress=None) -> dict:
     say("warm-up")
     prompt_tok_s(llm, 16, rng)
     results: dict[str, list[float]] = {k: [] for k in KEYS}
+    startups: list[dict] = []
     for r in range(repeats):
         say(f"run {r + 1}/{repeats}: prompt 128")
         results["pp128_tok_s"].append(prompt_tok_s(llm, 128, rng))
@@ -127,11 +170,21 @@ def run(llm, repeats: int = 3, threads: int = 0, progress=None) -> dict:
         say(f"run {r + 1}/{repeats}: shared 496-token prefix")
         results["prefix500_ttft_ratio"].append(prefix_ttft_ratio(llm, rng))
         say(f"run {r + 1}/{repeats}: cold start")
-        ttft, rss = cold_start(str(llm.path), threads)
-        results["ttft_cold_s"].append(ttft)
-        results["peak_rss_mb"].append(rss)
+        c = cold_start(str(llm.path), threads, llm.engine.config.kv_dtype, llm.engine.max_context)
+        results["ttft_cold_s"].append(c["ttft_s"])
+        results["wall64_cold_s"].append(c["wall64_s"])
+        for k in ("peak_rss_mb", "rss_load_mb", "rss_first_mb"):
+            results[k].append(c[k])
+        startups.append(c["startup"])
     out = {k: round(statistics.median(v), 3) for k, v in results.items()}
     out["runs"] = {k: [round(x, 3) for x in v] for k, v in results.items()}
+    # where a fresh process's time to its first token goes: the median of each phase
+    out["startup"] = {k: round(statistics.median(s[k] for s in startups), 4) for k in STARTUP}
+    out["kv_type"] = llm.engine.config.kv_dtype
+    out["max_context"] = llm.engine.max_context
+    if first_run_too:
+        say("first run (empty kernel cache)")
+        out["first_run_s"] = round(first_run(str(llm.path), threads), 2)
     out["threads"] = threads
     out["system"] = system_info()
     out["model"] = os.path.basename(str(llm.path))
@@ -144,12 +197,18 @@ def format_table(res: dict) -> str:
             ("prompt processing, 512 tokens", "pp512_tok_s", "tok/s"),
             ("decode, 128 tokens, 1 stream", "tg128_tok_s", "tok/s"),
             ("decode, 8 streams (aggregate)", "batched8_tok_s", "tok/s"),
-            ("cold start to first token", "ttft_cold_s", "s"),
+            ("fresh process: first token", "ttft_cold_s", "s"),
+            ("fresh process: 64 tokens", "wall64_cold_s", "s"),
             ("peak RSS, generate 64 tokens", "peak_rss_mb", "MB"),
+            ("RSS after loading", "rss_load_mb", "MB"),
+            ("RSS at the first token", "rss_first_mb", "MB"),
             ("TTFT with a cached 496-token prefix", "prefix500_ttft_ratio", "x the uncached")]
     lines = [f"{res['model']} ({res['file_mb']} MB), {res['threads']} threads, median of {len(res['runs']['pp128_tok_s'])}; "
              f"{res['system']['cpu']}, kernel path {res['system']['kernel_path']}"]
     lines += [f"  {label:<32} {res[key]:>9.2f} {unit}" for label, key, unit in rows]
+    if "first_run_s" in res:
+        lines.append(f"  {'first run (empty kernel cache)':<32} {res['first_run_s']:>9.2f} s")
+    lines.append("  start-up, fresh process (s): " + ", ".join(f"{k[:-2]} {v:.3f}" for k, v in res["startup"].items()))
     return "\n".join(lines)
 
 

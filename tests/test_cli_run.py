@@ -110,6 +110,15 @@ def test_bench_json_has_every_figure(tmp_path):
     r = run("bench", path, "--repeats", 1, "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout.strip().splitlines()[-1])
-    for key in ("pp128_tok_s", "pp512_tok_s", "tg128_tok_s", "batched8_tok_s", "ttft_cold_s", "peak_rss_mb"):
+    for key in ("pp128_tok_s", "pp512_tok_s", "tg128_tok_s", "batched8_tok_s", "ttft_cold_s", "wall64_cold_s",
+                "peak_rss_mb", "rss_load_mb", "rss_first_mb"):
         assert data[key] > 0, key
     assert data["prefix500_ttft_ratio"] > 0  # a timing: its value is for benchmarks, not tests
+    assert data["rss_load_mb"] <= data["rss_first_mb"] + 1 and data["rss_first_mb"] <= data["peak_rss_mb"] + 1
+    # the start-up breakdown: every phase, together the whole time to the first token
+    from edgeinfer.bench import STARTUP
+
+    phases = data["startup"]
+    assert list(phases) == list(STARTUP) and all(v >= 0 for v in phases.values())
+    assert abs(sum(phases.values()) - data["ttft_cold_s"]) < 0.1 * data["ttft_cold_s"] + 0.05
+    assert data["kv_type"] == "f16" and data["wall64_cold_s"] > data["ttft_cold_s"]
