@@ -6,7 +6,7 @@ interleaved by eight rows.
 """
 
 import numpy as np
-from numba import literally, njit, prange
+from numba import njit, prange
 
 # 16-bit pattern -> float32 value: row 0 reads it as float16 (the block scales, F16 weights),
 # row 1 as bfloat16 (BF16 weights). 512 KiB, shared by every kernel.
@@ -24,7 +24,7 @@ def _i8(v):
     return (np.int32(v) ^ 128) - 128
 
 
-@njit(cache=True, fastmath=True)
+@njit(inline="always", cache=True, fastmath=True)
 def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
     # elements [32 g, 32 g + 32) of row n of W -> y (32,) float32
     lut = luts[0]
@@ -133,10 +133,7 @@ def dequant_row(kind, qs, qh, sc, d, m, luts, n, y):
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=True)
 def dequant_rows(kind, qs, qh, sc, d, m, luts, rows, out):
-    # W[rows] -> out (len(rows), K) float32; rows int64 (R,). Compiled for each kind on its own (a literal
-    # argument: the other kinds' branches are pruned before typing), so an embedding lookup compiles the
-    # decoder of its own type only.
-    literally(kind)
+    # W[rows] -> out (len(rows), K) float32; rows int64 (R,)
     for i in prange(rows.shape[0]):
         dequant_row(kind, qs, qh, sc, d, m, luts, rows[i], out[i])
 
