@@ -117,8 +117,10 @@ print("END", *(s.split(k + ":")[1].split()[0] for k in ("VmHWM", "RssAnon", "Rss
 def llama_cold_start(path: str, threads: int) -> dict:
     """The same figures as edgeinfer.bench.cold_start, for llama.cpp in a fresh process."""
     t0 = time.perf_counter()
+    from edgeinfer.bench import child_env
+
     proc = subprocess.Popen([sys.executable, "-c", _LLAMA_COLD, path, str(threads), str(CONTEXT)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env())
     out = {}
     for line in proc.stdout:
         word, *vals = line.split()

@@ -108,6 +108,15 @@ STARTUP = ("interpreter_s", "import_s", "open_s", "backend_s", "tokenizer_s", "w
            "first_forward_s")
 
 
+def child_env(extra: dict | None = None) -> dict:
+    """The environment of a fresh measured process: this one's, with Python's bytecode cache on, as on any
+    normal install (some sandboxes set PYTHONDONTWRITEBYTECODE, which recompiles every module's source
+    at each start)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(extra or {})
+    return env
+
+
 def cold_start(model_path: str, threads: int, kv_type: str = "", max_context: int = 0,
                env: dict | None = None) -> dict:
     """A fresh process (warm kernel cache, unless env points Numba elsewhere) loads the model and
@@ -117,7 +126,7 @@ def cold_start(model_path: str, threads: int, kv_type: str = "", max_context: in
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", _COLD_CHILD, str(model_path), str(threads), kv_type,
                              str(max_context)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
+                            env=child_env(env))
     ttft, data, wall = None, None, None
     for line in proc.stdout:
         if line.startswith("FIRST") and ttft is None:

@@ -182,7 +182,7 @@ class Tokenizer:
         self._scores = np.asarray(scores, np.float32) if scores is not None else np.zeros(len(self.tokens), np.float32)
         if len(self._scores) != len(self.tokens):
             raise TokenizerError(f"tokenizer.ggml.scores has {len(self._scores)} entries for {len(self.tokens)} tokens")
-        self._piece = {t: i for i, t in enumerate(self.tokens)}
+        self._piece = dict(zip(self.tokens, range(len(self.tokens))))  # later duplicates win, as before
         self._byte_ids = [self._piece.get(f"<0x{b:02X}>") for b in range(256)]
         self._unk_id = self._opt_id(gf, "tokenizer.ggml.unknown_token_id")
 
