@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd
-from .ops import kv_key_to_tile, kv_load, kv_vec8
+from .ops import kv_is_q8, kv_key_to_tile, kv_load, kv_value8, kv_value_to_tile
 
 KEYS = 16  # key positions per tile: two f32x8 score vectors per query row
 Q_TOKENS = 16  # query tokens per task: a tile of Q_TOKENS * group rows reuses each transposed key tile
@@ -102,6 +102,8 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
         lo_all = min(lo_all, _first_key(positions[t], window))
         hi_all = max(hi_all, positions[t])
     kt = np.zeros(D * KEYS, np.float32)  # the key tile, transposed: kt[d * KEYS + j]
+    tmp8 = np.zeros(8, np.float32)
+    vt = np.zeros(KEYS * Dv if kv_is_q8(v_cache) else 0, np.float32)  # q8_0: the tile's values, dequantized
     vbase = np.zeros(KEYS, np.int64)  # flat index of the start of each key's V row in v_cache
     p = np.empty(KEYS, np.float32)
     m = np.full(R, -np.inf, np.float32)
@@ -116,7 +118,8 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
             pos = kb + j
             slot = block_tables[row, pos // block_size] * block_size + pos % block_size
             vbase[j] = (slot * KVH + g) * row_len
-            kv_key_to_tile(kt, k_cache, slot, g, D, j, KEYS)
+            kv_key_to_tile(kt, tmp8, k_cache, slot, g, D, j, KEYS)
+            kv_value_to_tile(vt, j * Dv, v_cache, slot, g)
         _scores(q, kt, sc, t0, g, group, R, D, scale)
         for r in range(R):
             t = t0 + r // group
@@ -161,14 +164,15 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
                 for j in range(a, e):
                     pj = simd.splatf(p[j])
                     vb = vbase[j]
-                    x0 = simd.fma8(pj, kv_vec8(v_cache, vb, c), x0)
-                    x1 = simd.fma8(pj, kv_vec8(v_cache, vb, c + 8), x1)
-                    x2 = simd.fma8(pj, kv_vec8(v_cache, vb, c + 16), x2)
-                    x3 = simd.fma8(pj, kv_vec8(v_cache, vb, c + 24), x3)
-                    x4 = simd.fma8(pj, kv_vec8(v_cache, vb, c + 32), x4)
-                    x5 = simd.fma8(pj, kv_vec8(v_cache, vb, c + 40), x5)
-                    x6 = simd.fma8(pj, kv_vec8(v_cache, vb, c + 48), x6)
-                    x7 = simd.fma8(pj, kv_vec8(v_cache, vb, c + 56), x7)
+                    jt = j * Dv
+                    x0 = simd.fma8(pj, kv_value8(vt, jt, v_cache, vb, c), x0)
+                    x1 = simd.fma8(pj, kv_value8(vt, jt, v_cache, vb, c + 8), x1)
+                    x2 = simd.fma8(pj, kv_value8(vt, jt, v_cache, vb, c + 16), x2)
+                    x3 = simd.fma8(pj, kv_value8(vt, jt, v_cache, vb, c + 24), x3)
+                    x4 = simd.fma8(pj, kv_value8(vt, jt, v_cache, vb, c + 32), x4)
+                    x5 = simd.fma8(pj, kv_value8(vt, jt, v_cache, vb, c + 40), x5)
+                    x6 = simd.fma8(pj, kv_value8(vt, jt, v_cache, vb, c + 48), x6)
+                    x7 = simd.fma8(pj, kv_value8(vt, jt, v_cache, vb, c + 56), x7)
                 simd.storef8(acc, o, x0)
                 simd.storef8(acc, o + 8, x1)
                 simd.storef8(acc, o + 16, x2)
@@ -181,7 +185,7 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
             while c < Dv:
                 x0 = simd.mul8(simd.loadf8(acc, base + c), cv)
                 for j in range(a, e):
-                    x0 = simd.fma8(simd.splatf(p[j]), kv_vec8(v_cache, vbase[j], c), x0)
+                    x0 = simd.fma8(simd.splatf(p[j]), kv_value8(vt, j * Dv, v_cache, vbase[j], c), x0)
                 simd.storef8(acc, base + c, x0)
                 c += 8
     for t in range(t0, t1):

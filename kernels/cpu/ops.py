@@ -52,41 +52,84 @@ def _kv_load(cache, slot, g, i):
     return impl
 
 
-def kv_vec8(cache, row, c):
-    """Values c .. c+7 of the KV row that starts at flat index `row` (an element index of the cache),
-    as f32x8, c a multiple of 8."""
+def kv_is_q8(cache):
+    """Whether a KV cache holds q8_0 rows (a constant where it is compiled)."""
 
 
-@overload(kv_vec8, inline="always")
-def _kv_vec8(cache, row, c):
+@overload(kv_is_q8, inline="always")
+def _kv_is_q8(cache):
+    q8 = cache.dtype == types.int8
+    return lambda cache: q8
+
+
+def kv_value_to_tile(vt, o, cache, slot, g):
+    """For a q8_0 cache: vt[o : o + Dv] = the value row cache[slot, g] dequantized (float32), once per key
+    tile for every query row that reads it. Nothing for float caches, read in place (kv_value8)."""
+
+
+@overload(kv_value_to_tile, inline="always")
+def _kv_value_to_tile(vt, o, cache, slot, g):
     if cache.dtype == types.int8:
-        def impl(cache, row, c):
+        def impl(vt, o, cache, slot, g):
             D = cache.shape[2] * 16 // 17
-            b = row + D + 2 * (c // Q8_KV_BLOCK)
-            s = F16_TO_F32[(np.int64(cache.flat[b]) & 0xFF) | ((np.int64(cache.flat[b + 1]) & 0xFF) << 8)]
-            return simd.mul8(simd.cvt8(simd.widen8s(cache, row + c)), simd.splatf(s))
+            row = (slot * cache.shape[1] + g) * cache.shape[2]
+            for i in range(0, D, 8):
+                simd.storef8(vt, o + i, kv_key8(cache, row, i))
     else:
-        def impl(cache, row, c):
-            return simd.loadf8(cache, row + c)
+        def impl(vt, o, cache, slot, g):
+            pass
     return impl
 
 
-def kv_key_to_tile(kt, cache, slot, g, D, j, stride):
-    """kt[d * stride + j] = key d of cache[slot, g] as float32, d < D."""
+def kv_value8(vt, o, cache, row, c):
+    """Values c .. c+7 of a key's value row as f32x8: from the dequantized tile (vt at o) for a q8_0 cache,
+    else from the cache row starting at flat index `row`."""
+
+
+@overload(kv_value8, inline="always")
+def _kv_value8(vt, o, cache, row, c):
+    if cache.dtype == types.int8:
+        def impl(vt, o, cache, row, c):
+            return simd.loadf8(vt, o + c)
+    else:
+        def impl(vt, o, cache, row, c):
+            return simd.loadf8(cache, row + c)  # float32, or float16 bits widened as they load
+    return impl
+
+
+def kv_key8(cache, row, d):
+    """Keys d .. d+7 (d a multiple of 8) of the KV row starting at flat index `row`, as f32x8: float32,
+    float16 bits widened (vcvtph2ps), or q8_0 quants times their block's scale. Exact conversions: the
+    same values kv_load gives one at a time."""
+
+
+@overload(kv_key8, inline="always")
+def _kv_key8(cache, row, d):
+    if cache.dtype == types.int8:
+        def impl(cache, row, d):
+            D = cache.shape[2] * 16 // 17
+            b = row + D + 2 * (d // Q8_KV_BLOCK)
+            s = F16_TO_F32[(np.int64(cache.flat[b]) & 0xFF) | ((np.int64(cache.flat[b + 1]) & 0xFF) << 8)]
+            return simd.mul8(simd.cvt8(simd.widen8s(cache, row + d)), simd.splatf(s))
+    else:
+        def impl(cache, row, d):
+            return simd.loadf8(cache, row + d)
+    return impl
+
+
+def kv_key_to_tile(kt, tmp, cache, slot, g, D, j, stride):
+    """kt[d * stride + j] = key d of cache[slot, g] as float32, d < D (a multiple of 8): eight at a time
+    through tmp (8,), then spread to their strided places."""
 
 
 @overload(kv_key_to_tile, inline="always")
-def _kv_key_to_tile(kt, cache, slot, g, D, j, stride):
-    if cache.dtype == types.int8:
-        def impl(kt, cache, slot, g, D, j, stride):
-            for b in range(D // Q8_KV_BLOCK):
-                s = _q8_scale(cache, slot, g, b)
-                for d in range(b * Q8_KV_BLOCK, (b + 1) * Q8_KV_BLOCK):
-                    kt[d * stride + j] = np.float32(cache[slot, g, d]) * s
-    else:
-        def impl(kt, cache, slot, g, D, j, stride):
-            for d in range(D):
-                kt[d * stride + j] = kv_load(cache, slot, g, d)
+def _kv_key_to_tile(kt, tmp, cache, slot, g, D, j, stride):
+    def impl(kt, tmp, cache, slot, g, D, j, stride):
+        row = (slot * cache.shape[1] + g) * cache.shape[2]
+        for d in range(0, D, 8):
+            simd.storef8(tmp, 0, kv_key8(cache, row, d))
+            for e in range(8):
+                kt[(d + e) * stride + j] = tmp[e]
     return impl
 
 
