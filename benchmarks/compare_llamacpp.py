@@ -167,6 +167,7 @@ def compare(model: str, threads: int, repeats: int, only: set[str]) -> dict:
         if only & COLD:
             for name, fn in (("edgeinfer", lambda: eb.cold_start(path, threads, "f16", CONTEXT)),
                              ("llama.cpp", lambda: llama_cold_start(path, threads))):
+                time.sleep(1.0)  # this process's worker threads stop spinning before a fresh one starts
                 c = fn()
                 runs[name]["ttft_cold_s"].append(c["ttft_s"])
                 runs[name]["wall64_cold_s"].append(c["wall64_s"])

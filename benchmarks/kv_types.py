@@ -11,15 +11,14 @@ ratio to f16. Perplexity per KV type: `edgeinfer perplexity MODEL FILE --kv-type
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+import results_io  # benchmarks/results_io.py, beside this script
+
 TYPES = ("f16", "q8_0", "f32")
 
 
@@ -77,10 +76,7 @@ def main() -> None:
             print(f"  {t:<6}{res['kv_bytes_per_token'][t]:>12}{m['tg128_short_tok_s']:>10.1f}"
                   f"{m['tg64_after_1024_tok_s']:>12.1f}{m['pp512_tok_s']:>13.1f}   "
                   f"{q['tg128_short_tok_s']:.3f} {q['tg64_after_1024_tok_s']:.3f} {q['pp512_tok_s']:.3f}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    dest = RESULTS / f"kv-types-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    dest.write_text(json.dumps(out, indent=1))
-    print(f"\nJSON: {dest}")
+    results_io.save("kv-types", out)
 
 
 if __name__ == "__main__":

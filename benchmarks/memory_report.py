@@ -24,7 +24,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+import results_io  # benchmarks/results_io.py, beside this script
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 
@@ -142,10 +143,7 @@ def main() -> None:
         if load:
             print(f"  server: idle {load['idle']}, after {load['requests']} mixed requests in "
                   f"{args.load_seconds:.0f} s: {load['after']} (max RSS {load['max_rss_mb']} MB)")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    dest = RESULTS / f"memory-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    dest.write_text(json.dumps(out, indent=1))
-    print(f"\nJSON: {dest}")
+    results_io.save("memory", out)
 
 
 if __name__ == "__main__":

@@ -179,6 +179,7 @@ def run(llm, repeats: int = 3, threads: int = 0, progress=None, first_run_too: b
         say(f"run {r + 1}/{repeats}: shared 496-token prefix")
         results["prefix500_ttft_ratio"].append(prefix_ttft_ratio(llm, rng))
         say(f"run {r + 1}/{repeats}: cold start")
+        time.sleep(1.0)  # this process's worker threads stop spinning before the fresh one starts
         c = cold_start(str(llm.path), threads, llm.engine.config.kv_dtype, llm.engine.max_context)
         results["ttft_cold_s"].append(c["ttft_s"])
         results["wall64_cold_s"].append(c["wall64_s"])

@@ -133,11 +133,12 @@ _BLOCK_FIELDS = {
     T.Q5_K: {"d": (0, 2), "m": (2, 4), "sc": (4, 16), "qh": (16, 48), "qs": (48, 176)},
 }
 DIRECT_TYPES = tuple(_BLOCK_FIELDS)
-_MADV_HUGEPAGE = 14
-_MADV_POPULATE_READ = 22  # Linux 5.14+: map a range's pages in one call instead of a fault per page
+MADV_HUGEPAGE = 14
+MADV_NOHUGEPAGE = 15
+MADV_POPULATE_READ = 22  # Linux 5.14+: map a range's pages in one call instead of a fault per page
 
 
-def _madvise(a: np.ndarray, advice: int) -> None:
+def madvise(a: np.ndarray, advice: int) -> None:
     """madvise over the whole pages inside a's memory; silently nothing where Linux lacks the advice."""
     import ctypes
     import mmap
@@ -158,7 +159,7 @@ def _weights_array(shape, dtype) -> np.ndarray:
     # while loading, and fewer TLB misses while the matmuls stream them
     a = np.empty(shape, dtype)
     if a.nbytes >= 2 << 20:
-        _madvise(a, _MADV_HUGEPAGE)
+        madvise(a, MADV_HUGEPAGE)
     return a
 
 
@@ -198,7 +199,7 @@ def repack_interleaved(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...], re
         r1 = min(n, r0 + step)
         g0, g1 = r0 // 8, -(-r1 // 8)
         src = rows[r0:r1]
-        _madvise(src, _MADV_POPULATE_READ)
+        madvise(src, MADV_POPULATE_READ)
         for f, plan in plans.items():
             if plan is not None and plan[0] is not None:
                 ridx, cidx, unit = plan

@@ -7,7 +7,8 @@ from gguf.constants import GGMLQuantizationType as T
 
 from ..errors import EdgeInferError
 from ..gguf_file import GGUFError, GGUFFile
-from ..quant.repack import DIRECT_TYPES, KIND, SUPPORTED_TYPES, repack_interleaved, repack_rows
+from ..quant.repack import (DIRECT_TYPES, KIND, MADV_NOHUGEPAGE, SUPPORTED_TYPES, madvise, repack_interleaved,
+                            repack_rows)
 
 
 class ModelLoadError(EdgeInferError):
@@ -100,7 +101,7 @@ class KVCache:
         # every layer's K and V resident 2 MB at a time. Small pages keep memory to the blocks used.
         for a in (self.k, self.v):
             if isinstance(a, np.ndarray):
-                _no_huge_pages(a)
+                madvise(a, MADV_NOHUGEPAGE)
 
     @property
     def nbytes(self) -> int:
@@ -125,23 +126,6 @@ def check_kv_type(dtype: str, head_dim: int, v_head_dim: int) -> None:
     if dtype == "q8_0" and (head_dim % 32 or v_head_dim % 32):
         raise ValueError(f"a q8_0 KV cache needs head sizes that are multiples of 32 (this model's are "
                          f"{head_dim} and {v_head_dim}): use kv_type 'f16'")
-
-
-def _no_huge_pages(a: np.ndarray) -> None:
-    import ctypes
-    import mmap
-
-    madv_nohugepage = 15  # Linux
-    page = mmap.PAGESIZE
-    start = -(-a.ctypes.data // page) * page
-    length = (a.ctypes.data + a.nbytes) // page * page - start
-    if length <= 0:
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), ctypes.c_int(madv_nohugepage))
-    except (OSError, AttributeError):
-        pass  # not Linux: nothing to do
 
 
 class Batch:
