@@ -215,9 +215,7 @@ def repack_interleaved(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...], re
             out[f][g0:g1] = part
         if release is not None:
             release(r0, r1)
-    from ..kernels.cpu.layout import INTERLEAVED
-
-    return QTensor(ggml_type, INTERLEAVED[kind], n, k, out["qs"], out["qh"], out["sc"], out["d"], out["m"])
+    return QTensor(ggml_type, layout.INTERLEAVED[kind], n, k, out["qs"], out["qh"], out["sc"], out["d"], out["m"])
 
 
 def repack(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> QTensor:

@@ -61,9 +61,9 @@ def _q8_8(w, inplace):
     """Q8_0, eight rows per group G: qs (G, nb * 256), for block b and v < 8 a vector of the eight rows'
     signed bytes 4v .. 4v + 3; d (G, nb * 8) the rows' block scales as float16 bits."""
     g = -(-w.shape[0] // 8)
-    return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=_groups(w.qs, _by_words(8), inplace),
-                               d=_groups(w.d, _by_rows(1), inplace), qh=np.zeros((g, 0), np.uint8),
-                               sc=np.zeros((g, 0), np.uint8), m=np.zeros((g, 0), np.uint16))
+    return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=_field(w, "qs", inplace), d=_field(w, "d", inplace),
+                               qh=np.zeros((g, 0), np.uint8), sc=np.zeros((g, 0), np.uint8),
+                               m=np.zeros((g, 0), np.uint16))
 
 
 def _k8(w, inplace):
@@ -80,14 +80,11 @@ def _k8(w, inplace):
                    sc (G, nsb * 128)   16 int8 scales x 8 rows
         d, m       (G, nsb * 8)        the eight rows' super-block scale (and min scale), float16 bits
     """
+    qs = _field(w, "qs", inplace)  # Q4_K/Q5_K: each pair's 32 bytes as eight words
     if w.kind == 9:
-        qs = _groups(w.qs, _by_words(64), inplace)
         qs += np.uint8(32)  # q - 32 as a byte, plus 32 (mod 256): q; padding rows' zeros become 32, times scale 0
-    else:
-        qs = _groups(w.qs, _by_words(8), inplace)  # each pair's 32 bytes as eight words
-    return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=qs, qh=_groups(w.qh, _by_words(8), inplace),
-                               sc=_groups(w.sc, _by_rows(16), inplace), d=_groups(w.d, _by_rows(1), inplace),
-                               m=_groups(w.m, _by_rows(1), inplace))
+    return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=qs, qh=_field(w, "qh", inplace),
+                               sc=_field(w, "sc", inplace), d=_field(w, "d", inplace), m=_field(w, "m", inplace))
 
 
 def _legacy8(w, inplace):
@@ -104,21 +101,25 @@ def _legacy8(w, inplace):
                            of element 4 v + e of row r
         d, m (G, nb * 8)   the eight rows' block scales (mins) as float16 bits
     """
-    n, k = w.shape
-    nb = k // 32
+    g = -(-w.shape[0] // 8)
+    qh = _q5_masks(w.qh) if w.kind in (5, 6) else np.zeros((g, 0), np.uint8)
+    return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=_field(w, "qs", inplace), qh=qh,
+                               sc=np.zeros((g, 0), np.uint8), d=_field(w, "d", inplace), m=_field(w, "m", inplace))
+
+
+def _q5_masks(qh):
+    """Q5_0/Q5_1 high bits (N, nb * 4), row-major (bit j of a block's uint32: element j's fifth bit) ->
+    (ceil(N / 8), nb * 32) as _legacy8 lays them out: a transpose of bits, not of bytes."""
+    n = qh.shape[0]
+    nb = qh.shape[1] // 4
     g = -(-n // 8)
-    qh = np.zeros((g, 0), np.uint8)
-    if w.kind in (5, 6):  # a transpose of bits, not of bytes: computed afresh (an eighth of qs's size)
-        h = np.ascontiguousarray(np.pad(w.qh, ((0, g * 8 - n), (0, 0)))).view(np.uint32).reshape(g, 8, nb)
-        masks = np.zeros((g, nb, 8), np.uint32)
-        for v in range(8):
-            nib = (h >> np.uint32(4 * v)) & np.uint32(15)  # elements 4v .. 4v + 3 of each row
-            for r in range(8):
-                masks[:, :, v] |= nib[:, r, :] << np.uint32(4 * r)
-        qh = masks.reshape(g, nb * 8).view(np.uint8)
-    return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=_groups(w.qs, _by_words(4), inplace), qh=qh,
-                               sc=np.zeros((g, 0), np.uint8), d=_groups(w.d, _by_rows(1), inplace),
-                               m=_groups(w.m, _by_rows(1), inplace))
+    h = np.ascontiguousarray(np.pad(qh, ((0, g * 8 - n), (0, 0)))).view(np.uint32).reshape(g, 8, nb)
+    masks = np.zeros((g, nb, 8), np.uint32)
+    for v in range(8):
+        nib = (h >> np.uint32(4 * v)) & np.uint32(15)  # elements 4v .. 4v + 3 of each row
+        for r in range(8):
+            masks[:, :, v] |= nib[:, r, :] << np.uint32(4 * r)
+    return masks.reshape(g, nb * 8).view(np.uint8)
 
 
 # -- straight from the file's blocks: one gather per field, no row-major copy in between --------------
@@ -126,8 +127,13 @@ def _legacy8(w, inplace):
 # Where a field's interleaved form is a permutation of the file's bytes (qs, d, m and Q5_K's qh: whole
 # 4- or 2-byte units moved), the loader builds it in one pass with gather_groups, from the GGUF rows
 # to the final array; quant/repack.py knows where each field sits in a block and asks gather_index for
-# the permutation. The other fields (K-quant scales, Q5_0/Q5_1 high bits, all of Q6_K) are computed
-# (decoded) first and regrouped with interleave_field.
+# the permutation. The other fields (K-quant scales, Q5_0/Q5_1 high bits) are decoded first and
+# regrouped with interleave_field; Q6_K goes through repack and interleave8.
+
+def _field(w, field, inplace):
+    # one field of a row-major matrix, regrouped (see _groups)
+    return _groups(getattr(w, field), _transform(w.kind, field), inplace)
+
 
 def _transform(kind, field):
     # the regrouping interleave8 applies to `field` of a row-major matrix of `kind` (see _q8_8, _legacy8, _k8)
@@ -167,20 +173,8 @@ def interleave_field(kind, field, a):
     """A computed row-major field `a` (N, W) of a matrix of row-major `kind`, regrouped as interleave8
     regroups it: (ceil(N / 8), 8 W), rows past N as zeros (Q5_0/Q5_1 qh: the bit masks of _legacy8)."""
     if kind in (5, 6) and field == "qh":
-        n = a.shape[0]
-        nb = a.shape[1] // 4
-        g = -(-n // 8)
-        h = np.ascontiguousarray(np.pad(a, ((0, g * 8 - n), (0, 0)))).view(np.uint32).reshape(g, 8, nb)
-        masks = np.zeros((g, nb, 8), np.uint32)
-        for v in range(8):
-            nib = (h >> np.uint32(4 * v)) & np.uint32(15)
-            for r in range(8):
-                masks[:, :, v] |= nib[:, r, :] << np.uint32(4 * r)
-        return masks.reshape(g, nb * 8).view(np.uint8)
-    out = _groups(a, _transform(kind, field), False)
-    if kind == 9 and field == "qs":
-        out += np.uint8(32)  # as _k8: unsigned q
-    return out
+        return _q5_masks(a)
+    return _groups(a, _transform(kind, field), False)
 
 
 @njit(parallel=True, nogil=True, cache=True)

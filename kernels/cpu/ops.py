@@ -30,12 +30,10 @@ def kv_load(cache, slot, g, i):
 
 
 @njit(inline="always", cache=True)
-def _q8_scale(cache, slot, g, b):
-    # the float16 scale of block b of a q8_0 row, as float32
-    D = cache.shape[2] * 16 // 17
-    lo = np.int64(cache[slot, g, D + 2 * b]) & 0xFF
-    hi = np.int64(cache[slot, g, D + 2 * b + 1]) & 0xFF
-    return F16_TO_F32[lo | (hi << 8)]
+def _q8_scale(cache, row, b):
+    # the float16 scale of block b of the q8_0 row starting at flat index `row`, as float32
+    at = row + cache.shape[2] * 16 // 17 + 2 * b
+    return F16_TO_F32[(np.int64(cache.flat[at]) & 0xFF) | ((np.int64(cache.flat[at + 1]) & 0xFF) << 8)]
 
 
 @overload(kv_load, inline="always")
@@ -45,7 +43,8 @@ def _kv_load(cache, slot, g, i):
             return F16_TO_F32[cache[slot, g, i]]
     elif cache.dtype == types.int8:
         def impl(cache, slot, g, i):
-            return np.float32(cache[slot, g, i]) * _q8_scale(cache, slot, g, i // Q8_KV_BLOCK)
+            row = (slot * cache.shape[1] + g) * cache.shape[2]
+            return np.float32(cache[slot, g, i]) * _q8_scale(cache, row, i // Q8_KV_BLOCK)
     else:
         def impl(cache, slot, g, i):
             return cache[slot, g, i]
@@ -107,9 +106,7 @@ def kv_key8(cache, row, d):
 def _kv_key8(cache, row, d):
     if cache.dtype == types.int8:
         def impl(cache, row, d):
-            D = cache.shape[2] * 16 // 17
-            b = row + D + 2 * (d // Q8_KV_BLOCK)
-            s = F16_TO_F32[(np.int64(cache.flat[b]) & 0xFF) | ((np.int64(cache.flat[b + 1]) & 0xFF) << 8)]
+            s = _q8_scale(cache, row, d // Q8_KV_BLOCK)
             return simd.mul8(simd.cvt8(simd.widen8s(cache, row + d)), simd.splatf(s))
     else:
         def impl(cache, row, d):
