@@ -8,6 +8,7 @@ import sys
 import click
 
 from edgeinfer import registry
+from edgeinfer.config import KV_TYPES
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf_file import GGUFError
 
@@ -94,7 +95,7 @@ def rm(model):
 @click.argument("model")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--memory", is_flag=True, help="Estimate the memory a run needs: weights, KV per 1k tokens, buffers.")
-@click.option("--kv-type", type=click.Choice(["f32", "f16", "q8_0"]), default=None, help="KV type for --memory's pool.")
+@click.option("--kv-type", type=click.Choice(KV_TYPES), default=None, help="KV type for --memory's pool.")
 @click.option("--max-context", type=click.IntRange(0, None), default=0, help="Context for --memory's pool.")
 def inspect(model, as_json, memory, kv_type, max_context):
     """Show a model's architecture, sizes, tokenizer and tensor types (--memory: what a run needs)."""
@@ -105,10 +106,9 @@ def inspect(model, as_json, memory, kv_type, max_context):
         if memory:
             from edgeinfer import memory as mem
             from edgeinfer.config import EngineConfig
-            from edgeinfer.models import model_config
 
             config = EngineConfig(kv_dtype=kv_type or "", max_context=max_context)
-            s["memory"] = mem.report(mem.estimate(mem.weight_bytes(gf), model_config(gf), config), config)
+            s["memory"] = mem.report(mem.estimate_file(gf, config), config)
     if as_json:
         click.echo(json.dumps(s))
         return

@@ -10,6 +10,7 @@ import click
 import numpy as np
 
 from edgeinfer import registry
+from edgeinfer.config import KV_TYPES
 
 
 def sampling_options(f, temperature: float = 0.8):
@@ -33,7 +34,7 @@ def sampling_options(f, temperature: float = 0.8):
 def engine_options(f, budget: bool = True):
     """--kv-type, --max-context and (where a budget applies) --memory-budget."""
     opts = [
-        click.option("--kv-type", type=click.Choice(["f32", "f16", "q8_0"]), default=None,
+        click.option("--kv-type", type=click.Choice(KV_TYPES), default=None,
                      help="KV cache storage (default: f16 on the CPU, f32 on CUDA); q8_0 needs about half of f16."),
         click.option("--max-context", type=click.IntRange(0, None), default=0,
                      help="Tokens per sequence at most (default: the model's context, capped at 4096)."),
@@ -230,7 +231,7 @@ def perplexity(model, file, n_ctx, chunks, threads, as_json, kv_type, max_contex
 
 @click.command()
 @click.argument("models", nargs=-1)
-@click.option("--kv-type", "kv_types", type=click.Choice(["f32", "f16", "q8_0"]), multiple=True,
+@click.option("--kv-type", "kv_types", type=click.Choice(KV_TYPES), multiple=True,
               help="KV types to compile for (repeatable; default: the default one).")
 def warmup(models, kv_types):
     """Compile the kernels MODELS need (default: smollm2-135m-instruct) into Numba's cache, ahead of time.
@@ -336,12 +337,11 @@ def budget_configs(paths, base, budget_mb: float):
 
     from edgeinfer import memory
     from edgeinfer.gguf_file import GGUFFile
-    from edgeinfer.models import model_config
 
     ests = []
     for p in paths:
         with GGUFFile(p) as gf:
-            ests.append(memory.estimate(memory.weight_bytes(gf), model_config(gf), base))
+            ests.append(memory.estimate_file(gf, base))
     return memory.fit_budget(ests, [base] * len(paths), budget_mb, [os.path.basename(p) for p in paths])
 
 

@@ -16,7 +16,7 @@ from .errors import EdgeInferError
 from .engine.llm_engine import LLMEngine, PromptTooLongError, RequestOutput
 from .gguf_file import GGUFFile
 from .kernels import get_backend
-from .models import load_model, model_config
+from .models import load_model
 from .models.common import Batch, KVCache
 from .sampling import SamplingParams, log_softmax
 from .tokenizer import Tokenizer
@@ -256,8 +256,8 @@ def fit_budget_for(gf: GGUFFile, config: EngineConfig) -> EngineConfig:
     """config with its KV pool and sequences sized to config.memory_budget_mb for the model in gf."""
     from . import memory
 
-    est = memory.estimate(memory.weight_bytes(gf), model_config(gf), config)
-    return memory.fit_budget([est], [config], config.memory_budget_mb, [os.path.basename(gf.path)])[0]
+    return memory.fit_budget([memory.estimate_file(gf, config)], [config], config.memory_budget_mb,
+                             [os.path.basename(gf.path)])[0]
 
 
 def _announce_compile(progress: bool) -> None:

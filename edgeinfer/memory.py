@@ -69,6 +69,13 @@ def weight_bytes(gf) -> int:
     return sum(info.n_bytes for info in gf.tensors.values())
 
 
+def estimate_file(gf, config: EngineConfig) -> Estimate:
+    """The estimate for the model in an open GGUFFile, without loading its weights."""
+    from .models import model_config
+
+    return estimate(weight_bytes(gf), model_config(gf), config)
+
+
 def default_blocks(est: Estimate, config: EngineConfig) -> int:
     """The pool without a budget: one full context, within config.kv_cache_mb."""
     bs = config.block_size
