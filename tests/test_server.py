@@ -180,6 +180,8 @@ BAD = [
     ("wrong content type", b"prompt=x", "application/x-www-form-urlencoded", 415, None),
     ("unknown model", json.dumps({"model": "gpt-9", "prompt": "x"}).encode(), "application/json", 404, "model"),
     ("body too large", json.dumps({"prompt": "x" * (5 * 1024 * 1024)}).encode(), "application/json", 413, None),
+    ("priority type", json.dumps({"prompt": "x", "priority": "high"}).encode(), "application/json", 400, "priority"),
+    ("priority range", json.dumps({"prompt": "x", "priority": 10**7}).encode(), "application/json", 400, "priority"),
 ]
 
 
@@ -260,6 +262,61 @@ def test_queue_limit_answers_503_with_retry_after(tiny_llama_path):
             assert r2.status_code == 503 and r2.headers["retry-after"] == "1"
     finally:
         s.stop()
+
+
+def test_priority_field_orders_waiting_requests(tiny_llama_path):
+    """One slot: while a long stream holds it, a normal request then an urgent one wait; when the slot
+    frees, the urgent one (lower priority value) runs first, though it came second."""
+    s = Server(tiny_llama_path, "--max-seqs", "1").wait_ready()
+    first_token = {}
+
+    def request(name, priority):
+        body = {"prompt": "the hen", "max_tokens": 40, "stream": True, "temperature": 0, "ignore_eos": True}
+        if priority is not None:
+            body["priority"] = priority
+        with httpx.Client(timeout=60) as h, h.stream("POST", s.base + "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: {") and name not in first_token:
+                    first_token[name] = time.perf_counter()
+
+    try:
+        body = {"prompt": "the", "max_tokens": 4000, "stream": True, "temperature": 0, "ignore_eos": True}
+        with httpx.Client(timeout=60) as h, h.stream("POST", s.base + "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            while not next(lines).startswith("data: {"):
+                pass
+            threads = [threading.Thread(target=request, args=("normal", None))]
+            threads[0].start()
+            while s.metric("edgeinfer_waiting_sequences") < 1:
+                time.sleep(0.01)
+            threads.append(threading.Thread(target=request, args=("urgent", -5)))
+            threads[1].start()
+            while s.metric("edgeinfer_waiting_sequences") < 2:
+                time.sleep(0.01)
+        # the long stream is closed: its slot goes to the urgent request
+        for t in threads:
+            t.join(60)
+        assert first_token["urgent"] < first_token["normal"]
+    finally:
+        s.stop()
+
+
+def test_tokenize_and_detokenize(server):
+    r = httpx.post(server.base + "/tokenize", json={"content": "the hen"})
+    assert r.status_code == 200
+    ids = r.json()["tokens"]
+    assert ids and r.json()["count"] == len(ids)
+    vllm_style = httpx.post(server.base + "/tokenize", json={"model": "tiny-llama", "prompt": "the hen",
+                                                               "add_special_tokens": False}).json()
+    assert vllm_style["tokens"] == ids
+    with_bos = httpx.post(server.base + "/tokenize", json={"content": "the hen", "add_special": True}).json()["tokens"]
+    assert with_bos == ids  # the tiny model's GGUF says add_bos_token false: as the file says
+    back = httpx.post(server.base + "/detokenize", json={"tokens": ids}).json()
+    assert back["content"] == back["prompt"] == "the hen"
+    assert httpx.post(server.base + "/tokenize", json={"content": 5}).status_code == 400
+    bad = httpx.post(server.base + "/detokenize", json={"tokens": [10**9]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
 
 def test_graceful_shutdown_finishes_in_flight_and_exits_zero(tiny_llama_path):

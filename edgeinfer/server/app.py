@@ -152,7 +152,7 @@ def create_app(config: ServerConfig) -> Starlette:
                                       f"is {len(prompt_ids) + req.max_tokens} tokens, more than the context of {context}")
         return req.max_tokens
 
-    def submit(sm: ServedModel, prompt_ids, params) -> tuple[str, asyncio.Queue]:
+    def submit(sm: ServedModel, prompt_ids, params, priority: int = 0) -> tuple[str, asyncio.Queue]:
         stats = sm.llm.engine.stats()
         must_wait = stats["waiting"] > 0 or stats["running"] >= sm.llm.engine.scheduler.max_seqs
         if must_wait and stats["waiting"] >= config.max_queue:
@@ -161,7 +161,8 @@ def create_app(config: ServerConfig) -> Starlette:
         queue: asyncio.Queue = asyncio.Queue()
         aloop = asyncio.get_running_loop()
         try:
-            rid = sm.loop.submit(prompt_ids, params, lambda out: aloop.call_soon_threadsafe(queue.put_nowait, out))
+            rid = sm.loop.submit(prompt_ids, params, lambda out: aloop.call_soon_threadsafe(queue.put_nowait, out),
+                                 priority=priority)
         except ValueError as e:
             raise P.bad("prompt", str(e)) from None
         return rid, queue
@@ -276,7 +277,7 @@ def create_app(config: ServerConfig) -> Starlette:
                 if not prompt_ids:
                     raise P.bad("prompt", "'prompt' is empty")
             params = P.sampling_params(req, budget(sm, prompt_ids, req, "messages" if chat else "prompt"))
-            rid, queue = submit(sm, prompt_ids, params)
+            rid, queue = submit(sm, prompt_ids, params, req.priority)
         except P.APIError as e:
             metrics.finish(labels, str(e.status), 0, 0)
             return error_response(e)
@@ -332,6 +333,29 @@ def create_app(config: ServerConfig) -> Starlette:
             obj = "text_completion"
         return JSONResponse({"id": cid, "object": obj, "created": created, "model": sm.name, "choices": [choice],
                              "usage": P.usage(n_prompt, len(ids))})
+
+    async def tokenize(request: Request):
+        """llama.cpp's and vLLM's /tokenize: {"tokens": [...], "count": n}; load generators use it."""
+        try:
+            check_auth(request)
+            body = await read_json(request)
+            text, add_special = P.parse_tokenize(body)
+            sm = pick_model(body.get("model") if isinstance(body.get("model"), str) else None)
+        except P.APIError as e:
+            return error_response(e)
+        ids = await asyncio.to_thread(sm.llm.tokenizer.encode, text, None if add_special else False, False)
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": sm.llm.engine.max_context})
+
+    async def detokenize(request: Request):
+        try:
+            check_auth(request)
+            body = await read_json(request)
+            sm = pick_model(body.get("model") if isinstance(body, dict) and isinstance(body.get("model"), str) else None)
+            ids = P.parse_detokenize(body, sm.llm.tokenizer.vocab_size)
+        except P.APIError as e:
+            return error_response(e)
+        text = sm.llm.tokenizer.decode(ids)
+        return JSONResponse({"content": text, "prompt": text})  # llama.cpp's key and vLLM's
 
     async def list_models(request: Request):
         try:
@@ -396,6 +420,8 @@ def create_app(config: ServerConfig) -> Starlette:
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/detokenize", detokenize, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
         ],

@@ -34,6 +34,8 @@ def bad(param: str, message: str) -> APIError:
     return APIError(400, message, param=param)
 
 
+PRIORITY_LIMIT = 1_000_000
+
 # -- field readers: each names the field in its error -------------------------------------------
 
 
@@ -92,6 +94,7 @@ class ParsedRequest:
     params_kwargs: dict
     logprobs: bool
     top_logprobs: int
+    priority: int = 0
 
 
 def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
@@ -140,7 +143,9 @@ def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
     )
     if kwargs["top_p"] == 0.0:
         raise bad("top_p", "'top_p' must be greater than 0")
-    return ParsedRequest(model, stream, include_usage, max_tokens, kwargs, logprobs, top)
+    # an extension (as vLLM): lower values are scheduled first; waiting long enough lifts a request
+    priority = _integer(body, "priority", -PRIORITY_LIMIT, PRIORITY_LIMIT, 0)
+    return ParsedRequest(model, stream, include_usage, max_tokens, kwargs, logprobs, top, priority)
 
 
 def parse_messages(body: dict) -> list[dict]:
@@ -184,6 +189,30 @@ def parse_prompt(body: dict):
     if isinstance(p, list) and len(p) > 1 and all(isinstance(x, (str, list)) for x in p):
         raise bad("prompt", "a batch of prompts is not supported: send one prompt per request")
     raise bad("prompt", "'prompt' must be a string or an array of token ids")
+
+
+def parse_tokenize(body: Any) -> tuple[str, bool]:
+    """/tokenize: llama.cpp's {"content", "add_special"} or vLLM's {"prompt", "add_special_tokens"}."""
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    key = "content" if "content" in body else "prompt"
+    text = body.get(key)
+    if not isinstance(text, str):
+        raise bad(key, "'content' (or 'prompt') must be a string")
+    add = _boolean(body, "add_special" if "add_special" in body else "add_special_tokens", False)
+    return text, add
+
+
+def parse_detokenize(body: Any, vocab_size: int) -> list[int]:
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    ids = body.get("tokens")
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise bad("tokens", "'tokens' must be an array of token ids")
+    bad_ids = [t for t in ids if not 0 <= t < vocab_size]
+    if bad_ids:
+        raise bad("tokens", f"token id {bad_ids[0]} is outside the vocabulary of {vocab_size}")
+    return ids
 
 
 def sampling_params(req: ParsedRequest, max_tokens: int) -> SamplingParams:
