@@ -139,6 +139,10 @@ for _cmd in (generate, chat, perplexity, warmup, bench, serve, system):
 main.add_command(quantize_model_cmd, "quantize-model")
 main.add_command(quantize_model_cmd, "quantize")  # short alias
 
+from .bench_serve import bench_serve  # noqa: E402
+
+main.add_command(bench_serve)
+
 
 if __name__ == "__main__":
     main()
