@@ -230,8 +230,19 @@ def test_metrics_exposition(server):
     for name in ("edgeinfer_requests_total", "edgeinfer_prompt_tokens_total", "edgeinfer_completion_tokens_total",
                  "edgeinfer_time_to_first_token_seconds_bucket", "edgeinfer_time_per_output_token_seconds_bucket",
                  "edgeinfer_running_sequences", "edgeinfer_waiting_sequences", "edgeinfer_kv_blocks_used",
-                 "edgeinfer_prefix_cache_hit_rate", "edgeinfer_preemptions_total"):
+                 "edgeinfer_prefix_cache_hit_rate", "edgeinfer_preemptions_total",
+                 "edgeinfer_prefix_cache_queries_total", "edgeinfer_prefix_cache_hits_total"):
         assert name in text, name
+
+
+def test_prefix_cache_counters_count_a_repeated_prompt(server):
+    """Counters, not only the lifetime hit rate: a load test takes the hit rate of its own run from them."""
+    prompt = [7 + (i % 50) for i in range(40)]  # two full blocks of 16 and a partial one
+    q0, h0 = server.metric("edgeinfer_prefix_cache_queries_total"), server.metric("edgeinfer_prefix_cache_hits_total")
+    for _ in range(2):
+        server.client().completions.create(model="tiny-llama", prompt=prompt, max_tokens=1)
+    q1, h1 = server.metric("edgeinfer_prefix_cache_queries_total"), server.metric("edgeinfer_prefix_cache_hits_total")
+    assert q1 - q0 == 4 and h1 - h0 == 2  # the second request finds both full blocks
 
 
 def test_api_key(tiny_llama_path):

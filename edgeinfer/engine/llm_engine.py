@@ -201,6 +201,8 @@ class LLMEngine:
             "kv_blocks_free": bm.num_free,
             "kv_blocks_cached": bm.num_cached,
             "prefix_cache_hit_rate": bm.hit_rate,
+            "prefix_cache_queries": bm.prefix_queries,  # full prompt blocks looked up, and found: counters,
+            "prefix_cache_hits": bm.prefix_hits,        # so a load test can take the hit rate of its own run
             "preemptions": self.scheduler.num_preemptions,
             "computed_tokens": self.runner.num_forward_tokens,
         }

@@ -23,6 +23,10 @@ class _EngineCollector:
             ("prefix_cache_hit_rate", "Fraction of full prompt blocks found in the prefix cache"),
         )}
         preempt = CounterMetricFamily("edgeinfer_preemptions", "Sequences preempted (to be recomputed)", labels=["model"])
+        queries = CounterMetricFamily("edgeinfer_prefix_cache_queries", "Full prompt blocks looked up in the prefix cache",
+                                      labels=["model"])
+        hits = CounterMetricFamily("edgeinfer_prefix_cache_hits", "Full prompt blocks found in the prefix cache",
+                                   labels=["model"])
         for sm in self.served.values():
             if not sm.ready:
                 continue
@@ -34,8 +38,10 @@ class _EngineCollector:
             g["kv_blocks_cached"].add_metric([sm.name], s["kv_blocks_cached"])
             g["prefix_cache_hit_rate"].add_metric([sm.name], s["prefix_cache_hit_rate"])
             preempt.add_metric([sm.name], s["preemptions"])
+            queries.add_metric([sm.name], s["prefix_cache_queries"])
+            hits.add_metric([sm.name], s["prefix_cache_hits"])
         yield from g.values()
-        yield preempt
+        yield from (preempt, queries, hits)
 
 
 class Metrics:
