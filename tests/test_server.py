@@ -1,5 +1,6 @@
 """`edgeinfer serve`: a real server process on a free port, driven by the openai client and raw HTTP."""
 
+import contextlib
 import json
 import os
 import re
@@ -50,6 +51,16 @@ class Server:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+    @contextlib.contextmanager
+    def long_stream(self):
+        """A 4,000-token stream, open once its first chunk came: it holds a slot until the block ends."""
+        body = {"prompt": "the", "max_tokens": 4000, "stream": True, "temperature": 0, "ignore_eos": True}
+        with httpx.Client(timeout=60) as h, h.stream("POST", self.base + "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            while not next(lines).startswith("data: {"):
+                pass
+            yield
 
     def client(self, **kw):
         return openai.OpenAI(base_url=self.base + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw)
@@ -260,11 +271,7 @@ def test_api_key(tiny_llama_path):
 def test_queue_limit_answers_503_with_retry_after(tiny_llama_path):
     s = Server(tiny_llama_path, "--max-queue", "0", "--max-seqs", "1").wait_ready()
     try:
-        body = {"prompt": "the", "max_tokens": 4000, "stream": True, "temperature": 0, "ignore_eos": True}
-        with httpx.Client(timeout=30) as h, h.stream("POST", s.base + "/v1/completions", json=body) as r:
-            lines = r.iter_lines()
-            while not next(lines).startswith("data: {"):
-                pass
+        with s.long_stream():
             r2 = None
             for _ in range(20):  # the second request waits behind the first: with no queue room, 503
                 r2 = httpx.post(s.base + "/v1/completions", json={"prompt": "x", "max_tokens": 50}, timeout=30)
@@ -292,11 +299,7 @@ def test_priority_field_orders_waiting_requests(tiny_llama_path):
                     first_token[name] = time.perf_counter()
 
     try:
-        body = {"prompt": "the", "max_tokens": 4000, "stream": True, "temperature": 0, "ignore_eos": True}
-        with httpx.Client(timeout=60) as h, h.stream("POST", s.base + "/v1/completions", json=body) as r:
-            lines = r.iter_lines()
-            while not next(lines).startswith("data: {"):
-                pass
+        with s.long_stream():
             threads = [threading.Thread(target=request, args=("normal", None))]
             threads[0].start()
             while s.metric("edgeinfer_waiting_sequences") < 1:
