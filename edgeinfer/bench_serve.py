@@ -242,8 +242,7 @@ def _chunk_text(obj: dict) -> str:
     return (delta.get("content") or delta.get("reasoning_content") or "") if isinstance(delta, dict) else ""
 
 
-async def send_request(client, url: str, body: dict, spec: RequestSpec, t_start: float, timeout: float,
-                       headers: dict | None = None) -> RequestResult:
+async def send_request(client, url: str, body: dict, spec: RequestSpec, t_start: float, timeout: float) -> RequestResult:
     """Send one streamed request and time its chunks; never raises (failures are recorded by kind)."""
     import httpx
 
@@ -255,7 +254,7 @@ async def send_request(client, url: str, body: dict, spec: RequestSpec, t_start:
 
     async def consume():
         nonlocal chunks, finished, done
-        async with client.stream("POST", url, json=body, headers=headers) as r:
+        async with client.stream("POST", url, json=body) as r:
             if r.status_code != 200:
                 text = (await r.aread()).decode("utf-8", "replace")
                 res.error, res.detail = f"http_{r.status_code}", text[:300]
