@@ -34,7 +34,9 @@ import click
 @click.option("--long-fraction", type=click.FloatRange(0, 1), default=0.2, show_default=True,
               help="mixed: the fraction of long requests.")
 @click.option("--priority-fraction", type=click.FloatRange(0, 1), default=0.2, show_default=True,
-              help="priority: the fraction sent with priority -1 (lower runs first).")
+              help="priority: the fraction sent with --high-priority.")
+@click.option("--high-priority", type=int, default=-1, show_default=True,
+              help="priority: the value urgent requests carry (lower runs first; 0 is the default of the rest).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--warmup", type=click.IntRange(0, None), default=2, show_default=True,
               help="Requests sent first and not counted.")
@@ -55,7 +57,7 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON object (a sweep: the last rate's).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def bench_serve(base_url, model, endpoint, workload, num_prompts, request_rate, burstiness, concurrency, sweep, input_len,
-                output_len, prefix_len, long_fraction, priority_fraction, seed, warmup, timeout, slo_ttft_ms,
+                output_len, prefix_len, long_fraction, priority_fraction, high_priority, seed, warmup, timeout, slo_ttft_ms,
                 slo_tpot_ms, temperature, no_ignore_eos, api_key, tokenizer, out_dir, label, as_json, quiet):
     """Load-test an OpenAI-compatible server: TTFT, TPOT, ITL, latency percentiles, throughput, goodput."""
     try:
@@ -70,7 +72,7 @@ def bench_serve(base_url, model, endpoint, workload, num_prompts, request_rate, 
     cfg = bs.BenchConfig(base_url=base_url, model=model, endpoint=endpoint, workload=workload, num_prompts=num_prompts,
                          request_rate=rates[0], burstiness=burstiness, concurrency=concurrency, input_len=input_len,
                          output_len=output_len, prefix_len=prefix_len, long_fraction=long_fraction,
-                         priority_fraction=priority_fraction, seed=seed, warmup=warmup, timeout=timeout,
+                         priority_fraction=priority_fraction, high_priority=high_priority, seed=seed, warmup=warmup, timeout=timeout,
                          slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, temperature=temperature,
                          ignore_eos=not no_ignore_eos, api_key=api_key, tokenizer=tokenizer, progress=not quiet)
     runs, info = asyncio.run(bs.bench_serve(cfg, rates))

@@ -470,6 +470,7 @@ class BenchConfig:
     prefix_len: int = 512
     long_fraction: float = 0.2
     priority_fraction: float = 0.2
+    high_priority: int = -1  # what the priority workload's urgent requests send (lower runs first)
     seed: int = 0
     warmup: int = 2
     timeout: float = 300.0
@@ -569,7 +570,8 @@ class Bench:
         so that no run finds the previous run's prompts in the server's prompt or prefix cache."""
         cfg = self.cfg
         kw = dict(input_len=cfg.input_len, output_len=cfg.output_len, cutter=self.cutter, prefix_len=cfg.prefix_len,
-                  long_fraction=cfg.long_fraction, priority_fraction=cfg.priority_fraction)
+                  long_fraction=cfg.long_fraction, priority_fraction=cfg.priority_fraction,
+                  high_priority=cfg.high_priority)
         seed = cfg.seed + 7919 * run_index
         specs = await build_requests(cfg.workload, cfg.num_prompts, seed=seed, **kw)
         warm = await build_requests("fixed", cfg.warmup, seed=seed + 1_000_003, **kw) if cfg.warmup else []

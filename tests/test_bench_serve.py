@@ -273,11 +273,11 @@ def test_warmup_failure_and_unreachable_server_are_clear_errors(fake):
 def test_workloads_shape_the_requests(fake):
     fake.bodies.clear()
     cfg = bs.BenchConfig(base_url=fake.base, endpoint="chat", workload="priority", num_prompts=40, input_len=8,
-                         output_len=2, warmup=0, priority_fraction=0.25, seed=1, progress=False)
+                         output_len=2, warmup=0, priority_fraction=0.25, high_priority=-7, seed=1, progress=False)
     s = run(cfg, [math.inf])[0][0]
     prios = [b.get("priority") for b in fake.bodies]
-    assert set(prios) == {None, -1} and 4 <= prios.count(-1) <= 18
-    assert s["by_label"]["high"]["requests"] == prios.count(-1) and s["by_label"]["normal"]["completed"] > 0
+    assert set(prios) == {None, -7} and 4 <= prios.count(-7) <= 18
+    assert s["by_label"]["high"]["requests"] == prios.count(-7) and s["by_label"]["normal"]["completed"] > 0
     assert all(b["messages"][-1]["role"] == "user" for b in fake.bodies)
 
     fake.bodies.clear()
