@@ -374,14 +374,21 @@ def summarize(results: list[RequestResult], duration: float, slo_ttft_ms: float 
     return out
 
 
+def rate_value(run: dict) -> float:
+    """A run's request rate as a number: summaries write the infinite rate as "inf" (JSON has no inf)."""
+    r = run["request_rate"]
+    return math.inf if r == "inf" else float(r)
+
+
 def goodput_knee(runs: list[dict], slo_ttft_ms: float = 2000.0, slo_tpot_ms: float = 100.0) -> float | None:
-    """The highest swept request rate whose P99 TTFT and P99 TPOT stay under the limits, with no errors."""
+    """The highest swept request rate whose P99 TTFT and P99 TPOT stay under the limits, with no errors
+    (math.inf when even the run that sends everything at once does)."""
     best = None
     for run in runs:
         ok = (run["errors"] == 0 and run["completed"] > 0 and run["ttft_ms_p99"] is not None
               and run["ttft_ms_p99"] < slo_ttft_ms and (run["tpot_ms_p99"] is None or run["tpot_ms_p99"] < slo_tpot_ms))
-        if ok and (best is None or run["request_rate"] > best):
-            best = run["request_rate"]
+        if ok and (best is None or rate_value(run) > best):
+            best = rate_value(run)
     return best
 
 
@@ -640,11 +647,6 @@ def _progress(total: int, enabled: bool, rate: float):
 
     label = "rate inf" if math.isinf(rate) else f"rate {rate:g}/s"
     return tqdm(total=total, desc=label, unit="req", file=sys.stderr, dynamic_ncols=True, leave=False)
-
-
-def rate_value(run: dict) -> float:
-    r = run["request_rate"]
-    return math.inf if r == "inf" else float(r)
 
 
 # -- output ----------------------------------------------------------------------------------------

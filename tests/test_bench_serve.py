@@ -200,6 +200,7 @@ def test_goodput_knee_is_the_highest_rate_within_both_limits():
     assert bs.goodput_knee(runs) == 2
     assert bs.goodput_knee(runs, slo_ttft_ms=1000) == 1
     assert bs.goodput_knee([run(1, 100, 10, errors=1)]) is None
+    assert bs.goodput_knee(runs + [run("inf", 1500, 90)]) == math.inf  # summaries write the infinite rate "inf"
 
 
 def test_prometheus_deltas_and_peaks():
