@@ -218,6 +218,7 @@ def main():
             finally:
                 peer.stop()
             knee = bs.goodput_knee(sweep, args.slo_ttft_ms, args.slo_tpot_ms)
+            knee = "inf" if knee == math.inf else knee  # as the runs write it: JSON has no infinity
             per[kind] = {"flags": peer.flags, "sweep": sweep, "shared_prefix": prefix[0], "knee_req_s": knee}
             curves[kind] = sweep
             print(bs.format_table(sweep), file=sys.stderr, flush=True)

@@ -20,6 +20,7 @@ Definitions (as vLLM's benchmark):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
@@ -326,6 +327,16 @@ def _stats(name: str, values_ms: list[float]) -> dict:
     return out
 
 
+def _latencies(ok: list[RequestResult], itl: bool) -> dict:
+    """TTFT, TPOT, (ITL,) and end-to-end statistics of completed requests, in ms."""
+    out = {**_stats("ttft", [r.ttft * 1000 for r in ok]),
+           **_stats("tpot", [r.tpot * 1000 for r in ok if r.tpot is not None])}
+    if itl:
+        out.update(_stats("itl", [g * 1000 for r in ok for g in r.itl]))
+    out.update(_stats("e2e", [r.e2e * 1000 for r in ok]))
+    return out
+
+
 def meets_slo(r: RequestResult, slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> bool:
     if not r.ok:
         return False
@@ -352,10 +363,7 @@ def summarize(results: list[RequestResult], duration: float, slo_ttft_ms: float 
         "output_tok_s": sum(r.output_tokens for r in ok) / duration,
         "total_tok_s": sum(r.output_tokens + r.input_len for r in ok) / duration,
     }
-    out.update(_stats("ttft", [r.ttft * 1000 for r in ok]))
-    out.update(_stats("tpot", [r.tpot * 1000 for r in ok if r.tpot is not None]))
-    out.update(_stats("itl", [g * 1000 for r in ok for g in r.itl]))
-    out.update(_stats("e2e", [r.e2e * 1000 for r in ok]))
+    out.update(_latencies(ok, itl=True))
     good = sum(meets_slo(r, slo_ttft_ms, slo_tpot_ms) for r in results)
     out["slo_ttft_ms"], out["slo_tpot_ms"] = slo_ttft_ms, slo_tpot_ms
     out["good_requests"] = good
@@ -366,11 +374,7 @@ def summarize(results: list[RequestResult], duration: float, slo_ttft_ms: float 
         for lab in labels:
             rs = [r for r in results if r.label == lab]
             rok = [r for r in rs if r.ok]
-            d = {"requests": len(rs), "completed": len(rok)}
-            d.update(_stats("ttft", [r.ttft * 1000 for r in rok]))
-            d.update(_stats("tpot", [r.tpot * 1000 for r in rok if r.tpot is not None]))
-            d.update(_stats("e2e", [r.e2e * 1000 for r in rok]))
-            out["by_label"][lab] = d
+            out["by_label"][lab] = {"requests": len(rs), "completed": len(rok), **_latencies(rok, itl=False)}
     return out
 
 
@@ -553,11 +557,10 @@ class Bench:
             r = await self.client.get(self.base + "/v1/models", timeout=10)
         except httpx.HTTPError as e:
             raise BenchServeError(f"cannot reach {self.base}: {type(e).__name__}: {e}") from None
-        if r.status_code == 200 and cfg.model is None:
-            data = r.json().get("data") or []
-            if data:
-                cfg.model = data[0].get("id")
-        self.server_info["models"] = r.json().get("data") if r.status_code == 200 else None
+        models = r.json().get("data") if r.status_code == 200 else None
+        self.server_info["models"] = models
+        if models and cfg.model is None:
+            cfg.model = models[0].get("id")
         if cfg.tokenizer:
             tok = LocalTokenizer(cfg.tokenizer)
             self.server_info["tokenizer"] = f"local: {cfg.tokenizer}"
@@ -604,25 +607,26 @@ class Bench:
         watcher.first = await watcher.scrape()
         stop = asyncio.Event()
         watch_task = asyncio.create_task(watcher.watch(stop))
-        sem = asyncio.Semaphore(cfg.concurrency) if cfg.concurrency else None
+        sem = asyncio.Semaphore(cfg.concurrency) if cfg.concurrency else contextlib.nullcontext()
         bar = _progress(len(specs), cfg.progress, rate)
         results: list[RequestResult] = []
+        done = {"tokens": 0, "errors": 0}  # running totals for the progress bar
         t_start = time.perf_counter()
 
         async def one(spec: RequestSpec, at: float) -> None:
             delay = at - (time.perf_counter() - t_start)
             if delay > 0:
                 await asyncio.sleep(delay)
-            if sem is not None:
-                async with sem:
-                    r = await send_request(self.client, url, self._body(spec), spec, t_start, cfg.timeout)
-            else:
+            async with sem:
                 r = await send_request(self.client, url, self._body(spec), spec, t_start, cfg.timeout)
             results.append(r)
+            if r.ok:
+                done["tokens"] += r.output_tokens
+            else:
+                done["errors"] += 1
             if bar is not None:
-                done_tokens = sum(x.output_tokens for x in results if x.ok)
-                bar.set_postfix_str(f"{done_tokens / max(time.perf_counter() - t_start, 1e-9):.1f} out tok/s, "
-                                    f"{sum(not x.ok for x in results)} errors", refresh=False)
+                bar.set_postfix_str(f"{done['tokens'] / max(time.perf_counter() - t_start, 1e-9):.1f} out tok/s, "
+                                    f"{done['errors']} errors", refresh=False)
                 bar.update(1)
 
         try:
