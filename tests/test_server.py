@@ -329,6 +329,9 @@ def test_tokenize_and_detokenize(server):
     back = httpx.post(server.base + "/detokenize", json={"tokens": ids}).json()
     assert back["content"] == back["prompt"] == "the hen"
     assert httpx.post(server.base + "/tokenize", json={"content": 5}).status_code == 400
+    wrong_model = httpx.post(server.base + "/tokenize", json={"content": "x", "model": 5})
+    assert wrong_model.status_code == 400 and wrong_model.json()["error"]["param"] == "model"
+    assert httpx.post(server.base + "/detokenize", json=[1, 2]).status_code == 400  # not an object
     bad = httpx.post(server.base + "/detokenize", json={"tokens": [10**9]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 

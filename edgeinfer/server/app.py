@@ -270,9 +270,7 @@ def create_app(config: ServerConfig) -> Starlette:
                 if isinstance(prompt, str):
                     prompt_ids = await asyncio.to_thread(tok.encode, prompt, None, False)
                 else:
-                    bad_ids = [t for t in prompt if not 0 <= t < tok.vocab_size]
-                    if bad_ids:
-                        raise P.bad("prompt", f"token id {bad_ids[0]} is outside the vocabulary of {tok.vocab_size}")
+                    P.check_token_ids(prompt, tok.vocab_size, "prompt")
                     prompt_ids = prompt
                 if not prompt_ids:
                     raise P.bad("prompt", "'prompt' is empty")
@@ -340,7 +338,7 @@ def create_app(config: ServerConfig) -> Starlette:
             check_auth(request)
             body = await read_json(request)
             text, add_special = P.parse_tokenize(body)
-            sm = pick_model(body.get("model") if isinstance(body.get("model"), str) else None)
+            sm = pick_model(P.parse_model(body))
         except P.APIError as e:
             return error_response(e)
         ids = await asyncio.to_thread(sm.llm.tokenizer.encode, text, None if add_special else False, False)
@@ -350,7 +348,7 @@ def create_app(config: ServerConfig) -> Starlette:
         try:
             check_auth(request)
             body = await read_json(request)
-            sm = pick_model(body.get("model") if isinstance(body, dict) and isinstance(body.get("model"), str) else None)
+            sm = pick_model(P.parse_model(body))
             ids = P.parse_detokenize(body, sm.llm.tokenizer.vocab_size)
         except P.APIError as e:
             return error_response(e)

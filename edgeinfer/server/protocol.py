@@ -97,12 +97,27 @@ class ParsedRequest:
     priority: int = 0
 
 
-def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
+def _object(body: Any) -> dict:
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    model = body.get("model")
+    return body
+
+
+def parse_model(body: Any) -> str | None:
+    model = _object(body).get("model")
     if model is not None and not isinstance(model, str):
         raise bad("model", "'model' must be a string")
+    return model
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    bad_ids = [t for t in ids if not 0 <= t < vocab_size]
+    if bad_ids:
+        raise bad(param, f"token id {bad_ids[0]} is outside the vocabulary of {vocab_size}")
+
+
+def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
+    model = parse_model(body)
     n = _integer(body, "n", 1, None, 1)
     if n != 1:
         raise bad("n", f"'n' must be 1: this server returns one choice per request (got {n})")
@@ -193,8 +208,7 @@ def parse_prompt(body: dict):
 
 def parse_tokenize(body: Any) -> tuple[str, bool]:
     """/tokenize: llama.cpp's {"content", "add_special"} or vLLM's {"prompt", "add_special_tokens"}."""
-    if not isinstance(body, dict):
-        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    _object(body)
     key = "content" if "content" in body else "prompt"
     text = body.get(key)
     if not isinstance(text, str):
@@ -204,14 +218,10 @@ def parse_tokenize(body: Any) -> tuple[str, bool]:
 
 
 def parse_detokenize(body: Any, vocab_size: int) -> list[int]:
-    if not isinstance(body, dict):
-        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    ids = body.get("tokens")
+    ids = _object(body).get("tokens")
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise bad("tokens", "'tokens' must be an array of token ids")
-    bad_ids = [t for t in ids if not 0 <= t < vocab_size]
-    if bad_ids:
-        raise bad("tokens", f"token id {bad_ids[0]} is outside the vocabulary of {vocab_size}")
+    check_token_ids(ids, vocab_size, "tokens")
     return ids
 
 
