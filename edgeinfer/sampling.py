@@ -25,6 +25,11 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     logprobs: int | None = None  # how many top log-probabilities to return per token
+    # structured output: at most one constraint (edgeinfer.structured; the llguidance library)
+    json_schema: str | dict | None = None  # a JSON schema (stored as compact JSON text)
+    regex: str | None = None  # the whole output matches this regular expression
+    choice: tuple[str, ...] | None = None  # the output is exactly one of these strings
+    grammar: str | None = None  # a Lark grammar (llguidance's syntax) or llama.cpp's GBNF
 
     def __post_init__(self):
         def bad(name, why):
@@ -70,6 +75,29 @@ class SamplingParams:
             bad("logprobs", "must be an integer in [0, 20] or None")
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", "must be true or false")
+        self._check_constraint(bad)
+
+    def _check_constraint(self, bad):
+        from .structured import canonical_schema
+
+        given = [k for k in ("json_schema", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of json_schema, regex, choice and grammar, got {', '.join(given)}")
+        if self.json_schema is not None:
+            object.__setattr__(self, "json_schema", canonical_schema(self.json_schema))
+        for k in ("regex", "grammar"):
+            v = getattr(self, k)
+            if v is not None and (not isinstance(v, str) or not v):
+                bad(k, "must be a non-empty string")
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not isinstance(self.choice, (list, tuple)) or not self.choice \
+                    or not all(isinstance(c, str) and c for c in self.choice):
+                bad("choice", "must be a non-empty list of non-empty strings")
+            object.__setattr__(self, "choice", tuple(self.choice))
+
+    @property
+    def constrained(self) -> bool:
+        return any(getattr(self, k) is not None for k in ("json_schema", "regex", "choice", "grammar"))
 
     @property
     def greedy(self) -> bool:

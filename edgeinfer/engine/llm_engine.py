@@ -13,6 +13,7 @@ from ..config import EngineConfig
 from ..errors import EdgeInferError
 from ..models.common import KVCache
 from ..sampling import Sampler, SamplingParams, log_softmax
+from ..structured import GrammarCache, Guide
 from ..tokenizer import IncrementalDecoder, Tokenizer
 from .block_manager import BlockManager
 from .model_runner import ModelRunner
@@ -32,7 +33,7 @@ class RequestOutput:
     delta_text: str
     new_token_ids: list[int]
     finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     prompt_token_ids: list[int] = field(default_factory=list)
     num_output_tokens: int = 0
     logprobs: list[dict] | None = None  # per new token: {"token_id", "logprob", "top": [(id, logprob)]}
@@ -65,15 +66,20 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens)
         self.runner = ModelRunner(model, self.cache, config.block_size)
         self.requests: dict[str, _RequestState] = {}
+        self.grammars = GrammarCache(tokenizer)  # compiled constraints, shared by the requests that use them
         self._lock = threading.Lock()
         self._pending: list[Sequence] = []
         self._aborts: list[str] = []
         self._next_id = 0
+        self.guide_errors = 0  # constrained sequences whose matcher refused a sampled token
 
     # -- requests (thread-safe) ------------------------------------------------------------------
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    priority: int = 0) -> str:
+                    priority: int = 0, guide: Guide | None = None) -> str:
+        """Queue a request. A constrained one (params.json_schema, regex, choice or grammar) has its
+        constraint compiled here, in the caller's thread, unless `guide` (from self.grammars.guide,
+        compiled ahead) is given; a constraint the library rejects raises GrammarError (a ValueError)."""
         if not isinstance(params, SamplingParams):
             raise TypeError("params must be a SamplingParams")
         prompt_ids = [int(t) for t in prompt_ids]
@@ -93,6 +99,8 @@ class LLMEngine:
                 f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) needs "
                 f"{self.block_manager.blocks_needed(need)} KV blocks but the cache has {self.block_manager.num_blocks}"
             )
+        if params.constrained and guide is None:
+            guide = self.grammars.guide(params)
         with self._lock:
             if request_id is None:
                 request_id = f"req-{self._next_id}"
@@ -100,6 +108,7 @@ class LLMEngine:
             if request_id in self.requests or any(s.request_id == request_id for s in self._pending):
                 raise ValueError(f"request id {request_id!r} is already in use")
             seq = Sequence(prompt_ids, params, request_id, priority, arrival=time.monotonic())
+            seq.guide = guide
             self._pending.append(seq)
         return request_id
 
@@ -141,6 +150,8 @@ class LLMEngine:
         for row, i in enumerate(sampling):
             seq = sched.seqs[i]
             st = self.requests[seq.request_id]
+            if seq.guide is not None:  # the constraint's mask, before any sampling filter
+                seq.guide.apply(logits[row])
             outs.append(self._append_token(st, logits[row]))
         return outs
 
@@ -156,9 +167,15 @@ class LLMEngine:
         reason = None
         stopped_by_string = False
         is_eos = tid in tok.stop_ids or tid in params.stop_token_ids
-        if is_eos and not params.ignore_eos:
+        complete = False  # a constraint that is complete: nothing but a stop token could follow
+        if seq.guide is not None:
+            if not seq.guide.advance(tid):  # cannot happen with the mask applied; never hide it
+                self.guide_errors += 1
+                reason = "error"
+            complete = seq.guide.done
+        if reason is None and is_eos and not params.ignore_eos:
             reason = "stop"
-        else:
+        elif reason is None:
             st.text += st.decoder.push(tid)
         if reason is None and params.stop:
             for s in params.stop:
@@ -169,6 +186,8 @@ class LLMEngine:
                     reason = "stop"
                     stopped_by_string = True
                     break
+        if reason is None and complete:
+            reason = "stop"
         if reason is None and len(seq.output_ids) >= params.max_tokens:
             reason = "length"
         if reason is None and seq.num_tokens >= self.max_context:
@@ -205,4 +224,7 @@ class LLMEngine:
             "prefix_cache_hits": bm.prefix_hits,        # so a load test can take the hit rate of its own run
             "preemptions": self.scheduler.num_preemptions,
             "computed_tokens": self.runner.num_forward_tokens,
+            "grammar_cache_hits": self.grammars.hits,
+            "grammar_cache_misses": self.grammars.misses,
+            "guide_errors": self.guide_errors,
         }

@@ -36,13 +36,14 @@ class EngineLoop:
         with self._lock:
             return len(self._callbacks)
 
-    def submit(self, prompt_ids, params, on_output: Callable[[RequestOutput], None], priority: int = 0) -> str:
+    def submit(self, prompt_ids, params, on_output: Callable[[RequestOutput], None], priority: int = 0,
+               guide=None) -> str:
         """Queue a request; raises ValueError at once for a prompt the engine cannot take."""
         rid = f"req-{next(_ids)}"
         with self._lock:
             self._callbacks[rid] = on_output  # before the engine can produce anything for it
         try:
-            self.engine.add_request(prompt_ids, params, request_id=rid, priority=priority)
+            self.engine.add_request(prompt_ids, params, request_id=rid, priority=priority, guide=guide)
         except BaseException:
             with self._lock:
                 self._callbacks.pop(rid, None)
