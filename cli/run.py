@@ -48,11 +48,56 @@ def engine_options(f, budget: bool = True):
     return f
 
 
-def make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop):
+def constraint_options(f):
+    """Structured output: --json-schema, --regex, --choice, --grammar (at most one)."""
+    for opt in reversed([
+        click.option("--json-schema", "json_schema", metavar="FILE|JSON",
+                     help="The output is JSON matching this schema (a file, or the schema itself)."),
+        click.option("--regex", default=None, help="The output matches this regular expression."),
+        click.option("--choice", default=None, metavar="A,B,...", help="The output is one of these strings."),
+        click.option("--grammar", default=None, metavar="FILE",
+                     help="The output follows this grammar: Lark (llguidance's syntax) or llama.cpp's GBNF."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def constraint_kwargs(json_schema, regex, choice, grammar) -> dict:
+    """SamplingParams' constraint fields from the options; a bad file or bad JSON is a usage error."""
+    out = {}
+    if json_schema is not None:
+        text = json_schema
+        if not json_schema.lstrip().startswith("{"):
+            try:
+                with open(json_schema, encoding="utf-8") as fh:
+                    text = fh.read()
+            except OSError as e:
+                raise click.BadParameter(f"cannot read {json_schema}: {e.strerror}", param_hint="--json-schema")
+        try:
+            out["json_schema"] = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise click.BadParameter(f"not valid JSON: {e}", param_hint="--json-schema")
+    if regex is not None:
+        out["regex"] = regex
+    if choice is not None:
+        out["choice"] = [c.strip() for c in choice.split(",") if c.strip()]
+    if grammar is not None:
+        try:
+            with open(grammar, encoding="utf-8") as fh:
+                out["grammar"] = fh.read()
+        except OSError as e:
+            raise click.BadParameter(f"cannot read {grammar}: {e.strerror}", param_hint="--grammar")
+    if len(out) > 1:
+        raise click.UsageError(f"give at most one of --json-schema, --regex, --choice and --grammar")
+    return out
+
+
+def make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, **constraint):
     from edgeinfer.sampling import SamplingParams
 
     return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                          repetition_penalty=repeat_penalty, max_tokens=max_tokens, seed=seed, stop=tuple(stop))
+                          repetition_penalty=repeat_penalty, max_tokens=max_tokens, seed=seed, stop=tuple(stop),
+                          **constraint)
 
 
 def load(model: str, threads: int, device: str = "cpu", kv_type: str | None = None, max_context: int = 0,
@@ -69,12 +114,14 @@ def load(model: str, threads: int, device: str = "cpu", kv_type: str | None = No
 @click.argument("model")
 @click.argument("prompt")
 @sampling_options
+@constraint_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text and timing stats.")
 @click.option("--special", is_flag=True, help="Parse special-token text (like <|im_start|>) in the prompt.")
 def generate(model, prompt, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads,
-             device, kv_type, max_context, memory_budget, as_json, special):
+             device, kv_type, max_context, memory_budget, json_schema, regex, choice, grammar, as_json, special):
     """Continue PROMPT with MODEL, streaming the text."""
-    params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop)
+    params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop,
+                         **constraint_kwargs(json_schema, regex, choice, grammar))
     llm = load(model, threads, device, kv_type, max_context, memory_budget)
     t0 = time.perf_counter()
     first = None
@@ -111,11 +158,14 @@ CHAT_HELP = "commands: /reset (new conversation), /system TEXT, /stats, /exit (o
 @click.command()
 @click.argument("model", default=registry.DEFAULT_MODEL)
 @lambda f: sampling_options(f, temperature=0.2)  # small chat models stay on topic at low temperature
+@constraint_options
 @click.option("--system", "system_prompt", default=None, help="A system message to start with.")
 def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads, device,
-         kv_type, max_context, memory_budget, system_prompt):
-    """Chat with MODEL (default: smollm2-135m-instruct, pulled on first use)."""
-    params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop)
+         kv_type, max_context, memory_budget, json_schema, regex, choice, grammar, system_prompt):
+    """Chat with MODEL (default: smollm2-135m-instruct, pulled on first use). With a constraint
+    (--json-schema, ...) every answer follows it."""
+    params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop,
+                         **constraint_kwargs(json_schema, regex, choice, grammar))
     interactive = sys.stdin.isatty()
     llm = load(model, threads, device, kv_type, max_context, memory_budget)
     if interactive:

@@ -3,6 +3,7 @@ the way Hugging Face transformers renders it; ChatML (or Gemma's turns) when the
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 from .errors import EdgeInferError
@@ -59,6 +60,10 @@ def validate_messages(messages) -> list[dict]:
     return out
 
 
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 class ChatTemplate:
     def __init__(self, source: str | None, bos_token: str = "", eos_token: str = "", fallback: str = CHATML):
         from jinja2 import TemplateError
@@ -69,6 +74,7 @@ class ChatTemplate:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = _tojson  # as transformers: plain JSON, not jinja2's HTML-escaped kind
         try:
             self._template = env.from_string(self.source)
         except TemplateError as e:
@@ -76,13 +82,19 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
 
-    def render(self, messages, add_generation_prompt: bool = True) -> str:
+    @property
+    def knows_tools(self) -> bool:
+        """The template renders `tools` itself (otherwise edgeinfer.tools writes them into the prompt)."""
+        return not self.is_fallback and "tools" in self.source
+
+    def render(self, messages, add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
         from jinja2 import TemplateError
 
         messages = validate_messages(messages)
+        extra = {"tools": tools} if tools else {}
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token, eos_token=self.eos_token)
+                                         bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         except ChatTemplateError:
             raise
         except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:

@@ -35,6 +35,7 @@ class Completion:
     finish_reason: str  # "stop" | "length" | "abort"
     logprobs: list[dict] | None = None
     timings: dict = field(default_factory=dict)
+    tool_calls: list[dict] = field(default_factory=list)  # LLM.chat with tools: OpenAI's tool_calls
 
 
 @dataclass
@@ -184,17 +185,48 @@ class LLM:
     def _drain(self) -> None:
         self.engine.step()
 
-    def render_chat(self, messages, add_generation_prompt: bool = True) -> list[int]:
-        text = self.chat_template.render(messages, add_generation_prompt)
+    def render_chat(self, messages, add_generation_prompt: bool = True, tools=None) -> list[int]:
+        """Token ids of a conversation through the chat template; `tools` (edgeinfer.tools.Tool) go
+        through the template's own tools support or the fallback format of edgeinfer.tools."""
+        from .tools import prepare_messages
+
+        tmpl = self.chat_template
+        msgs = prepare_messages(list(messages), tools or [], tmpl.knows_tools) if isinstance(messages, (list, tuple)) \
+            else messages
+        text = tmpl.render(msgs, add_generation_prompt,
+                           tools=[t.openai() for t in tools] if tools and tmpl.knows_tools else None)
         ids = self.tokenizer.encode(text, add_bos=None, parse_special=True)
         bos = self.tokenizer.bos_id
         if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
             ids = ids[1:]  # the template wrote the BOS text and the tokenizer added one too
         return ids
 
-    def chat(self, messages, params: SamplingParams | None = None) -> Completion:
-        """Answer a conversation ([{role, content}, ...]) through the model's chat template."""
-        return self.generate(self.render_chat(messages), params)[0]
+    def chat(self, messages, params: SamplingParams | None = None, *, tools: list | None = None,
+             tool_choice=None) -> Completion:
+        """Answer a conversation ([{role, content}, ...]) through the model's chat template.
+
+        tools / tool_choice: as OpenAI's (function definitions; "none", "auto", "required" or
+        {"type": "function", "function": {"name": ...}}). The reply's calls are in
+        Completion.tool_calls (finish_reason "tool_calls"); "required" and a named function constrain
+        the reply to calls whose arguments match the tool's parameter schema."""
+        from dataclasses import replace
+
+        from .tools import call_grammar, parse_reply, parse_tools
+
+        specs, choice = parse_tools(tools, tool_choice)
+        shown = specs if choice.mode != "none" else []
+        params = params or SamplingParams()
+        grammar = call_grammar(specs, choice)
+        if grammar is not None:
+            if params.constrained:
+                raise ValueError("tool_choice required or a named function cannot be combined with another constraint")
+            params = replace(params, grammar=grammar)
+        comp = self.generate(self.render_chat(messages, tools=shown), params)[0]
+        if shown:
+            content, calls = parse_reply(comp.text, specs)
+            if calls:
+                comp.text, comp.tool_calls, comp.finish_reason = content or "", calls, "tool_calls"
+        return comp
 
     def stream_chat(self, messages, params: SamplingParams | None = None) -> Iterator[StreamChunk]:
         return self.stream(self.render_chat(messages), params)

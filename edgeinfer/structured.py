@@ -97,7 +97,8 @@ def constraint_grammar(params: SamplingParams) -> str | None:
     """llguidance's grammar text for the params' constraint, or None when there is none."""
     llg = _llg()
     if params.json_schema is not None:
-        return llg.LLMatcher.grammar_from_json_schema(params.json_schema, defaults=JSON_DEFAULTS)
+        schema = close_objects(json.loads(params.json_schema))
+        return llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_DEFAULTS)
     if params.regex is not None:
         return llg.LLMatcher.grammar_from_regex(params.regex)
     if params.choice is not None:
@@ -216,6 +217,31 @@ class Guide:
     @property
     def error(self) -> str:
         return self.matcher.get_error() if self.matcher.is_error() else ""
+
+
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def close_objects(schema):
+    """The schema with `additionalProperties: false` on every object that lists its properties and says
+    nothing about others: what OpenAI's strict mode and vLLM's default (xgrammar's strict mode) do.
+    Without it a small model adds keys of its own until max_tokens runs out."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if "properties" in out and "additionalProperties" not in out and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    for k in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(k), dict):
+            out[k] = {name: close_objects(sub) for name, sub in out[k].items()}
+    for k in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(k), list):
+            out[k] = [close_objects(sub) for sub in out[k]]
+    for k in ("items", "additionalProperties", "not", "if", "then", "else", "contains"):
+        if isinstance(out.get(k), dict):
+            out[k] = close_objects(out[k])
+    return out
 
 
 def canonical_schema(schema) -> str:

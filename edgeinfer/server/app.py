@@ -25,6 +25,8 @@ from starlette.routing import Route
 from .. import registry
 from ..config import EngineConfig
 from ..errors import EdgeInferError
+from ..structured import GrammarError
+from ..tools import StreamParser, ToolError, call_grammar, parse_reply, parse_tools
 from . import protocol as P
 from .metrics import Metrics
 
@@ -152,7 +154,7 @@ def create_app(config: ServerConfig) -> Starlette:
                                       f"is {len(prompt_ids) + req.max_tokens} tokens, more than the context of {context}")
         return req.max_tokens
 
-    def submit(sm: ServedModel, prompt_ids, params, priority: int = 0) -> tuple[str, asyncio.Queue]:
+    def submit(sm: ServedModel, prompt_ids, params, priority: int = 0, guide=None) -> tuple[str, asyncio.Queue]:
         stats = sm.llm.engine.stats()
         must_wait = stats["waiting"] > 0 or stats["running"] >= sm.llm.engine.scheduler.max_seqs
         if must_wait and stats["waiting"] >= config.max_queue:
@@ -162,7 +164,7 @@ def create_app(config: ServerConfig) -> Starlette:
         aloop = asyncio.get_running_loop()
         try:
             rid = sm.loop.submit(prompt_ids, params, lambda out: aloop.call_soon_threadsafe(queue.put_nowait, out),
-                                 priority=priority)
+                                 priority=priority, guide=guide)
         except ValueError as e:
             raise P.bad("prompt", str(e)) from None
         return rid, queue
@@ -198,15 +200,14 @@ def create_app(config: ServerConfig) -> Starlette:
             raise P.APIError(500, f"generation failed: {sm.loop.last_error}")
         return "".join(text), ids, lps, reason
 
-    def stream(request: Request, sm: ServedModel, rid: str, queue: asyncio.Queue, t0: float, labels, make_chunk,
+    def stream(request: Request, sm: ServedModel, rid: str, queue: asyncio.Queue, t0: float, labels, make_chunks,
                usage_chunk, n_prompt: int):
         async def events():
             deadline = t0 + config.request_timeout
             n_out, first, done = 0, None, False
             try:
-                head = make_chunk(None, None, [], first_chunk=True)
-                if head is not None:
-                    yield f"data: {json.dumps(head)}\n\n"
+                for chunk in make_chunks(None, None, [], first_chunk=True):
+                    yield f"data: {json.dumps(chunk)}\n\n"
                 while not done:
                     try:
                         if time.monotonic() >= deadline:
@@ -227,7 +228,8 @@ def create_app(config: ServerConfig) -> Starlette:
                         yield f"data: {json.dumps(err.body())}\n\n"
                         break
                     if out.delta_text or out.logprobs or done:
-                        yield f"data: {json.dumps(make_chunk(out.delta_text, out.finish_reason if done else None, out.logprobs or []))}\n\n"
+                        for chunk in make_chunks(out.delta_text, out.finish_reason if done else None, out.logprobs or []):
+                            yield f"data: {json.dumps(chunk)}\n\n"
                 if done and usage_chunk is not None:
                     yield f"data: {json.dumps(usage_chunk(n_prompt, n_out))}\n\n"
                 yield "data: [DONE]\n\n"
@@ -259,10 +261,24 @@ def create_app(config: ServerConfig) -> Starlette:
             sm = pick_model(req.model)
             labels = (sm.name, endpoint)
             tok = sm.llm.tokenizer
+            tools, shown, extra = [], [], {}
             if chat:
                 messages = P.parse_messages(body)
                 try:
-                    prompt_ids = await asyncio.to_thread(sm.llm.render_chat, messages)
+                    tools, choice = parse_tools(body.get("tools"), body.get("tool_choice"))
+                except ToolError as e:
+                    raise P.bad(e.param, str(e)) from None
+                shown = tools if choice.mode != "none" else []
+                grammar = call_grammar(tools, choice, P.parse_parallel_tool_calls(body))
+                if grammar is not None:
+                    if req.constraint_param:
+                        raise P.bad("tool_choice", f"tool_choice {choice.mode!r} constrains the reply to tool calls; "
+                                                   f"it cannot be combined with '{req.constraint_param}'")
+                    extra["grammar"] = grammar
+                try:
+                    prompt_ids = await asyncio.to_thread(sm.llm.render_chat, messages, True, shown)
+                except ToolError as e:
+                    raise P.bad(e.param, str(e)) from None
                 except ValueError as e:
                     raise P.bad("messages", str(e)) from None
             else:
@@ -274,8 +290,14 @@ def create_app(config: ServerConfig) -> Starlette:
                     prompt_ids = prompt
                 if not prompt_ids:
                     raise P.bad("prompt", "'prompt' is empty")
-            params = P.sampling_params(req, budget(sm, prompt_ids, req, "messages" if chat else "prompt"))
-            rid, queue = submit(sm, prompt_ids, params, req.priority)
+            params = P.sampling_params(req, budget(sm, prompt_ids, req, "messages" if chat else "prompt"), **extra)
+            guide = None
+            if params.constrained:  # compiled in a worker thread: never on the event loop or the engine thread
+                try:
+                    guide = await asyncio.to_thread(sm.llm.engine.grammars.guide, params)
+                except GrammarError as e:
+                    raise P.bad(req.constraint_param or "tools", str(e)) from None
+            rid, queue = submit(sm, prompt_ids, params, req.priority, guide)
         except P.APIError as e:
             metrics.finish(labels, str(e.status), 0, 0)
             return error_response(e)
@@ -290,26 +312,51 @@ def create_app(config: ServerConfig) -> Starlette:
         if req.stream:
             obj = "chat.completion.chunk" if chat else "text_completion"
 
-            def make_chunk(delta, finish, lps, first_chunk=False):
-                if chat:
-                    if first_chunk:
-                        d = {"role": "assistant", "content": ""}
-                    else:
-                        d = {"content": delta} if delta else {}
-                    choice = {"index": 0, "delta": d, "finish_reason": finish,
-                              "logprobs": P.chat_logprobs(lps, token_text) if req.logprobs and lps else None}
-                else:
-                    if first_chunk:
-                        return None
-                    choice = {"index": 0, "text": delta or "", "finish_reason": finish,
-                              "logprobs": P.completion_logprobs(lps, token_text) if req.logprobs and lps else None}
+            parser = StreamParser(tools) if shown else None
+            n_calls = 0
+
+            def chunk(choice):
                 return {"id": cid, "object": obj, "created": created, "model": sm.name, "choices": [choice]}
+
+            def make_chunks(delta, finish, lps, first_chunk=False):
+                nonlocal n_calls
+                lp_chat = P.chat_logprobs(lps, token_text) if req.logprobs and lps else None
+                if not chat:
+                    if first_chunk:
+                        return []
+                    return [chunk({"index": 0, "text": delta or "", "finish_reason": finish,
+                                   "logprobs": P.completion_logprobs(lps, token_text) if req.logprobs and lps else None})]
+                if first_chunk:
+                    return [chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None,
+                                   "logprobs": None})]
+                if parser is None:
+                    return [chunk({"index": 0, "delta": {"content": delta} if delta else {}, "finish_reason": finish,
+                                   "logprobs": lp_chat})]
+                # tools: text goes out as content, each complete <tool_call> block as OpenAI's tool-call deltas
+                deltas = []
+                for kind, value in parser.feed(delta or "") + (parser.finish() if finish else []):
+                    if kind == "text":
+                        deltas.append({"content": value})
+                    else:
+                        f = value["function"]
+                        deltas.append({"tool_calls": [{"index": n_calls, "id": value["id"], "type": "function",
+                                                       "function": {"name": f["name"], "arguments": ""}}]})
+                        deltas.append({"tool_calls": [{"index": n_calls, "function": {"arguments": f["arguments"]}}]})
+                        n_calls += 1
+                if lp_chat is not None and not deltas:
+                    deltas.append({})
+                out = [chunk({"index": 0, "delta": d, "finish_reason": None, "logprobs": lp_chat if k == 0 else None})
+                       for k, d in enumerate(deltas)]
+                if finish:
+                    out.append(chunk({"index": 0, "delta": {}, "logprobs": None,
+                                      "finish_reason": "tool_calls" if n_calls else finish}))
+                return out
 
             def usage_chunk(n_p, n_o):
                 return {"id": cid, "object": obj, "created": created, "model": sm.name, "choices": [],
                         "usage": P.usage(n_p, n_o)}
 
-            return stream(request, sm, rid, queue, t0, labels, make_chunk,
+            return stream(request, sm, rid, queue, t0, labels, make_chunks,
                           usage_chunk if req.include_usage else None, n_prompt)
 
         try:
@@ -322,7 +369,13 @@ def create_app(config: ServerConfig) -> Starlette:
             return Response(status_code=499)
         metrics.finish(labels, "200", n_prompt, len(ids))
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
+            message = {"role": "assistant", "content": text}
+            if shown:
+                content, calls = parse_reply(text, tools)
+                if calls:
+                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+                    reason = "tool_calls"
+            choice = {"index": 0, "message": message, "finish_reason": reason,
                       "logprobs": P.chat_logprobs(lps, token_text) if req.logprobs else None}
             obj = "chat.completion"
         else:

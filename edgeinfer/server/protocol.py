@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -95,6 +96,7 @@ class ParsedRequest:
     logprobs: bool
     top_logprobs: int
     priority: int = 0
+    constraint_param: str | None = None  # the request field a structured-output constraint came from
 
 
 def _object(body: Any) -> dict:
@@ -123,12 +125,11 @@ def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
         raise bad("n", f"'n' must be 1: this server returns one choice per request (got {n})")
     if body.get("best_of") not in (None, 1):
         raise bad("best_of", "'best_of' is not supported")
-    for unsupported in ("tools", "functions", "tool_choice", "suffix"):
+    for unsupported in ("functions", "function_call", "suffix") + (() if chat else ("tools", "tool_choice")):
         if body.get(unsupported) not in (None, [], "none"):
-            raise bad(unsupported, f"'{unsupported}' is not supported by this server")
-    rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise bad("response_format", "only response_format {\"type\": \"text\"} is supported")
+            raise bad(unsupported, f"'{unsupported}' is not supported by this server"
+                                   + (" (tools work on /v1/chat/completions)" if unsupported.startswith("tool") else ""))
+    constraint, constraint_param = parse_constraint(body)
     stream = _boolean(body, "stream", False)
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
@@ -155,12 +156,73 @@ def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
         seed=seed,
         logprobs=top if logprobs else None,
         ignore_eos=_boolean(body, "ignore_eos", False),  # an extension (as vLLM): generate through EOS
+        **constraint,
     )
     if kwargs["top_p"] == 0.0:
         raise bad("top_p", "'top_p' must be greater than 0")
     # an extension (as vLLM): lower values are scheduled first; waiting long enough lifts a request
     priority = _integer(body, "priority", -PRIORITY_LIMIT, PRIORITY_LIMIT, 0)
-    return ParsedRequest(model, stream, include_usage, max_tokens, kwargs, logprobs, top, priority)
+    return ParsedRequest(model, stream, include_usage, max_tokens, kwargs, logprobs, top, priority, constraint_param)
+
+
+# vLLM's structured-output fields: "structured_outputs": {json, regex, choice, grammar, json_object},
+# and the older top-level guided_json / guided_regex / guided_choice / guided_grammar
+_VLLM_KEYS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
+
+
+def parse_constraint(body: dict) -> tuple[dict, str | None]:
+    """SamplingParams' constraint (json_schema / regex / choice / grammar) from OpenAI's
+    response_format or vLLM's extras, and the request field it came from (for errors)."""
+    found: list[tuple[str, dict]] = []
+    rf = body.get("response_format")
+    if rf is not None:
+        if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+            raise bad("response_format", "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} "
+                                         "or {\"type\": \"json_schema\", \"json_schema\": {\"name\", \"schema\"}}")
+        if rf["type"] == "json_object":  # llama.cpp also takes a "schema" here
+            schema = rf.get("schema", {"type": "object"})
+            found.append(("response_format", {"json_schema": schema}))
+        elif rf["type"] == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict):
+                raise bad("response_format", "'response_format.json_schema' must be an object with 'name' and 'schema'")
+            name = js.get("name")
+            if name is not None and not isinstance(name, str):
+                raise bad("response_format", "'response_format.json_schema.name' must be a string")
+            if js.get("strict") is not None and not isinstance(js.get("strict"), bool):
+                raise bad("response_format", "'response_format.json_schema.strict' must be true or false")
+            schema = js.get("schema", {})  # no schema: any JSON value, as OpenAI's own default
+            if not isinstance(schema, (dict, bool)):
+                raise bad("response_format", "'response_format.json_schema.schema' must be a JSON schema object")
+            found.append(("response_format", {"json_schema": schema}))
+    so = body.get("structured_outputs")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise bad("structured_outputs", "'structured_outputs' must be an object")
+        for key, field in _VLLM_KEYS.items():
+            if so.get(key) is not None:
+                found.append((f"structured_outputs.{key}", {field: so[key]}))
+        if so.get("json_object"):
+            found.append(("structured_outputs.json_object", {"json_schema": {"type": "object"}}))
+    for key, field in _VLLM_KEYS.items():
+        if body.get(f"guided_{key}") is not None:
+            found.append((f"guided_{key}", {field: body[f"guided_{key}"]}))
+    if len(found) > 1:
+        raise bad(found[1][0], f"give one constraint, got {' and '.join(k for k, _ in found)}")
+    if not found:
+        return {}, None
+    param, kw = found[0]
+    ((field, value),) = kw.items()
+    if field == "json_schema" and isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise bad(param, f"'{param}' is not valid JSON: {e}") from None
+    return {field: value}, param
+
+
+def parse_parallel_tool_calls(body: dict) -> bool:
+    return _boolean(body, "parallel_tool_calls", True)
 
 
 def parse_messages(body: dict) -> list[dict]:
@@ -186,9 +248,15 @@ def parse_messages(body: dict) -> list[dict]:
                     raise bad(f"messages[{i}].content[{j}]", f"messages[{i}].content[{j}] must be a text part")
                 parts.append(p["text"])
             content = "".join(parts)
+        if content is None and m.get("tool_calls"):
+            content = ""
         if not isinstance(content, str):
             raise bad(f"messages[{i}].content", f"messages[{i}].content must be a string or an array of text parts")
-        out.append({"role": role, "content": content})
+        msg = {"role": role, "content": content}
+        for key in ("tool_calls", "tool_call_id", "name"):  # checked by edgeinfer.tools when rendered
+            if m.get(key) is not None:
+                msg[key] = m[key]
+        out.append(msg)
     return out
 
 
@@ -225,11 +293,14 @@ def parse_detokenize(body: Any, vocab_size: int) -> list[int]:
     return ids
 
 
-def sampling_params(req: ParsedRequest, max_tokens: int) -> SamplingParams:
+def sampling_params(req: ParsedRequest, max_tokens: int, **extra) -> SamplingParams:
     try:
-        return SamplingParams(max_tokens=max_tokens, **req.params_kwargs)
+        return SamplingParams(max_tokens=max_tokens, **{**req.params_kwargs, **extra})
     except ValueError as e:
-        raise bad(str(e).split(" ", 1)[0], str(e)) from None
+        name = str(e).split(" ", 1)[0]
+        if name in ("json_schema", "regex", "choice", "grammar") and req.constraint_param:
+            name = req.constraint_param
+        raise bad(name, str(e)) from None
 
 
 # -- responses ----------------------------------------------------------------------------------

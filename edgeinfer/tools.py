@@ -1,0 +1,313 @@
+"""Tool calling (OpenAI's `tools` and `tool_choice`) on any chat model.
+
+The tools reach the model through its chat template: a template that knows tools (it mentions
+`tools`) renders them itself; for any other template the fallback below writes them into the system
+message in the Hermes / Qwen 2.5 format, which small instruction-tuned models have seen most:
+
+    # Tools
+    ...
+    <tools>
+    {"type": "function", "function": {"name": ..., "description": ..., "parameters": ...}}
+    </tools>
+    ... return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+    <tool_call>
+    {"name": <function-name>, "arguments": <args-json-object>}
+    </tool_call>
+
+Earlier calls in the conversation (assistant messages with `tool_calls`) are written back in that
+form, and tool results (`role: "tool"`) become user turns wrapped in <tool_response> tags.
+
+The reply is parsed the same way: each <tool_call> block whose JSON names a given tool becomes a
+call. With tool_choice "required" or a named function the reply is constrained by a grammar built
+from the tools' parameter schemas, so it is always a well-formed call with arguments that match.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from .errors import EdgeInferError
+from .structured import JSON_DEFAULTS
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_CALL_RE = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
+
+FALLBACK_SYSTEM = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n"
+    "</tool_call>"
+)
+
+
+class ToolError(EdgeInferError, ValueError):
+    """Tools, a tool choice or tool messages that are malformed; the message names the field."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict  # a JSON schema of the arguments object
+
+    def openai(self) -> dict:
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: str  # "none" | "auto" | "required" | "function"
+    name: str | None = None  # the function, for mode "function"
+
+
+def parse_tools(tools, tool_choice=None) -> tuple[list[Tool], ToolChoice]:
+    """Validate OpenAI's `tools` and `tool_choice`. No tools: an empty list and mode "none"."""
+    if tools is None:
+        tools = []
+    if not isinstance(tools, list):
+        raise ToolError("tools", "'tools' must be an array of {type: function, function: {...}} objects")
+    out: list[Tool] = []
+    for i, t in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(t.get("function"), dict):
+            raise ToolError(where, f"{where} must be {{\"type\": \"function\", \"function\": {{...}}}}")
+        f = t["function"]
+        name = f.get("name")
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise ToolError(f"{where}.function.name",
+                            f"{where}.function.name must be 1-64 letters, digits, '_', '-' or '.', got {name!r}")
+        if any(x.name == name for x in out):
+            raise ToolError(f"{where}.function.name", f"tool {name!r} is given twice")
+        desc = f.get("description", "")
+        if not isinstance(desc, str):
+            raise ToolError(f"{where}.function.description", f"{where}.function.description must be a string")
+        params = f.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise ToolError(f"{where}.function.parameters", f"{where}.function.parameters must be a JSON schema object")
+        out.append(Tool(name, desc, params))
+    choice = _parse_choice(tool_choice, out)
+    return out, choice
+
+
+def _parse_choice(tc, tools: list[Tool]) -> ToolChoice:
+    if tc is None:
+        return ToolChoice("auto" if tools else "none")
+    if isinstance(tc, str):
+        if tc not in ("none", "auto", "required"):
+            raise ToolError("tool_choice", f"'tool_choice' must be none, auto, required or a function, got {tc!r}")
+        if tc != "none" and not tools:
+            raise ToolError("tool_choice", f"'tool_choice' {tc!r} needs 'tools'")
+        return ToolChoice(tc)
+    if isinstance(tc, dict) and tc.get("type") == "function" and isinstance(tc.get("function"), dict):
+        name = tc["function"].get("name")
+        if not any(t.name == name for t in tools):
+            raise ToolError("tool_choice", f"'tool_choice' names function {name!r}, which is not in 'tools'")
+        return ToolChoice("function", name)
+    raise ToolError("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                                   "{\"type\": \"function\", \"function\": {\"name\": ...}}")
+
+
+def call_grammar(tools: list[Tool], choice: ToolChoice, parallel: bool = True) -> str | None:
+    """A Lark grammar (llguidance's syntax) for a reply that is only tool calls, or None when the
+    choice does not force a call."""
+    if choice.mode not in ("required", "function"):
+        return None
+    chosen = [t for t in tools if choice.mode == "required" or t.name == choice.name]
+    alts = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+             "required": ["name", "arguments"], "additionalProperties": False} for t in chosen]
+    schema = {"x-guidance": JSON_DEFAULTS, "anyOf": alts} if len(alts) > 1 else {"x-guidance": JSON_DEFAULTS, **alts[0]}
+    start = 'start: call ("\\n" call)*' if parallel and choice.mode == "required" else "start: call"
+    return (f"{start}\n"
+            f'call: "{OPEN}\\n" body "\\n{CLOSE}"\n'
+            f"body: %json {json.dumps(schema, ensure_ascii=False)}\n")
+
+
+# -- the prompt -------------------------------------------------------------------------------
+
+
+def prepare_messages(messages: list[dict], tools: list[Tool], native: bool) -> list[dict]:
+    """The conversation as the template gets it. native: the template renders tools, tool calls and
+    tool results itself (arguments as objects, as Hugging Face's templates expect); otherwise the
+    fallback format of this module's docstring, in plain system / user / assistant turns."""
+    out = []
+    for i, m in enumerate(messages):
+        calls = _check_calls(m, i)
+        if native:
+            if calls:
+                m = {**m, "content": m.get("content") or "",
+                     "tool_calls": [{**c, "function": {**c["function"], "arguments": _arguments_object(c)}}
+                                    for c in calls]}
+            out.append(m)
+            continue
+        if m["role"] == "tool":
+            body = m.get("content") or ""
+            text = f"<tool_response>\n{body}\n</tool_response>"
+            if out and out[-1]["role"] == "user" and out[-1].get("_tool_responses"):
+                out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
+            else:
+                out.append({"role": "user", "content": text, "_tool_responses": True})
+            continue
+        if calls:
+            blocks = [f"{OPEN}\n" + json.dumps({"name": c["function"]["name"], "arguments": _arguments_object(c)},
+                                               ensure_ascii=False) + f"\n{CLOSE}" for c in calls]
+            content = (m.get("content") or "").strip()
+            m = {"role": "assistant", "content": "\n".join(([content] if content else []) + blocks)}
+        else:
+            m = {"role": m["role"], "content": m.get("content") or ""}
+        out.append(m)
+    out = [{k: v for k, v in m.items() if k != "_tool_responses"} for m in out]
+    if tools and not native:
+        text = FALLBACK_SYSTEM.format(tools="\n".join(json.dumps(t.openai(), ensure_ascii=False) for t in tools))
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + text}
+        else:
+            out.insert(0, {"role": "system", "content": text})
+    return out
+
+
+def _check_calls(m, i: int) -> list[dict]:
+    calls = m.get("tool_calls") if isinstance(m, dict) else None
+    if calls is None:
+        return []
+    where = f"messages[{i}].tool_calls"
+    if m.get("role") != "assistant" or not isinstance(calls, list):
+        raise ToolError(where, f"{where} must be an array, on an assistant message")
+    for j, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) \
+                or not isinstance(f.get("arguments", "{}"), (str, dict)):
+            raise ToolError(f"{where}[{j}]", f"{where}[{j}] must be {{\"type\": \"function\", \"function\": "
+                                             f"{{\"name\": ..., \"arguments\": \"<JSON>\"}}}}")
+    return calls
+
+
+def _arguments_object(call: dict):
+    args = call["function"].get("arguments", "{}")
+    if isinstance(args, str):
+        try:
+            return json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            return args
+    return args
+
+
+# -- the reply --------------------------------------------------------------------------------
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def _as_call(body: str, names: set[str]) -> dict | None:
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or obj.get("name") not in names:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return {"id": new_call_id(), "type": "function",
+            "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def parse_reply(text: str, tools: list[Tool]) -> tuple[str | None, list[dict]]:
+    """(content, tool calls) of a whole reply. Blocks that are not a call of a given tool stay text."""
+    names = {t.name for t in tools}
+    calls, parts, pos = [], [], 0
+    for m in _CALL_RE.finditer(text):
+        call = _as_call(m.group(1), names)
+        if call is None:
+            continue
+        parts.append(text[pos:m.start()])
+        calls.append(call)
+        pos = m.end()
+    parts.append(text[pos:])
+    content = "".join(parts).strip() if calls else text
+    return (content or None) if calls else content, calls
+
+
+class StreamParser:
+    """parse_reply for a stream: feed text deltas, get ("text", str) and ("call", dict) events.
+    Text that may be the start of a <tool_call> tag is held back until it is clear."""
+
+    def __init__(self, tools: list[Tool]):
+        self.names = {t.name for t in tools}
+        self.buf = ""
+        self.calls = 0
+        self._ws_hold = ""
+
+    def feed(self, delta: str) -> list[tuple[str, object]]:
+        self.buf += delta
+        events = []
+        while self.buf:
+            k = self.buf.find(OPEN)
+            if k < 0:
+                keep = _partial_suffix(self.buf, OPEN)
+                if len(self.buf) > keep:
+                    events.append(("text", self.buf[:len(self.buf) - keep]))
+                    self.buf = self.buf[len(self.buf) - keep:]
+                break
+            if k > 0:
+                events.append(("text", self.buf[:k]))
+                self.buf = self.buf[k:]
+            end = self.buf.find(CLOSE)
+            if end < 0:
+                break  # inside a call: wait for its end
+            block = self.buf[:end + len(CLOSE)]
+            self.buf = self.buf[end + len(CLOSE):]
+            call = _as_call(block[len(OPEN):-len(CLOSE)].strip(), self.names)
+            if call is None:
+                events.append(("text", block))
+            else:
+                self.calls += 1
+                events.append(("call", call))
+        return self._drop_separators(events)
+
+    def _drop_separators(self, events):
+        # whitespace between and after calls is not content (parse_reply strips it too); held until
+        # something else follows
+        out = []
+        for kind, value in events:
+            if kind == "text" and self.calls and not self._ws_hold and not value.strip():
+                self._ws_hold = value
+                continue
+            if kind == "text" and self._ws_hold:
+                value, self._ws_hold = self._ws_hold + value, ""
+                if not value.strip():
+                    self._ws_hold = value
+                    continue
+            elif kind == "call":
+                self._ws_hold = ""
+            out.append((kind, value))
+        return out
+
+    def finish(self) -> list[tuple[str, object]]:
+        rest, self.buf = self.buf, ""
+        events = self._drop_separators([("text", rest)] if rest else [])
+        self._ws_hold = ""
+        return events
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of tag."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
