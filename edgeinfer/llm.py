@@ -122,18 +122,24 @@ class LLM:
 
     # -- generation ------------------------------------------------------------------------------
 
-    def generate(self, prompts, params: SamplingParams | None = None, *, parse_special: bool = False
-                 ) -> list[Completion]:
-        """Generate for one prompt or many; all run together as one continuous batch."""
-        params = params or SamplingParams()
+    def generate(self, prompts, params: SamplingParams | Seq[SamplingParams] | None = None, *,
+                 parse_special: bool = False) -> list[Completion]:
+        """Generate for one prompt or many; all run together as one continuous batch. params: one
+        SamplingParams for every prompt, or a list of them, one per prompt."""
         single = isinstance(prompts, str) or (
             isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], (int, np.integer)))
         batch = [prompts] if single else list(prompts)
+        if isinstance(params, (list, tuple)):
+            if len(params) != len(batch):
+                raise ValueError(f"got {len(params)} SamplingParams for {len(batch)} prompts")
+            per_prompt = list(params)
+        else:
+            per_prompt = [params or SamplingParams()] * len(batch)
         ids = [self._prompt_ids(p, parse_special) for p in batch]
         rids = []
         try:
-            for p in ids:
-                rids.append(self.engine.add_request(p, params))
+            for p, sp in zip(ids, per_prompt):
+                rids.append(self.engine.add_request(p, sp))
             results = {rid: {"text": [], "ids": [], "lp": [], "reason": None} for rid in rids}
             t0 = time.perf_counter()
             first = None
@@ -156,10 +162,10 @@ class LLM:
             raise
         elapsed = time.perf_counter() - t0
         comps = []
-        for rid, p in zip(rids, ids):
+        for rid, p, sp in zip(rids, ids, per_prompt):
             r = results[rid]
             comps.append(Completion("".join(r["text"]), r["ids"], p, r["reason"],
-                                    r["lp"] if params.logprobs is not None else None,
+                                    r["lp"] if sp.logprobs is not None else None,
                                     {"seconds": elapsed, "ttft_seconds": (first or t0) - t0}))
         return comps
 

@@ -30,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 
 from .errors import EdgeInferError
-from .structured import JSON_DEFAULTS
+from .structured import JSON_DEFAULTS, close_objects
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -123,7 +123,7 @@ def call_grammar(tools: list[Tool], choice: ToolChoice, parallel: bool = True) -
     if choice.mode not in ("required", "function"):
         return None
     chosen = [t for t in tools if choice.mode == "required" or t.name == choice.name]
-    alts = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+    alts = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": close_objects(t.parameters)},
              "required": ["name", "arguments"], "additionalProperties": False} for t in chosen]
     schema = {"x-guidance": JSON_DEFAULTS, "anyOf": alts} if len(alts) > 1 else {"x-guidance": JSON_DEFAULTS, **alts[0]}
     start = 'start: call ("\\n" call)*' if parallel and choice.mode == "required" else "start: call"
@@ -235,10 +235,13 @@ def parse_reply(text: str, tools: list[Tool]) -> tuple[str | None, list[dict]]:
         call = _as_call(m.group(1), names)
         if call is None:
             continue
-        parts.append(text[pos:m.start()])
+        before = text[pos:m.start()]
+        if not calls or before.strip():  # whitespace between calls is a separator, not content
+            parts.append(before)
         calls.append(call)
         pos = m.end()
-    parts.append(text[pos:])
+    if not calls or text[pos:].strip():
+        parts.append(text[pos:])
     content = "".join(parts).strip() if calls else text
     return (content or None) if calls else content, calls
 
@@ -252,6 +255,7 @@ class StreamParser:
         self.buf = ""
         self.calls = 0
         self._ws_hold = ""
+        self._after_call = False
 
     def feed(self, delta: str) -> list[tuple[str, object]]:
         self.buf += delta
@@ -285,7 +289,7 @@ class StreamParser:
         # something else follows
         out = []
         for kind, value in events:
-            if kind == "text" and self.calls and not self._ws_hold and not value.strip():
+            if kind == "text" and self._after_call and not self._ws_hold and not value.strip():
                 self._ws_hold = value
                 continue
             if kind == "text" and self._ws_hold:
@@ -295,6 +299,7 @@ class StreamParser:
                     continue
             elif kind == "call":
                 self._ws_hold = ""
+                self._after_call = True
             out.append((kind, value))
         return out
 

@@ -446,3 +446,109 @@ def test_streamed_request_times_out_too(tiny_llama_path):
         assert s.wait_blocks_freed(2.0)
     finally:
         s.stop()
+
+
+# -- structured output and tools -----------------------------------------------------------------
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 10},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"]}
+WEATHER_TOOLS = [{"type": "function", "function": {"name": "forecast", "description": "Weather forecast",
+                                                   "parameters": CITY}},
+                 {"type": "function", "function": {"name": "noop", "description": "Does nothing"}}]
+
+
+def test_response_format_json_schema_streamed_and_not(server):
+    import jsonschema
+
+    c = server.client()
+    kw = dict(model="tiny-llama", messages=[{"role": "user", "content": "forecast?"}], temperature=1.0, seed=7,
+              max_tokens=80, response_format={"type": "json_schema", "json_schema": {"name": "f", "schema": CITY}})
+    r = c.chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), CITY)
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(**kw, stream=True)
+                       if ch.choices)
+    assert streamed == r.choices[0].message.content
+    r = c.chat.completions.create(**{**kw, "response_format": {"type": "json_object"}})
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_vllm_structured_output_fields(server):
+    c = server.client()
+    r = c.completions.create(model="tiny-llama", prompt="n:", max_tokens=20, temperature=1.0, seed=1,
+                             extra_body={"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}})
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", r.choices[0].text) and r.choices[0].finish_reason == "stop"
+    r = c.completions.create(model="tiny-llama", prompt="pick:", max_tokens=20, temperature=1.0, seed=2,
+                             extra_body={"guided_choice": ["alpha", "beta"]})
+    assert r.choices[0].text in ("alpha", "beta")
+    chunks = c.completions.create(model="tiny-llama", prompt="g:", max_tokens=20, stream=True,
+                                  extra_body={"guided_grammar": 'root ::= "ok" [0-9]'})
+    assert re.fullmatch("ok[0-9]", "".join(ch.choices[0].text for ch in chunks if ch.choices))
+
+
+def _accumulate_tool_deltas(chunks):
+    """What OpenAI's clients do with streamed tool calls: join each index's argument fragments."""
+    calls, reason = {}, None
+    for ch in chunks:
+        if not ch.choices:
+            continue
+        reason = ch.choices[0].finish_reason or reason
+        for d in ch.choices[0].delta.tool_calls or []:
+            call = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
+            call["id"] = d.id or call["id"]
+            if d.function is not None:
+                call["name"] = d.function.name or call["name"]
+                call["arguments"] += d.function.arguments or ""
+    return [calls[i] for i in sorted(calls)], reason
+
+
+def test_tool_call_round_trip_streamed_and_not(server):
+    import jsonschema
+
+    c = server.client()
+    msgs = [{"role": "user", "content": "weather in Oslo for 3 days?"}]
+    kw = dict(model="tiny-llama", messages=msgs, tools=WEATHER_TOOLS, temperature=1.0, seed=5, max_tokens=120,
+              tool_choice={"type": "function", "function": {"name": "forecast"}})
+    r = c.chat.completions.create(**kw)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "forecast" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), CITY)
+    streamed, reason = _accumulate_tool_deltas(c.chat.completions.create(**kw, stream=True))
+    assert reason == "tool_calls"
+    assert [(s["name"], s["arguments"]) for s in streamed] == [("forecast", call.function.arguments)]
+    assert streamed[0]["id"].startswith("call_")
+    # the result goes back as a tool message, and the conversation goes on
+    follow = msgs + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 4}'}]
+    r2 = c.chat.completions.create(model="tiny-llama", messages=follow, tools=WEATHER_TOOLS, max_tokens=8,
+                                   temperature=0)
+    assert r2.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert r2.usage.prompt_tokens > r.usage.prompt_tokens
+    r3 = c.chat.completions.create(**{**kw, "tool_choice": "required"})
+    assert r3.choices[0].finish_reason == "tool_calls"
+    for tc in r3.choices[0].message.tool_calls:
+        assert tc.function.name in ("forecast", "noop") and isinstance(json.loads(tc.function.arguments), dict)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}},
+     "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format"),
+    ({"guided_regex": "a(b"}, "guided_regex"),
+    ({"structured_outputs": {"grammar": "root ::= ("}}, "structured_outputs.grammar"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "no spaces allowed"}}]}, "tools[0].function.name"),
+    ({"tools": WEATHER_TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}}, "tool_choice"),
+    ({"tools": WEATHER_TOOLS, "tool_choice": "required", "guided_regex": "a"}, "tool_choice"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": "x"}]}, "messages[0].tool_calls"),
+])
+def test_bad_structured_requests_are_400_naming_the_field(server, body, param):
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, **body}
+    r = httpx.post(server.base + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert server.wait_blocks_freed(5)
