@@ -1,6 +1,7 @@
 """The CUDA backend on numba's CUDA simulator: each kernel against the CPU kernel, and generation."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -122,13 +123,16 @@ def test_greedy_generation_equal_between_backends(tmp_path, arch):
     else:
         write_tiny_gemma3(p, dim=32, n_head=2, n_kv=1, head_dim=16, ffn=64, n_layer=2, window=4)
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    # structured output masks the logits on the host, after either backend's forward pass
+    constrained = SamplingParams(temperature=0, max_tokens=5, regex="[a-z]{2} [0-9]")
     from edgeinfer.config import EngineConfig
 
     outs = {}
     for backend in ("cpu", "cuda"):
         llm = LLM(str(p), engine_config=EngineConfig(backend=backend, num_kv_blocks=8, block_size=4), progress=False)
-        outs[backend] = llm.generate(["the hen sat", "a"], params)
+        outs[backend] = llm.generate(["the hen sat", "a", "b"], [params, params, constrained])
     assert [c.token_ids for c in outs["cuda"]] == [c.token_ids for c in outs["cpu"]]
+    assert re.fullmatch("[a-z]{2} [0-9]", outs["cuda"][2].text)
 
 
 def test_cuda_without_a_gpu_is_a_clear_error(tiny_llama_path):

@@ -479,9 +479,12 @@ def test_vllm_structured_output_fields(server):
     r = c.completions.create(model="tiny-llama", prompt="n:", max_tokens=20, temperature=1.0, seed=1,
                              extra_body={"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}})
     assert re.fullmatch("[0-9]{3}-[a-z]{2}", r.choices[0].text) and r.choices[0].finish_reason == "stop"
-    r = c.completions.create(model="tiny-llama", prompt="pick:", max_tokens=20, temperature=1.0, seed=2,
-                             extra_body={"guided_choice": ["alpha", "beta"]})
-    assert r.choices[0].text in ("alpha", "beta")
+    compiles = server.metric("edgeinfer_grammar_compiles_total")
+    for seed in (2, 3):  # the same constraint twice: compiled once
+        r = c.completions.create(model="tiny-llama", prompt="pick:", max_tokens=20, temperature=1.0, seed=seed,
+                                 extra_body={"guided_choice": ["alpha", "beta"]})
+        assert r.choices[0].text in ("alpha", "beta")
+    assert server.metric("edgeinfer_grammar_compiles_total") == compiles + 1
     chunks = c.completions.create(model="tiny-llama", prompt="g:", max_tokens=20, stream=True,
                                   extra_body={"guided_grammar": 'root ::= "ok" [0-9]'})
     assert re.fullmatch("ok[0-9]", "".join(ch.choices[0].text for ch in chunks if ch.choices))

@@ -226,5 +226,6 @@ class LLMEngine:
             "computed_tokens": self.runner.num_forward_tokens,
             "grammar_cache_hits": self.grammars.hits,
             "grammar_cache_misses": self.grammars.misses,
+            "grammar_compile_seconds": self.grammars.compile_seconds,
             "guide_errors": self.guide_errors,
         }

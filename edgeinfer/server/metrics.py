@@ -27,6 +27,12 @@ class _EngineCollector:
                                       labels=["model"])
         hits = CounterMetricFamily("edgeinfer_prefix_cache_hits", "Full prompt blocks found in the prefix cache",
                                    labels=["model"])
+        compiles = CounterMetricFamily("edgeinfer_grammar_compiles", "Structured-output constraints compiled "
+                                       "(grammar-cache misses)", labels=["model"])
+        reuses = CounterMetricFamily("edgeinfer_grammar_cache_hits", "Constraints found already compiled",
+                                     labels=["model"])
+        compile_s = CounterMetricFamily("edgeinfer_grammar_compile_seconds", "Time spent compiling constraints",
+                                        labels=["model"])
         for sm in self.served.values():
             if not sm.ready:
                 continue
@@ -40,8 +46,11 @@ class _EngineCollector:
             preempt.add_metric([sm.name], s["preemptions"])
             queries.add_metric([sm.name], s["prefix_cache_queries"])
             hits.add_metric([sm.name], s["prefix_cache_hits"])
+            compiles.add_metric([sm.name], s["grammar_cache_misses"])
+            reuses.add_metric([sm.name], s["grammar_cache_hits"])
+            compile_s.add_metric([sm.name], s["grammar_compile_seconds"])
         yield from g.values()
-        yield from (preempt, queries, hits)
+        yield from (preempt, queries, hits, compiles, reuses, compile_s)
 
 
 class Metrics:
