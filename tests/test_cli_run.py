@@ -122,3 +122,45 @@ def test_bench_json_has_every_figure(tmp_path):
     assert list(phases) == list(STARTUP) and all(v >= 0 for v in phases.values())
     assert abs(sum(phases.values()) - data["ttft_cold_s"]) < 0.1 * data["ttft_cold_s"] + 0.05
     assert data["kv_type"] == "f16" and data["wall64_cold_s"] > data["ttft_cold_s"]
+
+
+def test_generate_and_chat_with_constraints(tiny_llama_path, tmp_path):
+    import re
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                               "ok": {"type": "boolean"}}, "required": ["n", "ok"]}
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps(schema))
+    for seed in (1, 2):
+        r = run("generate", tiny_llama_path, "x", "--json-schema", f, "-t", 1.0, "--seed", seed, "--json")
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        obj = json.loads(out["text"])
+        assert set(obj) == {"n", "ok"} and 0 <= obj["n"] <= 99 and out["finish_reason"] == "stop"
+    r = run("generate", tiny_llama_path, "x", "--json-schema", json.dumps(schema), "-t", 0)  # inline JSON
+    assert r.exit_code == 0 and set(json.loads(r.stdout)) == {"n", "ok"}
+    r = run("generate", tiny_llama_path, "x", "--regex", "[0-9]{4}", "--json")
+    assert re.fullmatch("[0-9]{4}", json.loads(r.stdout)["text"])
+    r = run("generate", tiny_llama_path, "x", "--choice", "left, right", "--json")
+    assert json.loads(r.stdout)["text"] in ("left", "right")
+    g = tmp_path / "g.gbnf"
+    g.write_text('root ::= "v" [0-9] "." [0-9]')
+    r = run("generate", tiny_llama_path, "x", "--grammar", g, "--json")
+    assert re.fullmatch(r"v[0-9]\.[0-9]", json.loads(r.stdout)["text"])
+    r = run("chat", tiny_llama_path, "--json-schema", f, "-t", 0.5, input="hi\nagain\n")
+    assert r.exit_code == 0, r.output
+    answers = [line for line in r.stdout.splitlines() if line.strip()]
+    assert len(answers) == 2 and all(set(json.loads(a)) == {"n", "ok"} for a in answers)
+
+
+def test_bad_constraints_on_the_command_line(tiny_llama_path, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for args, fragment in [(["--json-schema", tmp_path / "missing.json"], "cannot read"),
+                           (["--json-schema", bad], "not valid JSON"),
+                           (["--regex", "a", "--choice", "a,b"], "at most one"),
+                           (["--regex", "a(b"], "regex is not valid"),
+                           (["--json-schema", '{"type": "objectx"}'], "json_schema is not valid"),
+                           (["--grammar", tmp_path / "none.lark"], "cannot read")]:
+        r = run("generate", tiny_llama_path, "hi", *args)
+        assert r.exit_code != 0 and fragment in r.output and "Traceback" not in r.output, r.output

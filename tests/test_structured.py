@@ -384,3 +384,20 @@ def test_mask_kernel_matches_unpacked_bits(vocab, rows, seed):
     want[n:] = -np.inf
     _mask_logits(logits, words, np.int64(vocab))
     assert np.array_equal(logits, want)
+
+
+@pytest.mark.model
+def test_gemma3_schema_samples_and_a_forced_tool_call():
+    from conftest import real_model_path
+
+    gemma = LLM(str(real_model_path("gemma3-270m")), progress=False)
+    prompt = gemma.render_chat([{"role": "user", "content": "Write a customer order as JSON."}])
+    outs = gemma.generate([prompt] * 10, [SamplingParams(temperature=1.0, seed=s, max_tokens=300, json_schema=ORDER)
+                                          for s in range(10)])
+    for c in outs:
+        assert c.finish_reason == "stop", c.text
+        jsonschema.validate(json.loads(c.text), ORDER)
+    c = gemma.chat([{"role": "user", "content": "Add 17 and 25."}], SamplingParams(temperature=0, max_tokens=60),
+                   tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}})
+    assert c.finish_reason == "tool_calls" and [t["function"]["name"] for t in c.tool_calls] == ["add"]
+    jsonschema.validate(json.loads(c.tool_calls[0]["function"]["arguments"]), TOOLS[1]["function"]["parameters"])
