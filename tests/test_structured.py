@@ -334,6 +334,17 @@ ORDER = {"type": "object", "properties": {
     "required": ["order_id", "customer", "items", "status"]}
 
 
+def valid_orders(llm, n):
+    """n seeded samples of ORDER at temperature 1.0 in one batch, each asserted whole and schema-valid."""
+    prompt = llm.render_chat([{"role": "user", "content": "Write a customer order as JSON."}])
+    outs = llm.generate([prompt] * n, [SamplingParams(temperature=1.0, seed=s, max_tokens=300, json_schema=ORDER)
+                                       for s in range(n)])
+    for c in outs:
+        assert c.finish_reason == "stop", c.text
+        jsonschema.validate(json.loads(c.text), ORDER)
+    return outs
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     from conftest import real_model_path
@@ -343,12 +354,7 @@ def smollm2():
 
 @pytest.mark.model
 def test_smollm2_fifty_samples_at_temperature_one_all_valid(smollm2):
-    prompt = smollm2.render_chat([{"role": "user", "content": "Write a customer order as JSON."}])
-    outs = smollm2.generate([prompt] * 50, [SamplingParams(temperature=1.0, seed=s, max_tokens=300, json_schema=ORDER)
-                                            for s in range(50)])
-    for c in outs:
-        assert c.finish_reason == "stop", c.text
-        jsonschema.validate(json.loads(c.text), ORDER)
+    outs = valid_orders(smollm2, 50)
     assert len({c.text for c in outs}) > 40  # sampled, not one answer 50 times
 
 
@@ -391,12 +397,7 @@ def test_gemma3_schema_samples_and_a_forced_tool_call():
     from conftest import real_model_path
 
     gemma = LLM(str(real_model_path("gemma3-270m")), progress=False)
-    prompt = gemma.render_chat([{"role": "user", "content": "Write a customer order as JSON."}])
-    outs = gemma.generate([prompt] * 10, [SamplingParams(temperature=1.0, seed=s, max_tokens=300, json_schema=ORDER)
-                                          for s in range(10)])
-    for c in outs:
-        assert c.finish_reason == "stop", c.text
-        jsonschema.validate(json.loads(c.text), ORDER)
+    valid_orders(gemma, 10)
     c = gemma.chat([{"role": "user", "content": "Add 17 and 25."}], SamplingParams(temperature=0, max_tokens=60),
                    tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}})
     assert c.finish_reason == "tool_calls" and [t["function"]["name"] for t in c.tool_calls] == ["add"]
