@@ -265,14 +265,14 @@ def create_app(config: ServerConfig) -> Starlette:
             if chat:
                 messages = P.parse_messages(body)
                 try:
-                    tools, choice = parse_tools(body.get("tools"), body.get("tool_choice"))
+                    tools, tool_choice = parse_tools(body.get("tools"), body.get("tool_choice"))
                 except ToolError as e:
                     raise P.bad(e.param, str(e)) from None
-                shown = tools if choice.mode != "none" else []
-                grammar = call_grammar(tools, choice, P.parse_parallel_tool_calls(body))
+                shown = tools if tool_choice.mode != "none" else []
+                grammar = call_grammar(tools, tool_choice, P.parse_parallel_tool_calls(body))
                 if grammar is not None:
                     if req.constraint_param:
-                        raise P.bad("tool_choice", f"tool_choice {choice.mode!r} constrains the reply to tool calls; "
+                        raise P.bad("tool_choice", f"tool_choice {tool_choice.mode!r} constrains the reply to tool calls; "
                                                    f"it cannot be combined with '{req.constraint_param}'")
                     extra["grammar"] = grammar
                 try:
