@@ -80,9 +80,10 @@ _KEY_SCHEMA: dict[str, tuple[str, GGUFValueType | None]] = {
     "ARCH.context_length": ("int", None),
     "ARCH.embedding_length": ("int", None),
     "ARCH.block_count": ("int", None),
-    "ARCH.feed_forward_length": ("int", None),
-    "ARCH.attention.head_count": ("int", None),
-    "ARCH.attention.head_count_kv": ("int", None),
+    # per layer in some models (Gemma 3n/4, OpenELM): an integer or an array of integers, as llama.cpp reads them
+    "ARCH.feed_forward_length": ("int_or_ints", None),
+    "ARCH.attention.head_count": ("int_or_ints", None),
+    "ARCH.attention.head_count_kv": ("int_or_ints", None),
     "ARCH.attention.key_length": ("int", None),
     "ARCH.attention.value_length": ("int", None),
     "ARCH.attention.layer_norm_rms_epsilon": ("float", None),
@@ -239,13 +240,15 @@ def _check_type(key: str, vtype: GGUFValueType, etype: GGUFValueType | None, wan
         "str": vtype == GGUFValueType.STRING,
         "bool": vtype == GGUFValueType.BOOL,
         "int": vtype in _INT_TYPES,
+        "int_or_ints": vtype in _INT_TYPES or (vtype == GGUFValueType.ARRAY and etype in _INT_TYPES),
         "uint32": vtype == GGUFValueType.UINT32,
         "float": vtype in _FLOAT_TYPES,
         "array": vtype == GGUFValueType.ARRAY and etype == want_elem,
     }[want]
     if not ok:
         got = vtype.name + (f" of {etype.name}" if etype is not None else "")
-        exp = {"str": "STRING", "bool": "BOOL", "int": "an integer", "uint32": "UINT32",
+        exp = {"str": "STRING", "bool": "BOOL", "int": "an integer", "int_or_ints": "an integer or an array of integers",
+               "uint32": "UINT32",
                "float": "FLOAT32 or FLOAT64",
                "array": f"ARRAY of {want_elem.name if want_elem else ''}"}[want]
         raise GGUFError(f"metadata key {key!r} at offset {offset} has type {got}, expected {exp}")

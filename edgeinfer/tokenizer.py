@@ -28,15 +28,44 @@ _LLAMA3_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n
               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN35_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+              r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# deepseek's regexes name their letters and CJK ranges code point by code point (escaped here)
+_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+_DEEPSEEK_LLM_RES = [
+    "[\r\n]",
+    "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373"
+    "\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f"
+    "\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77"
+    "\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d"
+    "\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4"
+    "\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139"
+    "\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d"
+    "\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a"
+    "\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2"
+    "\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+",
+    "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+    "\\s+$",
+    _CJK,
+    "\\p{N}+",
+]
+_DEEPSEEK_CODER_RES = [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"]
+_FALCON_RES = [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_RE, r"[0-9][0-9][0-9]"]
+_DIGITS_GPT2 = [r"\p{N}", _GPT2_RE]
+# `tokenizer.ggml.pre` -> (regexes applied in order, ignore_merges), as llama.cpp's llama-vocab.cpp has them;
+# checked against llama.cpp's own vocabulary test files (tests/test_tokenizer_vocabs.py)
 PRE_TOKENIZERS = {
-    # name: (regexes applied in order, ignore_merges)
     "default": ([_GPT2_RE], False),
-    "gpt2": ([_GPT2_RE], False),
-    "smollm": ([r"\p{N}", _GPT2_RE], False),
-    "starcoder": ([r"\p{N}", _GPT2_RE], False),
-    "llama-bpe": ([_LLAMA3_RE], True),
-    "llama3": ([_LLAMA3_RE], True),
-    "qwen2": ([_QWEN2_RE], False),
+    **{name: ([_GPT2_RE], False) for name in ("gpt2", "gpt-2", "mpt", "phi-2", "olmo", "jais")},
+    **{name: (_DIGITS_GPT2, False) for name in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
+                                                "minerva")},
+    **{name: ([_LLAMA3_RE], True) for name in ("llama-bpe", "llama3", "llama-v3", "falcon3", "pixtral")},
+    **{name: ([_LLAMA3_RE], False) for name in ("dbrx", "smaug-bpe")},
+    **{name: ([_QWEN2_RE], False) for name in ("qwen2", "stablelm2", "deepseek-r1-qwen")},
+    "qwen35": ([_QWEN35_RE], False),
+    "deepseek-llm": (_DEEPSEEK_LLM_RES, False),
+    "deepseek-coder": (_DEEPSEEK_CODER_RES, False),
+    "falcon": (_FALCON_RES, False),
 }
 
 
@@ -117,7 +146,8 @@ class Tokenizer:
         self.eot_id = self._opt_id(gf, "tokenizer.ggml.eot_token_id")
         self.add_bos = bool(gf.get("tokenizer.ggml.add_bos_token", self.model == "llama"))
         self.add_eos = bool(gf.get("tokenizer.ggml.add_eos_token", False))
-        self.add_space_prefix = bool(gf.get("tokenizer.ggml.add_space_prefix", False))
+        # SentencePiece vocabularies put a space in front of the text unless the file says not to (llama.cpp's rule)
+        self.add_space_prefix = bool(gf.get("tokenizer.ggml.add_space_prefix", self.model == "llama"))
         self.vocab_size = n
         special = [int(i) for i in np.nonzero(np.isin(self.token_types, (CONTROL, USER_DEFINED, UNKNOWN)))[0]
                    if tokens[i]]
@@ -137,7 +167,8 @@ class Tokenizer:
         elif self.model == "llama":
             self._init_spm(gf)
         else:
-            raise TokenizerError(f"unsupported tokenizer model {self.model!r} (supported: gpt2, llama)")
+            raise TokenizerError(f"tokenizer {self.model!r} is not supported (supported: gpt2 byte-level BPE, "
+                                 f"llama SentencePiece)")
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -158,7 +189,7 @@ class Tokenizer:
         pre = gf.get("tokenizer.ggml.pre", "default")
         if pre not in PRE_TOKENIZERS:
             raise TokenizerError(
-                f"unsupported pre-tokenizer {pre!r} (supported: {', '.join(sorted(PRE_TOKENIZERS))})"
+                f"pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(PRE_TOKENIZERS))})"
             )
         regexes, ignore_merges = PRE_TOKENIZERS[pre]
         vocab = {t: i for i, t in enumerate(self.tokens)}

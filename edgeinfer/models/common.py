@@ -21,7 +21,11 @@ def meta(gf: GGUFFile, arch: str, key: str, default=None, *, required: bool = Fa
         if required:
             raise ModelLoadError(f"missing metadata key {full!r}")
         return default
-    return gf.metadata[full]
+    v = gf.metadata[full]
+    if isinstance(v, (list, np.ndarray)):  # per-layer values: models with them are not supported yet
+        raise ModelLoadError(f"metadata key {full!r} gives one value per layer; edgeinfer supports models with one "
+                             f"value for all layers")
+    return v
 
 
 class WeightLoader:
@@ -152,9 +156,14 @@ def attention(kb, cfg, layer: int, lw, h: np.ndarray, batch: Batch, cache: KVCac
     """Self-attention of one layer for the batch: h (T, dim) -> (T, dim)."""
     t = h.shape[0]
     hq = kb.quantize_input(h)  # one quantized activation for q, k and v
-    q = kb.matmul(lw.wq, hq).reshape(t, cfg.n_head, cfg.head_dim)
-    k = kb.matmul(lw.wk, hq).reshape(t, cfg.n_kv_head, cfg.head_dim)
-    v = kb.matmul(lw.wv, hq).reshape(t, cfg.n_kv_head, cfg.v_head_dim)
+    q2, k2, v2 = kb.matmul(lw.wq, hq), kb.matmul(lw.wk, hq), kb.matmul(lw.wv, hq)
+    if getattr(lw, "bq", None) is not None:  # qwen2: biases on q, k and v
+        kb.add_bias_(q2, lw.bq)
+        kb.add_bias_(k2, lw.bk)
+        kb.add_bias_(v2, lw.bv)
+    q = q2.reshape(t, cfg.n_head, cfg.head_dim)
+    k = k2.reshape(t, cfg.n_kv_head, cfg.head_dim)
+    v = v2.reshape(t, cfg.n_kv_head, cfg.v_head_dim)
     if qk_norm:
         qf = q.reshape(t * cfg.n_head, cfg.head_dim)
         kf = k.reshape(t * cfg.n_kv_head, cfg.head_dim)
