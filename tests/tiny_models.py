@@ -36,16 +36,17 @@ def _finish(w: gguf.GGUFWriter) -> None:
 
 
 def write_tiny_llama(path, *, qtype: T = T.Q8_0, n_layer: int = 2, dim: int = 64, n_head: int = 4,
-                     n_kv: int = 2, ffn: int = 128, n_ctx: int = 256, seed: int = 0, tied: bool = True,
-                     chat_template: str | None = CHATML_TEMPLATE, embd_type: T = T.Q8_0) -> None:
-    """A `llama` model with a GPT-2 byte-level BPE vocabulary of 256 bytes, a few merges and specials."""
+                     n_kv: int | list = 2, ffn: int = 128, n_ctx: int = 256, seed: int = 0, tied: bool = True,
+                     chat_template: str | None = CHATML_TEMPLATE, embd_type: T = T.Q8_0, arch: str = "llama") -> None:
+    """A `llama` model with a GPT-2 byte-level BPE vocabulary of 256 bytes, a few merges and specials.
+    arch "qwen2": the same with biases on q, k and v."""
     rng = np.random.default_rng(seed)
     b2u = bytes_to_unicode()
     merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s"]
     tokens = GPT2_SPECIALS + [b2u[b] for b in range(256)] + [m.replace(" ", "") for m in merges]
     ttype = [3] * len(GPT2_SPECIALS) + [1] * (len(tokens) - len(GPT2_SPECIALS))
     vocab = len(tokens)
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
     w.add_context_length(n_ctx)
     w.add_embedding_length(dim)
@@ -68,6 +69,8 @@ def write_tiny_llama(path, *, qtype: T = T.Q8_0, n_layer: int = 2, dim: int = 64
         w.add_chat_template(chat_template)
     hd = dim // n_head
     s = 0.5
+    if not isinstance(n_kv, int):  # per-layer head counts (a test of the error they give)
+        n_kv = n_kv[0]
     _add_tensor(w, "token_embd.weight", rng.standard_normal((vocab, dim)) * s, embd_type)
     for i in range(n_layer):
         p = f"blk.{i}."
@@ -75,6 +78,10 @@ def write_tiny_llama(path, *, qtype: T = T.Q8_0, n_layer: int = 2, dim: int = 64
         _add_tensor(w, p + "attn_q.weight", rng.standard_normal((n_head * hd, dim)) * s / np.sqrt(dim) * 4, qtype)
         _add_tensor(w, p + "attn_k.weight", rng.standard_normal((n_kv * hd, dim)) * s / np.sqrt(dim) * 4, qtype)
         _add_tensor(w, p + "attn_v.weight", rng.standard_normal((n_kv * hd, dim)) / np.sqrt(dim), qtype)
+        if arch == "qwen2":  # biases big enough to matter (Qwen2.5's k biases run to tens)
+            _add_tensor(w, p + "attn_q.bias", rng.standard_normal(n_head * hd), T.F32)
+            _add_tensor(w, p + "attn_k.bias", 3 * rng.standard_normal(n_kv * hd), T.F32)
+            _add_tensor(w, p + "attn_v.bias", rng.standard_normal(n_kv * hd), T.F32)
         _add_tensor(w, p + "attn_output.weight", rng.standard_normal((dim, n_head * hd)) / np.sqrt(dim), qtype)
         _add_tensor(w, p + "ffn_norm.weight", 1 + 0.1 * rng.standard_normal(dim), T.F32)
         _add_tensor(w, p + "ffn_gate.weight", rng.standard_normal((ffn, dim)) / np.sqrt(dim), qtype)
@@ -100,6 +107,11 @@ def spm_vocab() -> tuple[list[str], list[float], list[int]]:
     types += [4, 4]
     scores = [0.0] * 262 + [-float(i) for i in range(len(words))] + [0.0, 0.0]
     return tokens, scores, types
+
+
+def write_tiny_qwen2(path, **kw) -> None:
+    """A `qwen2` model: the tiny llama with q/k/v biases and NeoX RoPE."""
+    write_tiny_llama(path, arch="qwen2", **kw)
 
 
 def write_tiny_gemma3(path, *, qtype: T = T.Q8_0, n_layer: int = 7, dim: int = 64, n_head: int = 2,

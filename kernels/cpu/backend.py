@@ -97,14 +97,14 @@ _NO_Q8K = (np.empty((0, 0), np.uint8), np.empty((0, 0), np.float32), np.empty((0
            np.empty((0, 0), np.int32))
 
 
-def layer_stack(cfg, layers, inv_freqs, *, qk_norm=False, post_norms=False, gelu=False):
+def layer_stack(cfg, layers, inv_freqs, *, qk_norm=False, post_norms=False, gelu=False, qkv_bias=False):
     """The model's layers as one compiled call (step.LayerStack), or None where that cannot run them.
     inv_freqs: each layer's RoPE inverse frequencies."""
     from .step import LayerStack
 
     kinds = {k for lw in layers for name in LayerStack.MATS if (k := getattr(getattr(lw, name), "kind", 0)) >= 2}
     return LayerStack.build(cfg, layers, inv_freqs, isa_for(kinds or (2,)), qk_norm=qk_norm, post_norms=post_norms,
-                            gelu=gelu)
+                            gelu=gelu, qkv_bias=qkv_bias)
 
 
 def embed(w, ids: np.ndarray) -> np.ndarray:
@@ -178,6 +178,11 @@ def to_host(a) -> np.ndarray:
 def add_(x, y) -> None:
     # x += y, (R, D)
     x += y
+
+
+def add_bias_(x, b) -> None:
+    # x += b, b (D,) added to every row of x (R, D)
+    x += b
 
 
 def scale_(x, s: float) -> None:

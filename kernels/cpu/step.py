@@ -39,7 +39,8 @@ class LayerStack:
 
     MATS = MATS
 
-    def __init__(self, cfg, layers, inv_freqs, isa, qk_norm: bool, post_norms: bool, gelu: bool):
+    def __init__(self, cfg, layers, inv_freqs, isa, qk_norm: bool, post_norms: bool, gelu: bool,
+                 qkv_bias: bool = False):
         n, dim, hd = cfg.n_layer, cfg.dim, cfg.head_dim
         self.isa = isa  # the kernels' instruction-set path (simd.isa_tag)
         self.needs = np.zeros((n, 4), np.int64)
@@ -55,9 +56,9 @@ class LayerStack:
         for w in mats[1:]:
             _append(self.mats, w)
 
-        def stack(name, size):
+        def stack(name, size, fill=1.0):
             rows = [getattr(lw, name, None) for lw in layers]
-            return np.stack([r if r is not None else np.ones(size, np.float32) for r in rows]).astype(np.float32)
+            return np.stack([r if r is not None else np.full(size, fill, np.float32) for r in rows]).astype(np.float32)
 
         self.attn_norm = stack("attn_norm", dim)
         self.ffn_norm = stack("ffn_norm", dim)
@@ -65,21 +66,24 @@ class LayerStack:
         self.k_norm = stack("k_norm", hd)
         self.post_attn_norm = stack("post_attn_norm", dim)
         self.post_ffn_norm = stack("post_ffn_norm", dim)
+        # q, k, v biases (qwen2); zeros, and skipped, elsewhere
+        self.bias = (stack("bq", cfg.n_head * hd, 0.0), stack("bk", cfg.n_kv_head * hd, 0.0),
+                     stack("bv", cfg.n_kv_head * cfg.v_head_dim, 0.0))
         self.inv_freq = np.stack([np.asarray(f, np.float64) for f in inv_freqs])  # (n_layer, rope_dim / 2)
         self.window = np.array([cfg.sliding_window if cfg.is_sliding(i) else 0 for i in range(n)], np.int64)
         scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
         self.ints = (cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim, cfg.ffn_dim, cfg.rope_dim,
-                     int(cfg.rope_neox), int(qk_norm), int(post_norms), int(gelu))
+                     int(cfg.rope_neox), int(qk_norm), int(post_norms), int(gelu), int(qkv_bias))
         self.floats = (np.float32(cfg.norm_eps), np.float32(scale), np.float32(cfg.attn_softcap))
 
     @classmethod
-    def build(cls, cfg, layers, inv_freqs, isa, *, qk_norm=False, post_norms=False, gelu=False):
+    def build(cls, cfg, layers, inv_freqs, isa, *, qk_norm=False, post_norms=False, gelu=False, qkv_bias=False):
         # float matrices (F32, F16, BF16: rare in quantized models) go through the per-op path, which
         # keeps their float kernels out of this function's compile
         if any(isinstance(getattr(lw, name), np.ndarray) or getattr(lw, name).kind <= 1
                for lw in layers for name in MATS):
             return None
-        return cls(cfg, layers, inv_freqs, isa, qk_norm, post_norms, gelu)
+        return cls(cfg, layers, inv_freqs, isa, qk_norm, post_norms, gelu, qkv_bias)
 
     def run(self, x, batch, cache) -> np.ndarray:
         """x (T, dim) float32, the embedded tokens, through every layer (x is overwritten) -> the final
@@ -87,8 +91,8 @@ class LayerStack:
         return forward_layers(x, batch.positions, batch.token_seq, batch.slot_mapping, batch.block_tables,
                               batch.logits_idx, cache.block_size, cache.k, cache.v, self.mats, self.needs,
                               self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self.post_attn_norm,
-                              self.post_ffn_norm, self.inv_freq, self.window, self.ints, self.floats, quant.HALF_TO_F32,
-                              numba.get_num_threads(), self.isa)
+                              self.post_ffn_norm, self.bias, self.inv_freq, self.window, self.ints, self.floats,
+                              quant.HALF_TO_F32, numba.get_num_threads(), self.isa)
 
 
 @njit(cache=True)
@@ -193,6 +197,14 @@ def _add(x, f):
             ops.add_row(x, f, t)
 
 
+@njit(nogil=True, cache=True)
+def _add_bias(x, b):
+    # x (T, D) += b (D,) on every row: a few thousand adds, in a plain loop even for prefill
+    for t in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[t, i] += b[i]
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _act_quantize(gate, up, gelu, need, a, b):
     # gate = act(gate) * up, then quantized into a (Q8) and/or b (Q8_K), in chunks of 256 elements run in
@@ -214,13 +226,13 @@ def _act_quantize(gate, up, gelu, need, a, b):
 
 @njit(nogil=True, cache=True)
 def forward_layers(x, positions, token_seq, slot_mapping, block_tables, keep, block_size, k_cache, v_cache, mats,
-                   needs, attn_norm, ffn_norm, q_norm, k_norm, post_attn_norm, post_ffn_norm, inv_freq, window, ints,
-                   floats, luts, threads, isa):
+                   needs, attn_norm, ffn_norm, q_norm, k_norm, post_attn_norm, post_ffn_norm, bias, inv_freq, window,
+                   ints, floats, luts, threads, isa):
     # x (T, dim) through every layer -> the rows `keep` (L,) of the result, (L, dim). k_cache/v_cache
     # (n_layer, n_slots, KVH, D|Dv) float32 or float16 bits; mats: typed list of (kind, qs, qh, sc, d, m),
     # MATS order per layer; norms (n_layer, size). In the last layer only the kept rows go past the KV
     # writes (attention, output projection, feed-forward), as llama.cpp does: no other row is read after.
-    n_head, n_kv, hd, vhd, ffn, rope_dim, neox, qk_norm, post_norms, gelu = ints
+    n_head, n_kv, hd, vhd, ffn, rope_dim, neox, qk_norm, post_norms, gelu, qkv_bias = ints
     eps, scale, softcap = floats
     T, dim = x.shape
     n_layer = k_cache.shape[0]
@@ -238,6 +250,10 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, keep, bl
         _norm(x, attn_norm[layer], eps, h)
         a8, a8k = _quantize(h, needs[layer, 0])
         int8.matmuls(wq, wk, wv, np.int64(3), a8, a8k, luts, q2, k2, v2, threads, isa)
+        if qkv_bias:
+            _add_bias(q2, bias[0][layer])
+            _add_bias(k2, bias[1][layer])
+            _add_bias(v2, bias[2][layer])
         if qk_norm:
             _norm(qf, q_norm[layer], eps, qf)
             _norm(kf, k_norm[layer], eps, kf)
@@ -259,7 +275,7 @@ def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, ne
           post_attn_norm, post_ffn_norm, window, ints, floats, luts, threads, isa):
     # a layer after its KV writes: attention of q (T, H, D), output projection, residual, feed-forward,
     # residual, on x (T, dim) in place
-    n_head, n_kv, hd, vhd, ffn, rope_dim, neox, qk_norm, post_norms, gelu = ints
+    n_head, n_kv, hd, vhd, ffn, rope_dim, neox, qk_norm, post_norms, gelu, qkv_bias = ints
     eps, scale, softcap = floats
     T, dim = x.shape
     wo, wg, wu, wd = mats[layer * 7 + 3], mats[layer * 7 + 4], mats[layer * 7 + 5], mats[layer * 7 + 6]

@@ -411,6 +411,13 @@ def _add(x, y):
 
 
 @cuda.jit
+def _add_bias(x, b):
+    r, c = cuda.grid(2)
+    if r < x.shape[0] and c < x.shape[1]:
+        x[r, c] += b[c]
+
+
+@cuda.jit
 def _scale(x, s):
     r, c = cuda.grid(2)
     if r < x.shape[0] and c < x.shape[1]:
@@ -442,6 +449,11 @@ def to_host(a) -> np.ndarray:
 def add_(x, y) -> None:
     grid, tb = _grid2(x.shape[0], x.shape[1])
     _add[grid, tb](x, y)
+
+
+def add_bias_(x, b) -> None:
+    grid, tb = _grid2(x.shape[0], x.shape[1])
+    _add_bias[grid, tb](x, b)
 
 
 def scale_(x, s: float) -> None:
