@@ -18,7 +18,8 @@ Earlier calls in the conversation (assistant messages with `tool_calls`) are wri
 form, and tool results (`role: "tool"`) become user turns wrapped in <tool_response> tags.
 
 The reply is parsed the same way: each <tool_call> block whose JSON names a given tool becomes a
-call. With tool_choice "required" or a named function the reply is constrained by a grammar built
+call, and so does a reply that is nothing but such a JSON object (small models often leave out the
+tags; streamed, a reply that starts with "{" is held back until it is complete). With tool_choice "required" or a named function the reply is constrained by a grammar built
 from the tools' parameter schemas, so it is always a well-formed call with arguments that match.
 """
 
@@ -143,6 +144,8 @@ def prepare_messages(messages: list[dict], tools: list[Tool], native: bool) -> l
     for i, m in enumerate(messages):
         calls = _check_calls(m, i)
         if native:
+            if m.get("content") is None:
+                m = {**m, "content": ""}
             if calls:
                 m = {**m, "content": m.get("content") or "",
                      "tool_calls": [{**c, "function": {**c["function"], "arguments": _arguments_object(c)}}
@@ -242,8 +245,11 @@ def parse_reply(text: str, tools: list[Tool]) -> tuple[str | None, list[dict]]:
         pos = m.end()
     if not calls or text[pos:].strip():
         parts.append(text[pos:])
-    content = "".join(parts).strip() if calls else text
-    return (content or None) if calls else content, calls
+    if not calls:  # a reply that is nothing but a bare call object (small models drop the tags)
+        call = _as_call(text.strip(), names) if text.strip().startswith("{") else None
+        return (None, [call]) if call else (text, [])
+    content = "".join(parts).strip()
+    return content or None, calls
 
 
 class StreamParser:
@@ -256,8 +262,22 @@ class StreamParser:
         self.calls = 0
         self._ws_hold = ""
         self._after_call = False
+        self._bare: bool | None = None  # does the reply start with "{"? (None: nothing but blanks yet)
+        self._lead = ""
 
     def feed(self, delta: str) -> list[tuple[str, object]]:
+        if self._bare is None:  # the first non-blank character decides: "{" may open a bare call
+            self._lead += delta
+            if not self._lead.strip():
+                return []
+            self._bare = self._lead.lstrip().startswith("{")
+            delta, self._lead = self._lead, ""
+        if self._bare:  # held whole until the end: a call only if all of it is one
+            self.buf += delta
+            return []
+        return self._feed_tags(delta)
+
+    def _feed_tags(self, delta: str) -> list[tuple[str, object]]:
         self.buf += delta
         events = []
         while self.buf:
@@ -304,8 +324,19 @@ class StreamParser:
         return out
 
     def finish(self) -> list[tuple[str, object]]:
+        if self._bare is None:  # a blank reply
+            rest, self._lead = self._lead, ""
+            return [("text", rest)] if rest else []
+        events = []
+        if self._bare:
+            held, self.buf, self._bare = self.buf, "", False
+            call = _as_call(held.strip(), self.names)
+            if call is not None:
+                self.calls += 1
+                return [("call", call)]
+            events = self._feed_tags(held)
         rest, self.buf = self.buf, ""
-        events = self._drop_separators([("text", rest)] if rest else [])
+        events += self._drop_separators([("text", rest)] if rest else [])
         self._ws_hold = ""
         return events
 

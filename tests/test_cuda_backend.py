@@ -112,14 +112,14 @@ def test_sampling_helpers_and_array_ops():
     np.testing.assert_array_equal(gpu.to_host(gpu.take_rows(xd, dev(np.array([2, 0])))), gpu.to_host(xd)[[2, 0]])
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2"])
 def test_greedy_generation_equal_between_backends(tmp_path, arch):
     from edgeinfer import LLM, SamplingParams
     from tiny_models import write_tiny_gemma3, write_tiny_llama
 
     p = tmp_path / f"{arch}.gguf"
-    if arch == "llama":
-        write_tiny_llama(p, dim=32, n_head=2, n_kv=1, ffn=64, n_layer=1)
+    if arch in ("llama", "qwen2"):
+        write_tiny_llama(p, dim=32, n_head=2, n_kv=1, ffn=64, n_layer=1, arch=arch)
     else:
         write_tiny_gemma3(p, dim=32, n_head=2, n_kv=1, head_dim=16, ffn=64, n_layer=2, window=4)
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)

@@ -77,6 +77,11 @@ def test_top_logits_match_llama_cpp(case):
 
 def test_greedy_continuations_match_llama_cpp(case):
     llm, gold = case
+    compare_greedy(llm, gold)
+
+
+def compare_greedy(llm, gold):
+    """Our greedy continuations against llama.cpp's, token for token up to either side's first near-tie."""
     prompts = [g["prompt_ids"] for g in gold["greedy"]]
     n = max(len(g["output_ids"]) for g in gold["greedy"])
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=n, logprobs=2))
@@ -92,6 +97,20 @@ def test_greedy_continuations_match_llama_cpp(case):
             assert out.token_ids[step] == want, (g["prompt"], step)
             compared += 1
     assert compared >= 0.4 * possible, (compared, possible)  # the check is not vacuous
+    return compared, possible
+
+
+def test_qwen_1_5b_greedy_matches_llama_cpp():
+    """The 1.5B model's own small reference (made with benchmarks/make_golden.py from
+    qwen2.5-coder-1.5b-cases.json): four code and chat prompts, 48 greedy tokens each."""
+    real_model_path("qwen2.5-coder-1.5b-instruct")
+    with open(golden_path("qwen2.5-coder-1.5b-instruct.json")) as f:
+        gold = json.load(f)
+    llm = LLM("qwen2.5-coder-1.5b-instruct", progress=False)
+    for g in gold["greedy"]:
+        assert llm.tokenizer.encode(g["prompt"], parse_special=g["parse_special"]) == g["prompt_ids"]
+    compared, possible = compare_greedy(llm, gold)
+    assert compared >= 60, (compared, possible)
 
 
 def test_perplexity_within_one_percent(case):

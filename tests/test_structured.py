@@ -259,21 +259,32 @@ def test_parse_reply_keeps_text_that_is_not_a_call():
     assert parse_reply("no calls here", tools) == ("no calls here", [])
     content, calls = parse_reply('<tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call>', tools)
     assert content is None and json.loads(calls[0]["function"]["arguments"]) == {"a": 1}
+    content, calls = parse_reply(' {"name": "add", "arguments": {"a": 1, "b": 2}}\n', tools)  # a bare call
+    assert content is None and calls[0]["function"]["name"] == "add"
+    assert parse_reply('{"name": "nope", "arguments": {}}', tools)[1] == []  # not a given tool: text
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(1, 12), min_size=1, max_size=60))
-def test_stream_parser_agrees_with_parse_reply_at_any_split(cuts):
+REPLIES = [
+    'I will call. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n<tool_ca',
+    '  {"name": "add", "arguments": {"a": 1, "b": 2}}',  # a bare call
+    '{"not": "a call"} and then <tool_call>{"name": "add", "arguments": {}}</tool_call>',
+    '{"name": "add", "arguments": {"a": 1}} trailing words',
+    "plain prose, no calls",
+]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(REPLIES), st.lists(st.integers(1, 12), min_size=1, max_size=60))
+def test_stream_parser_agrees_with_parse_reply_at_any_split(text, cuts):
     tools, _ = parse_tools(TOOLS)
-    text = ('I will call. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n<tool_ca')
     p, events, pos = StreamParser(tools), [], 0
     for n in cuts:
         events += p.feed(text[pos:pos + n])
         pos += n
     events += p.feed(text[pos:]) + p.finish()
     content, calls = parse_reply(text, tools)
-    assert "".join(v for k, v in events if k == "text").strip() == content
+    assert "".join(v for k, v in events if k == "text").strip() == (content or "").strip()
     assert [v["function"] for k, v in events if k == "call"] == [c["function"] for c in calls]
 
 
@@ -402,3 +413,26 @@ def test_gemma3_schema_samples_and_a_forced_tool_call():
                    tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}})
     assert c.finish_reason == "tool_calls" and [t["function"]["name"] for t in c.tool_calls] == ["add"]
     jsonschema.validate(json.loads(c.tool_calls[0]["function"]["arguments"]), TOOLS[1]["function"]["parameters"])
+
+
+@pytest.mark.model
+def test_qwen_template_renders_tools_itself_and_an_auto_call_round_trips():
+    from conftest import real_model_path
+
+    qwen = LLM(str(real_model_path("qwen2.5-coder-0.5b-instruct")), progress=False)
+    assert qwen.chat_template.knows_tools
+    msgs = [{"role": "user", "content": "What is 2 plus 3? Use the tool."}]
+    text = qwen.tokenizer.decode(qwen.render_chat(msgs, tools=parse_tools(TOOLS)[0]), special=True)
+    assert text.startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.")
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text  # the template's own words
+    c = qwen.chat(msgs, SamplingParams(temperature=0, max_tokens=60), tools=TOOLS)  # auto: the model decides
+    assert c.finish_reason == "tool_calls" and c.tool_calls[0]["function"]["name"] == "add"
+    assert json.loads(c.tool_calls[0]["function"]["arguments"]) == {"a": 2, "b": 3}
+    follow = msgs + [{"role": "assistant", "content": None, "tool_calls": c.tool_calls},
+                     {"role": "tool", "tool_call_id": c.tool_calls[0]["id"], "content": "5"}]
+    text = qwen.tokenizer.decode(qwen.render_chat(follow, tools=parse_tools(TOOLS)[0]), special=True)
+    assert "<tool_response>\n5\n</tool_response>" in text  # rendered by the template, not by our fallback
+    # tool_choice "none": the tools leave the prompt and nothing is parsed as a call (the 0.5B model still
+    # writes call-like JSON here: it is text)
+    answer = qwen.chat(follow, SamplingParams(temperature=0, max_tokens=80), tools=TOOLS, tool_choice="none")
+    assert answer.finish_reason == "stop" and answer.tool_calls == [] and answer.text
