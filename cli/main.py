@@ -79,8 +79,8 @@ def list_(as_json):
     have = {r["name"] for r in rows}
     click.echo("\ncatalog (edgeinfer pull NAME):")
     for e in registry.CATALOG.values():
-        mark = "downloaded" if e.name in have else f"{e.size / 1e6:.0f} MB"
-        click.echo(f"  {e.name:<26} {e.description} [{mark}]")
+        mark = f"{e.size / 1e6:,.0f} MB" + (", downloaded" if e.name in have else "")
+        click.echo(f"  {e.name:<28} {e.description} [{mark}]")
 
 
 @main.command()

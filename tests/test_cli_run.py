@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from edgeinfer.cli.main import main
@@ -164,3 +165,17 @@ def test_bad_constraints_on_the_command_line(tiny_llama_path, tmp_path):
                            (["--grammar", tmp_path / "none.lark"], "cannot read")]:
         r = run("generate", tiny_llama_path, "hi", *args)
         assert r.exit_code != 0 and fragment in r.output and "Traceback" not in r.output, r.output
+
+
+@pytest.mark.model
+def test_chat_with_qwen_uses_its_own_template():
+    from conftest import real_model_path
+
+    real_model_path("qwen2.5-coder-0.5b-instruct")
+    r = run("chat", "qwen2.5-coder-0.5b-instruct", "-t", 0, "-n", 24, input="Write a Python hello world.\n/stats\n")
+    assert r.exit_code == 0, r.output
+    lines = [line for line in r.stdout.splitlines() if line.strip()]
+    assert "print" in r.stdout  # a code answer
+    stats = json.loads(lines[-1])
+    # the template's default system prompt ("You are Qwen, created by Alibaba Cloud. ...") is in the prompt
+    assert stats["prompt_tokens"] > 25 and stats["completion_tokens"] > 0
