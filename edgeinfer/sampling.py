@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+CONSTRAINTS = ("json_schema", "regex", "choice", "grammar")  # SamplingParams' structured-output fields
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -78,12 +80,12 @@ class SamplingParams:
         self._check_constraint(bad)
 
     def _check_constraint(self, bad):
-        from .structured import canonical_schema
-
-        given = [k for k in ("json_schema", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given = [k for k in CONSTRAINTS if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"give at most one of json_schema, regex, choice and grammar, got {', '.join(given)}")
         if self.json_schema is not None:
+            from .structured import canonical_schema  # only when there is one: it imports numba
+
             object.__setattr__(self, "json_schema", canonical_schema(self.json_schema))
         for k in ("regex", "grammar"):
             v = getattr(self, k)
@@ -96,8 +98,13 @@ class SamplingParams:
             object.__setattr__(self, "choice", tuple(self.choice))
 
     @property
+    def constraint_kind(self) -> str | None:
+        """Which structured-output field is set (at most one is), or None."""
+        return next((k for k in CONSTRAINTS if getattr(self, k) is not None), None)
+
+    @property
     def constrained(self) -> bool:
-        return any(getattr(self, k) is not None for k in ("json_schema", "regex", "choice", "grammar"))
+        return self.constraint_kind is not None
 
     @property
     def greedy(self) -> bool:

@@ -10,7 +10,7 @@ next step. Here:
   llguidance's grammar text. JSON is compact by default: no free whitespace, separators ", " and
   ": " (a schema's own ``x-guidance`` options override this), so a small model cannot wander off
   into whitespace until max_tokens.
-- ``GrammarCache`` compiles each distinct grammar once (least recently used out) into a template
+- ``GrammarCache`` compiles each distinct constraint once (least recently used out) into a template
   matcher; every sequence gets a copy. Compiling happens in the thread that adds the request (the
   server's worker threads), never in the engine thread's decode step.
 - ``Guide`` is one sequence's matcher: it masks the logits row before sampling and advances with
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 # llguidance's JSON options for every schema; x-guidance in a schema overrides them
 JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-ANY_JSON_OBJECT = {"type": "object"}  # response_format {"type": "json_object"}
 
 
 class GrammarError(EdgeInferError, ValueError):
@@ -113,22 +112,15 @@ def constraint_grammar(params: SamplingParams) -> str | None:
     return None
 
 
-def constraint_kind(params: SamplingParams) -> str | None:
-    for kind in ("json_schema", "regex", "choice", "grammar"):
-        if getattr(params, kind) is not None:
-            return kind
-    return None
-
-
 class GrammarCache:
-    """Compiled constraints for one tokenizer: grammar text -> a template matcher, least recently used
+    """Compiled constraints for one tokenizer: (kind, constraint) -> a template matcher, least recently used
     out past `capacity`. Thread-safe; compiling runs outside the lock (llguidance drops the GIL), so two
     threads compiling different schemas do not wait for each other."""
 
     def __init__(self, tokenizer: Tokenizer, capacity: int = 64):
         self.tokenizer = tokenizer
         self.capacity = capacity
-        self._items: OrderedDict[str, object] = OrderedDict()
+        self._items: OrderedDict[tuple, object] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -140,22 +132,23 @@ class GrammarCache:
     def template(self, params: SamplingParams):
         """The compiled template matcher for params (None when unconstrained); GrammarError if the
         library rejects it."""
-        kind = constraint_kind(params)
+        kind = params.constraint_kind
         if kind is None:
             return None
+        key = (kind, getattr(params, kind))  # the constraint as given: a hit converts nothing
+        with self._lock:
+            m = self._items.get(key)
+            if m is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return m
+            self.misses += 1
         try:
             grammar = constraint_grammar(params)
         except GrammarError:
             raise
         except ValueError as e:
             raise GrammarError(f"{kind}: {e}") from None
-        with self._lock:
-            m = self._items.get(grammar)
-            if m is not None:
-                self._items.move_to_end(grammar)
-                self.hits += 1
-                return m
-            self.misses += 1
         llg = _llg()
         lt = llg_tokenizer(self.tokenizer)  # built once per vocabulary; not counted as compiling
         t1 = time.perf_counter()
@@ -164,8 +157,8 @@ class GrammarCache:
             raise GrammarError(f"{kind} is not valid: {m.get_error().strip()}")
         with self._lock:
             self.compile_seconds += time.perf_counter() - t1
-            self._items[grammar] = m
-            self._items.move_to_end(grammar)
+            self._items[key] = m
+            self._items.move_to_end(key)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
         return m
@@ -179,13 +172,12 @@ class GrammarCache:
 class Guide:
     """One sequence's matcher: masks a logits row, then advances with the token sampled from it."""
 
-    __slots__ = ("matcher", "vocab_size", "_mask", "num_tokens", "num_masks", "mask_seconds", "apply_seconds")
+    __slots__ = ("matcher", "vocab_size", "_mask", "num_masks", "mask_seconds", "apply_seconds")
 
     def __init__(self, matcher, vocab_size: int):
         self.matcher = matcher
         self.vocab_size = vocab_size
         self._mask = np.zeros((vocab_size + 31) // 32, np.int32)
-        self.num_tokens = 0  # tokens consumed
         self.num_masks = 0
         self.mask_seconds = 0.0  # in the library, computing masks
         self.apply_seconds = 0.0  # unpacking them onto the logits
@@ -213,19 +205,12 @@ class Guide:
 
     def advance(self, tid: int) -> bool:
         """Consume the sampled token; False if the matcher refuses it (it is then in an error state)."""
-        ok = self.matcher.consume_token(int(tid))
-        if ok:
-            self.num_tokens += 1
-        return ok
+        return self.matcher.consume_token(int(tid))
 
     @property
     def done(self) -> bool:
         """The grammar is complete: no token but a stop token could follow."""
         return self.matcher.is_stopped()
-
-    @property
-    def error(self) -> str:
-        return self.matcher.get_error() if self.matcher.is_error() else ""
 
 
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")

@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..sampling import SamplingParams
+from ..sampling import CONSTRAINTS, SamplingParams
 
 
 class APIError(Exception):
@@ -298,7 +298,7 @@ def sampling_params(req: ParsedRequest, max_tokens: int, **extra) -> SamplingPar
         return SamplingParams(max_tokens=max_tokens, **{**req.params_kwargs, **extra})
     except ValueError as e:
         name = str(e).split(" ", 1)[0]
-        if name in ("json_schema", "regex", "choice", "grammar") and req.constraint_param:
+        if name in CONSTRAINTS and req.constraint_param:
             name = req.constraint_param
         raise bad(name, str(e)) from None
 
