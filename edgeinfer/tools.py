@@ -259,7 +259,6 @@ class StreamParser:
     def __init__(self, tools: list[Tool]):
         self.names = {t.name for t in tools}
         self.buf = ""
-        self.calls = 0
         self._ws_hold = ""
         self._after_call = False
         self._bare: bool | None = None  # does the reply start with "{"? (None: nothing but blanks yet)
@@ -297,11 +296,7 @@ class StreamParser:
             block = self.buf[:end + len(CLOSE)]
             self.buf = self.buf[end + len(CLOSE):]
             call = _as_call(block[len(OPEN):-len(CLOSE)].strip(), self.names)
-            if call is None:
-                events.append(("text", block))
-            else:
-                self.calls += 1
-                events.append(("call", call))
+            events.append(("text", block) if call is None else ("call", call))
         return self._drop_separators(events)
 
     def _drop_separators(self, events):
@@ -309,17 +304,13 @@ class StreamParser:
         # something else follows
         out = []
         for kind, value in events:
-            if kind == "text" and self._after_call and not self._ws_hold and not value.strip():
-                self._ws_hold = value
-                continue
-            if kind == "text" and self._ws_hold:
+            if kind == "call":
+                self._ws_hold, self._after_call = "", True
+            else:
                 value, self._ws_hold = self._ws_hold + value, ""
-                if not value.strip():
+                if self._after_call and not value.strip():
                     self._ws_hold = value
                     continue
-            elif kind == "call":
-                self._ws_hold = ""
-                self._after_call = True
             out.append((kind, value))
         return out
 
@@ -332,7 +323,6 @@ class StreamParser:
             held, self.buf, self._bare = self.buf, "", False
             call = _as_call(held.strip(), self.names)
             if call is not None:
-                self.calls += 1
                 return [("call", call)]
             events = self._feed_tags(held)
         rest, self.buf = self.buf, ""
