@@ -12,7 +12,9 @@ For each model:
    tokens unconstrained, interleaved, --repeats times; medians. The mask cost per token is split into
    the library's mask computation and applying it to the logits row.
 
-    python benchmarks/structured/bench_structured.py smollm2-135m-instruct gemma3-270m --json out.json
+    python benchmarks/structured/bench_structured.py smollm2-135m-instruct gemma3-270m
+
+The figures are printed, and saved as JSON in benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import time
 from decimal import Decimal
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import results_io  # noqa: E402  benchmarks/results_io.py: JSON to benchmarks/results/NAME-TIME.json
 
 
 def decimal_validator(schema):
@@ -150,7 +154,6 @@ def main():
                     help="Schemas the speed runs use (comma-separated).")
     ap.add_argument("--skip-validity", action="store_true")
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--json", dest="json_out")
     args = ap.parse_args()
 
     import llguidance
@@ -175,9 +178,7 @@ def main():
             for f in v["failures"]:
                 print("  FAIL", f, flush=True)
         record["models"][model] = res
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(record, f, indent=1)
+    results_io.save("structured", record)
     return 0
 
 

@@ -10,7 +10,9 @@ Both use the same JSON format: no free whitespace, separators ", " and ": ".
 xgrammar needs torch, triton and transformers (about 2 GB): run this in a scratch environment
 (`pip install -e . xgrammar`), not in the project's own.
 
-    python benchmarks/structured/compare_libs.py smollm2-135m-instruct gemma3-270m --json out.json
+    python benchmarks/structured/compare_libs.py smollm2-135m-instruct gemma3-270m
+
+The figures are printed, and saved as JSON in benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import results_io  # noqa: E402  benchmarks/results_io.py: JSON to benchmarks/results/NAME-TIME.json
 
 
 def ms(s):
@@ -52,7 +56,6 @@ def walk(matcher, vocab_size, seed, limit=400):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="+")
-    ap.add_argument("--json", dest="json_out")
     args = ap.parse_args()
 
     import llguidance as llg
@@ -142,9 +145,7 @@ def main():
         }
         print(model, "summary", summary, flush=True)
         record["models"][model] = {"summary": summary, "schemas": rows}
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(record, f, indent=1)
+    results_io.save("structured-libs", record)
     return 0
 
 
