@@ -136,6 +136,14 @@ def test_bad_constraints_fail_before_anything_runs(llm):
             SamplingParams(**kw)
 
 
+def test_bad_params_lists_and_conflicting_tool_constraints_are_clear_errors(llm):
+    with pytest.raises(ValueError, match="got 2 SamplingParams for 3 prompts"):
+        llm.generate(["a", "b", "c"], [SamplingParams(), SamplingParams()])
+    with pytest.raises(ValueError, match="cannot be combined with another constraint"):
+        llm.chat([{"role": "user", "content": "x"}], SamplingParams(regex="a+"), tools=TOOLS, tool_choice="required")
+    assert not llm.engine.has_unfinished()
+
+
 def test_grammar_cache_is_lru_and_compiles_in_the_callers_thread(llm):
     cache = llm.engine.grammars
     hits, misses = cache.hits, cache.misses
