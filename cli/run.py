@@ -92,6 +92,24 @@ def constraint_kwargs(json_schema, regex, choice, grammar) -> dict:
     return out
 
 
+def speculation_options(f):
+    """--draft-model, --speculate and --draft-tokens: speculative decoding."""
+    for opt in reversed([
+        click.option("--draft-model", "draft", default=None, metavar="NAME|PATH",
+                     help="Speculative decoding with this smaller model of the same vocabulary as the draft "
+                          "(e.g. qwen2.5-coder-0.5b-instruct for qwen2.5-coder-1.5b-instruct). Greedy output is "
+                          "unchanged; sampled output keeps the model's distribution."),
+        click.option("--speculate", type=click.Choice(["lookup"]), default=None,
+                     help="lookup: speculative decoding by prompt lookup (proposals copied from earlier in the "
+                          "prompt or output; no second model). Fast where the answer repeats its input."),
+        click.option("--draft-tokens", type=click.IntRange(1, 32), default=None,
+                     help="Tokens proposed per step at most (default: 4 with a draft model, 8 with lookup); "
+                          "adapts to the acceptance rate below that."),
+    ]):
+        f = opt(f)
+    return f
+
+
 def make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, **constraint):
     from edgeinfer.sampling import SamplingParams
 
@@ -101,13 +119,15 @@ def make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, se
 
 
 def load(model: str, threads: int, device: str = "cpu", kv_type: str | None = None, max_context: int = 0,
-         memory_budget: float = 0.0):
+         memory_budget: float = 0.0, draft: str | None = None, speculate: str | None = None,
+         draft_tokens: int | None = None):
     from edgeinfer import LLM
 
     if threads < 0:
         raise click.BadParameter(f"--threads must be >= 0, got {threads}")
     return LLM(model, threads=threads, backend=device, kv_type=kv_type or "", max_context=max_context,
-               memory_budget_mb=memory_budget, progress=True)
+               memory_budget_mb=memory_budget, progress=True, draft=draft, speculate=speculate,
+               draft_tokens=draft_tokens or 0)
 
 
 @click.command()
@@ -117,12 +137,14 @@ def load(model: str, threads: int, device: str = "cpu", kv_type: str | None = No
 @constraint_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text and timing stats.")
 @click.option("--special", is_flag=True, help="Parse special-token text (like <|im_start|>) in the prompt.")
+@speculation_options
 def generate(model, prompt, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads,
-             device, kv_type, max_context, memory_budget, json_schema, regex, choice, grammar, as_json, special):
+             device, kv_type, max_context, memory_budget, json_schema, regex, choice, grammar, as_json, special,
+             draft, speculate, draft_tokens):
     """Continue PROMPT with MODEL, streaming the text."""
     params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop,
                          **constraint_kwargs(json_schema, regex, choice, grammar))
-    llm = load(model, threads, device, kv_type, max_context, memory_budget)
+    llm = load(model, threads, device, kv_type, max_context, memory_budget, draft, speculate, draft_tokens)
     t0 = time.perf_counter()
     first = None
     text, ids, reason = [], [], None
@@ -147,9 +169,19 @@ def generate(model, prompt, max_tokens, temperature, top_p, top_k, min_p, repeat
             "total_s": round(end - t0, 4),
             "decode_tok_s": round((len(ids) - 1) / decode_s, 2) if len(ids) > 1 and decode_s > 0 else None,
             "prompt_tok_s": round(n_prompt / ((first or end) - t0), 2) if first else None,
+            **spec_stats(llm),
         }))
     else:
         click.echo()
+
+
+def spec_stats(llm) -> dict:
+    """Speculative decoding's counters, when it is on."""
+    s = llm.stats()
+    if not s["spec_method"]:
+        return {}
+    return {k: round(s[k], 4) if isinstance(s[k], float) else s[k]
+            for k in ("spec_method", "spec_proposed_tokens", "spec_accepted_tokens", "spec_acceptance_rate")}
 
 
 CHAT_HELP = "commands: /reset (new conversation), /system TEXT, /stats, /exit (or Ctrl-D); Ctrl-C stops an answer"
@@ -160,14 +192,16 @@ CHAT_HELP = "commands: /reset (new conversation), /system TEXT, /stats, /exit (o
 @lambda f: sampling_options(f, temperature=0.2)  # small chat models stay on topic at low temperature
 @constraint_options
 @click.option("--system", "system_prompt", default=None, help="A system message to start with.")
+@speculation_options
 def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads, device,
-         kv_type, max_context, memory_budget, json_schema, regex, choice, grammar, system_prompt):
+         kv_type, max_context, memory_budget, json_schema, regex, choice, grammar, system_prompt, draft, speculate,
+         draft_tokens):
     """Chat with MODEL (default: smollm2-135m-instruct, pulled on first use). With a constraint
     (--json-schema, ...) every answer follows it."""
     params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop,
                          **constraint_kwargs(json_schema, regex, choice, grammar))
     interactive = sys.stdin.isatty()
-    llm = load(model, threads, device, kv_type, max_context, memory_budget)
+    llm = load(model, threads, device, kv_type, max_context, memory_budget, draft, speculate, draft_tokens)
     if interactive:
         _setup_readline()
         click.echo(f"edgeinfer chat: {llm.path.name} ({llm.config.arch}, {llm.config.n_layer} layers). {CHAT_HELP}")
@@ -315,14 +349,24 @@ def system(as_json):
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True, help="Kernel backend.")
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON object of the figures.")
 @click.option("--first-run", is_flag=True, help="Also time a first run: a fresh process with an empty kernel cache.")
+@click.option("--spec-prompts", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="With --draft-model or --speculate: a JSON list of prompts (strings, or {\"prompt\"|\"messages\"}) "
+                   "to measure speculation on (default: a few built-in code prompts).")
+@click.option("--spec-only", is_flag=True, help="With --draft-model or --speculate: only the with/without comparison.")
 @lambda f: engine_options(f, budget=False)
-def bench(model, threads, repeats, device, as_json, first_run, kv_type, max_context):
-    """Measure prompt processing, decode (1 and 8 streams), start-up (with its breakdown) and memory."""
+@speculation_options
+def bench(model, threads, repeats, device, as_json, first_run, spec_prompts, spec_only, kv_type, max_context, draft,
+          speculate, draft_tokens):
+    """Measure prompt processing, decode (1 and 8 streams), start-up (with its breakdown) and memory. With
+    --draft-model or --speculate, also decode with and without speculation on code prompts, side by side."""
     from edgeinfer import bench as b
 
-    llm = load(model, threads, device, kv_type, max_context)
+    if spec_only and not (draft or speculate):
+        raise click.UsageError("--spec-only needs --draft-model or --speculate")
+    llm = load(model, threads, device, kv_type, max_context, draft=draft, speculate=speculate,
+               draft_tokens=draft_tokens)
     res = b.run(llm, repeats=repeats, threads=threads, progress=lambda s: click.echo(f"  {s}", err=True),
-                first_run_too=first_run)
+                first_run_too=first_run, spec_prompts=b.load_spec_prompts(spec_prompts), spec_only=spec_only)
     click.echo(b.format_table(res))
     if as_json:
         click.echo(b.to_json(res))

@@ -154,15 +154,111 @@ def first_run(model_path: str, threads: int) -> float:
         return cold_start(model_path, threads, env={"NUMBA_CACHE_DIR": d})["ttft_s"]
 
 
-def run(llm, repeats: int = 3, threads: int = 0, progress=None, first_run_too: bool = False) -> dict:
+def load_spec_prompts(path: str | None = None) -> list:
+    """Prompts for the speculation comparison: a JSON list of strings or {"prompt": str} or {"messages": [...]}
+    (a chat, rendered with the model's template); by default a few built-in code prompts (editing and
+    completion)."""
+    if path is None:
+        from importlib.resources import files
+
+        text = files("edgeinfer").joinpath("data/spec_prompts.json").read_text()
+    else:
+        with open(path) as f:
+            text = f.read()
+    items = json.loads(text)
+    if not isinstance(items, list) or not items or not all(
+            isinstance(x, str) or (isinstance(x, dict) and ("prompt" in x or "messages" in x)) for x in items):
+        raise ValueError(f"{path or 'the built-in prompts'}: expected a non-empty JSON list of strings or objects "
+                         "with 'prompt' or 'messages'")
+    return items
+
+
+def _prompt_ids(llm, item) -> list[int]:
+    if isinstance(item, str):
+        return llm.tokenize(item, add_bos=None)
+    if "messages" in item:
+        return llm.render_chat(item["messages"])
+    return llm.tokenize(item["prompt"], add_bos=None)
+
+
+def timed_decode(llm, ids: list[int], max_tokens: int) -> tuple[list[int], float]:
+    """Greedy generation of ids; the output tokens and the decode time (first token to last)."""
+    eng = llm.engine
+    rid = eng.add_request(ids, SamplingParams(temperature=0, max_tokens=max_tokens))
+    toks, t_first, done = [], None, False
+    while not done:
+        for o in eng.step():
+            if o.request_id != rid:
+                continue
+            toks.extend(o.new_token_ids)
+            if t_first is None:
+                t_first = time.perf_counter()
+            done = o.finished
+    return toks, time.perf_counter() - t_first
+
+
+def spec_compare(llm, prompts: list, repeats: int = 3, max_tokens: int = 128, say=None) -> dict:
+    """Greedy decode of each prompt with and without speculation, interleaved run by run: decode tokens per
+    second (all prompts' tokens after the first over their decode time; the median of the repeats),
+    the speed-up, the acceptance rate, and whether the outputs were identical."""
+    eng = llm.engine
+    if eng.proposer is None:
+        raise ValueError("the model was loaded without speculation")
+    say = say or (lambda s: None)
+    ids = [_prompt_ids(llm, p) for p in prompts]
+    timed_decode(llm, ids[0], 8)  # warm-up: the draft's kernels
+    rates = {False: [], True: []}
+    same = True
+    proposed = accepted = 0
+    for r in range(repeats):
+        for mode in (False, True):
+            say(f"speculation {'on' if mode else 'off'}: run {r + 1}/{repeats}")
+            eng.speculate = mode
+            n = secs = 0
+            before = eng.stats()
+            outs = []
+            for p in ids:
+                toks, dt = timed_decode(llm, p, max_tokens)
+                outs.append(toks)
+                n += len(toks) - 1
+                secs += dt
+            after = eng.stats()
+            if mode:
+                proposed += after["spec_proposed_tokens"] - before["spec_proposed_tokens"]
+                accepted += after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+                same = same and outs == plain
+            else:
+                plain = outs
+            rates[mode].append(n / secs)
+    eng.speculate = True
+    off, on = statistics.median(rates[False]), statistics.median(rates[True])
+    return {"method": eng.proposer.kind, "draft": os.path.basename(str(getattr(llm, "draft_path", ""))) or None,
+            "max_draft_tokens": eng.proposer.max_tokens, "prompts": len(prompts), "max_tokens": max_tokens,
+            "decode_tok_s_without": round(off, 2), "decode_tok_s_with": round(on, 2), "speedup": round(on / off, 3),
+            "proposed_tokens": proposed, "accepted_tokens": accepted,
+            "acceptance_rate": round(accepted / proposed, 4) if proposed else 0.0, "identical_output": same,
+            "runs": {"without": [round(x, 2) for x in rates[False]], "with": [round(x, 2) for x in rates[True]]}}
+
+
+def run(llm, repeats: int = 3, threads: int = 0, progress=None, first_run_too: bool = False,
+        spec_prompts: list | None = None, spec_only: bool = False) -> dict:
     """All measurements, each the median of `repeats` runs. progress(name) is called before each.
     first_run_too: also the time to a first token with an empty kernel cache (first_run_s, one run:
-    it compiles every kernel the model needs, tens of seconds)."""
+    it compiles every kernel the model needs, tens of seconds). With speculation on the engine, the usual
+    figures are measured without it, then spec_compare on spec_prompts; spec_only: that alone."""
     from .config import default_threads
 
     threads = threads or default_threads()
     rng = np.random.default_rng(0)
     say = progress or (lambda name: None)
+    spec = None
+    if llm.engine.proposer is not None:
+        spec = spec_compare(llm, spec_prompts or load_spec_prompts(), repeats, say=say)
+        llm.engine.speculate = False  # random-token prompts: nothing to speculate on
+    if spec_only:
+        llm.engine.speculate = spec is not None
+        return {"speculation": spec, "threads": threads, "system": system_info(),
+                "model": os.path.basename(str(llm.path)), "file_mb": round(os.path.getsize(llm.path) / 1e6, 1)}
     say("warm-up")
     prompt_tok_s(llm, 16, rng)
     results: dict[str, list[float]] = {k: [] for k in KEYS}
@@ -195,6 +291,9 @@ def run(llm, repeats: int = 3, threads: int = 0, progress=None, first_run_too: b
     if first_run_too:
         say("first run (empty kernel cache)")
         out["first_run_s"] = round(first_run(str(llm.path), threads), 2)
+    if spec is not None:
+        out["speculation"] = spec
+        llm.engine.speculate = True
     out["threads"] = threads
     out["system"] = system_info()
     out["model"] = os.path.basename(str(llm.path))
@@ -202,7 +301,23 @@ def run(llm, repeats: int = 3, threads: int = 0, progress=None, first_run_too: b
     return out
 
 
+def format_spec(res: dict) -> list[str]:
+    s = res.get("speculation")
+    if not s:
+        return []
+    how = f"draft {s['draft']}" if s["method"] == "draft" else "prompt lookup"
+    return [f"  speculative decoding ({how}, up to {s['max_draft_tokens']} tokens), greedy, {s['prompts']} prompts x "
+            f"{s['max_tokens']} tokens:",
+            f"  {'decode without / with':<32} {s['decode_tok_s_without']:>9.2f} / {s['decode_tok_s_with']:.2f} tok/s "
+            f"({s['speedup']:.2f}x)",
+            f"  {'acceptance':<32} {s['acceptance_rate']:>9.1%} ({s['accepted_tokens']} of {s['proposed_tokens']} proposed); "
+            f"output {'identical' if s['identical_output'] else 'DIFFERENT'}"]
+
+
 def format_table(res: dict) -> str:
+    if "runs" not in res:  # speculation only
+        return "\n".join([f"{res['model']} ({res['file_mb']} MB), {res['threads']} threads; {res['system']['cpu']}, "
+                          f"kernel path {res['system']['kernel_path']}"] + format_spec(res))
     rows = [("prompt processing, 128 tokens", "pp128_tok_s", "tok/s"),
             ("prompt processing, 512 tokens", "pp512_tok_s", "tok/s"),
             ("decode, 128 tokens, 1 stream", "tg128_tok_s", "tok/s"),
@@ -219,7 +334,7 @@ def format_table(res: dict) -> str:
     if "first_run_s" in res:
         lines.append(f"  {'first run (empty kernel cache)':<32} {res['first_run_s']:>9.2f} s")
     lines.append("  start-up, fresh process (s): " + ", ".join(f"{k[:-2]} {v:.3f}" for k, v in res["startup"].items()))
-    return "\n".join(lines)
+    return "\n".join(lines + format_spec(res))
 
 
 def to_json(res: dict) -> str:

@@ -14,6 +14,7 @@ from . import registry
 from .config import EngineConfig, default_threads
 from .errors import EdgeInferError
 from .engine.llm_engine import LLMEngine, PromptTooLongError, RequestOutput
+from .engine.speculative import Speculation, SpeculationError, check_same_vocab
 from .gguf_file import GGUFFile
 from .kernels import get_backend
 from .models import load_model
@@ -55,7 +56,11 @@ class LLM:
 
     def __init__(self, model: str = registry.DEFAULT_MODEL, *, threads: int = 0, backend: str = "cpu",
                  kv_type: str = "", max_context: int = 0, memory_budget_mb: float = 0.0,
-                 engine_config: EngineConfig | None = None, progress: bool = True):
+                 engine_config: EngineConfig | None = None, progress: bool = True, draft: str | None = None,
+                 speculate: str | None = None, draft_tokens: int = 0):
+        """draft: a draft model (catalog name or path) for speculative decoding; speculate: "lookup" for
+        prompt-lookup speculation ("draft" is implied by draft=); draft_tokens: proposals per step at
+        most (0: 4 for a draft, 8 for lookup)."""
         t0 = time.perf_counter()
         config = engine_config or EngineConfig(threads=threads, backend=backend, kv_dtype=kv_type,
                                                max_context=max_context, memory_budget_mb=memory_budget_mb)
@@ -87,10 +92,40 @@ class LLM:
         mark("weights_s")
         self._chat_template = None
         self._template_source = self.gguf.get("tokenizer.chat_template")
-        self.engine = LLMEngine(self.model, self.tokenizer, config, model_id=str(self.path))
+        speculation = self._speculation(draft, speculate, draft_tokens, config, progress)
+        if speculation is not None:
+            mark("draft_s")
+        self.engine = LLMEngine(self.model, self.tokenizer, config, model_id=str(self.path), speculation=speculation)
         self.gguf.close()  # weights are repacked copies; drop the file mapping from memory
         mark("engine_s")
         self.load_seconds = time.perf_counter() - t0
+
+    def _speculation(self, draft, speculate, draft_tokens, config: EngineConfig, progress: bool):
+        """Load the draft model, if any, and check it speaks the target's vocabulary."""
+        method = speculate or ("draft" if draft else None)
+        if method is None:
+            if draft_tokens:
+                raise SpeculationError("draft_tokens needs speculation: give a draft model or speculate='lookup'")
+            return None
+        if method == "lookup" and draft:
+            raise SpeculationError("give either a draft model or speculate='lookup', not both")
+        if method == "draft" and not draft:
+            raise SpeculationError("speculate='draft' needs a draft model")
+        if config.backend != "cpu":
+            raise SpeculationError(f"speculative decoding is not available on the {config.backend} backend yet")
+        if method != "draft":
+            return Speculation(method, draft_tokens)
+        path = registry.resolve(draft, progress=progress)
+        gf = GGUFFile(path)
+        try:
+            dtok = Tokenizer(gf)
+            check_same_vocab(self.tokenizer, dtok)  # before the weights: a mismatch fails fast
+            dmodel = load_model(gf, self.kernels)
+        finally:
+            gf.close()
+        self.draft_path = path
+        self.draft_model = dmodel
+        return Speculation("draft", draft_tokens, dmodel, dtok)
 
     @property
     def chat_template(self) -> ChatTemplate:

@@ -168,11 +168,22 @@ class Sampler:
         self.rng = np.random.default_rng(params.seed)
 
     def __call__(self, logits: np.ndarray, prompt_ids, output_ids) -> int:
+        if self.params.greedy:
+            return self.greedy(logits, prompt_ids, output_ids)
+        return self.draw(self.probs(logits, prompt_ids, output_ids))
+
+    def greedy(self, logits: np.ndarray, prompt_ids, output_ids) -> int:
+        """The most likely token after the penalties."""
+        return int(np.argmax(apply_penalties(logits.astype(np.float64), self.params, prompt_ids, output_ids)))
+
+    def probs(self, logits: np.ndarray, prompt_ids, output_ids) -> np.ndarray:
+        """The distribution a sampling (temperature > 0) request draws from: penalties, temperature, then
+        top-k, top-p and min-p."""
         p = self.params
         x = apply_penalties(logits.astype(np.float64), p, prompt_ids, output_ids)
-        if p.greedy:
-            return int(np.argmax(x))
         x /= p.temperature
-        x = apply_min_p(apply_top_p(apply_top_k(x, p.top_k), p.top_p), p.min_p)
-        probs = _softmax(x)
+        return _softmax(apply_min_p(apply_top_p(apply_top_k(x, p.top_k), p.top_p), p.min_p))
+
+    def draw(self, probs: np.ndarray) -> int:
+        """One token from a distribution, with this request's generator."""
         return int(self.rng.choice(probs.shape[0], p=probs))

@@ -207,6 +207,11 @@ class Guide:
         """Consume the sampled token; False if the matcher refuses it (it is then in an error state)."""
         return self.matcher.consume_token(int(tid))
 
+    def rollback(self, n: int) -> None:
+        """Undo the last n advanced tokens (speculative decoding's rejected proposals)."""
+        if n and not self.matcher.rollback(int(n)):
+            raise RuntimeError(f"the grammar matcher could not roll back {n} tokens: {self.matcher.get_error()}")
+
     @property
     def done(self) -> bool:
         """The grammar is complete: no token but a stop token could follow."""

@@ -148,13 +148,27 @@ class BlockManager:
         for _ in range(need):
             seq.block_table.append(self._take_free().block_id)
 
-    def commit(self, seq: Sequence) -> None:
-        """Register the full blocks whose tokens are all computed, for later prefix hits."""
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Roll back: free seq's blocks past those num_tokens tokens need (speculative slots of rejected
+        tokens). They held nothing cached, so they go to the front of the free list."""
+        keep = self.blocks_needed(num_tokens)
+        for bid in seq.block_table[keep:]:
+            block = self.blocks[bid]
+            block.ref_count -= 1
+            assert block.ref_count == 0 and block.hash is None, f"trimmed block {bid} is shared or cached"
+            self.free[bid] = None
+            self.free.move_to_end(bid, last=False)
+        del seq.block_table[keep:]
+
+    def commit(self, seq: Sequence, upto: int | None = None) -> None:
+        """Register the full blocks whose tokens are all computed (the first `upto` tokens, by default
+        num_computed_tokens), for later prefix hits."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
         parent = None
-        for i in range(min(seq.num_computed_tokens // bs, len(seq.block_table))):
+        n = seq.num_computed_tokens if upto is None else min(upto, seq.num_computed_tokens)
+        for i in range(min(n // bs, len(seq.block_table))):
             block = self.blocks[seq.block_table[i]]
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             if block.hash is None:

@@ -19,6 +19,7 @@ from .block_manager import BlockManager
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .speculative import DEFAULT_TOKENS, DraftProposer, LookupProposer, SpecState, Speculation, SpeculationError, verify
 
 
 class PromptTooLongError(EdgeInferError, ValueError):
@@ -52,7 +53,8 @@ class _RequestState:
 
 
 class LLMEngine:
-    def __init__(self, model, tokenizer: Tokenizer, config: EngineConfig, model_id: str = ""):
+    def __init__(self, model, tokenizer: Tokenizer, config: EngineConfig, model_id: str = "",
+                 speculation: Speculation | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -63,7 +65,9 @@ class LLMEngine:
         self.cache = KVCache(cfg.n_layer, n_blocks, config.block_size, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim,
                              config.kv_dtype, kb=model.kb)
         self.block_manager = BlockManager(n_blocks, config.block_size, model_id=model_id)
-        self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens)
+        self.proposer = _make_proposer(speculation, config, n_blocks) if speculation is not None else None
+        self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens,
+                                   plan_spec=self._plan_spec if self.proposer is not None else None)
         self.runner = ModelRunner(model, self.cache, config.block_size)
         self.requests: dict[str, _RequestState] = {}
         self.grammars = GrammarCache(tokenizer)  # compiled constraints, shared by the requests that use them
@@ -72,6 +76,12 @@ class LLMEngine:
         self._aborts: list[str] = []
         self._next_id = 0
         self.guide_errors = 0  # constrained sequences whose matcher refused a sampled token
+        self.spec_proposed = 0  # speculative decoding: tokens proposed and verified,
+        self.spec_accepted = 0  # of them accepted by the target,
+        self.spec_rounds = 0  # in this many verifications
+        # speculation can be paused (bench measures with and without): a draft model then catches up on
+        # the tokens it missed when it next runs
+        self.speculate = self.proposer is not None
 
     # -- requests (thread-safe) ------------------------------------------------------------------
 
@@ -109,6 +119,8 @@ class LLMEngine:
                 raise ValueError(f"request id {request_id!r} is already in use")
             seq = Sequence(prompt_ids, params, request_id, priority, arrival=time.monotonic())
             seq.guide = guide
+            if self.proposer is not None:
+                seq.spec = SpecState(self.proposer.max_tokens, params)
             self._pending.append(seq)
         return request_id
 
@@ -143,36 +155,123 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if not sched:
             return outs
+        if self.proposer is not None and self.speculate:
+            self._propose(sched)
         logits, sampling = self.runner.run(sched)
-        for seq, n in zip(sched.seqs, sched.num_tokens):
-            seq.num_computed_tokens += n
-            self.block_manager.commit(seq)
-        for row, i in enumerate(sampling):
+        for seq, n, k in zip(sched.seqs, sched.num_tokens, sched.num_spec):
+            if not k:  # a verifying sequence's count depends on how many proposals it accepts
+                seq.num_computed_tokens += n
+                self._commit(seq)
+        for i, row, n_rows in sampling:
             seq = sched.seqs[i]
             st = self.requests[seq.request_id]
+            if sched.num_spec[i]:
+                outs.append(self._verify(st, logits[row:row + n_rows]))
+                continue
             if seq.guide is not None:  # the constraint's mask, before any sampling filter
                 seq.guide.apply(logits[row])
-            outs.append(self._append_token(st, logits[row]))
+            tid = st.sampler(logits[row], seq.prompt_ids, seq.output_ids)
+            outs.append(self._push(st, [tid], [logits[row]]))
         return outs
 
-    def _append_token(self, st: _RequestState, logits: np.ndarray) -> RequestOutput:
+    # -- speculative decoding ----------------------------------------------------------------------
+
+    def _plan_spec(self, seq: Sequence, room: int) -> int:
+        """How many tokens to propose for a decoding sequence (the scheduler asks): its adaptive k, within
+        the step's room, its max_tokens (the target adds one of its own) and the context."""
+        if not self.speculate:
+            return 0
+        k = min(seq.spec.k, room, seq.params.max_tokens - len(seq.output_ids) - 1, self.max_context - seq.num_tokens)
+        return self.proposer.plan(seq, k) if k > 0 else 0
+
+    def _propose(self, sched) -> None:
+        for seq, k in zip(sched.seqs, sched.num_spec):
+            if not k and seq.spec is not None:
+                seq.spec.tokens, seq.spec.probs = [], []
+        self.proposer.propose(sched)
+        for i, seq in enumerate(sched.seqs):  # a draft may stop early (a stop token, a finished grammar)
+            k = sched.num_spec[i]
+            if k and len(seq.spec.tokens) < k:
+                sched.num_tokens[i] -= k - len(seq.spec.tokens)
+                sched.num_spec[i] = len(seq.spec.tokens)
+
+    def _commit(self, seq: Sequence) -> None:
+        # with a draft model, a block is offered to the prefix cache once both caches hold its KV
+        upto = seq.spec.draft_computed if isinstance(self.proposer, DraftProposer) else None
+        self.block_manager.commit(seq, upto)
+
+    def _verify(self, st: _RequestState, rows: np.ndarray) -> RequestOutput:
+        """Keep the proposals the target agrees with, plus its own next token; roll back the rest."""
+        seq = st.seq
+        spec = seq.spec
+        k = len(spec.tokens)
+        tokens, guide_steps = verify(seq, rows, st.sampler)
+        accepted = len(tokens) - 1  # all but the last matched a proposal (verify stops at the first miss)
+        # the KV of the last real token and of the accepted proposals stays; the rest is rolled back
+        seq.num_computed_tokens += 1 + accepted
+        if isinstance(self.proposer, DraftProposer):  # the draft computed the proposals but the last
+            spec.draft_computed = min(spec.draft_computed + min(accepted, k - 1), seq.num_computed_tokens)
+        self.block_manager.trim(seq, seq.num_computed_tokens)
+        self._commit(seq)
+        spec.proposed += k
+        spec.accepted += accepted
+        self.spec_proposed += k
+        self.spec_accepted += accepted
+        self.spec_rounds += 1
+        spec.adapt(k, accepted, self.proposer.max_tokens)
+        spec.tokens, spec.probs = [], []
+        return self._push(st, tokens, [rows[j] for j in range(len(tokens))], guide_steps)
+
+    # -- output ------------------------------------------------------------------------------------
+
+    def _push(self, st: _RequestState, tids: list[int], rows: list[np.ndarray], guide_steps: list | None = None
+              ) -> RequestOutput:
+        """Append sampled tokens (one, or several after a verification) with the stop checks after each;
+        the tokens after one that ends the request are dropped. guide_steps: the guide was already advanced
+        over tids (verification): per token, (accepted, grammar complete)."""
+        seq = st.seq
+        delta, new, lps, reason = "", [], None, None
+        if seq.params.logprobs is not None:
+            lps = []
+        for j, (tid, row) in enumerate(zip(tids, rows)):
+            d, reason = self._append_token(st, tid, row, guide_steps[j] if guide_steps else None)
+            delta += d
+            new.append(tid)
+            if lps is not None:
+                lps.append(self._logprob(seq.params, tid, row))
+            if reason is not None:
+                break
+        out = RequestOutput(seq.request_id, delta, new, reason is not None, reason, seq.prompt_ids,
+                            len(seq.output_ids), lps)
+        if reason is not None:
+            seq.finish_reason = reason
+            self.scheduler.finish(seq)
+            del self.requests[seq.request_id]
+        return out
+
+    @staticmethod
+    def _logprob(params: SamplingParams, tid: int, logits: np.ndarray) -> dict:
+        ls = log_softmax(logits)
+        top = np.argsort(-ls)[: params.logprobs] if params.logprobs else []
+        return {"token_id": tid, "logprob": float(ls[tid]), "top": [(int(j), float(ls[j])) for j in top]}
+
+    def _append_token(self, st: _RequestState, tid: int, logits: np.ndarray, guide_step: tuple | None
+                      ) -> tuple[str, str | None]:
+        """One token onto the sequence: its text (held back while a stop string may be forming) and the
+        finish reason, if it ends the request."""
         seq, params, tok = st.seq, st.seq.params, self.tokenizer
-        tid = st.sampler(logits, seq.prompt_ids, seq.output_ids)
-        lp = None
-        if params.logprobs is not None:
-            ls = log_softmax(logits)
-            top = np.argsort(-ls)[: params.logprobs] if params.logprobs else []
-            lp = [{"token_id": tid, "logprob": float(ls[tid]), "top": [(int(j), float(ls[j])) for j in top]}]
         seq.token_ids.append(tid)
         reason = None
         stopped_by_string = False
         is_eos = tid in tok.stop_ids or tid in params.stop_token_ids
         complete = False  # a constraint that is complete: nothing but a stop token could follow
         if seq.guide is not None:
-            if not seq.guide.advance(tid):  # cannot happen with the mask applied; never hide it
+            guide_ok, complete = guide_step or (seq.guide.advance(tid), None)
+            if not guide_ok:  # cannot happen with the mask applied; never hide it
                 self.guide_errors += 1
                 reason = "error"
-            complete = seq.guide.done
+            if complete is None:
+                complete = seq.guide.done
         if reason is None and is_eos and not params.ignore_eos:
             reason = "stop"
         elif reason is None:
@@ -200,13 +299,7 @@ class LLMEngine:
             end = max(st.emitted, len(st.text) - (st.stop_hold - 1 if st.stop_hold else 0))
         delta = st.text[st.emitted:end]
         st.emitted = end
-        out = RequestOutput(seq.request_id, delta, [tid], reason is not None, reason, seq.prompt_ids,
-                            len(seq.output_ids), lp)
-        if reason is not None:
-            seq.finish_reason = reason
-            self.scheduler.finish(seq)
-            del self.requests[seq.request_id]
-        return out
+        return delta, reason
 
     # -- stats -----------------------------------------------------------------------------------
 
@@ -228,4 +321,18 @@ class LLMEngine:
             "grammar_cache_misses": self.grammars.misses,
             "grammar_compile_seconds": self.grammars.compile_seconds,
             "guide_errors": self.guide_errors,
+            "spec_method": self.proposer.kind if self.proposer is not None else None,
+            "spec_proposed_tokens": self.spec_proposed,
+            "spec_accepted_tokens": self.spec_accepted,
+            "spec_acceptance_rate": self.spec_accepted / self.spec_proposed if self.spec_proposed else 0.0,
+            "spec_rounds": self.spec_rounds,
         }
+
+
+def _make_proposer(spec: Speculation, config: EngineConfig, n_blocks: int):
+    if config.backend != "cpu":
+        raise SpeculationError(f"speculative decoding is not available on the {config.backend} backend yet")
+    k = spec.num_tokens or DEFAULT_TOKENS[spec.method]
+    if spec.method == "lookup":
+        return LookupProposer(k)
+    return DraftProposer(spec.draft_model, spec.draft_tokenizer, n_blocks, config.block_size, config.kv_dtype, k)

@@ -14,6 +14,7 @@ from .sequence import Sequence, SequenceStatus
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_tokens: list[int] = field(default_factory=list)  # tokens scheduled for each sequence
+    num_spec: list[int] = field(default_factory=list)  # of them, proposed (speculative) tokens to verify
     preempted: list[Sequence] = field(default_factory=list)
 
     def __bool__(self):
@@ -23,8 +24,12 @@ class ScheduledBatch:
 class Scheduler:
     """Admits waiting requests by priority then arrival while blocks last; preempts by recompute."""
 
-    def __init__(self, block_manager: BlockManager, max_seqs: int, token_budget: int, aging_steps: int = 64):
+    def __init__(self, block_manager: BlockManager, max_seqs: int, token_budget: int, aging_steps: int = 64,
+                 plan_spec=None):
         self.bm = block_manager
+        # speculative decoding: plan_spec(seq, room) -> how many proposed tokens a decoding sequence
+        # verifies this step (at most room); they count in the token budget and get KV slots
+        self.plan_spec = plan_spec
         self.max_seqs = max_seqs
         self.token_budget = token_budget
         self.aging_steps = aging_steps  # a waiting request gains one priority level per this many steps
@@ -52,6 +57,8 @@ class Scheduler:
         self.running.remove(seq)
         self.bm.free_seq(seq)
         seq.num_computed_tokens = 0
+        if seq.spec is not None:
+            seq.spec.draft_computed = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.add(seq)
@@ -81,6 +88,12 @@ class Scheduler:
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if n <= 0:
                 continue
+            k = 0
+            if self.plan_spec is not None and n == seq.num_tokens - seq.num_computed_tokens == 1 and budget > 1:
+                k = self.plan_spec(seq, budget - 1)
+                if k and not self.bm.can_append(seq, n + k):
+                    k = 0  # no room for the proposals: decode plainly rather than preempt for them
+                n += k
             while not self.bm.can_append(seq, n):
                 victim = max(self.running, key=self._victim_key)
                 self.preempt(victim)
@@ -92,6 +105,7 @@ class Scheduler:
             self.bm.append_slots(seq, n)
             out.seqs.append(seq)
             out.num_tokens.append(n)
+            out.num_spec.append(k)
             budget -= n
         # 2. admit waiting requests while there is room (not in a step that had to preempt)
         self.waiting.sort(key=self._wait_key)
@@ -101,11 +115,14 @@ class Scheduler:
                 break
             self.waiting.pop(0)
             seq.num_computed_tokens = self.bm.allocate(seq)
+            if seq.spec is not None:  # cached blocks hold the draft's KV too (see speculative.py)
+                seq.spec.draft_computed = seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             out.seqs.append(seq)
             out.num_tokens.append(n)
+            out.num_spec.append(0)
             budget -= n
         for seq in self.waiting:
             seq.waited_steps += 1

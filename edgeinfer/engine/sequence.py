@@ -33,6 +33,7 @@ class Sequence:
         self.waited_steps = 0
         self.num_preemptions = 0
         self.finish_reason: str | None = None
+        self.spec = None  # speculative.SpecState when the engine speculates
         self.guide = None  # structured.Guide of a constrained request: masks its logits, follows its tokens
 
     @property

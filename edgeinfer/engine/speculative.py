@@ -1,0 +1,276 @@
+"""Speculative decoding: a proposer guesses a sequence's next tokens, the target model checks them all in
+one forward pass, and the engine keeps the longest prefix the target agrees with plus one token of its own.
+
+Two proposers:
+
+- `LookupProposer` (prompt lookup, n-gram): the last n tokens are looked up earlier in the prompt and
+  output; the tokens that followed there are the guess. No second model; it shines where the output
+  copies its input (editing code, summarising with quotes).
+- `DraftProposer`: a smaller model with the same vocabulary runs k single-token steps per round. Its KV
+  cache has the target's block layout and shares the target's block tables, so one allocation, one
+  prefix cache and one rollback serve both models. It processes every token the target processes (the
+  prompt chunks too), so a block the prefix cache hands out holds valid KV in both caches.
+
+Exactness. Greedy: the target's argmax at each drafted position decides, so the output is token for
+token the output without speculation. Sampling: a drafted token d is kept with probability
+min(1, p(d) / q(d)) (p the target's distribution after the request's filters, q the draft's; q is one-hot
+for lookup); on a rejection the replacement is drawn from max(0, p - q), normalised. The emitted tokens
+are then distributed exactly as the target's own samples (Leviathan et al. 2023, Chen et al. 2023).
+
+KV rollback: verifying writes the target's KV for every drafted position; the positions after the last
+accepted token are stale. The sequence's computed count stops at the accepted tokens and the blocks
+past it are freed (BlockManager.trim), so block accounting stays exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..errors import EdgeInferError
+from ..models.common import KVCache
+from ..sampling import Sampler, SamplingParams
+from .model_runner import Piece, make_batch
+
+METHODS = ("lookup", "draft")
+DEFAULT_TOKENS = {"lookup": 8, "draft": 4}
+
+
+class SpeculationError(EdgeInferError, ValueError):
+    """A speculative-decoding setup that cannot work: a draft with another vocabulary, a bad method."""
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How an engine speculates: method "lookup" (prompt lookup) or "draft" (draft_model, loaded, with
+    its draft_tokenizer); num_tokens proposed at most per step (0: 8 for lookup, 4 for a draft)."""
+
+    method: str
+    num_tokens: int = 0
+    draft_model: object = None
+    draft_tokenizer: object = None
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise SpeculationError(f"speculation method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or not 0 <= self.num_tokens <= 32:
+            raise SpeculationError(f"draft tokens must be an integer in [1, 32] (0: the default), got {self.num_tokens!r}")
+        if (self.method == "draft") != (self.draft_model is not None):
+            raise SpeculationError("a draft model is needed for method 'draft', and only for it")
+
+
+class SpecState:
+    """Per-sequence speculation state, on Sequence.spec."""
+
+    __slots__ = ("k", "tokens", "probs", "draft_computed", "draft_sampler", "proposed", "accepted")
+
+    def __init__(self, k: int, params: SamplingParams):
+        self.k = k  # the number of tokens to propose next round (adapts to the acceptance)
+        self.tokens: list[int] = []  # proposed for this step
+        self.probs: list[np.ndarray | None] = []  # the draft's distribution for each (None: one-hot)
+        self.draft_computed = 0  # tokens with valid KV in the draft's cache
+        self.draft_sampler = Sampler(_draft_params(params))
+        self.proposed = 0
+        self.accepted = 0
+
+    def adapt(self, proposed: int, accepted: int, k_max: int) -> None:
+        """Grow k after a round that was accepted whole, shrink it after one that was mostly rejected."""
+        if proposed == 0:
+            return
+        if accepted == proposed:
+            self.k = min(k_max, self.k + 1)
+        elif 2 * accepted < proposed:
+            self.k = max(1, self.k - 1)
+
+
+def _draft_params(params: SamplingParams) -> SamplingParams:
+    # the draft samples with the request's filters, from a generator of its own: the request's seed
+    # stays the target's, and a seeded request drafts reproducibly too
+    if params.seed is None:
+        return params
+    return replace(params, seed=params.seed ^ 0x5EC0DE)
+
+
+class LookupProposer:
+    """Prompt lookup: propose what followed the latest earlier occurrence of the last n tokens
+    (n from ngram_max down to ngram_min)."""
+
+    kind = "lookup"
+
+    def __init__(self, max_tokens: int = DEFAULT_TOKENS["lookup"], ngram_max: int = 3, ngram_min: int = 1):
+        if not 1 <= ngram_min <= ngram_max:
+            raise SpeculationError(f"need 1 <= ngram_min <= ngram_max, got {ngram_min} and {ngram_max}")
+        self.max_tokens = max_tokens
+        self.ngram_max = ngram_max
+        self.ngram_min = ngram_min
+
+    def plan(self, seq, k: int) -> int:
+        seq.spec.tokens = lookup(seq.token_ids, k, self.ngram_max, self.ngram_min)
+        seq.spec.probs = [None] * len(seq.spec.tokens)
+        return len(seq.spec.tokens)
+
+    def propose(self, sched) -> None:
+        pass  # planned in plan(): nothing to run
+
+
+def lookup(token_ids, k: int, ngram_max: int = 3, ngram_min: int = 1) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix."""
+    if k <= 0:
+        return []
+    toks = np.asarray(token_ids, np.int64)
+    n_all = toks.shape[0]
+    for n in range(min(ngram_max, n_all - 1), ngram_min - 1, -1):
+        pat = toks[n_all - n:]
+        # candidate starts i: toks[i:i+n] == pat with i + n < n_all (something follows, and not the suffix)
+        cand = np.flatnonzero(toks[: n_all - n] == pat[0])
+        for j in range(1, n):
+            cand = cand[toks[cand + j] == pat[j]]
+        if cand.size:
+            i = int(cand[-1]) + n
+            return toks[i:i + k].tolist()
+    return []
+
+
+class DraftProposer:
+    """A draft model proposing k tokens per round, over a KV cache laid out like the target's."""
+
+    kind = "draft"
+
+    def __init__(self, model, tokenizer, n_blocks: int, block_size: int, kv_dtype: str,
+                 max_tokens: int = DEFAULT_TOKENS["draft"]):
+        cfg = model.cfg
+        self.model = model
+        self.tokenizer = tokenizer
+        self.block_size = block_size
+        self.max_tokens = max_tokens
+        self.cache = KVCache(cfg.n_layer, n_blocks, block_size, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim,
+                             kv_dtype, kb=model.kb)
+        self.vocab_size = cfg.vocab_size
+        self.num_forward_tokens = 0
+
+    def plan(self, seq, k: int) -> int:
+        return k  # the tokens are drafted after the blocks are allocated (propose)
+
+    def propose(self, sched) -> None:
+        """Catch the draft up on every scheduled sequence's tokens (prompt chunks included), then run
+        single-token steps for the sequences that speculate, filling seq.spec.tokens and .probs."""
+        pieces = []
+        for seq, n, k in zip(sched.seqs, sched.num_tokens, sched.num_spec):
+            st = seq.spec
+            end = seq.num_computed_tokens + n - k  # the real tokens the target computes this step
+            st.tokens, st.probs = [], []
+            if st.draft_computed < end:
+                pieces.append((Piece(seq, st.draft_computed, seq.token_ids[st.draft_computed:end], 1 if k else 0), k))
+                st.draft_computed = end
+        if not pieces:
+            return
+        logits = self._forward([p for p, _ in pieces])
+        active, row = [], 0
+        for p, k in pieces:
+            if p.n_logits:
+                if self._draft_one(p.seq, logits[row]) and len(p.seq.spec.tokens) < k:
+                    active.append((p.seq, k))
+                row += 1
+        while active:  # each further step feeds the token drafted last, at the position after the last
+            logits = self._forward([Piece(seq, seq.num_tokens + len(seq.spec.tokens) - 1, seq.spec.tokens[-1:], 1)
+                                    for seq, _ in active])
+            active = [(seq, k) for r, (seq, k) in enumerate(active)
+                      if self._draft_one(seq, logits[r]) and len(seq.spec.tokens) < k]
+        for seq in sched.seqs:  # the target's verification replays the guide from where it was
+            if seq.guide is not None and seq.spec.tokens:
+                seq.guide.rollback(len(seq.spec.tokens))
+
+    def _forward(self, pieces) -> np.ndarray:
+        batch = make_batch(pieces, self.block_size)
+        self.num_forward_tokens += len(batch.token_ids)
+        return self.model.forward(batch, self.cache)
+
+    def _draft_one(self, seq, logits: np.ndarray) -> bool:
+        """Draft one token from a logits row; False when the sequence should draft no further."""
+        st = seq.spec
+        hist = seq.output_ids + st.tokens
+        sampler = st.draft_sampler
+        if seq.guide is not None:
+            seq.guide.apply(logits)
+        if sampler.params.greedy:
+            tid, q = sampler.greedy(logits, seq.prompt_ids, hist), None
+        else:
+            q = sampler.probs(logits, seq.prompt_ids, hist)
+            tid = sampler.draw(q)
+        if seq.guide is not None and not seq.guide.advance(tid):
+            return False  # cannot happen with the mask applied; draft nothing past it
+        st.tokens.append(tid)
+        st.probs.append(q)
+        if seq.guide is not None and seq.guide.done:
+            return False
+        return tid not in self.tokenizer.stop_ids
+
+
+def check_same_vocab(target_tok, draft_tok) -> None:
+    """A draft must speak the target's vocabulary: the same tokens under the same ids (as llama.cpp, a
+    few extra tokens at the end of one of them are allowed), and the same begin and end tokens."""
+    if target_tok.model != draft_tok.model:
+        raise SpeculationError(f"the draft model's tokenizer is {draft_tok.model!r} but the target's is "
+                               f"{target_tok.model!r}: a draft must share the target's vocabulary")
+    n = min(len(target_tok.tokens), len(draft_tok.tokens))
+    if abs(len(target_tok.tokens) - len(draft_tok.tokens)) > 128:
+        raise SpeculationError(f"the draft model's vocabulary has {len(draft_tok.tokens)} tokens but the "
+                               f"target's has {len(target_tok.tokens)}: a draft must share the target's vocabulary")
+    for i in range(n):
+        if target_tok.tokens[i] != draft_tok.tokens[i]:
+            raise SpeculationError(f"the draft model's token {i} is {draft_tok.tokens[i]!r} but the target's is "
+                                   f"{target_tok.tokens[i]!r}: a draft must share the target's vocabulary")
+    if target_tok.bos_id != draft_tok.bos_id or set(target_tok.stop_ids) != set(draft_tok.stop_ids):
+        raise SpeculationError("the draft model's begin/end-of-text tokens differ from the target's")
+
+
+def verify(seq, logits: np.ndarray, sampler: Sampler):
+    """Check seq.spec.tokens against the target's logits rows (k + 1 of them: one per drafted position and
+    one past the last). Returns (tokens to emit, guide steps): the accepted drafted tokens, then the
+    target's own token (the replacement of the first rejected one, or the bonus after all were accepted).
+    The guide, if any, is advanced over the emitted tokens; guide steps holds, per token, whether it
+    accepted the token and whether the grammar was then complete (None without a guide)."""
+    st = seq.spec
+    drafts = st.tokens
+    k = len(drafts)
+    prompt, hist = seq.prompt_ids, seq.output_ids
+    greedy = sampler.params.greedy
+    out, steps = [], []
+    guide = seq.guide
+    for j in range(k + 1):
+        row = logits[j]
+        if guide is not None:
+            guide.apply(row)
+        if greedy:
+            tid = sampler.greedy(row, prompt, hist)
+        else:
+            p = sampler.probs(row, prompt, hist)
+            if j < k:
+                d = drafts[j]
+                q = st.probs[j]
+                qd = 1.0 if q is None else q[d]
+                pd = p[d] if d < p.shape[0] else 0.0
+                if qd > 0 and sampler.rng.random() * qd < pd:
+                    tid = d
+                else:
+                    res = p.copy()
+                    if q is None:
+                        res[d] = 0.0
+                    else:
+                        m = min(res.shape[0], q.shape[0])
+                        res[:m] = np.maximum(res[:m] - q[:m], 0.0)
+                    s = res.sum()
+                    tid = sampler.draw(res / s if s > 0 else p)
+            else:
+                tid = sampler.draw(p)
+        out.append(tid)
+        hist = hist + [tid]
+        if guide is not None:
+            ok = guide.advance(tid)
+            steps.append((ok, guide.done))
+            if not ok:
+                break
+        if j == k or tid != drafts[j]:
+            break
+    return out, steps if guide is not None else None
