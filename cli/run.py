@@ -390,9 +390,16 @@ def bench(model, threads, repeats, device, as_json, first_run, spec_prompts, spe
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True, help="Kernel backend.")
 @click.option("--shutdown-timeout", type=click.FloatRange(0, None), default=10.0, show_default=True,
               help="Seconds to let in-flight requests finish on SIGTERM/SIGINT.")
+@click.option("--draft-model", "drafts", multiple=True, metavar="[TARGET=]DRAFT",
+              help="Speculative decoding: DRAFT drafts for the one served model, or for TARGET among several "
+                   "(repeatable).")
+@click.option("--speculate", type=click.Choice(["lookup"]), default=None,
+              help="lookup: prompt-lookup speculation for every served model without a draft model.")
+@click.option("--draft-tokens", type=click.IntRange(1, 32), default=None,
+              help="Tokens proposed per step at most (default: 4 with a draft model, 8 with lookup).")
 @engine_options
 def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout, max_body_bytes, max_seqs, threads,
-          device, shutdown_timeout, kv_type, max_context, memory_budget):
+          device, shutdown_timeout, drafts, speculate, draft_tokens, kv_type, max_context, memory_budget):
     """Serve MODELS (default: smollm2-135m-instruct) over an OpenAI-compatible HTTP API."""
     try:
         import prometheus_client  # noqa: F401
@@ -419,10 +426,45 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
     per_model = None
     if memory_budget:  # one budget for the whole process: every model's weights, KV and buffers
         per_model = dict(zip(models, budget_configs(paths, base, memory_budget)))
+    speculation = serve_speculation(models, drafts, speculate, draft_tokens, device)
     cfg = ServerConfig(models=models, threads=threads, api_key=api_key, cors_origins=list(cors_origins),
                        max_queue=max_queue, request_timeout=request_timeout, max_body_bytes=max_body_bytes,
-                       max_seqs=max_seqs, backend=device, engine_config=base, model_configs=per_model)
+                       max_seqs=max_seqs, backend=device, engine_config=base, model_configs=per_model,
+                       speculation=speculation)
     sys.exit(run_server(cfg, host=host, port=port, shutdown_timeout=shutdown_timeout))
+
+
+def serve_speculation(models: list[str], drafts, speculate, draft_tokens, device: str) -> dict:
+    """model source -> LLM speculation arguments, from serve's --draft-model [TARGET=]DRAFT, --speculate and
+    --draft-tokens. Draft models are pulled now, so a bad name fails before the server starts."""
+    from edgeinfer.server.app import model_name
+
+    if (drafts or speculate) and device != "cpu":
+        raise click.ClickException(f"speculative decoding is not available on the {device} backend yet")
+    if draft_tokens and not (drafts or speculate):
+        raise click.UsageError("--draft-tokens needs --draft-model or --speculate")
+    by_name = {model_name(m): m for m in models}
+    out: dict[str, dict] = {}
+    for d in drafts:
+        target, sep, draft = d.rpartition("=")
+        if not sep:
+            if len(models) != 1:
+                raise click.UsageError(f"--draft-model {d}: with several models, say which one it drafts for "
+                                       "(TARGET=DRAFT)")
+            target = models[0]
+        elif target in by_name:
+            target = by_name[target]
+        elif target not in models:
+            raise click.UsageError(f"--draft-model {d}: {target!r} is not one of the served models "
+                                   f"({', '.join(by_name)})")
+        if target in out:
+            raise click.UsageError(f"--draft-model: two drafts for {target!r}")
+        registry.resolve(draft, progress=True)
+        out[target] = {"draft": draft, "draft_tokens": draft_tokens or 0}
+    if speculate:
+        for m in models:
+            out.setdefault(m, {"speculate": speculate, "draft_tokens": draft_tokens or 0})
+    return out
 
 
 def budget_configs(paths, base, budget_mb: float):

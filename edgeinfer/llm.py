@@ -78,6 +78,8 @@ class LLM:
             self.timings[name] = now - lap
             lap = now
 
+        if (draft or speculate) and config.backend != "cpu":
+            raise SpeculationError(f"speculative decoding is not available on the {config.backend} backend yet")
         try:
             self.kernels = get_backend(config.backend)
         except RuntimeError as e:  # e.g. the CUDA backend with no GPU: say what is missing
@@ -111,8 +113,6 @@ class LLM:
             raise SpeculationError("give either a draft model or speculate='lookup', not both")
         if method == "draft" and not draft:
             raise SpeculationError("speculate='draft' needs a draft model")
-        if config.backend != "cpu":
-            raise SpeculationError(f"speculative decoding is not available on the {config.backend} backend yet")
         if method != "draft":
             return Speculation(method, draft_tokens)
         path = registry.resolve(draft, progress=progress)

@@ -179,3 +179,44 @@ def test_chat_with_qwen_uses_its_own_template():
     stats = json.loads(lines[-1])
     # the template's default system prompt ("You are Qwen, created by Alibaba Cloud. ...") is in the prompt
     assert stats["prompt_tokens"] > 25 and stats["completion_tokens"] > 0
+
+
+def test_speculation_on_the_command_line(tiny_llama_path, tmp_path):
+    """generate and chat with --speculate lookup and --draft-model: the same greedy text as without, and
+    the counters in --json / /stats; bench --spec-only measures with and without."""
+    from gguf.constants import GGMLQuantizationType as T
+    from tiny_models import write_tiny_llama
+
+    draft = tmp_path / "draft.gguf"
+    write_tiny_llama(draft, qtype=T.Q4_0)
+    base = ["generate", tiny_llama_path, "the hen the hen the hen", "-n", 30, "-t", 0, "--json"]
+    want = json.loads(run(*base).stdout.strip().splitlines()[-1])
+    for extra in (["--speculate", "lookup"], ["--draft-model", draft, "--draft-tokens", 3]):
+        r = run(*base, *extra)
+        assert r.exit_code == 0, r.output
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert got["text"] == want["text"]
+        assert got["spec_proposed_tokens"] > 0 and 0 <= got["spec_acceptance_rate"] <= 1
+    r = run("chat", tiny_llama_path, "-t", 0, "-n", 10, "--speculate", "lookup", input="hi\n/stats\n")
+    assert r.exit_code == 0, r.output
+    assert '"spec_method": "lookup"' in r.output
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(["the hen the hen", {"prompt": "abc abc"}, {"messages": [{"role": "user",
+                                                                                           "content": "hi"}]}]))
+    r = run("bench", tiny_llama_path, "--speculate", "lookup", "--spec-only", "--repeats", 1, "--json",
+            "--spec-prompts", prompts)
+    assert r.exit_code == 0, r.output
+    spec = json.loads(r.stdout.strip().splitlines()[-1])["speculation"]
+    assert spec["identical_output"] is True and spec["proposed_tokens"] > 0
+    assert spec["decode_tok_s_with"] > 0 and spec["decode_tok_s_without"] > 0
+
+
+def test_bad_speculation_options(tiny_llama_path, tiny_gemma3_path):
+    for args, fragment in [(["--draft-model", tiny_gemma3_path], "vocabulary"),
+                           (["--draft-model", tiny_llama_path, "--speculate", "lookup"], "not both"),
+                           (["--draft-tokens", 4], "draft_tokens needs"),
+                           (["--speculate", "lookup", "--device", "cuda"], "not available on the cuda backend")]:
+        r = run("generate", tiny_llama_path, "hi", "-n", 2, *args)
+        assert r.exit_code != 0 and fragment in r.output and "Traceback" not in r.output, (args, r.output)
+    r = run("bench", tiny_llama_path, "--spec-only")
+    assert r.exit_code != 0 and "--spec-only needs" in r.output

@@ -555,3 +555,44 @@ def test_bad_structured_requests_are_400_naming_the_field(server, body, param):
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
     assert server.wait_blocks_freed(5)
+
+
+def test_speculative_decoding_through_the_server(tiny_llama_path, tiny_gemma3_path, tmp_path):
+    """A draft model for one served model (TARGET=DRAFT) and prompt lookup for the other: greedy replies,
+    streamed and not, are those of the model alone, and /metrics counts proposed and accepted tokens."""
+    from gguf.constants import GGMLQuantizationType as T
+    from tiny_models import write_tiny_llama
+
+    from edgeinfer import LLM, SamplingParams
+
+    draft = tmp_path / "tiny-draft.gguf"
+    write_tiny_llama(draft, qtype=T.Q4_0, n_ctx=4096, dim=256, n_head=4, n_kv=2, ffn=1024, n_layer=8)
+    prompt = "the hen the hen the hen the"
+    want = {p.stem: LLM(str(p), progress=False).generate(prompt, SamplingParams(temperature=0, max_tokens=24,
+                                                                                ignore_eos=True))[0].text
+            for p in (tiny_llama_path, tiny_gemma3_path)}
+    s = Server(tiny_llama_path, tiny_gemma3_path, "--draft-model", f"tiny-llama={draft}", "--speculate", "lookup"
+               ).wait_ready()
+    try:
+        c = s.client()
+        for name in ("tiny-llama", "tiny-gemma3"):
+            kw = dict(model=name, prompt=prompt, max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+            assert c.completions.create(**kw).choices[0].text == want[name]
+            streamed = "".join(ch.choices[0].text for ch in c.completions.create(stream=True, **kw))
+            assert streamed == want[name]
+            assert s.metric(f'edgeinfer_spec_proposed_tokens_total{{model="{name}"') > 0
+            assert s.metric(f'edgeinfer_spec_accepted_tokens_total{{model="{name}"') > 0
+        assert s.wait_blocks_freed(5)
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--draft-model", "nobody=x.gguf"], "not one of the served models"),
+    (["--draft-tokens", "3"], "--draft-tokens needs"),
+    (["--draft-model", "no-such-draft-model"], "no-such-draft-model"),
+])
+def test_bad_speculation_options_fail_before_serving(tiny_llama_path, args, message):
+    r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "serve", str(tiny_llama_path), *args,
+                        "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr

@@ -46,15 +46,18 @@ class ServerConfig:
     backend: str = "cpu"
     engine_config: EngineConfig | None = None
     model_configs: dict | None = None  # model source -> its own EngineConfig (a shared memory budget)
+    # model source -> LLM keyword arguments for speculative decoding (draft, speculate, draft_tokens)
+    speculation: dict | None = None
 
 
 class ServedModel:
     """One model: loaded in the background, then served through its engine loop."""
 
-    def __init__(self, name: str, source: str, engine_config: EngineConfig):
+    def __init__(self, name: str, source: str, engine_config: EngineConfig, speculation: dict | None = None):
         self.name = name
         self.source = source
         self.engine_config = engine_config
+        self.speculation = speculation or {}
         self.llm = None
         self.loop = None
         self.error: str | None = None
@@ -69,7 +72,7 @@ class ServedModel:
         from ..llm import LLM
 
         try:
-            self.llm = LLM(self.source, engine_config=self.engine_config, progress=False)
+            self.llm = LLM(self.source, engine_config=self.engine_config, progress=False, **self.speculation)
             self.llm.chat_template  # compiled now: a template that does not parse fails the load, not a request
             self.loop = EngineLoop(self.llm.engine, self.name).start()
         except Exception as e:  # reported by /health and every request to this model
@@ -97,7 +100,8 @@ def create_app(config: ServerConfig) -> Starlette:
         name = model_name(source)
         if name in served:
             raise EdgeInferError(f"model {name!r} is given twice")
-        served[name] = ServedModel(name, source, (config.model_configs or {}).get(source, engine_config))
+        served[name] = ServedModel(name, source, (config.model_configs or {}).get(source, engine_config),
+                                   (config.speculation or {}).get(source))
     metrics = Metrics(served)
 
     # -- helpers ---------------------------------------------------------------------------------

@@ -33,10 +33,20 @@ class _EngineCollector:
                                      labels=["model"])
         compile_s = CounterMetricFamily("edgeinfer_grammar_compile_seconds", "Time spent compiling constraints",
                                         labels=["model"])
+        proposed = CounterMetricFamily("edgeinfer_spec_proposed_tokens", "Speculative decoding: tokens proposed "
+                                       "(by the draft model or prompt lookup) and verified", labels=["model"])
+        accepted = CounterMetricFamily("edgeinfer_spec_accepted_tokens", "Speculative decoding: proposed tokens "
+                                       "the model accepted", labels=["model"])
+        rate = GaugeMetricFamily("edgeinfer_spec_acceptance_rate", "Speculative decoding: accepted / proposed "
+                                 "tokens since start", labels=["model"])
         for sm in self.served.values():
             if not sm.ready:
                 continue
             s = sm.llm.engine.stats()
+            if s["spec_method"]:
+                proposed.add_metric([sm.name], s["spec_proposed_tokens"])
+                accepted.add_metric([sm.name], s["spec_accepted_tokens"])
+                rate.add_metric([sm.name], s["spec_acceptance_rate"])
             g["running_sequences"].add_metric([sm.name], s["running"])
             g["waiting_sequences"].add_metric([sm.name], s["waiting"])
             g["kv_blocks_used"].add_metric([sm.name], s["kv_blocks_used"])
@@ -50,7 +60,7 @@ class _EngineCollector:
             reuses.add_metric([sm.name], s["grammar_cache_hits"])
             compile_s.add_metric([sm.name], s["grammar_compile_seconds"])
         yield from g.values()
-        yield from (preempt, queries, hits, compiles, reuses, compile_s)
+        yield from (preempt, queries, hits, compiles, reuses, compile_s, proposed, accepted, rate)
 
 
 class Metrics:
