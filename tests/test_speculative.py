@@ -14,7 +14,7 @@ from tiny_models import write_tiny_llama
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 # repetitive prompts give prompt lookup something to find; the tiny models also fall into loops
 PROMPTS = ["the hen the hen the hen the", "abc abc abc", "in a on then sat", "x", "there was a hen, there was a",
-           "on then on then on then on then on"]
+           "on then on then on then on then on", "on then in a sat on then in a"]
 CFG = dict(max_seqs=8, num_kv_blocks=96, block_size=4)
 
 
@@ -71,8 +71,11 @@ def run_checked(llm, prompts, params):
 def test_lookup_finds_the_latest_longest_match():
     assert lookup([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == [4, 5, 1]  # the latest [1, 2]
     assert lookup([7, 1, 2, 3, 8, 2, 3], 2) == [8, 2]  # [2, 3] occurs before
+    assert lookup([1, 2, 3, 7, 9, 2, 3, 8, 1, 2, 3], 2) == [7, 9]  # [1, 2, 3] beats the later [2, 3]
     assert lookup([5, 6, 7, 8], 4) == []  # nothing repeats
-    assert lookup([4, 4], 3) == [4]  # only what exists after the match
+    assert lookup([3, 5, 6, 3], 2) == []  # one token alone is no match (ngram_min 2)
+    assert lookup([3, 5, 6, 3], 2, ngram_min=1) == [5, 6]
+    assert lookup([4, 4, 4], 3) == [4]  # only what exists after the match
     assert lookup([1, 2, 1], 0) == []
 
 

@@ -58,9 +58,9 @@ def llama_spec(bin_dir: str, model: str, draft: str | None, prompt_text: str, th
         f.write(prompt_text)
     try:
         common = ["-m", model, "-f", f.name, "-n", str(max_tokens), "-t", str(threads), "-tb", str(threads),
-                  "--temp", "0", "-c", "4096", "--draft-max", str(draft_max), "-no-cnv"]
+                  "--temp", "0", "-c", "4096", "--spec-draft-n-max", str(draft_max)]
         if draft:
-            cmd = [os.path.join(bin_dir, "llama-speculative-simple"), *common, "-md", draft, "--draft-min", "0",
+            cmd = [os.path.join(bin_dir, "llama-speculative-simple"), *common, "-md", draft,
                    "-td", str(threads), "-tbd", str(threads)]
         else:
             cmd = [os.path.join(bin_dir, "llama-lookup"), *common]
@@ -89,8 +89,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-bin", default=None, help="A llama.cpp build's bin directory, for its figures.")
-    ap.add_argument("--llama-draft-max", type=int, default=16,
-                    help="llama.cpp's --draft-max (its default is 16; it stops drafting early by confidence).")
+    ap.add_argument("--llama-draft-max", type=int, default=0,
+                    help="llama.cpp's --spec-draft-n-max (default: the same cap as ours).")
     args = ap.parse_args()
 
     prompts = load_spec_prompts(args.prompts)
@@ -121,7 +121,8 @@ def main():
         runs = []
         for r in range(args.repeats):
             print(f"  llama.cpp speculative: run {r + 1}/{args.repeats}", flush=True)
-            res = [llama_spec(args.llama_bin, target, draft, t, args.threads, args.max_tokens, args.llama_draft_max)
+            res = [llama_spec(args.llama_bin, target, draft, t, args.threads, args.max_tokens,
+                              args.llama_draft_max or ours["max_draft_tokens"])
                    for t in texts]
             runs.append(res)
         rates = [sum(x["tokens"] for x in res) / sum(x["seconds"] for x in res) for res in runs]

@@ -218,7 +218,7 @@ class LLMEngine:
         self.spec_proposed += k
         self.spec_accepted += accepted
         self.spec_rounds += 1
-        spec.adapt(k, accepted, self.proposer.max_tokens)
+        spec.adapt(k, accepted, self.proposer.max_tokens, self.proposer.cheap)
         spec.tokens, spec.probs = [], []
         return self._push(st, tokens, [rows[j] for j in range(len(tokens))], guide_steps)
 

@@ -74,11 +74,17 @@ class SpecState:
         self.proposed = 0
         self.accepted = 0
 
-    def adapt(self, proposed: int, accepted: int, k_max: int) -> None:
-        """Grow k after a round that was accepted whole, shrink it after one that was mostly rejected."""
+    def adapt(self, proposed: int, accepted: int, k_max: int, cheap: bool) -> None:
+        """Grow k after a round that was accepted whole, shrink it after one that was not.
+        cheap (lookup: proposing costs nothing, only verifying does): double after a whole acceptance and
+        drop to what was accepted after a miss, since copied text comes in long runs that end abruptly.
+        Otherwise (a draft model, one pass per proposal): one up after a whole acceptance, one down after
+        a round mostly rejected."""
         if proposed == 0:
             return
-        if accepted == proposed:
+        if cheap:
+            self.k = min(k_max, 2 * self.k) if accepted == proposed else max(1, accepted)
+        elif accepted == proposed:
             self.k = min(k_max, self.k + 1)
         elif 2 * accepted < proposed:
             self.k = max(1, self.k - 1)
@@ -94,11 +100,13 @@ def _draft_params(params: SamplingParams) -> SamplingParams:
 
 class LookupProposer:
     """Prompt lookup: propose what followed the latest earlier occurrence of the last n tokens
-    (n from ngram_max down to ngram_min)."""
+    (n from ngram_max down to ngram_min). A longer match is likelier to continue the same way: code
+    repeats short token runs (`self.`, `    def`) everywhere, and a single-token match is mostly noise."""
 
     kind = "lookup"
+    cheap = True
 
-    def __init__(self, max_tokens: int = DEFAULT_TOKENS["lookup"], ngram_max: int = 3, ngram_min: int = 1):
+    def __init__(self, max_tokens: int = DEFAULT_TOKENS["lookup"], ngram_max: int = 6, ngram_min: int = 2):
         if not 1 <= ngram_min <= ngram_max:
             raise SpeculationError(f"need 1 <= ngram_min <= ngram_max, got {ngram_min} and {ngram_max}")
         self.max_tokens = max_tokens
@@ -114,7 +122,7 @@ class LookupProposer:
         pass  # planned in plan(): nothing to run
 
 
-def lookup(token_ids, k: int, ngram_max: int = 3, ngram_min: int = 1) -> list[int]:
+def lookup(token_ids, k: int, ngram_max: int = 6, ngram_min: int = 2) -> list[int]:
     """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix."""
     if k <= 0:
         return []
@@ -136,6 +144,7 @@ class DraftProposer:
     """A draft model proposing k tokens per round, over a KV cache laid out like the target's."""
 
     kind = "draft"
+    cheap = False
 
     def __init__(self, model, tokenizer, n_blocks: int, block_size: int, kv_dtype: str,
                  max_tokens: int = DEFAULT_TOKENS["draft"]):
