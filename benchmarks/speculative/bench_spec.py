@@ -60,7 +60,7 @@ def llama_spec(bin_dir: str, model: str, draft: str | None, prompt_text: str, th
         common = ["-m", model, "-f", f.name, "-n", str(max_tokens), "-t", str(threads), "-tb", str(threads),
                   "--temp", "0", "-c", "4096", "--spec-draft-n-max", str(draft_max)]
         if draft:
-            cmd = [os.path.join(bin_dir, "llama-speculative-simple"), *common, "-md", draft,
+            cmd = [os.path.join(bin_dir, "llama-speculative-simple"), *common, "-md", draft, "--spec-type", "draft-simple",
                    "-td", str(threads), "-tbd", str(threads)]
         else:
             cmd = [os.path.join(bin_dir, "llama-lookup"), *common]
