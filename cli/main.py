@@ -132,9 +132,9 @@ def inspect(model, as_json, memory, kv_type, max_context):
         click.echo(f"  {'total when all is resident':<32} {m['total_mb']:>8.1f} MB")
 
 
-from .run import bench, chat, generate, perplexity, quantize_model_cmd, serve, system, warmup  # noqa: E402
+from .run import bench, chat, embed, generate, perplexity, quantize_model_cmd, serve, system, warmup  # noqa: E402
 
-for _cmd in (generate, chat, perplexity, warmup, bench, serve, system):
+for _cmd in (generate, chat, embed, perplexity, warmup, bench, serve, system):
     main.add_command(_cmd)
 main.add_command(quantize_model_cmd, "quantize-model")
 main.add_command(quantize_model_cmd, "quantize")  # short alias

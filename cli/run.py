@@ -184,6 +184,44 @@ def spec_stats(llm) -> dict:
             for k in ("spec_method", "spec_proposed_tokens", "spec_accepted_tokens", "spec_acceptance_rate")}
 
 
+@click.command()
+@click.argument("model")
+@click.argument("texts", nargs=-1)
+@click.option("--file", "file", type=click.File("r", encoding="utf-8"), default=None,
+              help="Embed each non-empty line of this file ('-': standard input), after any TEXTs.")
+@click.option("--dimensions", type=click.IntRange(1, None), default=None,
+              help="Keep the first N values of each vector, renormalised (Matryoshka models).")
+@click.option("--truncate", is_flag=True, help="Cut texts longer than the context (default: an error).")
+@click.option("--no-normalize", "no_normalize", is_flag=True, help="Raw pooled vectors, not unit length.")
+@click.option("--pooling", type=click.Choice(["mean", "cls", "last"]), default=None,
+              help="How token vectors become one (default: the model's; mean for generative models).")
+@click.option("--threads", type=click.IntRange(0, None), default=0, help="Compute threads (default: all cores).")
+def embed(model, texts, file, dimensions, truncate, no_normalize, pooling, threads):
+    """Embed TEXTs with MODEL and print the /v1/embeddings JSON: {"model", "data": [{"index",
+    "embedding"}], "usage"}.
+
+    nomic-embed-text-v1.5 expects a task prefix, which you add:
+
+        edgeinfer embed nomic-embed-text-v1.5 "search_query: what is a KV cache?"
+        edgeinfer embed nomic-embed-text-v1.5 --file passages.txt   # lines like "search_document: ..."
+
+    A generative model gives its mean-pooled final hidden state (llama.cpp's --embedding)."""
+    items = list(texts)
+    if file is not None:
+        items += [line.rstrip("\n") for line in file if line.strip()]
+    if not items:
+        raise click.UsageError("give at least one TEXT or --file")
+    llm = load(model, threads)
+    seqs = llm.embed_tokens(items, truncate)
+    vecs = llm.embed(seqs, normalize=not no_normalize, pooling=pooling, dimensions=dimensions)
+    n = sum(len(s) for s in seqs)
+    name = registry.lookup(model).name if registry.lookup(model) else llm.path.stem
+    click.echo(json.dumps({"object": "list", "model": name,
+                           "data": [{"object": "embedding", "index": i, "embedding": [round(float(x), 7) for x in v]}
+                                    for i, v in enumerate(vecs)],
+                           "usage": {"prompt_tokens": n, "total_tokens": n}}))
+
+
 CHAT_HELP = "commands: /reset (new conversation), /system TEXT, /stats, /exit (or Ctrl-D); Ctrl-C stops an answer"
 
 

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from .chat_template import ChatTemplate
 
 
+class NotAGeneratorError(EdgeInferError, ValueError):
+    """Generation asked of an embedding (encoder) model."""
+
+
 @dataclass
 class Completion:
     """One finished generation."""
@@ -91,13 +95,23 @@ class LLM:
         _announce_compile(progress)
         self.model = load_model(self.gguf, self.kernels)
         self.config = self.model.cfg
+        # an encoder (an embedding model such as nomic-bert) has no engine: it embeds, never generates
+        self.is_encoder = bool(getattr(self.model, "is_encoder", False))
         mark("weights_s")
         self._chat_template = None
         self._template_source = self.gguf.get("tokenizer.chat_template")
-        speculation = self._speculation(draft, speculate, draft_tokens, config, progress)
-        if speculation is not None:
-            mark("draft_s")
-        self.engine = LLMEngine(self.model, self.tokenizer, config, model_id=str(self.path), speculation=speculation)
+        self.engine_config = config
+        if self.is_encoder:
+            if draft or speculate:
+                raise SpeculationError(f"{self.path.name} is an embedding model: it does not generate, so it "
+                                       "cannot speculate")
+            self.engine = None
+        else:
+            speculation = self._speculation(draft, speculate, draft_tokens, config, progress)
+            if speculation is not None:
+                mark("draft_s")
+            self.engine = LLMEngine(self.model, self.tokenizer, config, model_id=str(self.path),
+                                    speculation=speculation)
         self.gguf.close()  # weights are repacked copies; drop the file mapping from memory
         mark("engine_s")
         self.load_seconds = time.perf_counter() - t0
@@ -147,7 +161,13 @@ class LLM:
     def detokenize(self, ids: Seq[int]) -> str:
         return self.tokenizer.decode(ids)
 
+    def _need_decoder(self) -> None:
+        if self.is_encoder:
+            raise NotAGeneratorError(f"{self.path.name} is an embedding model ({self.config.arch}): it cannot "
+                                     "generate text; use embed()")
+
     def _prompt_ids(self, prompt, parse_special: bool = False) -> list[int]:
+        self._need_decoder()
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_bos=None, parse_special=parse_special)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
@@ -207,6 +227,7 @@ class LLM:
     def stream(self, prompt, params: SamplingParams | None = None, *, parse_special: bool = False
                ) -> Iterator[StreamChunk]:
         """Yield text deltas (with their token ids) as they are generated."""
+        self._need_decoder()
         params = params or SamplingParams()
         rid = self.engine.add_request(self._prompt_ids(prompt, parse_special), params)
         done = False
@@ -225,6 +246,96 @@ class LLM:
 
     def _drain(self) -> None:
         self.engine.step()
+
+    # -- embeddings ----------------------------------------------------------------------------------
+
+    @property
+    def embed_context(self) -> int:
+        """The most tokens one text may have for embed()."""
+        return self.config.context_length if self.is_encoder else self.engine.max_context
+
+    def embed(self, texts, *, normalize: bool = True, truncate: bool = False, pooling: str | None = None,
+              dimensions: int | None = None, batch_tokens: int = 8192) -> np.ndarray:
+        """One vector per text: a float32 array (len(texts), dim), or (dim,) for a single str.
+
+        texts: a str, a list of str, or a list of token-id lists. An encoder (nomic-bert) gives its pooled
+        output (mean pooling, as the model's file says); a generative model gives its final hidden state
+        after the output norm, mean-pooled over the tokens or the last token's (pooling="last"), as
+        llama.cpp's --embedding does. normalize: unit length (L2). dimensions: keep the first n values
+        (Matryoshka models such as nomic-embed-text-v1.5 are trained for it), renormalised. A text longer
+        than the context is an error unless truncate, which keeps its first tokens (and the closing [SEP]).
+        Texts are computed together, up to batch_tokens tokens per pass. nomic-embed expects a task
+        prefix that the caller adds: "search_query: ..." for queries, "search_document: ..." for passages."""
+        single = isinstance(texts, str)
+        seqs = self.embed_tokens([texts] if single else texts, truncate)
+        if pooling is None:
+            pooling = getattr(self.model, "pooling", "mean")
+        if pooling not in ("mean", "cls", "last"):
+            raise ValueError(f"pooling must be 'mean', 'cls' or 'last', got {pooling!r}")
+        dim = self.config.dim
+        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
+                                       or not 1 <= dimensions <= dim):
+            raise ValueError(f"dimensions must be an integer in [1, {dim}], got {dimensions!r}")
+        out = np.empty((len(seqs), dim), np.float32)
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # like lengths together
+        i = 0
+        while i < len(order):
+            group, n = [], 0
+            while i < len(order) and (not group or n + len(seqs[order[i]]) <= batch_tokens):
+                group.append(order[i])
+                n += len(seqs[order[i]])
+                i += 1
+            states = self.model.encode([seqs[j] for j in group]) if self.is_encoder else \
+                [self._decoder_states(seqs[j], pooling) for j in group]
+            for j, h in zip(group, states):
+                out[j] = h.mean(axis=0) if pooling == "mean" else (h[0] if pooling == "cls" else h[-1])
+        if dimensions is not None:
+            out = np.ascontiguousarray(out[:, :dimensions])
+        if normalize:
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), np.float32(1e-12))
+        return out[0] if single else out
+
+    def embed_tokens(self, texts, truncate: bool = False) -> list[list[int]]:
+        """The token ids embed() computes for each text (with the model's special tokens), checked against
+        the context (or truncated to it)."""
+        if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or not texts:
+            raise ValueError("texts must be a non-empty list of strings or of token-id lists")
+        tok, n_ctx = self.tokenizer, self.embed_context
+        seqs = []
+        for i, t in enumerate(texts):
+            if isinstance(t, str):
+                ids = tok.encode(t, add_bos=None)
+            elif isinstance(t, (list, tuple)) and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+                                                     for x in t):
+                ids = [int(x) for x in t]
+                bad = [x for x in ids if not 0 <= x < tok.vocab_size]
+                if bad:
+                    raise ValueError(f"text {i}: token id {bad[0]} is outside the vocabulary of {tok.vocab_size}")
+            else:
+                raise ValueError(f"text {i} must be a string or a list of token ids, got {type(t).__name__}")
+            if not ids:
+                raise ValueError(f"text {i} is empty: give at least one token")
+            if len(ids) > n_ctx:
+                if not truncate:
+                    raise PromptTooLongError(f"text {i} has {len(ids)} tokens but the context holds {n_ctx}: "
+                                             "shorten it, or truncate")
+                sep = getattr(tok, "sep_id", None)
+                ids = ids[: n_ctx - 1] + [ids[-1]] if sep is not None and ids[-1] == sep else ids[:n_ctx]
+            seqs.append(ids)
+        return seqs
+
+    def _decoder_states(self, ids: list[int], pooling: str) -> np.ndarray:
+        # a generative model's final hidden states, (n, dim) (only the last row for pooling "last"),
+        # through a KV cache of its own so the engine's is untouched
+        bs = self.engine.config.block_size
+        n = len(ids)
+        n_blocks = -(-n // bs)
+        cache = KVCache(self.config.n_layer, n_blocks, bs, self.config.n_kv_head, self.config.head_dim,
+                        self.config.v_head_dim, self.engine.config.kv_dtype, kb=self.kernels)
+        pos = np.arange(n)
+        rows = [n - 1] if pooling == "last" else np.arange(n)
+        batch = Batch(ids, pos, np.zeros(n), pos, np.arange(n_blocks)[None], rows)
+        return self.model.forward(batch, cache, hidden=True)
 
     def render_chat(self, messages, add_generation_prompt: bool = True, tools=None) -> list[int]:
         """Token ids of a conversation through the chat template; `tools` (edgeinfer.tools.Tool) go
@@ -281,6 +392,7 @@ class LLM:
 
     def perplexity_details(self, text: str, n_ctx: int = 512, chunks: int | None = None,
                            progress: bool = False) -> dict:
+        self._need_decoder()
         if n_ctx < 16:
             raise ValueError(f"n_ctx must be >= 16, got {n_ctx}")
         if n_ctx > self.engine.max_context:
@@ -322,7 +434,7 @@ class LLM:
                 "tok_s": round(n_chunks * n_ctx / forward_s, 1)}
 
     def stats(self) -> dict:
-        return self.engine.stats()
+        return self.engine.stats() if self.engine is not None else {}
 
 
 def fit_budget_for(gf: GGUFFile, config: EngineConfig) -> EngineConfig:

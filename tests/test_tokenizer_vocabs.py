@@ -4,7 +4,8 @@ llama.cpp's models/ folder (ggml-vocab-*.gguf) with their .inp/.out files of exp
 
 The files come from the llama-cpp-python 0.3.36 source package, fetched once with pip into the model
 cache ($EDGEINFER_HOME/vocab-tests), the way catalog models are. Every file with expected outputs whose
-tokenizer model is `gpt2` (byte-level BPE) or `llama` (SentencePiece) is checked token for token,
+tokenizer model is `gpt2` (byte-level BPE), `llama` (SentencePiece) or `bert` (WordPiece) is checked token
+for token,
 whatever its pre-tokenizer; the others must fail to load with a clear error."""
 
 import os
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.model
 
 SDIST = "llama-cpp-python==0.3.36"
 SEP = "\n__ggml_vocab_test__\n"
-SUPPORTED = ("gpt2", "llama")
+SUPPORTED = ("gpt2", "llama", "bert")
 
 
 def vocab_dir() -> Path:
@@ -81,14 +82,15 @@ def test_every_supported_vocabulary_matches_llama_cpp(vocab_files):
         checked.append(path.name)
         pre_tokenizers.add(GGUFFile(path).get("tokenizer.ggml.pre"))
     # llama-spm, phi-3, gpt-2, llama-bpe, qwen2, qwen35, starcoder, refact, command-r, falcon, mpt,
-    # deepseek-llm, deepseek-coder at llama-cpp-python 0.3.36
-    assert len(checked) >= 13, checked
+    # deepseek-llm, deepseek-coder, bert-bge at llama-cpp-python 0.3.36
+    assert len(checked) >= 14, checked
+    assert "ggml-vocab-bert-bge.gguf" in checked
     assert {"qwen2", "llama-bpe", "deepseek-llm", "falcon"} <= pre_tokenizers
 
 
 def test_unsupported_tokenizer_models_are_a_clear_error(vocab_files):
     others = [p for p in vocab_files if tokenizer_model(p) not in SUPPORTED]
-    assert others  # bert-bge (WordPiece), gemma-4
+    assert others  # gemma-4
     for path in others:
         with pytest.raises(TokenizerError, match=rf"tokenizer '{tokenizer_model(path)}' is not supported"):
             Tokenizer(GGUFFile(path))

@@ -162,3 +162,55 @@ def write_tiny_gemma3(path, *, qtype: T = T.Q8_0, n_layer: int = 7, dim: int = 6
         _add_tensor(w, p + "post_ffw_norm.weight", norm(dim), T.F32)
     _add_tensor(w, "output_norm.weight", norm(dim), T.F32)
     _finish(w)
+
+
+def bert_vocab() -> list[str]:
+    """A small WordPiece vocabulary as llama.cpp stores it: word-initial pieces start with "▁"."""
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+    words = ["the", "hen", "sat", "on", "mat", "dog", "ran", "search", "query", "document", "cache", "cat"]
+    return (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"▁{w}" for w in words] + ["ing", "s", "ed"]
+            + [f"▁{c}" for c in letters] + list(letters) + ["▁.", "▁,", "▁:", "▁!", "▁?"])
+
+
+def write_tiny_nomic_bert(path, *, n_layer: int = 2, dim: int = 64, n_head: int = 4, ffn: int = 96, n_ctx: int = 128,
+                          seed: int = 0, wtype: T = T.F16) -> None:
+    """A `nomic-bert` encoder (nomic-embed-text's architecture) with a WordPiece vocabulary."""
+    rng = np.random.default_rng(seed)
+    tokens = bert_vocab()
+    vocab = len(tokens)
+    w = gguf.GGUFWriter(str(path), "nomic-bert")
+    w.add_block_count(n_layer)
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(n_head)
+    w.add_layer_norm_eps(1e-12)
+    w.add_rope_freq_base(1000.0)
+    w.add_causal_attention(False)
+    w.add_pooling_type(gguf.PoolingType.MEAN)
+    w.add_token_type_count(2)
+    w.add_tokenizer_model("bert")
+    w.add_token_list(tokens)
+    w.add_token_types([3] * 5 + [1] * (vocab - 5))
+    w.add_bos_token_id(2)
+    w.add_unk_token_id(1)
+    w.add_sep_token_id(3)
+    w.add_pad_token_id(0)
+    w.add_mask_token_id(4)
+    s = 1 / np.sqrt(dim)
+    _add_tensor(w, "token_embd.weight", rng.standard_normal((vocab, dim)) * 0.5, wtype)
+    _add_tensor(w, "token_types.weight", rng.standard_normal((2, dim)) * 0.1, T.F32)
+    w.add_tensor("token_embd_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+    w.add_tensor("token_embd_norm.bias", (0.1 * rng.standard_normal(dim)).astype(np.float32))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add_tensor(w, p + "attn_qkv.weight", rng.standard_normal((3 * dim, dim)) * s, wtype)
+        _add_tensor(w, p + "attn_output.weight", rng.standard_normal((dim, dim)) * s, wtype)
+        w.add_tensor(p + "attn_output_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+        w.add_tensor(p + "attn_output_norm.bias", (0.1 * rng.standard_normal(dim)).astype(np.float32))
+        _add_tensor(w, p + "ffn_up.weight", rng.standard_normal((ffn, dim)) * s, wtype)
+        _add_tensor(w, p + "ffn_gate.weight", rng.standard_normal((ffn, dim)) * s, wtype)
+        _add_tensor(w, p + "ffn_down.weight", rng.standard_normal((dim, ffn)) / np.sqrt(ffn), wtype)
+        w.add_tensor(p + "layer_output_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+        w.add_tensor(p + "layer_output_norm.bias", (0.1 * rng.standard_normal(dim)).astype(np.float32))
+    _finish(w)

@@ -16,6 +16,13 @@ _ids = itertools.count()
 _STEP_LOCK = threading.Lock()
 
 
+def exclusive(fn, *args, **kwargs):
+    """Run fn while no engine step runs (any model's): for compute outside the engines that shares the
+    cores and a model's buffers, such as embeddings."""
+    with _STEP_LOCK:
+        return fn(*args, **kwargs)
+
+
 class EngineLoop:
     def __init__(self, engine: LLMEngine, name: str = "engine"):
         self.engine = engine

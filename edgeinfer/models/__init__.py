@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from . import gemma3, llama, qwen2
+from . import gemma3, llama, nomic_bert, qwen2
 from .common import ModelLoadError
 
-ARCHITECTURES = {llama.ARCH: llama, gemma3.ARCH: gemma3, qwen2.ARCH: qwen2}
+ARCHITECTURES = {llama.ARCH: llama, gemma3.ARCH: gemma3, qwen2.ARCH: qwen2, nomic_bert.ARCH: nomic_bert}
 
 
 def _module(gf):

@@ -73,7 +73,7 @@ class Model(llama.Model):
         self.kb.scale_(x, self.cfg.embed_scale)
         return x
 
-    def forward_per_op(self, batch: Batch, cache: KVCache) -> np.ndarray:
+    def forward_per_op(self, batch: Batch, cache: KVCache, hidden: bool = False) -> np.ndarray:
         kb, cfg = self.kb, self.cfg
         batch = kb.prepare_batch(batch)
         x = self.embed(batch.token_ids)
@@ -91,4 +91,5 @@ class Model(llama.Model):
             f = kb.matmul(lw.w_down, ff)
             kb.rmsnorm(f, lw.post_ffn_norm, cfg.norm_eps, f)
             kb.add_(x, f)
-        return self.logits(kb.take_rows(x, batch.logits_idx))
+        rows = kb.take_rows(x, batch.logits_idx)
+        return self.normed(rows) if hidden else self.logits(rows)

@@ -98,16 +98,18 @@ class Model:
     def layer_inv_freq(self, layer: int):
         return self.inv_freq
 
-    def forward(self, batch: Batch, cache: KVCache) -> np.ndarray:
-        """Logits (L, vocab), on the host, for the tokens batch.logits_idx selects."""
+    def forward(self, batch: Batch, cache: KVCache, hidden: bool = False) -> np.ndarray:
+        """Logits (L, vocab), on the host, for the tokens batch.logits_idx selects; hidden: their final
+        hidden states after the output norm (L, dim) instead (what llama.cpp's embeddings are)."""
         if self.stack is None:
-            return self.forward_per_op(batch, cache)
-        return self.logits(self.stack.run(self.embed(batch.token_ids), batch, cache))
+            return self.forward_per_op(batch, cache, hidden)
+        rows = self.stack.run(self.embed(batch.token_ids), batch, cache)
+        return self.normed(rows) if hidden else self.logits(rows)
 
     def embed(self, token_ids):
         return self.kb.embed(self.tok_embd, token_ids)
 
-    def forward_per_op(self, batch: Batch, cache: KVCache) -> np.ndarray:
+    def forward_per_op(self, batch: Batch, cache: KVCache, hidden: bool = False) -> np.ndarray:
         """The reference forward: one backend call per op (the CUDA backend's path)."""
         kb, cfg = self.kb, self.cfg
         batch = kb.prepare_batch(batch)
@@ -121,7 +123,14 @@ class Model:
             hq = kb.quantize_input(h)  # one quantized activation for gate and up
             kb.silu_mul(kb.matmul(lw.w_gate, hq), kb.matmul(lw.w_up, hq), ff)
             kb.add_(x, kb.matmul(lw.w_down, ff))
-        return self.logits(kb.take_rows(x, batch.logits_idx))
+        rows = kb.take_rows(x, batch.logits_idx)
+        return self.normed(rows) if hidden else self.logits(rows)
+
+    def normed(self, x) -> np.ndarray:
+        """Hidden states after the output norm, on the host."""
+        h = self.kb.empty(x.shape)
+        self.kb.rmsnorm(x, self.output_norm, np.float32(self.cfg.norm_eps), h)
+        return self.kb.to_host(h)
 
     def logits(self, x) -> np.ndarray:
         kb, cfg = self.kb, self.cfg

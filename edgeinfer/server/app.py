@@ -8,6 +8,7 @@ its own asyncio queue; a client that goes away has its request aborted and its K
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import sys
@@ -15,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -24,6 +26,7 @@ from starlette.routing import Route
 
 from .. import registry
 from ..config import EngineConfig
+from ..engine.loop import exclusive
 from ..errors import EdgeInferError
 from ..structured import GrammarError
 from ..tools import StreamParser, ToolError, call_grammar, parse_reply, parse_tools
@@ -65,7 +68,7 @@ class ServedModel:
 
     @property
     def ready(self) -> bool:
-        return self.loop is not None
+        return self.loop is not None or (self.llm is not None and self.llm.is_encoder and self.error is None)
 
     def load(self) -> None:
         from ..engine.loop import EngineLoop
@@ -73,6 +76,8 @@ class ServedModel:
 
         try:
             self.llm = LLM(self.source, engine_config=self.engine_config, progress=False, **self.speculation)
+            if self.llm.is_encoder:  # an embedding model: no engine; /v1/embeddings computes in a worker thread
+                return
             self.llm.chat_template  # compiled now: a template that does not parse fails the load, not a request
             self.loop = EngineLoop(self.llm.engine, self.name).start()
         except Exception as e:  # reported by /health and every request to this model
@@ -264,6 +269,8 @@ def create_app(config: ServerConfig) -> Starlette:
             req = P.parse_common(body, chat=chat)
             sm = pick_model(req.model)
             labels = (sm.name, endpoint)
+            if sm.llm.is_encoder:
+                raise P.bad("model", f"model {sm.name!r} is an embedding model: it cannot generate; use /v1/embeddings")
             tok = sm.llm.tokenizer
             tools, shown, extra = [], [], {}
             if chat:
@@ -399,7 +406,51 @@ def create_app(config: ServerConfig) -> Starlette:
         except P.APIError as e:
             return error_response(e)
         ids = await asyncio.to_thread(sm.llm.tokenizer.encode, text, None if add_special else False, False)
-        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": sm.llm.engine.max_context})
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": sm.llm.embed_context if sm.llm.is_encoder
+                             else sm.llm.engine.max_context})
+
+    async def embeddings(request: Request):
+        """OpenAI's /v1/embeddings: one vector per input (an encoder's pooled output, or a generative
+        model's mean-pooled final hidden state), normalised; `dimensions` keeps the first n, renormalised."""
+        t0 = time.monotonic()
+        labels = ("?", "embeddings")
+        try:
+            check_auth(request)
+            body = await read_json(request)
+            inputs, fmt, dims, truncate = P.parse_embeddings(body)
+            sm = pick_model(P.parse_model(body))
+            labels = (sm.name, "embeddings")
+            llm = sm.llm
+            if dims is not None and dims > llm.config.dim:
+                raise P.bad("dimensions", f"'dimensions' is {dims} but {sm.name} gives vectors of {llm.config.dim}")
+            for i, x in enumerate(inputs):
+                if isinstance(x, list):
+                    bad_ids = [t for t in x if not 0 <= t < llm.tokenizer.vocab_size]
+                    if bad_ids:
+                        raise P.bad("input", f"input {i}: token id {bad_ids[0]} is outside the vocabulary of "
+                                             f"{llm.tokenizer.vocab_size}")
+            try:
+                seqs = await asyncio.to_thread(llm.embed_tokens, inputs, truncate)
+            except ValueError as e:  # too long for the context (PromptTooLongError), or empty
+                raise P.bad("input", str(e)) from None
+            try:
+                vecs = await asyncio.wait_for(asyncio.to_thread(exclusive, llm.embed, seqs, dimensions=dims),
+                                              config.request_timeout)
+            except asyncio.TimeoutError:
+                raise P.APIError(504, f"the request took longer than {config.request_timeout:g} s") from None
+        except P.APIError as e:
+            metrics.finish(labels, str(e.status), 0, 0)
+            return error_response(e)
+        n = sum(len(s) for s in seqs)
+        data = []
+        for i, v in enumerate(vecs):
+            emb = base64.b64encode(np.ascontiguousarray(v, "<f4").tobytes()).decode() if fmt == "base64" \
+                else [float(x) for x in v]
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        metrics.finish(labels, "200", n, 0)
+        metrics.token(labels, time.monotonic() - t0, True)
+        return JSONResponse({"object": "list", "data": data, "model": sm.name,
+                             "usage": {"prompt_tokens": n, "total_tokens": n}})
 
     async def detokenize(request: Request):
         try:
@@ -474,6 +525,7 @@ def create_app(config: ServerConfig) -> Starlette:
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),

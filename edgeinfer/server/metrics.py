@@ -40,7 +40,7 @@ class _EngineCollector:
         rate = GaugeMetricFamily("edgeinfer_spec_acceptance_rate", "Speculative decoding: accepted / proposed "
                                  "tokens since start", labels=["model"])
         for sm in self.served.values():
-            if not sm.ready:
+            if not sm.ready or sm.llm.engine is None:  # an embedding model has no engine
                 continue
             s = sm.llm.engine.stats()
             if s["spec_method"]:

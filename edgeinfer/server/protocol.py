@@ -274,6 +274,44 @@ def parse_prompt(body: dict):
     raise bad("prompt", "'prompt' must be a string or an array of token ids")
 
 
+MAX_EMBED_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
+
+
+def _is_ids(x) -> bool:
+    return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def parse_embeddings(body: Any) -> tuple[list, str, int | None, bool]:
+    """/v1/embeddings: (inputs: strings or token-id lists, encoding_format, dimensions, truncate)."""
+    body = _object(body)
+    if "input" not in body:
+        raise bad("input", "'input' is required: a string, a list of strings, or token ids")
+    x = body["input"]
+    if isinstance(x, str):
+        inputs = [x]
+    elif _is_ids(x):
+        inputs = [x]
+    elif isinstance(x, list) and x and all(isinstance(s, str) for s in x):
+        inputs = list(x)
+    elif isinstance(x, list) and x and all(_is_ids(s) for s in x):
+        inputs = list(x)
+    else:
+        raise bad("input", "'input' must be a non-empty string, a list of strings, a list of token ids, or a list "
+                           "of token-id lists")
+    if len(inputs) > MAX_EMBED_INPUTS:
+        raise bad("input", f"'input' has {len(inputs)} items; at most {MAX_EMBED_INPUTS} per request")
+    for i, s in enumerate(inputs):
+        if isinstance(s, str) and not s:
+            raise bad("input", f"input {i} is an empty string")
+    fmt = body.get("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise bad("encoding_format", f"'encoding_format' must be 'float' or 'base64', got {fmt!r}")
+    dims = body.get("dimensions")
+    if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
+        raise bad("dimensions", f"'dimensions' must be a positive integer, got {dims!r}")
+    return inputs, fmt, dims, _boolean(body, "truncate", False)
+
+
 def parse_tokenize(body: Any) -> tuple[str, bool]:
     """/tokenize: llama.cpp's {"content", "add_special"} or vLLM's {"prompt", "add_special_tokens"}."""
     _object(body)

@@ -7,6 +7,7 @@ import numpy as np
 
 from . import int8, quant, simd
 from .attention import paged_attention  # noqa: F401
+from .dense import dense, encoder_attention, layernorm, set_blas_threads, silu  # noqa: F401
 from .layout import INTERLEAVED, interleave8
 from .ops import gelu_tanh_mul, rmsnorm, rope, silu_mul, softcap, write_kv  # noqa: F401
 
@@ -203,3 +204,4 @@ def kv_store(x, dtype: str):
 
 def set_threads(n: int) -> None:
     numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
+    set_blas_threads(max(1, int(n)))  # encoder models' matmuls
