@@ -71,7 +71,8 @@ class Model:
     def __init__(self, gf: GGUFFile, kb, cfg: ModelConfig | None = None):
         self.cfg = cfg = cfg or config_from_gguf(gf)
         if not hasattr(kb, "encoder_attention"):
-            raise ModelLoadError(f"the {kb.name} backend cannot run encoder models ({cfg.arch}) yet: use --device cpu")
+            backend = getattr(kb, "__name__", "").split(".")[-2] if "." in getattr(kb, "__name__", "") else "this"
+            raise ModelLoadError(f"the {backend} backend cannot run encoder models ({cfg.arch}) yet: use --device cpu")
         self.kb = kb
         self.gf = gf
         check_vocab(gf, cfg.vocab_size)
