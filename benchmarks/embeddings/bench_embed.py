@@ -41,8 +41,10 @@ from llama_cpp import Llama
 a = json.loads(sys.argv[1])
 texts = json.load(open(a["texts"]))
 n_batch = a["batch_tokens"]
-llm = Llama(model_path=a["model"], embedding=True, n_ctx=n_batch, n_batch=n_batch, n_ubatch=n_batch,
-            n_threads=a["threads"], n_threads_batch=a["threads"], n_seq_max=len(texts),
+# one pass of n_batch tokens holds n_batch // tokens-per-text whole texts (llama-cpp-python's embed packs
+# texts into a batch while they fit)
+llm = Llama(model_path=a["model"], embedding=True, n_ctx=max(n_batch, 2048), n_batch=n_batch, n_ubatch=n_batch,
+            n_threads=a["threads"], n_threads_batch=a["threads"], n_seq_max=max(1, min(len(texts), 256)),
             pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, verbose=False)
 llm.embed(texts[:2])  # warm-up
 times = []
@@ -92,6 +94,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-python", default=None, help="A Python with llama-cpp-python, for its figures.")
+    ap.add_argument("--llama-batches", default="256,512,1024,2048,8192",
+                    help="llama.cpp's n_batch = n_ubatch values to try (tokens per pass); its best is compared. "
+                         "Its attention spans the whole pass, so a pass of many texts does much masked work.")
     args = ap.parse_args()
 
     llm = LLM(args.model, threads=args.threads, progress=True)
@@ -119,21 +124,32 @@ def main():
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(texts, f)
         del llm
-        a = {"model": str(registry.resolve(args.model, progress=False)), "texts": f.name, "threads": args.threads,
-             "repeats": args.repeats, "batch_tokens": n_tok}
-        p = subprocess.run([args.llama_python, "-c", LLAMA_CHILD, json.dumps(a)], capture_output=True, text=True)
+        sweep = {}
+        for nb in [int(x) for x in args.llama_batches.split(",")]:
+            if nb < args.tokens:
+                continue
+            a = {"model": str(registry.resolve(args.model, progress=False)), "texts": f.name, "threads": args.threads,
+                 "repeats": args.repeats, "batch_tokens": nb}
+            p = subprocess.run([args.llama_python, "-c", LLAMA_CHILD, json.dumps(a)], capture_output=True, text=True)
+            line = next((x for x in p.stdout.splitlines() if x.startswith("JSON ")), None)
+            if p.returncode != 0 or line is None:
+                raise SystemExit(f"llama-cpp-python failed:\n{p.stderr[-3000:]}")
+            sweep[nb] = json.loads(line[5:])
+            print(f"  llama.cpp n_batch {nb}: {args.batch / statistics.median(sweep[nb]['times']):.2f} embeddings/s",
+                  flush=True)
         os.unlink(f.name)
-        line = next((x for x in p.stdout.splitlines() if x.startswith("JSON ")), None)
-        if p.returncode != 0 or line is None:
-            raise SystemExit(f"llama-cpp-python failed:\n{p.stderr[-3000:]}")
-        lc = json.loads(line[5:])
+        best = max(sweep, key=lambda nb: -statistics.median(sweep[nb]["times"]))
+        lc = sweep[best]
         lrate = args.batch / statistics.median(lc["times"])
         cos = float(np.dot(ours[0], lc["first"]) / np.linalg.norm(lc["first"]))
-        result["llama_cpp"] = {"embeddings_per_s": round(lrate, 2), "runs_s": [round(x, 3) for x in lc["times"]],
+        result["llama_cpp"] = {"embeddings_per_s": round(lrate, 2), "best_n_batch": best,
+                               "by_n_batch": {nb: round(args.batch / statistics.median(v["times"]), 3)
+                                              for nb, v in sweep.items()},
+                               "runs_s": [round(x, 3) for x in lc["times"]],
                                "engine": f"llama-cpp-python {lc['version']}", "system_info": lc["system_info"],
                                "tokens_per_text": sorted(set(lc["tokens"])), "cosine_first_text": round(cos, 6)}
         result["ratio"] = round(rate / lrate, 3)
-        print(f"llama.cpp: {lrate:.2f} embeddings/s; edgeinfer / llama.cpp = {result['ratio']:.2f} "
+        print(f"llama.cpp (best n_batch {best}): {lrate:.2f} embeddings/s; edgeinfer / llama.cpp = {result['ratio']:.2f} "
               f"(cosine of the first text's vectors {cos:.5f})")
     save(f"embed-{args.model}", result)
 
