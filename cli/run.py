@@ -88,7 +88,7 @@ def constraint_kwargs(json_schema, regex, choice, grammar) -> dict:
         except OSError as e:
             raise click.BadParameter(f"cannot read {grammar}: {e.strerror}", param_hint="--grammar")
     if len(out) > 1:
-        raise click.UsageError(f"give at most one of --json-schema, --regex, --choice and --grammar")
+        raise click.UsageError("give at most one of --json-schema, --regex, --choice and --grammar")
     return out
 
 

@@ -210,6 +210,7 @@ def spec_compare(llm, prompts: list, repeats: int = 3, max_tokens: int = 128, sa
     rates = {False: [], True: []}
     same = True
     proposed = accepted = 0
+    plain: list = []  # this repeat's outputs without speculation (the same every repeat: greedy)
     for r in range(repeats):
         for mode in (False, True):
             say(f"speculation {'on' if mode else 'off'}: run {r + 1}/{repeats}")
