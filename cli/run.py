@@ -211,15 +211,13 @@ def embed(model, texts, file, dimensions, truncate, no_normalize, pooling, threa
         items += [line.rstrip("\n") for line in file if line.strip()]
     if not items:
         raise click.UsageError("give at least one TEXT or --file")
+    from edgeinfer.server.protocol import embeddings_response  # pure functions: no HTTP stack imported
+
     llm = load(model, threads)
     seqs = llm.embed_tokens(items, truncate)
-    vecs = llm.embed(seqs, normalize=not no_normalize, pooling=pooling, dimensions=dimensions)
-    n = sum(len(s) for s in seqs)
-    name = registry.lookup(model).name if registry.lookup(model) else llm.path.stem
-    click.echo(json.dumps({"object": "list", "model": name,
-                           "data": [{"object": "embedding", "index": i, "embedding": [round(float(x), 7) for x in v]}
-                                    for i, v in enumerate(vecs)],
-                           "usage": {"prompt_tokens": n, "total_tokens": n}}))
+    vecs = llm.embed_ids(seqs, normalize=not no_normalize, pooling=pooling, dimensions=dimensions)
+    vecs = vecs.astype(np.float64).round(7)  # 7 digits: float32's precision, printed shorter
+    click.echo(json.dumps(embeddings_response(registry.model_name(model), vecs, sum(len(s) for s in seqs))))
 
 
 CHAT_HELP = "commands: /reset (new conversation), /system TEXT, /stats, /exit (or Ctrl-D); Ctrl-C stops an answer"
@@ -475,13 +473,13 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
 def serve_speculation(models: list[str], drafts, speculate, draft_tokens, device: str) -> dict:
     """model source -> LLM speculation arguments, from serve's --draft-model [TARGET=]DRAFT, --speculate and
     --draft-tokens. Draft models are pulled now, so a bad name fails before the server starts."""
-    from edgeinfer.server.app import model_name
+    from edgeinfer.engine.speculative import check_backend
 
-    if (drafts or speculate) and device != "cpu":
-        raise click.ClickException(f"speculative decoding is not available on the {device} backend yet")
+    if drafts or speculate:
+        check_backend(device)  # a one-line error through the CLI's handler
     if draft_tokens and not (drafts or speculate):
         raise click.UsageError("--draft-tokens needs --draft-model or --speculate")
-    by_name = {model_name(m): m for m in models}
+    by_name = {registry.model_name(m): m for m in models}
     out: dict[str, dict] = {}
     for d in drafts:
         target, sep, draft = d.rpartition("=")

@@ -252,14 +252,15 @@ def run(llm, repeats: int = 3, threads: int = 0, progress=None, first_run_too: b
     threads = threads or default_threads()
     rng = np.random.default_rng(0)
     say = progress or (lambda name: None)
+    about = {"threads": threads, "system": system_info(), "model": os.path.basename(str(llm.path)),
+             "file_mb": round(os.path.getsize(llm.path) / 1e6, 1)}
     spec = None
     if llm.engine.proposer is not None:
         spec = spec_compare(llm, spec_prompts or load_spec_prompts(), repeats, say=say)
-        llm.engine.speculate = False  # random-token prompts: nothing to speculate on
     if spec_only:
-        llm.engine.speculate = spec is not None
-        return {"speculation": spec, "threads": threads, "system": system_info(),
-                "model": os.path.basename(str(llm.path)), "file_mb": round(os.path.getsize(llm.path) / 1e6, 1)}
+        return {"speculation": spec, **about}
+    if spec is not None:
+        llm.engine.speculate = False  # random-token prompts: nothing to speculate on
     say("warm-up")
     prompt_tok_s(llm, 16, rng)
     results: dict[str, list[float]] = {k: [] for k in KEYS}
@@ -295,10 +296,7 @@ def run(llm, repeats: int = 3, threads: int = 0, progress=None, first_run_too: b
     if spec is not None:
         out["speculation"] = spec
         llm.engine.speculate = True
-    out["threads"] = threads
-    out["system"] = system_info()
-    out["model"] = os.path.basename(str(llm.path))
-    out["file_mb"] = round(os.path.getsize(llm.path) / 1e6, 1)
+    out.update(about)
     return out
 
 

@@ -14,7 +14,7 @@ from . import registry
 from .config import EngineConfig, default_threads
 from .errors import EdgeInferError
 from .engine.llm_engine import LLMEngine, PromptTooLongError, RequestOutput
-from .engine.speculative import Speculation, SpeculationError, check_same_vocab
+from .engine.speculative import Speculation, SpeculationError, check_backend, check_same_vocab
 from .gguf_file import GGUFFile
 from .kernels import get_backend
 from .models import load_model
@@ -82,8 +82,8 @@ class LLM:
             self.timings[name] = now - lap
             lap = now
 
-        if (draft or speculate) and config.backend != "cpu":
-            raise SpeculationError(f"speculative decoding is not available on the {config.backend} backend yet")
+        if draft or speculate:
+            check_backend(config.backend)  # before any backend starts
         try:
             self.kernels = get_backend(config.backend)
         except RuntimeError as e:  # e.g. the CUDA backend with no GPU: say what is missing
@@ -138,7 +138,6 @@ class LLM:
         finally:
             gf.close()
         self.draft_path = path
-        self.draft_model = dmodel
         return Speculation("draft", draft_tokens, dmodel, dtok)
 
     @property
@@ -267,7 +266,13 @@ class LLM:
         Texts are computed together, up to batch_tokens tokens per pass. nomic-embed expects a task
         prefix that the caller adds: "search_query: ..." for queries, "search_document: ..." for passages."""
         single = isinstance(texts, str)
-        seqs = self.embed_tokens([texts] if single else texts, truncate)
+        out = self.embed_ids(self.embed_tokens([texts] if single else texts, truncate), normalize=normalize,
+                             pooling=pooling, dimensions=dimensions, batch_tokens=batch_tokens)
+        return out[0] if single else out
+
+    def embed_ids(self, seqs: list[list[int]], *, normalize: bool = True, pooling: str | None = None,
+                  dimensions: int | None = None, batch_tokens: int = 8192) -> np.ndarray:
+        """embed() of texts already through embed_tokens: (len(seqs), dim) float32."""
         if pooling is None:
             pooling = getattr(self.model, "pooling", "mean")
         if pooling not in ("mean", "cls", "last"):
@@ -293,7 +298,7 @@ class LLM:
             out = np.ascontiguousarray(out[:, :dimensions])
         if normalize:
             out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), np.float32(1e-12))
-        return out[0] if single else out
+        return out
 
     def embed_tokens(self, texts, truncate: bool = False) -> list[list[int]]:
         """The token ids embed() computes for each text (with the model's special tokens), checked against
@@ -327,11 +332,8 @@ class LLM:
     def _decoder_states(self, ids: list[int], pooling: str) -> np.ndarray:
         # a generative model's final hidden states, (n, dim) (only the last row for pooling "last"),
         # through a KV cache of its own so the engine's is untouched
-        bs = self.engine.config.block_size
         n = len(ids)
-        n_blocks = -(-n // bs)
-        cache = KVCache(self.config.n_layer, n_blocks, bs, self.config.n_kv_head, self.config.head_dim,
-                        self.config.v_head_dim, self.engine.config.kv_dtype, kb=self.kernels)
+        cache, n_blocks = self._scratch_cache(n)
         pos = np.arange(n)
         rows = [n - 1] if pooling == "last" else np.arange(n)
         batch = Batch(ids, pos, np.zeros(n), pos, np.arange(n_blocks)[None], rows)
@@ -404,10 +406,7 @@ class LLM:
         n_chunks = available if chunks is None else min(chunks, available)
         if n_chunks < 1:
             raise ValueError(f"chunks must be >= 1, got {chunks}")
-        bs = self.engine.config.block_size
-        n_blocks = -(-n_ctx // bs)
-        cache = KVCache(self.config.n_layer, n_blocks, bs, self.config.n_kv_head, self.config.head_dim,
-                        self.config.v_head_dim, self.engine.config.kv_dtype, kb=self.kernels)
+        cache, n_blocks = self._scratch_cache(n_ctx)
         first = n_ctx // 2
         nll, count = 0.0, 0
         from tqdm import tqdm
@@ -432,6 +431,14 @@ class LLM:
         # tok_s: prompt-processing speed, every token of every chunk through the forward pass
         return {"ppl": float(np.exp(nll / count)), "n_scored": count, "chunks": n_chunks, "n_ctx": n_ctx,
                 "tok_s": round(n_chunks * n_ctx / forward_s, 1)}
+
+    def _scratch_cache(self, n_tokens: int) -> tuple[KVCache, int]:
+        """A KV cache of its own for n_tokens at positions 0.. (perplexity, a generative model's
+        embeddings): the engine's blocks and running requests stay untouched. Also its block count."""
+        bs = self.engine.config.block_size
+        n_blocks = -(-n_tokens // bs)
+        return KVCache(self.config.n_layer, n_blocks, bs, self.config.n_kv_head, self.config.head_dim,
+                       self.config.v_head_dim, self.engine.config.kv_dtype, kb=self.kernels), n_blocks
 
     def stats(self) -> dict:
         return self.engine.stats() if self.engine is not None else {}

@@ -141,6 +141,15 @@ def lookup(name: str, catalog: dict[str, CatalogEntry] | None = None) -> Catalog
     return None
 
 
+def model_name(source: str) -> str:
+    """The name a model goes by (served, and in outputs): its catalog name, or its file name without .gguf."""
+    entry = lookup(source)
+    if entry is not None:
+        return entry.name
+    base = os.path.basename(source)
+    return base[:-5] if base.endswith(".gguf") else base
+
+
 def _unknown(name: str, catalog: dict[str, CatalogEntry]) -> ModelNotFoundError:
     known = ", ".join(sorted(catalog))
     return ModelNotFoundError(

@@ -9,7 +9,7 @@ import pytest  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from tiny_models import write_tiny_gemma3, write_tiny_llama  # noqa: E402
+from tiny_models import write_tiny_gemma3, write_tiny_llama, write_tiny_nomic_bert  # noqa: E402
 
 # llama.cpp's reference outputs, kept with the tests (see golden/README.md)
 GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "golden")
@@ -26,6 +26,13 @@ def tiny_llama_path(tmp_path_factory):
 def tiny_gemma3_path(tmp_path_factory):
     p = tmp_path_factory.mktemp("models") / "tiny-gemma3.gguf"
     write_tiny_gemma3(p)
+    return p
+
+
+@pytest.fixture(scope="session")
+def tiny_nomic_path(tmp_path_factory):
+    p = tmp_path_factory.mktemp("models") / "tiny-nomic.gguf"
+    write_tiny_nomic_bert(p)
     return p
 
 

@@ -151,17 +151,14 @@ def test_importing_edgeinfer_does_not_load_the_cuda_backend():
     assert r.returncode == 0, r.stderr
 
 
-def test_encoder_models_are_a_clear_error_on_cuda(tmp_path):
+def test_encoder_models_are_a_clear_error_on_cuda(tiny_nomic_path):
     """The CUDA backend has no encoder kernels yet: loading nomic-bert there says so (and speculation,
     a CPU-only feature, is refused before any backend starts)."""
-    from tiny_models import write_tiny_nomic_bert
-
     from edgeinfer import LLM
     from edgeinfer.engine.speculative import SpeculationError
     from edgeinfer.models.common import ModelLoadError
 
-    p = tmp_path / "tiny-nomic.gguf"
-    write_tiny_nomic_bert(p)
+    p = tiny_nomic_path
     with pytest.raises(ModelLoadError, match="the cuda backend cannot run encoder models \\(nomic-bert\\) yet"):
         LLM(str(p), backend="cuda", progress=False)
     with pytest.raises(SpeculationError, match="not available on the cuda backend yet"):

@@ -13,19 +13,11 @@ from edgeinfer import LLM, SamplingParams
 from edgeinfer.cli.main import main
 from edgeinfer.engine.llm_engine import PromptTooLongError
 from edgeinfer.llm import NotAGeneratorError
-from tiny_models import write_tiny_nomic_bert
 
 
 @pytest.fixture(scope="module")
-def nomic_path(tmp_path_factory):
-    p = tmp_path_factory.mktemp("models") / "tiny-nomic.gguf"
-    write_tiny_nomic_bert(p)
-    return p
-
-
-@pytest.fixture(scope="module")
-def enc(nomic_path):
-    return LLM(str(nomic_path), progress=False)
+def enc(tiny_nomic_path):
+    return LLM(str(tiny_nomic_path), progress=False)
 
 
 def reference_embedding(path, ids: list[int]) -> np.ndarray:
@@ -76,11 +68,11 @@ def reference_embedding(path, ids: list[int]) -> np.ndarray:
 TEXTS = ["the hen sat on the mat.", "search_query: the dog ran!", "cats", "a", "the cat sat on the dog, the hen ran"]
 
 
-def test_encoder_matches_a_plain_implementation(enc, nomic_path):
+def test_encoder_matches_a_plain_implementation(enc, tiny_nomic_path):
     got = enc.embed(TEXTS)
     assert got.dtype == np.float32 and got.shape == (len(TEXTS), enc.config.dim)
     for text, v in zip(TEXTS, got):
-        want = reference_embedding(nomic_path, enc.tokenize(text, add_bos=None))
+        want = reference_embedding(tiny_nomic_path, enc.tokenize(text, add_bos=None))
         assert np.dot(v, want) > 0.99999, text
         np.testing.assert_allclose(v, want, atol=2e-5)
 
@@ -176,18 +168,18 @@ def test_decoder_models_embed_their_final_hidden_state(tiny_llama_path):
     assert llm.stats()["kv_blocks_used"] == 0
 
 
-def test_embed_command(nomic_path, tmp_path):
+def test_embed_command(tiny_nomic_path, tmp_path):
     f = tmp_path / "texts.txt"
     f.write_text("the dog ran\n\nthe cat sat\n")
-    r = CliRunner().invoke(main, ["embed", str(nomic_path), "the hen", "--file", str(f), "--dimensions", "8"])
+    r = CliRunner().invoke(main, ["embed", str(tiny_nomic_path), "the hen", "--file", str(f), "--dimensions", "8"])
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert data["model"] == "tiny-nomic" and [d["index"] for d in data["data"]] == [0, 1, 2]
     assert all(len(d["embedding"]) == 8 for d in data["data"])
     assert data["usage"]["prompt_tokens"] == data["usage"]["total_tokens"] == 4 + 5 + 5
-    r = CliRunner().invoke(main, ["embed", str(nomic_path)])
+    r = CliRunner().invoke(main, ["embed", str(tiny_nomic_path)])
     assert r.exit_code != 0 and "at least one TEXT" in r.output
-    r = CliRunner().invoke(main, ["embed", str(nomic_path), " ".join(["hen"] * 300)])
+    r = CliRunner().invoke(main, ["embed", str(tiny_nomic_path), " ".join(["hen"] * 300)])
     assert r.exit_code == 1 and "context holds 128" in r.output and "Traceback" not in r.output
-    r = CliRunner().invoke(main, ["generate", str(nomic_path), "the hen"])
+    r = CliRunner().invoke(main, ["generate", str(tiny_nomic_path), "the hen"])
     assert r.exit_code == 1 and "is an embedding model" in r.output

@@ -598,18 +598,16 @@ def test_bad_speculation_options_fail_before_serving(tiny_llama_path, args, mess
     assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr
 
 
-def test_embeddings_route(tmp_path, tiny_llama_path):
+def test_embeddings_route(tiny_nomic_path, tiny_llama_path):
     """/v1/embeddings through the openai client: an encoder (tiny nomic-bert) and a generative model side by
     side; float and base64, dimensions, usage; and the 400s: generation from the encoder, bad input."""
     import base64
 
     import numpy as np
-    from tiny_models import write_tiny_nomic_bert
 
     from edgeinfer import LLM
 
-    enc_path = tmp_path / "tiny-nomic.gguf"
-    write_tiny_nomic_bert(enc_path)
+    enc_path = tiny_nomic_path
     texts = ["search_query: the hen sat", "the dog ran on the mat."]
     want = LLM(str(enc_path), progress=False).embed(texts)
     s = Server(enc_path, tiny_llama_path).wait_ready()

@@ -19,7 +19,7 @@ from .block_manager import BlockManager
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .speculative import DEFAULT_TOKENS, DraftProposer, LookupProposer, SpecState, Speculation, SpeculationError, verify
+from .speculative import DEFAULT_TOKENS, DraftProposer, LookupProposer, SpecState, Speculation, check_backend, verify
 
 
 class PromptTooLongError(EdgeInferError, ValueError):
@@ -120,7 +120,7 @@ class LLMEngine:
             seq = Sequence(prompt_ids, params, request_id, priority, arrival=time.monotonic())
             seq.guide = guide
             if self.proposer is not None:
-                seq.spec = SpecState(self.proposer.max_tokens, params)
+                seq.spec = SpecState(self.proposer.max_tokens, params, drafts=not self.proposer.cheap)
             self._pending.append(seq)
         return request_id
 
@@ -213,14 +213,12 @@ class LLMEngine:
             spec.draft_computed = min(spec.draft_computed + min(accepted, k - 1), seq.num_computed_tokens)
         self.block_manager.trim(seq, seq.num_computed_tokens)
         self._commit(seq)
-        spec.proposed += k
-        spec.accepted += accepted
         self.spec_proposed += k
         self.spec_accepted += accepted
         self.spec_rounds += 1
         spec.adapt(k, accepted, self.proposer.max_tokens, self.proposer.cheap)
         spec.tokens, spec.probs = [], []
-        return self._push(st, tokens, [rows[j] for j in range(len(tokens))], guide_steps)
+        return self._push(st, tokens, list(rows[:len(tokens)]), guide_steps)
 
     # -- output ------------------------------------------------------------------------------------
 
@@ -330,8 +328,7 @@ class LLMEngine:
 
 
 def _make_proposer(spec: Speculation, config: EngineConfig, n_blocks: int):
-    if config.backend != "cpu":
-        raise SpeculationError(f"speculative decoding is not available on the {config.backend} backend yet")
+    check_backend(config.backend)
     k = spec.num_tokens or DEFAULT_TOKENS[spec.method]
     if spec.method == "lookup":
         return LookupProposer(k)

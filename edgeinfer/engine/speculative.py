@@ -41,6 +41,12 @@ class SpeculationError(EdgeInferError, ValueError):
     """A speculative-decoding setup that cannot work: a draft with another vocabulary, a bad method."""
 
 
+def check_backend(backend: str) -> None:
+    """Only the CPU backend speculates (the CUDA backend has no verification path yet)."""
+    if backend != "cpu":
+        raise SpeculationError(f"speculative decoding is not available on the {backend} backend yet")
+
+
 @dataclass(frozen=True)
 class Speculation:
     """How an engine speculates: method "lookup" (prompt lookup) or "draft" (draft_model, loaded, with
@@ -63,16 +69,15 @@ class Speculation:
 class SpecState:
     """Per-sequence speculation state, on Sequence.spec."""
 
-    __slots__ = ("k", "tokens", "probs", "draft_computed", "draft_sampler", "proposed", "accepted")
+    __slots__ = ("k", "tokens", "probs", "draft_computed", "draft_sampler")
 
-    def __init__(self, k: int, params: SamplingParams):
+    def __init__(self, k: int, params: SamplingParams, drafts: bool = False):
         self.k = k  # the number of tokens to propose next round (adapts to the acceptance)
         self.tokens: list[int] = []  # proposed for this step
         self.probs: list[np.ndarray | None] = []  # the draft's distribution for each (None: one-hot)
         self.draft_computed = 0  # tokens with valid KV in the draft's cache
-        self.draft_sampler = Sampler(_draft_params(params))
-        self.proposed = 0
-        self.accepted = 0
+        # drafts: a draft model samples for this sequence, with a generator of its own
+        self.draft_sampler = Sampler(_draft_params(params)) if drafts else None
 
     def adapt(self, proposed: int, accepted: int, k_max: int, cheap: bool) -> None:
         """Grow k after a round that was accepted whole, shrink it after one that was not.
@@ -155,8 +160,6 @@ class DraftProposer:
         self.max_tokens = max_tokens
         self.cache = KVCache(cfg.n_layer, n_blocks, block_size, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim,
                              kv_dtype, kb=model.kb)
-        self.vocab_size = cfg.vocab_size
-        self.num_forward_tokens = 0
 
     def plan(self, seq, k: int) -> int:
         return k  # the tokens are drafted after the blocks are allocated (propose)
@@ -191,9 +194,7 @@ class DraftProposer:
                 seq.guide.rollback(len(seq.spec.tokens))
 
     def _forward(self, pieces) -> np.ndarray:
-        batch = make_batch(pieces, self.block_size)
-        self.num_forward_tokens += len(batch.token_ids)
-        return self.model.forward(batch, self.cache)
+        return self.model.forward(make_batch(pieces, self.block_size), self.cache)
 
     def _draft_one(self, seq, logits: np.ndarray) -> bool:
         """Draft one token from a logits row; False when the sequence should draft no further."""

@@ -65,11 +65,20 @@ class WeightLoader:
         self.gf.release(name)
         return self.kb.upload(w)
 
-    def _info(self, name: str, shape: tuple[int, ...]):
+    def float_matrix(self, name: str, rows: int | None, cols: int) -> np.ndarray:
+        """An F16 or F32 matrix (rows, cols) as it is in the file, not repacked (encoders multiply by it
+        through BLAS; F16 stays F16); rows None: any number."""
+        info = self._info(name, (cols, rows) if rows is not None else None)
+        if info.ggml_type not in (T.F16, T.F32):
+            raise ModelLoadError(f"tensor {name!r} has type {info.ggml_type.name}; this architecture is run from "
+                                 "F16 or F32 weights")
+        return np.array(self.gf.tensor(name)).reshape(-1, cols)  # a copy: the file can close
+
+    def _info(self, name: str, shape: tuple[int, ...] | None):
         info = self.gf.tensors.get(name)
         if info is None:
             raise ModelLoadError(f"missing tensor {name!r}")
-        if tuple(info.shape) != shape:
+        if shape is not None and tuple(info.shape) != shape:
             raise ModelLoadError(f"tensor {name!r} has shape {list(info.shape)}, expected {list(shape)}")
         return info
 

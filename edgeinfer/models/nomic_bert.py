@@ -13,11 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from gguf.constants import GGMLQuantizationType as T
 
 from ..config import ModelConfig
 from ..gguf_file import GGUFFile
-from .common import ModelLoadError, check_vocab, meta, rope_inv_freq
+from .common import ModelLoadError, WeightLoader, check_vocab, meta, rope_inv_freq
 
 ARCH = "nomic-bert"
 POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last"}  # llama.cpp's pooling_type values
@@ -66,7 +65,6 @@ class Model:
     """Weights plus the encoder pass; every op goes through the kernel backend `kb`."""
 
     is_encoder = True
-    stack = None
 
     def __init__(self, gf: GGUFFile, kb, cfg: ModelConfig | None = None):
         self.cfg = cfg = cfg or config_from_gguf(gf)
@@ -74,50 +72,31 @@ class Model:
             backend = getattr(kb, "__name__", "").split(".")[-2] if "." in getattr(kb, "__name__", "") else "this"
             raise ModelLoadError(f"the {backend} backend cannot run encoder models ({cfg.arch}) yet: use --device cpu")
         self.kb = kb
-        self.gf = gf
         check_vocab(gf, cfg.vocab_size)
+        ld = WeightLoader(gf, kb)
         d, f = cfg.dim, cfg.ffn_dim
-        self.tok_embd = self._dense("token_embd.weight", cfg.vocab_size, d)
-        types = self._dense("token_types.weight", None, d) if "token_types.weight" in gf.tensors else None
+
+        def norm(name):  # LayerNorm: weight and bias
+            return ld.vector(name + ".weight", d), ld.vector(name + ".bias", d)
+
+        self.tok_embd = ld.float_matrix("token_embd.weight", cfg.vocab_size, d)
+        types = ld.float_matrix("token_types.weight", None, d) if ld.has("token_types.weight") else None
         self.type0 = np.asarray(types[0], np.float32) if types is not None else np.zeros(d, np.float32)
-        self.embd_norm = (self._vector("token_embd_norm.weight", d), self._vector("token_embd_norm.bias", d))
+        self.embd_norm = norm("token_embd_norm")
         self.layers = []
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
             self.layers.append(EncoderLayer(
-                w_qkv=self._dense(p + "attn_qkv.weight", 3 * d, d),
-                wo=self._dense(p + "attn_output.weight", d, d),
-                attn_norm=(self._vector(p + "attn_output_norm.weight", d), self._vector(p + "attn_output_norm.bias", d)),
-                w_up=self._dense(p + "ffn_up.weight", f, d),
-                w_gate=self._dense(p + "ffn_gate.weight", f, d),
-                w_down=self._dense(p + "ffn_down.weight", d, f),
-                out_norm=(self._vector(p + "layer_output_norm.weight", d), self._vector(p + "layer_output_norm.bias", d)),
+                w_qkv=ld.float_matrix(p + "attn_qkv.weight", 3 * d, d),
+                wo=ld.float_matrix(p + "attn_output.weight", d, d),
+                attn_norm=norm(p + "attn_output_norm"),
+                w_up=ld.float_matrix(p + "ffn_up.weight", f, d),
+                w_gate=ld.float_matrix(p + "ffn_gate.weight", f, d),
+                w_down=ld.float_matrix(p + "ffn_down.weight", d, f),
+                out_norm=norm(p + "layer_output_norm"),
             ))
         self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base).astype(np.float32)
         self.pooling = POOLING.get(int(meta(gf, cfg.arch, "pooling_type", 1)), "mean")
-        self.gf = None  # the weights are copies; the file can close
-
-    def _info(self, name: str, shape):
-        info = self.gf.tensors.get(name)
-        if info is None:
-            raise ModelLoadError(f"missing tensor {name!r}")
-        if shape is not None and tuple(info.shape) != shape:
-            raise ModelLoadError(f"tensor {name!r} has shape {list(info.shape)}, expected {list(shape)}")
-        return info
-
-    def _dense(self, name: str, rows: int | None, cols: int) -> np.ndarray:
-        info = self._info(name, (cols, rows) if rows is not None else None)
-        if info.ggml_type not in (T.F16, T.F32):
-            raise ModelLoadError(f"tensor {name!r} has type {info.ggml_type.name}; {self.cfg.arch} models are run "
-                                 f"from F16 or F32 weights")
-        w = np.array(self.gf.tensor(name))  # a copy: F16 stays F16 (half the memory of F32)
-        return w.reshape(-1, cols)
-
-    def _vector(self, name: str, size: int) -> np.ndarray:
-        info = self._info(name, (size,))
-        if info.ggml_type not in (T.F16, T.F32):
-            raise ModelLoadError(f"tensor {name!r} has type {info.ggml_type.name}; norms must be F32 or F16")
-        return np.array(self.gf.tensor(name), np.float32)
 
     def encode(self, seqs: list[list[int]]) -> list[np.ndarray]:
         """The final hidden states of each token sequence, (len, dim) float32 each; the sequences are

@@ -8,15 +8,12 @@ its own asyncio queue; a client that goes away has its request aborted and its K
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import os
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -24,10 +21,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .. import registry
 from ..config import EngineConfig
 from ..engine.loop import exclusive
 from ..errors import EdgeInferError
+from ..registry import model_name
 from ..structured import GrammarError
 from ..tools import StreamParser, ToolError, call_grammar, parse_reply, parse_tools
 from . import protocol as P
@@ -83,14 +80,6 @@ class ServedModel:
         except Exception as e:  # reported by /health and every request to this model
             self.error = f"{type(e).__name__}: {e}"
             print(f"error: could not load model {self.name!r}: {e}", file=sys.stderr, flush=True)
-
-
-def model_name(source: str) -> str:
-    entry = registry.lookup(source)
-    if entry is not None:
-        return entry.name
-    base = os.path.basename(source)
-    return base[:-5] if base.endswith(".gguf") else base
 
 
 def error_response(e: P.APIError) -> JSONResponse:
@@ -423,18 +412,12 @@ def create_app(config: ServerConfig) -> Starlette:
             llm = sm.llm
             if dims is not None and dims > llm.config.dim:
                 raise P.bad("dimensions", f"'dimensions' is {dims} but {sm.name} gives vectors of {llm.config.dim}")
-            for i, x in enumerate(inputs):
-                if isinstance(x, list):
-                    bad_ids = [t for t in x if not 0 <= t < llm.tokenizer.vocab_size]
-                    if bad_ids:
-                        raise P.bad("input", f"input {i}: token id {bad_ids[0]} is outside the vocabulary of "
-                                             f"{llm.tokenizer.vocab_size}")
             try:
                 seqs = await asyncio.to_thread(llm.embed_tokens, inputs, truncate)
-            except ValueError as e:  # too long for the context (PromptTooLongError), or empty
+            except ValueError as e:  # too long for the context (PromptTooLongError), empty, or a bad token id
                 raise P.bad("input", str(e)) from None
             try:
-                vecs = await asyncio.wait_for(asyncio.to_thread(exclusive, llm.embed, seqs, dimensions=dims),
+                vecs = await asyncio.wait_for(asyncio.to_thread(exclusive, llm.embed_ids, seqs, dimensions=dims),
                                               config.request_timeout)
             except asyncio.TimeoutError:
                 raise P.APIError(504, f"the request took longer than {config.request_timeout:g} s") from None
@@ -442,15 +425,9 @@ def create_app(config: ServerConfig) -> Starlette:
             metrics.finish(labels, str(e.status), 0, 0)
             return error_response(e)
         n = sum(len(s) for s in seqs)
-        data = []
-        for i, v in enumerate(vecs):
-            emb = base64.b64encode(np.ascontiguousarray(v, "<f4").tobytes()).decode() if fmt == "base64" \
-                else [float(x) for x in v]
-            data.append({"object": "embedding", "index": i, "embedding": emb})
         metrics.finish(labels, "200", n, 0)
         metrics.token(labels, time.monotonic() - t0, True)
-        return JSONResponse({"object": "list", "data": data, "model": sm.name,
-                             "usage": {"prompt_tokens": n, "total_tokens": n}})
+        return JSONResponse(P.embeddings_response(sm.name, vecs, n, fmt))
 
     async def detokenize(request: Request):
         try:

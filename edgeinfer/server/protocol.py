@@ -312,6 +312,23 @@ def parse_embeddings(body: Any) -> tuple[list, str, int | None, bool]:
     return inputs, fmt, dims, _boolean(body, "truncate", False)
 
 
+def embeddings_response(model: str, vecs, n_tokens: int, encoding_format: str = "float") -> dict:
+    """OpenAI's embeddings list (the server's reply and `edgeinfer embed`'s output): float lists, or
+    base64 of little-endian float32."""
+    import base64
+
+    import numpy as np
+
+    def encode(v):
+        if encoding_format == "base64":
+            return base64.b64encode(np.ascontiguousarray(v, "<f4").tobytes()).decode()
+        return [float(x) for x in v]
+
+    return {"object": "list", "model": model,
+            "data": [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(vecs)],
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+
+
 def parse_tokenize(body: Any) -> tuple[str, bool]:
     """/tokenize: llama.cpp's {"content", "add_special"} or vLLM's {"prompt", "add_special_tokens"}."""
     _object(body)
