@@ -165,7 +165,10 @@ def load_spec_prompts(path: str | None = None) -> list:
     else:
         with open(path) as f:
             text = f.read()
-    items = json.loads(text)
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(items, list) or not items or not all(
             isinstance(x, str) or (isinstance(x, dict) and ("prompt" in x or "messages" in x)) for x in items):
         raise ValueError(f"{path or 'the built-in prompts'}: expected a non-empty JSON list of strings or objects "

@@ -211,7 +211,7 @@ def test_speculation_on_the_command_line(tiny_llama_path, tmp_path):
     assert spec["decode_tok_s_with"] > 0 and spec["decode_tok_s_without"] > 0
 
 
-def test_bad_speculation_options(tiny_llama_path, tiny_gemma3_path):
+def test_bad_speculation_options(tiny_llama_path, tiny_gemma3_path, tmp_path):
     for args, fragment in [(["--draft-model", tiny_gemma3_path], "vocabulary"),
                            (["--draft-model", tiny_llama_path, "--speculate", "lookup"], "not both"),
                            (["--draft-tokens", 4], "draft_tokens needs"),
@@ -220,3 +220,8 @@ def test_bad_speculation_options(tiny_llama_path, tiny_gemma3_path):
         assert r.exit_code != 0 and fragment in r.output and "Traceback" not in r.output, (args, r.output)
     r = run("bench", tiny_llama_path, "--spec-only")
     assert r.exit_code != 0 and "--spec-only needs" in r.output
+    for body, fragment in [("{not json", "not valid JSON"), ('{"prompt": "x"}', "expected a non-empty JSON list")]:
+        bad = tmp_path / "prompts.json"
+        bad.write_text(body)
+        r = run("bench", tiny_llama_path, "--speculate", "lookup", "--spec-only", "--spec-prompts", bad)
+        assert r.exit_code == 1 and fragment in r.output and "Traceback" not in r.output, r.output
