@@ -419,6 +419,8 @@ def bench(model, threads, repeats, device, as_json, first_run, spec_prompts, spe
               help="Requests that may wait for a slot; past it, 503 with Retry-After.")
 @click.option("--request-timeout", type=click.FloatRange(0.1, None), default=600.0, show_default=True,
               help="Seconds a request may take.")
+@click.option("--read-timeout", type=click.FloatRange(0.1, None), default=30.0, show_default=True,
+              help="Seconds a request's whole body may take to arrive (408 past it).")
 @click.option("--max-body", "max_body_bytes", type=click.IntRange(1, None), default=4 * 1024 * 1024, show_default=True,
               help="Largest request body in bytes (413 past it).")
 @click.option("--max-seqs", type=click.IntRange(0, None), default=0, help="Sequences computed together (0: sized for the cores).")
@@ -434,7 +436,7 @@ def bench(model, threads, repeats, device, as_json, first_run, spec_prompts, spe
 @click.option("--draft-tokens", type=click.IntRange(1, 32), default=None,
               help="Tokens proposed per step at most (default: 4 with a draft model, 8 with lookup).")
 @engine_options
-def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout, max_body_bytes, max_seqs, threads,
+def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout, read_timeout, max_body_bytes, max_seqs, threads,
           device, shutdown_timeout, drafts, speculate, draft_tokens, kv_type, max_context, memory_budget):
     """Serve MODELS (default: smollm2-135m-instruct) over an OpenAI-compatible HTTP API."""
     try:
@@ -464,7 +466,8 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
         per_model = dict(zip(models, budget_configs(paths, base, memory_budget)))
     speculation = serve_speculation(models, drafts, speculate, draft_tokens, device)
     cfg = ServerConfig(models=models, threads=threads, api_key=api_key, cors_origins=list(cors_origins),
-                       max_queue=max_queue, request_timeout=request_timeout, max_body_bytes=max_body_bytes,
+                       max_queue=max_queue, request_timeout=request_timeout, read_timeout=read_timeout,
+                       max_body_bytes=max_body_bytes,
                        max_seqs=max_seqs, backend=device, engine_config=base, model_configs=per_model,
                        speculation=speculation)
     sys.exit(run_server(cfg, host=host, port=port, shutdown_timeout=shutdown_timeout))

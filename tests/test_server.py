@@ -539,7 +539,7 @@ def test_tool_call_round_trip_streamed_and_not(server):
 @pytest.mark.parametrize("body,param", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}},
      "response_format"),
-    ({"response_format": {"type": "yaml"}}, "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"guided_regex": "a(b"}, "guided_regex"),
     ({"structured_outputs": {"grammar": "root ::= ("}}, "structured_outputs.grammar"),
     ({"guided_choice": []}, "guided_choice"),

@@ -8,6 +8,7 @@ its own asyncio queue; a client that goes away has its request aborted and its K
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import sys
 import threading
@@ -28,6 +29,7 @@ from ..registry import model_name
 from ..structured import GrammarError
 from ..tools import StreamParser, ToolError, call_grammar, parse_reply, parse_tools
 from . import protocol as P
+from . import schemas as S
 from .metrics import Metrics
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
@@ -41,6 +43,7 @@ class ServerConfig:
     cors_origins: list[str] = field(default_factory=list)
     max_queue: int = 64  # requests waiting for a slot, per model; past it: 503 + Retry-After
     request_timeout: float = 600.0
+    read_timeout: float = 30.0  # the whole request body must arrive within this
     max_body_bytes: int = DEFAULT_MAX_BODY
     max_seqs: int = 0
     backend: str = "cpu"
@@ -97,6 +100,7 @@ def create_app(config: ServerConfig) -> Starlette:
         served[name] = ServedModel(name, source, (config.model_configs or {}).get(source, engine_config),
                                    (config.speculation or {}).get(source))
     metrics = Metrics(served)
+    api_key = (config.api_key or "").encode("utf-8", "surrogateescape")
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -105,14 +109,13 @@ def create_app(config: ServerConfig) -> Starlette:
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or token.strip() != config.api_key:
+        # compared in constant time; neither key is ever logged or echoed
+        if not (scheme.lower() == "bearer"
+                and hmac.compare_digest(token.strip().encode("utf-8", "surrogateescape"), api_key)):
             raise P.APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                              code="invalid_api_key")
 
-    async def read_json(request: Request):
-        ctype = request.headers.get("content-type", "")
-        if ctype.split(";")[0].strip().lower() != "application/json":
-            raise P.APIError(415, f"Content-Type must be application/json, got {ctype or 'nothing'!r}")
+    async def read_body(request: Request) -> bytes:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
             raise P.APIError(413, f"the request body is {int(length)} bytes; the limit is {config.max_body_bytes}")
@@ -122,10 +125,17 @@ def create_app(config: ServerConfig) -> Starlette:
             if size > config.max_body_bytes:
                 raise P.APIError(413, f"the request body is over the limit of {config.max_body_bytes} bytes")
             chunks.append(chunk)
-        try:
-            return json.loads(b"".join(chunks))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise P.APIError(400, f"the request body is not valid JSON: {e}") from None
+        return b"".join(chunks)
+
+    async def read_json(request: Request):
+        ctype = request.headers.get("content-type", "")
+        if ctype.split(";")[0].strip().lower() != "application/json":
+            raise P.APIError(415, f"Content-Type must be application/json, got {ctype or 'nothing'!r}")
+        try:  # a client that sends its body slowly does not hold a connection for ever
+            raw = await asyncio.wait_for(read_body(request), config.read_timeout)
+        except asyncio.TimeoutError:
+            raise P.APIError(408, f"the request body did not arrive within {config.read_timeout:g} s") from None
+        return P.loads(raw)
 
     def pick_model(name: str | None) -> ServedModel:
         if name is None and len(served) == 1:
@@ -432,7 +442,7 @@ def create_app(config: ServerConfig) -> Starlette:
     async def detokenize(request: Request):
         try:
             check_auth(request)
-            body = await read_json(request)
+            body = P.validate("detokenize", await read_json(request))
             sm = pick_model(P.parse_model(body))
             ids = P.parse_detokenize(body, sm.llm.tokenizer.vocab_size)
         except P.APIError as e:
@@ -457,6 +467,9 @@ def create_app(config: ServerConfig) -> Starlette:
         if loading:
             return JSONResponse({"status": "loading", "loading": loading}, status_code=503)
         return JSONResponse({"status": "ok", "models": list(served)})
+
+    async def openapi(request: Request):
+        return JSONResponse(openapi_doc)
 
     async def metrics_endpoint(request: Request):
         data, ctype = metrics.render()
@@ -508,11 +521,13 @@ def create_app(config: ServerConfig) -> Starlette:
             Route("/detokenize", detokenize, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
+            Route("/openapi.json", openapi, methods=["GET"]),
         ],
         middleware=middleware,
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error},
         lifespan=lifespan,
     )
+    openapi_doc = S.openapi(api_key=bool(config.api_key))
     app.state.served = served
     app.state.metrics = metrics
     return app

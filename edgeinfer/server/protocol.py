@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from ..sampling import CONSTRAINTS, SamplingParams
+from . import schemas as S
+from .schemas import MAX_EMBED_INPUTS, PRIORITY_LIMIT  # noqa: F401  (re-exported)
 
 
 class APIError(Exception):
@@ -35,12 +38,92 @@ def bad(param: str, message: str) -> APIError:
     return APIError(400, message, param=param)
 
 
-PRIORITY_LIMIT = 1_000_000
+MAX_DEPTH = 64  # arrays and objects nested deeper than this are refused
+
+
+class _BadJSON(ValueError):
+    pass
+
+
+def _no_constant(name: str):
+    raise _BadJSON(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise _BadJSON(f"the number {text[:40]} is out of range")
+    return v
+
+
+def _unique_keys(pairs: list) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _BadJSON(f"the key {dup[:40]!r} appears twice in one object")
+    return out
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _walk(v: Any) -> int:
+    """The nesting depth of a decoded body; a lone UTF-16 surrogate (from a \\ud800 escape) in any string
+    is refused, since no text can hold one."""
+    deepest, stack = 0, [(v, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, str):
+            if _SURROGATE.search(x):
+                raise APIError(400, "the request body is not valid JSON: a string holds an unpaired UTF-16 "
+                                    "surrogate escape")
+        elif isinstance(x, (dict, list)):
+            deepest = max(deepest, d)
+            if isinstance(x, dict):
+                stack.extend((k, d) for k in x)
+                stack.extend((c, d + 1) for c in x.values())
+            else:
+                stack.extend((c, d + 1) for c in x)
+    return deepest
+
+
+def loads(raw: bytes) -> Any:
+    """A request body as JSON, strictly: UTF-8, no NaN or Infinity (nor numbers that overflow to them),
+    no key twice in one object, at most MAX_DEPTH levels of nesting. A 400 that says what is wrong."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"the request body is not valid UTF-8 (byte {e.start})") from None
+    try:
+        v = json.loads(text, parse_constant=_no_constant, parse_float=_finite, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    except _BadJSON as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:  # deeper than the decoder goes
+        v = deep = None
+    else:
+        deep = _walk(v) > MAX_DEPTH
+    if deep is None or deep:
+        raise APIError(400, f"the request body nests arrays or objects more than {MAX_DEPTH} deep")
+    return v
+
+
+def validate(kind: str, body: Any) -> dict:
+    """The body, checked against its route's schema (edgeinfer.server.schemas); a 400 naming the field."""
+    try:
+        S.validate(kind, body)
+    except S.SchemaError as e:
+        raise APIError(400, str(e), param=e.param) from None
+    return body
 
 # -- field readers: each names the field in its error -------------------------------------------
 
 
-def _number(body: dict, key: str, lo: float, hi: float, default):
+def _number(body: dict, key: str, default, props: dict = S.SAMPLING):
+    lo = props[key].get("minimum", props[key].get("exclusiveMinimum"))
+    hi = props[key]["maximum"]
     v = body.get(key)
     if v is None:
         return default
@@ -51,10 +134,13 @@ def _number(body: dict, key: str, lo: float, hi: float, default):
     return float(v)
 
 
-def _integer(body: dict, key: str, lo: int, hi: int | None, default):
+def _integer(body: dict, key: str, default, props: dict = S.SAMPLING):
+    lo, hi = props[key]["minimum"], props[key].get("maximum")
     v = body.get(key)
     if v is None:
         return default
+    if isinstance(v, float) and v.is_integer():  # JSON Schema's integers include 3.0
+        v = int(v)
     if isinstance(v, bool) or not isinstance(v, int):
         raise bad(key, f"'{key}' must be an integer, got {type(v).__name__}")
     if v < lo or (hi is not None and v > hi):
@@ -79,8 +165,8 @@ def _stop(body: dict) -> tuple[str, ...]:
         v = [v]
     if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
         raise bad("stop", "'stop' must be a string or a list of strings")
-    if len(v) > 4:
-        raise bad("stop", f"'stop' takes at most 4 sequences, got {len(v)}")
+    if len(v) > S.MAX_STOP:
+        raise bad("stop", f"'stop' takes at most {S.MAX_STOP} sequences, got {len(v)}")
     if any(s == "" for s in v):
         raise bad("stop", "'stop' sequences must not be empty")
     return tuple(v)
@@ -119,8 +205,11 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
 
 
 def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
+    kind = "chat" if chat else "completions"
+    validate(kind, body)
+    props = S.REQUESTS[kind]["properties"]
     model = parse_model(body)
-    n = _integer(body, "n", 1, None, 1)
+    n = _integer(body, "n", 1)
     if n != 1:
         raise bad("n", f"'n' must be 1: this server returns one choice per request (got {n})")
     if body.get("best_of") not in (None, 1):
@@ -136,22 +225,22 @@ def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
         raise bad("stream_options", "'stream_options' must be an object")
     include_usage = _boolean(so or {}, "include_usage", False)
     max_tokens = _integer(body, "max_completion_tokens" if body.get("max_completion_tokens") is not None
-                          else "max_tokens", 1, None, None)
+                          else "max_tokens", None)
     if chat:
         logprobs = _boolean(body, "logprobs", False)
-        top = _integer(body, "top_logprobs", 0, 20, None)
+        top = _integer(body, "top_logprobs", None, props)
         if top is not None and not logprobs:
             raise bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
         top = top or 0
     else:  # the completions API: logprobs is how many alternatives (0..5)
-        lp = _integer(body, "logprobs", 0, 5, None)
+        lp = _integer(body, "logprobs", None, props)
         logprobs, top = lp is not None, lp or 0
-    seed = _integer(body, "seed", 0, 2**63 - 1, None)
+    seed = _integer(body, "seed", None)
     kwargs = dict(
-        temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=_number(body, "top_p", 0.0, 1.0, 1.0),
-        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, 0.0),
-        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0),
+        temperature=_number(body, "temperature", 1.0),
+        top_p=_number(body, "top_p", 1.0),
+        presence_penalty=_number(body, "presence_penalty", 0.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0),
         stop=_stop(body),
         seed=seed,
         logprobs=top if logprobs else None,
@@ -161,7 +250,7 @@ def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
     if kwargs["top_p"] == 0.0:
         raise bad("top_p", "'top_p' must be greater than 0")
     # an extension (as vLLM): lower values are scheduled first; waiting long enough lifts a request
-    priority = _integer(body, "priority", -PRIORITY_LIMIT, PRIORITY_LIMIT, 0)
+    priority = _integer(body, "priority", 0)
     return ParsedRequest(model, stream, include_usage, max_tokens, kwargs, logprobs, top, priority, constraint_param)
 
 
@@ -262,7 +351,7 @@ def parse_messages(body: dict) -> list[dict]:
 
 def parse_prompt(body: dict):
     """A completion prompt: a string, or a list of token ids (a one-element batch of either is fine)."""
-    p = body.get("prompt")
+    p = _whole(body.get("prompt"))
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]
     if isinstance(p, str):
@@ -274,7 +363,13 @@ def parse_prompt(body: dict):
     raise bad("prompt", "'prompt' must be a string or an array of token ids")
 
 
-MAX_EMBED_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
+def _whole(x):
+    """Token ids as ints: JSON Schema's integers include 3.0, which the schema let through."""
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    if isinstance(x, list):
+        return [_whole(v) for v in x]
+    return x
 
 
 def _is_ids(x) -> bool:
@@ -283,10 +378,10 @@ def _is_ids(x) -> bool:
 
 def parse_embeddings(body: Any) -> tuple[list, str, int | None, bool]:
     """/v1/embeddings: (inputs: strings or token-id lists, encoding_format, dimensions, truncate)."""
-    body = _object(body)
+    body = validate("embeddings", body)
     if "input" not in body:
         raise bad("input", "'input' is required: a string, a list of strings, or token ids")
-    x = body["input"]
+    x = _whole(body["input"])
     if isinstance(x, str):
         inputs = [x]
     elif _is_ids(x):
@@ -303,10 +398,10 @@ def parse_embeddings(body: Any) -> tuple[list, str, int | None, bool]:
     for i, s in enumerate(inputs):
         if isinstance(s, str) and not s:
             raise bad("input", f"input {i} is an empty string")
-    fmt = body.get("encoding_format", "float")
+    fmt = body.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
         raise bad("encoding_format", f"'encoding_format' must be 'float' or 'base64', got {fmt!r}")
-    dims = body.get("dimensions")
+    dims = _whole(body.get("dimensions"))
     if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
         raise bad("dimensions", f"'dimensions' must be a positive integer, got {dims!r}")
     return inputs, fmt, dims, _boolean(body, "truncate", False)
@@ -331,7 +426,7 @@ def embeddings_response(model: str, vecs, n_tokens: int, encoding_format: str = 
 
 def parse_tokenize(body: Any) -> tuple[str, bool]:
     """/tokenize: llama.cpp's {"content", "add_special"} or vLLM's {"prompt", "add_special_tokens"}."""
-    _object(body)
+    validate("tokenize", body)
     key = "content" if "content" in body else "prompt"
     text = body.get(key)
     if not isinstance(text, str):
@@ -341,7 +436,7 @@ def parse_tokenize(body: Any) -> tuple[str, bool]:
 
 
 def parse_detokenize(body: Any, vocab_size: int) -> list[int]:
-    ids = _object(body).get("tokens")
+    ids = _whole(validate("detokenize", body).get("tokens"))
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise bad("tokens", "'tokens' must be an array of token ids")
     check_token_ids(ids, vocab_size, "tokens")
