@@ -17,7 +17,8 @@ def test_short_soak_leaks_nothing(tmp_path):
     write_tiny_llama(model, n_ctx=512, dim=64, n_head=2, n_kv=1, ffn=128, n_layer=2)
     out = tmp_path / "soak"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--model", str(model), "--minutes", "2",
-                        "--burst-every", "15", "--idle-every", "12", "--threads", "1", "--out", str(out)],
+                        "--burst-every", "15", "--idle-every", "12", "--threads", "1", "--short-tokens", "8",
+                        "--long-tokens", "32", "--out", str(out)],
                        capture_output=True, text=True, timeout=600)
     record = json.loads((out / "soak.json").read_text())
     v = record["verdict"]
