@@ -205,7 +205,8 @@ def test_wrong_api_key_is_refused_and_never_logged(tmp_path):
                        headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 200
         doc = httpx.get(s.base + "/openapi.json").json()
-        assert doc["security"] == [{"bearer": []}]
+        assert doc["paths"]["/v1/completions"]["post"]["security"] == [{"bearer": []}]
+        assert "security" not in doc["paths"]["/health"]["get"]
     finally:
         s.stop()
     log = s.proc.stdout.read()
