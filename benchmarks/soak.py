@@ -11,7 +11,8 @@ Once a second it samples the server process's RSS, open file descriptors and thr
 in use (from /metrics). It writes soak.json (every sample, request and check) and soak.png, prints the
 pass criteria and exits 1 if one fails:
 - RSS growth after warm-up under 5% (median of the last window against the first);
-- KV blocks back to zero at every idle point;
+- KV blocks back to zero at every idle point, and every idle point reached (the requests in flight
+  finish within --drain-timeout);
 - file descriptors and threads flat (idle-point counts after warm-up grow by at most a small slack);
 - no 5xx other than the 503s of a full queue;
 - the P99 latency of the last window within 20% of the first window after warm-up (windows of 5
@@ -149,11 +150,13 @@ class Soak:
                 return
             self.go.clear()  # pause the load until the server has nothing to do
             t0 = time.monotonic()
-            while self.inflight and time.monotonic() - t0 < 120:
+            while self.inflight and time.monotonic() - t0 < self.args.drain_timeout:
                 await asyncio.sleep(0.05)
+            drained = not self.inflight  # else a request is still out: not an idle point
             await asyncio.sleep(0.3)
             text = (await client.get(self.base + "/metrics")).text
-            self.idle_checks.append({"t": self.now(), "kv_blocks_used": metric(text, "edgeinfer_kv_blocks_used"),
+            self.idle_checks.append({"t": self.now(), "drained": drained,
+                                     "kv_blocks_used": metric(text, "edgeinfer_kv_blocks_used"),
                                      "running": metric(text, "edgeinfer_running_sequences"),
                                      "waiting": metric(text, "edgeinfer_waiting_sequences"),
                                      **proc_sample(self.pid)})
@@ -182,7 +185,8 @@ class Soak:
                 await asyncio.gather(*side, return_exceptions=True)
             await asyncio.sleep(1.0)  # the load's connections are closed; the last aborts land
             text = (await probe.get(self.base + "/metrics")).text
-            self.idle_checks.append({"t": self.now(), "kv_blocks_used": metric(text, "edgeinfer_kv_blocks_used"),
+            self.idle_checks.append({"t": self.now(), "drained": True,
+                                     "kv_blocks_used": metric(text, "edgeinfer_kv_blocks_used"),
                                      "running": metric(text, "edgeinfer_running_sequences"),
                                      "waiting": metric(text, "edgeinfer_waiting_sequences"), **proc_sample(self.pid)})
 
@@ -205,8 +209,9 @@ def judge(s: Soak, warmup: float, duration: float) -> dict:
     rss_first = [x["rss"] for x in s.samples if within(x["t"], first)]
     rss_last = [x["rss"] for x in s.samples if within(x["t"], last)]
     rss_growth = statistics.median(rss_last) / statistics.median(rss_first) - 1 if rss_first and rss_last else None
-    idle = [c for c in s.idle_checks if c["t"] >= warmup]
-    leaked = [c for c in s.idle_checks if c["kv_blocks_used"] != 0]
+    idle = [c for c in s.idle_checks if c["t"] >= warmup and c["drained"]]
+    leaked = [c for c in s.idle_checks if c["drained"] and c["kv_blocks_used"] != 0]
+    undrained = [c for c in s.idle_checks if not c["drained"]]
     def growth(key):  # the idle points' later half against their earlier half (medians: a connection the
         if len(idle) < 2:  # client's pool keeps open at one point is not a leak)
             return None
@@ -229,6 +234,7 @@ def judge(s: Soak, warmup: float, duration: float) -> dict:
     checks = {
         "rss_growth_under_5pct": rss_growth is not None and rss_growth < 0.05,
         "kv_blocks_zero_when_idle": bool(s.idle_checks) and not leaked,
+        "drained_at_every_idle_point": not undrained,
         "fds_flat": fd_growth is not None and fd_growth <= 4,
         "threads_flat": thread_growth is not None and thread_growth <= 2,
         "no_unexpected_5xx": unexpected_5xx == 0 and stream_errors == 0,
@@ -242,6 +248,7 @@ def judge(s: Soak, warmup: float, duration: float) -> dict:
         "rss_growth": rss_growth, "rss_first_window_mb": statistics.median(rss_first) / 2**20 if rss_first else None,
         "rss_last_window_mb": statistics.median(rss_last) / 2**20 if rss_last else None,
         "idle_points": len(s.idle_checks), "idle_points_with_blocks_in_use": len(leaked),
+        "idle_points_not_drained": len(undrained),
         "fd_growth": fd_growth, "thread_growth": thread_growth,
         "fds_at_idle": [c["fds"] for c in idle], "threads_at_idle": [c["threads"] for c in idle],
         "p99_first_window_s": lat_first, "p99_last_window_s": lat_last, "window_s": window, "warmup_s": warmup,
@@ -295,6 +302,8 @@ def main(argv=None) -> int:
     ap.add_argument("--long-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=120.0, help="client timeout per request (s)")
+    ap.add_argument("--drain-timeout", type=float, default=120.0,
+                    help="seconds an idle point waits for the requests in flight to finish")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/soak", help="folder for soak.json and soak.png")
     ap.add_argument("--server-arg", action="append", default=[], help="extra argument for `edgeinfer serve`")
