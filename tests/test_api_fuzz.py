@@ -29,11 +29,29 @@ def fuzz_server(tmp_path_factory):
 
     p = tmp_path_factory.mktemp("fuzz") / "tiny-fuzz.gguf"
     write_tiny_llama(p, n_ctx=96, dim=64, n_head=2, n_kv=1, ffn=128, n_layer=2)
-    s = Server(p, "--request-timeout", "20", "--read-timeout", "2").wait_ready()
+    # the request timeout is generous for the warm-up's compiles; the fuzzing holds each request to 25 s
+    s = Server(p, "--request-timeout", "600", "--read-timeout", "2").wait_ready()
+    warm_up(s)
     yield s
     s.stop()
     out = s.proc.stdout.read()
     assert "Traceback" not in out, out
+
+
+def warm_up(s) -> None:
+    """One request down each compiled path (prefill, decode, logprobs, penalties, a grammar mask,
+    embeddings), so that on a fresh clone Numba's first compiles do not count against the fuzzing's
+    25 s per request."""
+    for path, body in [
+        ("/v1/completions", {"prompt": "hello", "max_tokens": 4, "logprobs": 2, "presence_penalty": 0.5}),
+        ("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0.7, "seed": 1}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+                                  "response_format": {"type": "json_object"}, "logprobs": True, "top_logprobs": 2}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}),
+        ("/v1/embeddings", {"input": ["hello", "world"]}),
+    ]:
+        r = httpx.post(s.base + path, json=body, timeout=900)
+        assert r.status_code == 200, r.text
 
 
 def test_openapi_document_is_the_validating_schema(fuzz_server):
@@ -105,6 +123,16 @@ def test_the_fuzz_checks_catch_a_schema_violation(fuzz_server):
         fuzz(schemathesis.openapi.from_dict(doc), fuzz_server.base, 5, only="/v1/models")
     report = "".join(traceback.format_exception(e.value))
     assert "Response violates schema" in report and "promised_but_missing" in report
+
+
+def test_logprobs_of_a_constrained_reply_are_json_numbers(fuzz_server):
+    """A token the grammar masked has logprob -inf, which JSON cannot carry (it was a 500): -9999.0."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "logprobs": True, "top_logprobs": 20,
+            "response_format": {"type": "json_object"}}
+    r = httpx.post(fuzz_server.base + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    tops = [t["logprob"] for c in r.json()["choices"][0]["logprobs"]["content"] for t in c["top_logprobs"]]
+    assert tops and -9999.0 in tops and all(-9999.0 <= lp <= 0 for lp in tops)
 
 
 def raw(server, data: bytes, read_timeout: float = 10) -> bytes:

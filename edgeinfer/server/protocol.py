@@ -461,10 +461,16 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def _finite_lp(lp: float) -> float:
+    """A log-probability JSON can carry: a token the grammar masked has -inf, sent as -9999.0 (as
+    OpenAI and vLLM do)."""
+    return lp if math.isfinite(lp) else -9999.0
+
+
 def chat_logprobs(entries: list[dict], token_text) -> dict:
     def item(tid, lp):
         t = token_text(tid)
-        return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+        return {"token": t, "logprob": _finite_lp(lp), "bytes": list(t.encode("utf-8"))}
 
     return {"content": [{**item(e["token_id"], e["logprob"]),
                          "top_logprobs": [item(j, lp) for j, lp in e["top"]]} for e in entries]}
@@ -477,8 +483,8 @@ def completion_logprobs(entries: list[dict], token_text, offset: int = 0) -> dic
         offsets.append(offset)
         offset += len(t)
         tokens.append(t)
-        lps.append(e["logprob"])
-        tops.append({token_text(j): lp for j, lp in e["top"]})
+        lps.append(_finite_lp(e["logprob"]))
+        tops.append({token_text(j): _finite_lp(lp) for j, lp in e["top"]})
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
