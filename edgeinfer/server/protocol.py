@@ -94,9 +94,7 @@ def loads(raw: bytes) -> Any:
         raise APIError(400, f"the request body nests arrays or objects more than {MAX_DEPTH} deep")
     try:
         v = json.loads(text, parse_constant=_no_constant, parse_float=_finite, object_pairs_hook=_unique_keys)
-    except json.JSONDecodeError as e:
-        raise APIError(400, f"the request body is not valid JSON: {e}") from None
-    except _BadJSON as e:
+    except (json.JSONDecodeError, _BadJSON) as e:
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
     except RecursionError:  # brackets the depth count could not see (malformed text)
         raise APIError(400, f"the request body nests arrays or objects more than {MAX_DEPTH} deep") from None
@@ -116,6 +114,7 @@ def validate(kind: str, body: Any) -> dict:
     except S.SchemaError as e:
         raise APIError(400, str(e), param=e.param) from None
     return body
+
 
 # -- field readers: each names the field in its error -------------------------------------------
 
