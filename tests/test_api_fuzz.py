@@ -173,10 +173,10 @@ def test_hostile_bodies_get_a_clear_400(fuzz_server, name, body, needle):
 
 def test_headers_too_large_and_garbage_requests(fuzz_server):
     big = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n"
-    out = raw(fuzz_server, big)
-    assert out == b"" or out.split(b" ")[1] in (b"400", b"413", b"431"), out[:200]
-    out = raw(fuzz_server, b"\x16\x03\x01\x02\x00garbage that is not HTTP\r\n\r\n")
-    assert out == b"" or out.split(b" ")[1] == b"400", out[:200]
+    out = raw(fuzz_server, big)  # over h11's 16 KiB limit on a request head
+    assert out.startswith(b"HTTP/1.1 400 ") and b"Connection: close" in out, out[:200]
+    out = raw(fuzz_server, b"\x16\x03\x01\x02\x00garbage that is not HTTP\r\n\r\n")  # a TLS hello, say
+    assert out.startswith(b"HTTP/1.1 400 ") and b"Connection: close" in out, out[:200]
     assert httpx.get(fuzz_server.base + "/health").status_code == 200
 
 
