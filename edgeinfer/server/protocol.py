@@ -12,7 +12,6 @@ from typing import Any
 
 from ..sampling import CONSTRAINTS, SamplingParams
 from . import schemas as S
-from .schemas import MAX_EMBED_INPUTS
 
 
 class APIError(Exception):
@@ -116,58 +115,27 @@ def validate(kind: str, body: Any) -> dict:
     return body
 
 
-# -- field readers: each names the field in its error -------------------------------------------
+# -- readers of bodies their route's schema has checked: types and bounds are the schema's, and
+# -- what is left here is what a schema cannot say ----------------------------------------------
 
 
-def _number(body: dict, key: str, default, props: dict = S.SAMPLING):
-    lo = props[key].get("minimum", props[key].get("exclusiveMinimum"))
-    hi = props[key]["maximum"]
+def _get(body: dict, key: str, default):
+    """A field the route's schema has already checked, or `default` when it is absent or null."""
     v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise bad(key, f"'{key}' must be a number, got {type(v).__name__}")
-    if not lo <= v <= hi:
-        raise bad(key, f"'{key}' must be between {lo} and {hi}, got {v}")
-    return float(v)
+    return default if v is None else v
 
 
-def _integer(body: dict, key: str, default, props: dict = S.SAMPLING):
-    lo, hi = props[key]["minimum"], props[key].get("maximum")
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, float) and v.is_integer():  # JSON Schema's integers include 3.0
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise bad(key, f"'{key}' must be an integer, got {type(v).__name__}")
-    if v < lo or (hi is not None and v > hi):
-        raise bad(key, f"'{key}' must be between {lo} and {hi if hi is not None else 'the context size'}, got {v}")
-    return v
+def _number(body: dict, key: str, default):
+    return float(_get(body, key, default))
 
 
-def _boolean(body: dict, key: str, default: bool) -> bool:
-    v = body.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise bad(key, f"'{key}' must be true or false, got {type(v).__name__}")
-    return v
+def _integer(body: dict, key: str, default):
+    return _whole(_get(body, key, default))
 
 
 def _stop(body: dict) -> tuple[str, ...]:
-    v = body.get("stop")
-    if v is None:
-        return ()
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-        raise bad("stop", "'stop' must be a string or a list of strings")
-    if len(v) > S.MAX_STOP:
-        raise bad("stop", f"'stop' takes at most {S.MAX_STOP} sequences, got {len(v)}")
-    if any(s == "" for s in v):
-        raise bad("stop", "'stop' sequences must not be empty")
-    return tuple(v)
+    v = _get(body, "stop", ())
+    return (v,) if isinstance(v, str) else tuple(v)
 
 
 @dataclass
@@ -183,17 +151,9 @@ class ParsedRequest:
     constraint_param: str | None = None  # the request field a structured-output constraint came from
 
 
-def _object(body: Any) -> dict:
-    if not isinstance(body, dict):
-        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    return body
-
-
-def parse_model(body: Any) -> str | None:
-    model = _object(body).get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad("model", "'model' must be a string")
-    return model
+def parse_model(body: dict) -> str | None:
+    """The `model` of a body its route's schema has checked."""
+    return body.get("model")
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
@@ -203,35 +163,25 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
 
 
 def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
-    kind = "chat" if chat else "completions"
-    validate(kind, body)
-    props = S.REQUESTS[kind]["properties"]
-    model = parse_model(body)
-    n = _integer(body, "n", 1)
-    if n != 1:
-        raise bad("n", f"'n' must be 1: this server returns one choice per request (got {n})")
-    if body.get("best_of") not in (None, 1):
-        raise bad("best_of", "'best_of' is not supported")
+    validate("chat" if chat else "completions", body)  # types and bounds (n and best_of are 1); then what
+    model = parse_model(body)                           # a schema cannot say
     for unsupported in ("functions", "function_call", "suffix") + (() if chat else ("tools", "tool_choice")):
         if body.get(unsupported) not in (None, [], "none"):
             raise bad(unsupported, f"'{unsupported}' is not supported by this server"
                                    + (" (tools work on /v1/chat/completions)" if unsupported.startswith("tool") else ""))
     constraint, constraint_param = parse_constraint(body)
-    stream = _boolean(body, "stream", False)
-    so = body.get("stream_options")
-    if so is not None and not isinstance(so, dict):
-        raise bad("stream_options", "'stream_options' must be an object")
-    include_usage = _boolean(so or {}, "include_usage", False)
+    stream = _get(body, "stream", False)
+    include_usage = _get(_get(body, "stream_options", {}), "include_usage", False)
     max_tokens = _integer(body, "max_completion_tokens" if body.get("max_completion_tokens") is not None
                           else "max_tokens", None)
     if chat:
-        logprobs = _boolean(body, "logprobs", False)
-        top = _integer(body, "top_logprobs", None, props)
+        logprobs = _get(body, "logprobs", False)
+        top = _integer(body, "top_logprobs", None)
         if top is not None and not logprobs:
             raise bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
         top = top or 0
     else:  # the completions API: logprobs is how many alternatives (0..5)
-        lp = _integer(body, "logprobs", None, props)
+        lp = _integer(body, "logprobs", None)
         logprobs, top = lp is not None, lp or 0
     seed = _integer(body, "seed", None)
     kwargs = dict(
@@ -242,11 +192,9 @@ def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
         stop=_stop(body),
         seed=seed,
         logprobs=top if logprobs else None,
-        ignore_eos=_boolean(body, "ignore_eos", False),  # an extension (as vLLM): generate through EOS
+        ignore_eos=_get(body, "ignore_eos", False),  # an extension (as vLLM): generate through EOS
         **constraint,
     )
-    if kwargs["top_p"] == 0.0:
-        raise bad("top_p", "'top_p' must be greater than 0")
     # an extension (as vLLM): lower values are scheduled first; waiting long enough lifts a request
     priority = _integer(body, "priority", 0)
     return ParsedRequest(model, stream, include_usage, max_tokens, kwargs, logprobs, top, priority, constraint_param)
@@ -309,35 +257,20 @@ def parse_constraint(body: dict) -> tuple[dict, str | None]:
 
 
 def parse_parallel_tool_calls(body: dict) -> bool:
-    return _boolean(body, "parallel_tool_calls", True)
+    return _get(body, "parallel_tool_calls", True)
 
 
 def parse_messages(body: dict) -> list[dict]:
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise bad("messages", "'messages' must be a non-empty array")
+    """The messages of a chat body its schema has checked (roles, content strings or text parts)."""
     out = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict):
-            raise bad(f"messages[{i}]", f"messages[{i}] must be an object")
-        role = m.get("role")
-        if role == "developer":
-            role = "system"
-        if role not in ("system", "user", "assistant", "tool"):
-            raise bad(f"messages[{i}].role", f"messages[{i}].role {role!r} is not one of system, user, assistant, tool")
+    for i, m in enumerate(body["messages"]):
+        role = "system" if m["role"] == "developer" else m["role"]
         content = m.get("content")
-        if content is None and role == "assistant":
+        if isinstance(content, list):  # text parts
+            content = "".join(p["text"] for p in content)
+        if content is None and (role == "assistant" or m.get("tool_calls")):
             content = ""
-        if isinstance(content, list):
-            parts = []
-            for j, p in enumerate(content):
-                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                    raise bad(f"messages[{i}].content[{j}]", f"messages[{i}].content[{j}] must be a text part")
-                parts.append(p["text"])
-            content = "".join(parts)
-        if content is None and m.get("tool_calls"):
-            content = ""
-        if not isinstance(content, str):
+        if content is None:  # the schema lets null through; only an assistant or a tool call may leave it out
             raise bad(f"messages[{i}].content", f"messages[{i}].content must be a string or an array of text parts")
         msg = {"role": role, "content": content}
         for key in ("tool_calls", "tool_call_id", "name"):  # checked by edgeinfer.tools when rendered
@@ -349,16 +282,10 @@ def parse_messages(body: dict) -> list[dict]:
 
 def parse_prompt(body: dict):
     """A completion prompt: a string, or a list of token ids (a one-element batch of either is fine)."""
-    p = _whole(body.get("prompt"))
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+    p = _whole(body["prompt"])
+    if isinstance(p, list) and isinstance(p[0], (str, list)):  # the schema allows a batch of one only
         p = p[0]
-    if isinstance(p, str):
-        return p
-    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        return p
-    if isinstance(p, list) and len(p) > 1 and all(isinstance(x, (str, list)) for x in p):
-        raise bad("prompt", "a batch of prompts is not supported: send one prompt per request")
-    raise bad("prompt", "'prompt' must be a string or an array of token ids")
+    return p
 
 
 def _whole(x):
@@ -370,39 +297,13 @@ def _whole(x):
     return x
 
 
-def _is_ids(x) -> bool:
-    return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
-
-
 def parse_embeddings(body: Any) -> tuple[list, str, int | None, bool]:
     """/v1/embeddings: (inputs: strings or token-id lists, encoding_format, dimensions, truncate)."""
-    body = validate("embeddings", body)
-    if "input" not in body:
-        raise bad("input", "'input' is required: a string, a list of strings, or token ids")
+    body = validate("embeddings", body)  # the four forms of `input`, at most MAX_EMBED_INPUTS, none empty
     x = _whole(body["input"])
-    if isinstance(x, str):
-        inputs = [x]
-    elif _is_ids(x):
-        inputs = [x]
-    elif isinstance(x, list) and x and all(isinstance(s, str) for s in x):
-        inputs = list(x)
-    elif isinstance(x, list) and x and all(_is_ids(s) for s in x):
-        inputs = list(x)
-    else:
-        raise bad("input", "'input' must be a non-empty string, a list of strings, a list of token ids, or a list "
-                           "of token-id lists")
-    if len(inputs) > MAX_EMBED_INPUTS:
-        raise bad("input", f"'input' has {len(inputs)} items; at most {MAX_EMBED_INPUTS} per request")
-    for i, s in enumerate(inputs):
-        if isinstance(s, str) and not s:
-            raise bad("input", f"input {i} is an empty string")
-    fmt = body.get("encoding_format") or "float"
-    if fmt not in ("float", "base64"):
-        raise bad("encoding_format", f"'encoding_format' must be 'float' or 'base64', got {fmt!r}")
-    dims = _whole(body.get("dimensions"))
-    if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
-        raise bad("dimensions", f"'dimensions' must be a positive integer, got {dims!r}")
-    return inputs, fmt, dims, _boolean(body, "truncate", False)
+    one = isinstance(x, str) or isinstance(x[0], int)  # a string or one token-id list; else a list of them
+    return [x] if one else x, _get(body, "encoding_format", "float"), _integer(body, "dimensions", None), \
+        _get(body, "truncate", False)
 
 
 def embeddings_response(model: str, vecs, n_tokens: int, encoding_format: str = "float") -> dict:
@@ -427,10 +328,9 @@ def parse_tokenize(body: Any) -> tuple[str, bool]:
     validate("tokenize", body)
     key = "content" if "content" in body else "prompt"
     text = body.get(key)
-    if not isinstance(text, str):
+    if text is None:  # the schema wants one of the keys; it lets null through as an optional field's value
         raise bad(key, "'content' (or 'prompt') must be a string")
-    add = _boolean(body, "add_special" if "add_special" in body else "add_special_tokens", False)
-    return text, add
+    return text, _get(body, "add_special" if "add_special" in body else "add_special_tokens", False)
 
 
 def parse_detokenize(body: Any) -> list[int]:
