@@ -3,6 +3,7 @@ the way Hugging Face transformers renders it; ChatML (or Gemma's turns) when the
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -102,6 +103,7 @@ def _join_size(args, kwargs) -> int:
 
 
 def _bounded(name: str, f):
+    @functools.wraps(f)  # keeps jinja2's marker on filters that take the context or environment
     def g(*args, **kwargs):
         _check_args(name, args[1:], kwargs)
         if name == "join" and _join_size(args, kwargs) > MAX_CHARS:  # refused before it allocates
@@ -111,9 +113,6 @@ def _bounded(name: str, f):
             _too_big("a value")
         return out
 
-    for attr in ("jinja_pass_arg",):  # context/environment-taking filters keep their marker
-        if hasattr(f, attr):
-            setattr(g, attr, getattr(f, attr))
     return g
 
 

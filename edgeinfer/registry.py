@@ -145,6 +145,11 @@ def models_dir() -> Path:
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 
 
+def _stem(name: str) -> str:
+    """A model's name without its .gguf suffix."""
+    return name[:-5] if name.endswith(".gguf") else name
+
+
 def check_name(name: str) -> str:
     """`name`, if it is a valid name for a file in the cache: 1-128 letters, digits and `._+-`, starting
     with a letter or digit, so never a path, `..` or a hidden file."""
@@ -235,7 +240,7 @@ def model_name(source: str) -> str:
     if entry is not None:
         return entry.name
     base = os.path.basename(source)
-    return base[:-5] if base.endswith(".gguf") else base
+    return _stem(base)
 
 
 def _unknown(name: str, catalog: dict[str, CatalogEntry]) -> ModelNotFoundError:
@@ -266,7 +271,7 @@ def resolve(model: str, *, pull_missing: bool = True, progress: bool = True,
         if not pull_missing:
             raise ModelNotFoundError(f"model {entry.name!r} is not downloaded yet: run `edgeinfer pull {entry.name}`")
         return pull(entry.name, progress=progress, catalog=catalog)
-    stem = model[:-5] if model.endswith(".gguf") else model
+    stem = _stem(model)
     if _NAME_RE.match(stem):
         local = _cache_file(stem)
         if local.is_file():
@@ -312,7 +317,7 @@ def pull(source: str, *, progress: bool = True, force: bool = False,
     """
     catalog = CATALOG if catalog is None else catalog
     if name is not None:
-        check_name(name[:-5] if name.endswith(".gguf") else name)
+        check_name(_stem(name))
     models_dir().mkdir(parents=True, exist_ok=True)
     parsed = urllib.parse.urlparse(source)
     if parsed.scheme in ("http", "https"):
@@ -394,9 +399,7 @@ def _pull_catalog(entry: CatalogEntry, *, progress: bool, force: bool) -> Path:
 
 def _pull_catalog_locked(entry: CatalogEntry, final: Path, progress: bool) -> Path:
     staging = staging_dir(entry)
-    if staging.is_symlink():
-        staging.unlink()
-    staging.mkdir(parents=True, exist_ok=True)
+    _no_link(staging).mkdir(parents=True, exist_ok=True)
     out_path = staging / (final.name + ".partial")
     joined = staging / "joined.partial" if entry.zip_member else out_path
     done, written, digest = _resume_point(entry, staging, joined)
@@ -527,8 +530,7 @@ def _name_from_url(url: str) -> str:
 
 
 def _pull_url(url: str, *, name: str | None, progress: bool, force: bool, timeout: float = 60.0) -> Path:
-    final = _cache_file(name[:-5] if name and name.endswith(".gguf") else name or _name_from_url(url)[:-5],
-                        write=True)
+    final = _cache_file(_stem(name or _name_from_url(url)), write=True)
     if final.is_file() and not force:
         return final
     with cache_lock(final.stem, quiet=not progress):
@@ -598,7 +600,7 @@ def _pull_url_locked(url: str, final: Path, progress: bool, timeout: float) -> P
 def _pull_local(path: Path, *, name: str | None, force: bool) -> Path:
     _check_gguf(path)
     stem = name or path.name
-    final = _cache_file(stem[:-5] if stem.endswith(".gguf") else stem, write=True)
+    final = _cache_file(_stem(stem), write=True)
     if final.exists() and final.resolve() == path.resolve():
         return final
     if final.is_file() and not force:
@@ -638,7 +640,7 @@ def list_local() -> list[LocalModel]:
 def remove(model: str, catalog: dict[str, CatalogEntry] | None = None) -> Path:
     catalog = CATALOG if catalog is None else catalog
     entry = lookup(model, catalog)
-    stem = entry.name if entry else (model[:-5] if model.endswith(".gguf") else model)
+    stem = entry.name if entry else _stem(model)
     path = models_dir() / f"{check_name(stem)}.gguf"
     if not path.is_file() and not path.is_symlink():
         have = ", ".join(m.name for m in list_local()) or "none"
