@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -110,15 +111,14 @@ def start(spec: dict, tmp: Path, env: dict) -> subprocess.Popen:
 
 
 def whole_models(models: Path, sha: str) -> list[Path]:
-    """The cache as `list` and `resolve` see it: every listed model must be the whole file."""
-    env_home = models.parent
-    out = subprocess.run([sys.executable, "-c", "from edgeinfer import registry\n"
-                          "print('\\n'.join(str(m.path) for m in registry.list_local()))"],
-                         env={**os.environ, "EDGEINFER_HOME": str(env_home)}, capture_output=True, text=True,
-                         check=True).stdout.split()
-    for p in out:
-        assert hashlib.sha256(Path(p).read_bytes()).hexdigest() == sha, f"{p} is listed but is not whole"
-    return [Path(p) for p in out]
+    """The cache as `list` sees it: every listed model must be the whole file."""
+    from edgeinfer import registry
+
+    with mock.patch.dict(os.environ, {"EDGEINFER_HOME": str(models.parent)}):
+        listed = [m.path for m in registry.list_local()]
+    for p in listed:
+        assert hashlib.sha256(p.read_bytes()).hexdigest() == sha, f"{p} is listed but is not whole"
+    return listed
 
 
 def kill_cycle(make_spec, tmp: Path, env: dict, final: Path, sha: str, leftovers) -> dict:
