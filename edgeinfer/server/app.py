@@ -26,8 +26,8 @@ from ..config import EngineConfig
 from ..engine.loop import exclusive
 from ..errors import EdgeInferError
 from ..registry import model_name
-from ..structured import GrammarError
-from ..tools import StreamParser, ToolError, call_grammar, parse_reply, parse_tools
+from ..tools import StreamParser
+from . import handlers as H
 from . import protocol as P
 from . import schemas as S
 from .metrics import Metrics
@@ -152,18 +152,6 @@ def create_app(config: ServerConfig) -> Starlette:
             raise P.APIError(503, f"model {sm.name!r} is still loading", headers={"Retry-After": "2"})
         return sm
 
-    def budget(sm: ServedModel, prompt_ids: list[int], req: P.ParsedRequest, field: str) -> int:
-        context = sm.llm.engine.max_context
-        if len(prompt_ids) >= context:
-            raise P.bad(field, f"the prompt has {len(prompt_ids)} tokens but the context holds {context}")
-        room = context - len(prompt_ids)
-        if req.max_tokens is None:
-            return room
-        if req.max_tokens > room:
-            raise P.bad("max_tokens", f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({req.max_tokens}) "
-                                      f"is {len(prompt_ids) + req.max_tokens} tokens, more than the context of {context}")
-        return req.max_tokens
-
     def submit(sm: ServedModel, prompt_ids, params, priority: int = 0, guide=None) -> tuple[str, asyncio.Queue]:
         stats = sm.llm.engine.stats()
         must_wait = stats["waiting"] > 0 or stats["running"] >= sm.llm.engine.scheduler.max_seqs
@@ -270,46 +258,12 @@ def create_app(config: ServerConfig) -> Starlette:
             req = P.parse_common(body, chat=chat)
             sm = pick_model(req.model)
             labels = (sm.name, endpoint)
-            if sm.llm.is_encoder:
-                raise P.bad("model", f"model {sm.name!r} is an embedding model: it cannot generate; use /v1/embeddings")
             tok = sm.llm.tokenizer
-            tools, shown, extra = [], [], {}
-            if chat:
-                messages = P.parse_messages(body)
-                try:
-                    tools, tool_choice = parse_tools(body.get("tools"), body.get("tool_choice"))
-                except ToolError as e:
-                    raise P.bad(e.param, str(e)) from None
-                shown = tools if tool_choice.mode != "none" else []
-                grammar = call_grammar(tools, tool_choice, P.parse_parallel_tool_calls(body))
-                if grammar is not None:
-                    if req.constraint_param:
-                        raise P.bad("tool_choice", f"tool_choice {tool_choice.mode!r} constrains the reply to tool calls; "
-                                                   f"it cannot be combined with '{req.constraint_param}'")
-                    extra["grammar"] = grammar
-                try:
-                    prompt_ids = await asyncio.to_thread(sm.llm.render_chat, messages, True, shown)
-                except ToolError as e:
-                    raise P.bad(e.param, str(e)) from None
-                except ValueError as e:
-                    raise P.bad("messages", str(e)) from None
-            else:
-                prompt = P.parse_prompt(body)
-                if isinstance(prompt, str):
-                    prompt_ids = await asyncio.to_thread(tok.encode, prompt, None, False)
-                else:
-                    P.check_token_ids(prompt, tok.vocab_size, "prompt")
-                    prompt_ids = prompt
-                if not prompt_ids:
-                    raise P.bad("prompt", "'prompt' is empty")
-            params = P.sampling_params(req, budget(sm, prompt_ids, req, "messages" if chat else "prompt"), **extra)
-            guide = None
-            if params.constrained:  # compiled in a worker thread: never on the event loop or the engine thread
-                try:
-                    guide = await asyncio.to_thread(sm.llm.engine.grammars.guide, params)
-                except GrammarError as e:
-                    raise P.bad(req.constraint_param or "tools", str(e)) from None
-            rid, queue = submit(sm, prompt_ids, params, req.priority, guide)
+            # the prompt through the chat template, the parameters, the compiled constraint: in a worker
+            # thread, never on the event loop or the engine thread
+            gen = await asyncio.to_thread(H.prepare_generation, sm.llm, sm.name, body, req, chat)
+            tools, shown, prompt_ids = gen.tools, gen.shown, gen.prompt_ids
+            rid, queue = submit(sm, prompt_ids, gen.params, req.priority, gen.guide)
         except P.APIError as e:
             metrics.finish(labels, str(e.status), 0, 0)
             return error_response(e)
@@ -318,7 +272,7 @@ def create_app(config: ServerConfig) -> Starlette:
 
         cid = P.new_id("chatcmpl" if chat else "cmpl")
         created = P.now()
-        token_text = lambda t: tok.token_bytes(t).decode("utf-8", errors="replace")  # noqa: E731
+        token_text = H.token_text(tok)
         n_prompt = len(prompt_ids)
 
         if req.stream:
@@ -380,22 +334,7 @@ def create_app(config: ServerConfig) -> Starlette:
             metrics.finish(labels, "499", n_prompt, 0)
             return Response(status_code=499)
         metrics.finish(labels, "200", n_prompt, len(ids))
-        if chat:
-            message = {"role": "assistant", "content": text}
-            if shown:
-                content, calls = parse_reply(text, tools)
-                if calls:
-                    message = {"role": "assistant", "content": content, "tool_calls": calls}
-                    reason = "tool_calls"
-            choice = {"index": 0, "message": message, "finish_reason": reason,
-                      "logprobs": P.chat_logprobs(lps, token_text) if req.logprobs else None}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "finish_reason": reason,
-                      "logprobs": P.completion_logprobs(lps, token_text) if req.logprobs else None}
-            obj = "text_completion"
-        return JSONResponse({"id": cid, "object": obj, "created": created, "model": sm.name, "choices": [choice],
-                             "usage": P.usage(n_prompt, len(ids))})
+        return JSONResponse(H.completion_body(gen, sm.name, tok, text, ids, lps, reason, cid, created))
 
     async def tokenize(request: Request):
         """llama.cpp's and vLLM's /tokenize: {"tokens": [...], "count": n}; load generators use it."""
@@ -422,12 +361,7 @@ def create_app(config: ServerConfig) -> Starlette:
             sm = pick_model(P.parse_model(body))
             labels = (sm.name, "embeddings")
             llm = sm.llm
-            if dims is not None and dims > llm.config.dim:
-                raise P.bad("dimensions", f"'dimensions' is {dims} but {sm.name} gives vectors of {llm.config.dim}")
-            try:
-                seqs = await asyncio.to_thread(llm.embed_tokens, inputs, truncate)
-            except ValueError as e:  # too long for the context (PromptTooLongError), empty, or a bad token id
-                raise P.bad("input", str(e)) from None
+            seqs = await asyncio.to_thread(H.embedding_inputs, llm, sm.name, inputs, dims, truncate)
             try:
                 vecs = await asyncio.wait_for(asyncio.to_thread(exclusive, llm.embed_ids, seqs, dimensions=dims),
                                               config.request_timeout)
