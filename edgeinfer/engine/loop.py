@@ -1,41 +1,131 @@
-"""The engine in a background thread: requests arrive from any thread, each request's outputs go
-back through its own callback (the server puts them on an asyncio queue)."""
+"""Engines stepped in the background: requests arrive from any thread, each request's outputs go back
+through its own callback (the server puts them on an asyncio queue).
+
+One thread per process computes: the compute thread steps every EngineLoop's engine in turn and runs
+the work handed to it by exclusive() (model loads, embeddings) between steps. It is one thread, not a
+thread per model, because of how OpenMP (numba's threading layer) treats threads that start parallel
+regions: each such thread gets its own team of worker threads, and once a process holds more OpenMP
+workers than cores, libgomp stops spinning between regions and puts its workers to sleep after each
+one. A decode step is hundreds of short parallel regions, so a model loaded in one thread and stepped
+in another ran at about half speed on 2 cores (150,000 context switches in 10 s against 500).
+"""
 
 from __future__ import annotations
 
 import itertools
 import threading
 import traceback
+from collections import deque
+from concurrent.futures import Future
 from typing import Callable
 
 from .llm_engine import LLMEngine, RequestOutput
 
 _ids = itertools.count()
-# One step at a time across all loops (several served models): they share the cores, and numba's
-# fallback threading layer (workqueue) must not run parallel kernels from two threads at once.
-_STEP_LOCK = threading.Lock()
+
+
+class _ComputeThread:
+    """The process's one compute thread (started on first use; a daemon)."""
+
+    def __init__(self):
+        self._loops: list[EngineLoop] = []
+        self._calls: deque = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._threads_now = 0  # numba's thread count is per calling thread: set here, per engine
+
+    def _ensure_started(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="edgeinfer-compute", daemon=True)
+                self._thread.start()
+
+    def in_thread(self) -> bool:
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def add(self, loop: "EngineLoop") -> None:
+        with self._lock:
+            self._loops.append(loop)
+        self._ensure_started()
+        self._wake.set()
+
+    def remove(self, loop: "EngineLoop") -> None:
+        with self._lock:
+            if loop in self._loops:
+                self._loops.remove(loop)
+
+    def call(self, fn, *args, **kwargs) -> Future:
+        """fn(*args, **kwargs) on the compute thread, between steps."""
+        fut: Future = Future()
+        if self.in_thread():
+            try:
+                fut.set_result(fn(*args, **kwargs))
+            except BaseException as e:
+                fut.set_exception(e)
+            return fut
+        with self._lock:
+            self._calls.append((fut, fn, args, kwargs))
+        self._ensure_started()
+        self._wake.set()
+        return fut
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.clear()  # before looking: a wake-up that comes while we work is kept
+            while True:
+                with self._lock:
+                    item = self._calls.popleft() if self._calls else None
+                if item is None:
+                    break
+                fut, fn, args, kwargs = item
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn(*args, **kwargs))
+                    except BaseException as e:
+                        fut.set_exception(e)
+                    self._threads_now = 0  # fn may have set numba's threads (a model load)
+            with self._lock:
+                loops = list(self._loops)
+            busy = False
+            for loop in loops:
+                if loop.engine.has_unfinished():
+                    busy = True
+                    if loop.threads != self._threads_now:
+                        loop.engine.model.kb.set_threads(loop.threads)
+                        self._threads_now = loop.threads
+                    loop._step()
+            if not busy:
+                self._wake.wait(0.05)
+
+
+_COMPUTE = _ComputeThread()
 
 
 def exclusive(fn, *args, **kwargs):
-    """Run fn while no engine step runs (any model's): for compute outside the engines that shares the
-    cores and a model's buffers, such as embeddings."""
-    with _STEP_LOCK:
-        return fn(*args, **kwargs)
+    """fn(*args, **kwargs) run on the compute thread, between engine steps, and its result: for compute
+    outside the engines that shares the cores and a model's buffers (embeddings), and for loading a
+    model that an EngineLoop will step (its kernels then start their threads where they will run)."""
+    return _COMPUTE.call(fn, *args, **kwargs).result()
 
 
 class EngineLoop:
     def __init__(self, engine: LLMEngine, name: str = "engine"):
+        from ..config import default_threads
+
         self.engine = engine
+        self.name = name
+        self.threads = engine.config.threads or default_threads()
         self._callbacks: dict[str, Callable[[RequestOutput], None]] = {}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=f"edgeinfer-{name}", daemon=True)
         self.steps = 0
         self.last_error: str | None = None
 
     def start(self) -> "EngineLoop":
-        self._thread.start()
+        _COMPUTE.add(self)
         return self
 
     @property
@@ -55,18 +145,29 @@ class EngineLoop:
             with self._lock:
                 self._callbacks.pop(rid, None)
             raise
-        self._wake.set()
+        _COMPUTE.wake()
         return rid
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free its KV blocks at the next step (within one step's time)."""
         self.engine.abort(request_id)
-        self._wake.set()
+        _COMPUTE.wake()
+
+    def abort_all(self) -> None:
+        """Abort every request in flight (a batch job interrupted)."""
+        with self._lock:
+            rids = list(self._callbacks)
+        for rid in rids:
+            self.engine.abort(rid)
+        _COMPUTE.wake()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stopping = True
-        self._wake.set()
-        self._thread.join(timeout)
+        """Step this engine no more (a step under way finishes first, within timeout)."""
+        _COMPUTE.remove(self)
+        try:
+            _COMPUTE.call(lambda: None).result(timeout)
+        except Exception:
+            pass
 
     def _deliver(self, out: RequestOutput) -> None:
         with self._lock:
@@ -77,28 +178,24 @@ class EngineLoop:
             except Exception:  # a consumer's bug must not stop the engine for everyone else
                 traceback.print_exc()
 
-    def _run(self) -> None:
-        while not self._stopping:
-            if not self.engine.has_unfinished():
-                self._wake.wait(0.05)
-                self._wake.clear()
-                continue
+    def _step(self) -> None:
+        """One step of this engine, on the compute thread; an error fails the requests in flight and
+        the engine goes on serving new ones."""
+        try:
+            outs = self.engine.step()
+            self.steps += 1
+        except Exception as e:
+            self.last_error = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+            with self._lock:
+                failed = list(self._callbacks)
+            for rid in failed:
+                self.engine.abort(rid)
+                self._deliver(RequestOutput(rid, "", [], True, "error"))
             try:
-                with _STEP_LOCK:
-                    outs = self.engine.step()
-                self.steps += 1
-            except Exception as e:  # fail the requests in flight, keep serving new ones
-                self.last_error = f"{type(e).__name__}: {e}"
-                traceback.print_exc()
-                with self._lock:
-                    failed = list(self._callbacks)
-                for rid in failed:
-                    self.engine.abort(rid)
-                    self._deliver(RequestOutput(rid, "", [], True, "error"))
-                try:
-                    self.engine.step()  # drain the aborts so their blocks are freed
-                except Exception:
-                    pass
-                continue
-            for out in outs:
-                self._deliver(out)
+                self.engine.step()  # drain the aborts so their blocks are freed
+            except Exception:
+                pass
+            return
+        for out in outs:
+            self._deliver(out)

@@ -1,7 +1,7 @@
 """`edgeinfer serve`: an OpenAI-compatible HTTP server on the continuous-batching engine.
 
-Every model runs its engine in one background thread (EngineLoop); the asyncio event loop only
-parses, queues and streams, so it never blocks on compute. A request's outputs come back through
+Every model's engine is stepped by the process's one compute thread (EngineLoop); the asyncio event
+loop only parses, queues and streams, so it never blocks on compute. A request's outputs come back through
 its own asyncio queue; a client that goes away has its request aborted and its KV blocks freed.
 """
 
@@ -75,7 +75,9 @@ class ServedModel:
         from ..llm import LLM
 
         try:
-            self.llm = LLM(self.source, engine_config=self.engine_config, progress=False, **self.speculation)
+            # loaded on the compute thread, which will step it (edgeinfer.engine.loop says why)
+            self.llm = exclusive(LLM, self.source, engine_config=self.engine_config, progress=False,
+                                 **self.speculation)
             if self.llm.is_encoder:  # an embedding model: no engine; /v1/embeddings computes in a worker thread
                 return
             self.llm.chat_template  # compiled now: a template that does not parse fails the load, not a request
