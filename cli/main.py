@@ -139,9 +139,11 @@ for _cmd in (generate, chat, embed, perplexity, warmup, bench, serve, system):
 main.add_command(quantize_model_cmd, "quantize-model")
 main.add_command(quantize_model_cmd, "quantize")  # short alias
 
+from .batch import batch  # noqa: E402
 from .bench_serve import bench_serve  # noqa: E402
 
 main.add_command(bench_serve)
+main.add_command(batch)
 
 
 if __name__ == "__main__":

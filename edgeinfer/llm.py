@@ -69,6 +69,7 @@ class LLM:
         config = engine_config or EngineConfig(threads=threads, backend=backend, kv_dtype=kv_type,
                                                max_context=max_context, memory_budget_mb=memory_budget_mb)
         self.path = registry.resolve(model, progress=progress)
+        self.name = registry.model_name(model)  # what answers call it (the server's and batch jobs' "model")
         self.gguf = GGUFFile(self.path)
         # where loading goes, for `edgeinfer bench` (start-up breakdown), in seconds
         self.timings = {"open_s": time.perf_counter() - t0}
@@ -384,6 +385,19 @@ class LLM:
 
     def stream_chat(self, messages, params: SamplingParams | None = None) -> Iterator[StreamChunk]:
         return self.stream(self.render_chat(messages), params)
+
+    # -- batch jobs ------------------------------------------------------------------------------
+
+    def run_batch(self, input_path, output_path, *, retry_errors: bool = False, progress: bool = False,
+                  window: int = 0):
+        """Answer a batch file in OpenAI's batch format (one {"custom_id", "method", "url", "body"} per
+        line, for /v1/chat/completions, /v1/completions or /v1/embeddings) into output_path, one
+        {"id", "custom_id", "response", "error"} line per request, all generations going through the
+        engine together. Resumable: custom_ids already in the output are skipped (failed ones too,
+        unless retry_errors). Returns an edgeinfer.batch.BatchSummary. See edgeinfer.batch."""
+        from .batch import run_batch
+
+        return run_batch(self, input_path, output_path, retry_errors=retry_errors, progress=progress, window=window)
 
     # -- evaluation ------------------------------------------------------------------------------
 
