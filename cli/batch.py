@@ -35,15 +35,13 @@ def batch(model, input_path, output_path, retry_errors, threads, max_seqs, devic
     Each input line is {"custom_id", "method": "POST", "url", "body"} for /v1/chat/completions,
     /v1/completions or /v1/embeddings; each output line is {"id", "custom_id", "response":
     {"status_code", "body"}, "error"}. Run it again to resume: requests already answered are skipped."""
-    from edgeinfer.batch import BatchError
-
     if workers is not None and ray_address is None:
         raise click.UsageError("--workers needs --ray")
     if ray_address is not None:
         from edgeinfer import batch_ray
 
         if device != "cpu":
-            raise click.ClickException("--ray runs CPU workers; --device cuda on Ray is not there yet")
+            raise click.UsageError("--ray runs CPU workers; --device cuda on Ray is not there yet")
         run = lambda: batch_ray.run_batch_ray(  # noqa: E731
             model, input_path, output_path, address=ray_address, workers=workers, threads=threads or 1,
             retry_errors=retry_errors, progress=not quiet, engine_kwargs=dict(
@@ -54,10 +52,7 @@ def batch(model, input_path, output_path, retry_errors, threads, max_seqs, devic
         from edgeinfer.batch import Job, run_job
         from edgeinfer.config import EngineConfig
 
-        try:
-            job = Job(input_path, output_path, retry_errors, progress=not quiet)  # before the model loads
-        except BatchError as e:
-            raise click.ClickException(str(e)) from None
+        job = Job(input_path, output_path, retry_errors, progress=not quiet)  # before the model loads
         if not job.todo:  # every request answered already: no model to load
             run = job.close
         else:
@@ -70,9 +65,7 @@ def batch(model, input_path, output_path, retry_errors, threads, max_seqs, devic
                 raise
             run = lambda: run_job(llm, job)  # noqa: E731
     try:
-        summary = run()
-    except BatchError as e:
-        raise click.ClickException(str(e)) from None
+        summary = run()  # a BatchError is an EdgeInferError: main's one-line "error: ..."
     except KeyboardInterrupt:
         click.echo(f"interrupted: the answers so far are in {output_path}; run the same command again to "
                    "resume", err=True)

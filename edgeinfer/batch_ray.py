@@ -110,7 +110,8 @@ def connect(address: str):
         else:
             ray.init(address=address, **kw)
     except (ConnectionError, ValueError, RuntimeError) as e:
-        raise BatchError(f"cannot reach the Ray cluster at {address!r}: {e}") from None
+        raise BatchError(f"cannot reach the Ray cluster at {address!r}: {e} (start one with `ray start --head`, "
+                         "or give --ray local)") from None
     logging.getLogger("ray.data").setLevel(logging.ERROR)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the job's own bar counts answers
