@@ -5,9 +5,9 @@ Each input line is one request, {"custom_id", "method": "POST", "url", "body"}, 
 {"status_code", "request_id", "body"}, "error"}, with the same body `edgeinfer serve` would send (read,
 refused and answered by the server's own code, edgeinfer.server.handlers).
 
-- Every request goes through the continuous-batching engine together with the others (the engine runs
-  in its own thread while this one reads requests and writes answers), so a batch gets the engine's
-  many-stream throughput.
+- Every request goes through the continuous-batching engine together with the others (the caller's
+  thread steps the engine and, between steps, reads requests and writes answers), so a batch gets the
+  engine's many-stream throughput.
 - The output is appended one whole line per answer, flushed as it is written: a crash loses only the
   requests in flight. A rerun skips the custom_ids already answered (failed ones too, unless
   retry_errors) and drops a torn last line, so a job resumes where it stopped.
@@ -49,9 +49,9 @@ class Item:
     error: object | None = None  # a protocol.APIError
 
     @property
-    def key(self) -> str:
-        """What the output knows this line by: its custom_id, or its line number when it has none."""
-        return self.custom_id if self.custom_id is not None else f"line {self.line}"
+    def key(self) -> str | tuple:
+        """What the output knows this line by: its custom_id, or ("line", n) when it has none."""
+        return self.custom_id if self.custom_id is not None else ("line", self.line)
 
 
 _CUSTOM_ID = re.compile(rb'"custom_id"\s*:\s*("(?:[^"\\]|\\.)*")')
@@ -130,12 +130,16 @@ def error_record(item: Item, e) -> dict:
     return record(item, e.status, e.body(), {"code": e.code or e.type, "message": e.message, "line": item.line})
 
 
-def _key_of(rec: dict) -> str | None:
+_LINE_START = b'{"id": "batch_req_'  # how every output line begins (record())
+
+
+def _key_of(rec: dict) -> str | tuple | None:
+    """An output line's Item.key."""
     cid = rec.get("custom_id")
     if isinstance(cid, str):
         return cid
-    line = (rec.get("error") or {}).get("line") if isinstance(rec.get("error"), dict) else None
-    return f"line {line}" if isinstance(line, int) else None
+    line = rec["error"].get("line") if isinstance(rec.get("error"), dict) else None
+    return ("line", line) if isinstance(line, int) else None
 
 
 class BatchOutput:
@@ -146,7 +150,7 @@ class BatchOutput:
 
     def __init__(self, path: str | os.PathLike, retry_errors: bool = False):
         self.path = os.fspath(path)
-        self.done: set[str] = set()
+        self.done: set = set()  # Item.key of every line answered
         self.torn = 0  # bytes of a half-written last line, dropped
         self.retried = 0  # error lines dropped for retry_errors
         self._fd = self._open()
@@ -173,10 +177,7 @@ class BatchOutput:
         size = os.fstat(self._fd).st_size
         data = os.pread(self._fd, size, 0) if size else b""
         end = data.rfind(b"\n") + 1
-        if end < len(data):  # a line the last run was killed while writing: drop it
-            self.torn = len(data) - end
-            os.ftruncate(self._fd, end)
-            data = data[:end]
+        tail, data = data[end:], data[:end]
         kept, dropped = [], 0
         for n, line in enumerate(data.splitlines(keepends=True), 1):
             try:
@@ -192,6 +193,12 @@ class BatchOutput:
                 continue
             kept.append(line)
             self.done.add(key)
+        if tail:  # the start of a line the last run was killed while writing: dropped (anything else is
+            if not (tail.startswith(_LINE_START) or _LINE_START.startswith(tail)):  # not ours to cut)
+                raise BatchError(f"{self.path!r} ends in a line that is not a batch output line: give a new "
+                                 "output file, or the output of an earlier run of this job to resume it")
+            self.torn = len(tail)
+            os.ftruncate(self._fd, end)
         if dropped:  # rewritten whole, then renamed over: a crash here leaves the old file or the new
             tmp = f"{self.path}.{os.getpid()}.tmp"
             with open(tmp, "wb") as f:

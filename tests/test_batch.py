@@ -159,10 +159,11 @@ def test_resume_skips_answered_drops_a_torn_line_and_retries_errors(llm, tmp_pat
 def test_output_that_is_not_a_batch_output_is_refused(llm, tmp_path):
     inp = write_lines(tmp_path / "in.jsonl", GOOD[:1])
     outp = tmp_path / "out.jsonl"
-    outp.write_text("my notes\n")
-    with pytest.raises(BatchError, match="not a batch output line"):
-        llm.run_batch(inp, outp)
-    assert outp.read_text() == "my notes\n"  # nothing lost
+    for text in ("my notes\n", "my notes, no newline"):  # a last line without one is not taken for torn
+        outp.write_text(text)
+        with pytest.raises(BatchError, match="not a batch output line"):
+            llm.run_batch(inp, outp)
+        assert outp.read_text() == text  # nothing lost
 
 
 def test_job_errors_are_one_line(tiny_llama_path, tmp_path):
