@@ -145,7 +145,7 @@ def _key_of(rec: dict) -> str | tuple | None:
 class BatchOutput:
     """The output file, appended one flushed line per answer, locked against a second job writing it.
 
-    Opening it reads what an earlier run wrote: the keys answered (self.done), failures among them
+    Opening it reads what an earlier run wrote: the keys it answered (self.done), failures among them
     (dropped first when retry_errors), and a torn last line, which is cut off."""
 
     def __init__(self, path: str | os.PathLike, retry_errors: bool = False):
@@ -218,9 +218,6 @@ class BatchOutput:
         while view:
             n = os.write(self._fd, view)
             view = view[n:]
-        key = _key_of(rec)
-        if key is not None:
-            self.done.add(key)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -229,12 +226,6 @@ class BatchOutput:
             finally:
                 os.close(self._fd)
                 self._fd = -1
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 @dataclass
@@ -311,11 +302,11 @@ class Processor:
     compute thread steps it through an EngineLoop, and embeddings are computed there too. Either way
     one thread computes (edgeinfer.engine.loop says why)."""
 
-    def __init__(self, llm, name: str | None = None, threaded: bool = False):
+    def __init__(self, llm, threaded: bool = False):
         from .engine.loop import EngineLoop
 
         self.llm = llm
-        self.name = name or llm.name
+        self.name = llm.name
         self.threaded = threaded
         self.loop = EngineLoop(llm.engine, "batch").start() if threaded and llm.engine is not None else None
         self._callbacks: dict[str, Callable] = {}  # without a loop: request id -> its output callback
@@ -423,13 +414,6 @@ class Processor:
                 self.llm.engine.step()
 
 
-def progress_bar(total: int, enabled: bool, desc: str = "batch"):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="req", disable=not enabled, file=sys.stderr, dynamic_ncols=True,
-                smoothing=0.1)
-
-
 class Job:
     """A batch job's input, output and summary, whoever answers the requests (this process or Ray).
     Made before the model loads, so a bad input or a locked output fails at once."""
@@ -447,7 +431,10 @@ class Job:
 
     def start(self) -> None:
         """The clock and the progress bar start: the model is loaded."""
-        self.bar = progress_bar(len(self.todo), self.progress)
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=len(self.todo), desc="batch", unit="req", disable=not self.progress, file=sys.stderr,
+                        dynamic_ncols=True, smoothing=0.1)
         self.t0 = time.perf_counter()
 
     def emit(self, rec: dict) -> None:

@@ -166,19 +166,18 @@ def run_batch_ray(model: str, input_path, output_path, *, address: str = "local"
 
 def _run(ray, job: Job, requests: list[Item], source: str, address: str, workers: int | None, threads: int,
          engine_kwargs: dict, max_seqs: int) -> None:
-    if requests:
-        total = ray.cluster_resources().get("CPU", 0.0)
-        if total <= 0:
-            raise BatchError(f"the Ray cluster at {address!r} has no CPUs")
-        workers = workers or max(1, int(total // threads))
-        per = cpus_per_worker(total, workers, threads)
-        job.summary.workers = workers
     job.start()
     for it in job.todo:  # lines that are not requests: answered here, never shipped
         if it.error is not None:
             job.emit(error_record(it, it.error))
     if not requests:
         return
+    total = ray.cluster_resources().get("CPU", 0.0)
+    if total <= 0:
+        raise BatchError(f"the Ray cluster at {address!r} has no CPUs")
+    workers = workers or max(1, int(total // threads))
+    per = cpus_per_worker(total, workers, threads)
+    job.summary.workers = workers
     rows = [{"line": it.line, "custom_id": it.custom_id, "kind": it.kind, "body": json.dumps(it.body)}
             for it in requests]
     ds = ray.data.from_items(rows, override_num_blocks=max(1, math.ceil(len(rows) / ROWS_PER_BATCH)))
