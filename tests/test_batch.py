@@ -51,6 +51,9 @@ BAD = [
     (line("too-long", COMP, {"prompt": "the " * 400, "max_tokens": 4}), "too-long", 400, "context"),
     (line("bad-token", COMP, {"prompt": [1, 99999]}), "bad-token", 400, "vocabulary"),
     (json.dumps({"custom_id": "extra", "method": "POST", "url": COMP, "body": {}, "oops": 1}), "extra", 400, "oops"),
+    (json.dumps({"custom_id": "x" * 513, "method": "POST", "url": COMP, "body": {}}), None, 400, "custom_id"),
+    (json.dumps({"custom_id": "list-body", "method": "POST", "url": COMP, "body": [1]}), "list-body", 400,
+     "'body' must be a JSON object"),
 ]
 
 
@@ -197,6 +200,24 @@ def test_cli_json_summary(tiny_llama_path, tmp_path):
     assert (s["requests"], s["succeeded"], s["failed"]) == (len(GOOD) + 1, len(GOOD), 1)
     assert s["completion_tokens"] == sum(rec["response"]["body"]["usage"].get("completion_tokens", 0)
                                          for rec in read_out(tmp_path / "out.jsonl").values() if rec["error"] is None)
+
+
+def test_cli_usage_errors_are_one_line(tiny_llama_path, tmp_path):
+    good = write_lines(tmp_path / "good.jsonl", GOOD[:1])
+    out = str(tmp_path / "o.jsonl")
+    for args, fragment in [(["--workers", "2"], "--workers needs --ray"),
+                           (["--ray", "local", "--device", "cuda"], "not there yet")]:
+        r = CliRunner().invoke(main, ["batch", str(tiny_llama_path), str(good), out, *args])
+        assert r.exit_code == 2 and fragment in r.output and "Traceback" not in r.output
+
+
+def test_ray_cluster_that_is_not_there_is_one_line(tiny_llama_path, tmp_path):
+    pytest.importorskip("ray")
+    good = write_lines(tmp_path / "good.jsonl", GOOD[:1])
+    r = subprocess.run(cli(tiny_llama_path, good, tmp_path / "o.jsonl", "--ray"), capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "RAY_ADDRESS": ""})
+    assert r.returncode == 1 and "error: cannot reach the Ray cluster at 'auto'" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
 
 
 def many(n: int, max_tokens: int = 24) -> list[str]:
