@@ -104,7 +104,7 @@ print("JSON", json.dumps({"import_s": t_import - t0, **llm.timings, "first_forwa
 """
 
 # the start-up phases, in order (seconds; LLM.timings names the loading ones)
-STARTUP = ("interpreter_s", "import_s", "open_s", "backend_s", "tokenizer_s", "weights_s", "engine_s",
+STARTUP = ("interpreter_s", "import_s", "open_s", "backend_s", "tokenizer_s", "precompile_s", "weights_s", "engine_s",
            "first_forward_s")
 
 

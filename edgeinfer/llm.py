@@ -18,7 +18,7 @@ from .engine.speculative import Speculation, SpeculationError, check_backend, ch
 from .gguf_file import GGUFFile
 from .kernels import get_backend
 from .models import load_model
-from .models.common import Batch, KVCache
+from .models.common import Batch, KVCache, matrix_kinds
 from .sampling import SamplingParams, log_softmax
 from .tokenizer import Tokenizer
 
@@ -94,6 +94,10 @@ class LLM:
         self.tokenizer = Tokenizer(self.gguf)
         mark("tokenizer_s")
         _announce_compile(progress)
+        # the kernels this model needs compile in worker processes while its weights load (a first run)
+        self.kernels.precompile(matrix_kinds(self.gguf, self.kernels), config.kv_dtype,
+                                stream=sys.stderr if progress else None)
+        mark("precompile_s")
         self.model = load_model(self.gguf, self.kernels)
         self.config = self.model.cfg
         # an encoder (an embedding model such as nomic-bert) has no engine: it embeds, never generates

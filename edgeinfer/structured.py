@@ -26,7 +26,9 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import numpy as np
-from numba import njit
+
+from .kernels import cpu as _cpu  # noqa: F401  (first: it pins Numba's code generator to the ISA tier)
+from numba import njit  # noqa: E402
 
 from .errors import EdgeInferError
 

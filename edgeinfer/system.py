@@ -52,7 +52,19 @@ def system_info() -> dict:
         "threading_layer": threading_layer(),
         "numba": numba.__version__,
         "forced_by_env": os.environ.get("EDGEINFER_KERNELS") or None,
+        **cache_places(),
     }
+
+
+def cache_places() -> dict:
+    """The ISA tier the kernels are compiled for and every cache's place and size."""
+    from . import registry
+    from .kernels.cpu import cache
+
+    places = {"kernels": cache.root(), "models": str(registry.models_dir())}
+    sizes = {name: cache.dir_size(p)[0] for name, p in places.items()}
+    return {"kernel_tier": cache.tier().name, "kernel_folder": cache.folder(), "caches": places,
+            "cache_bytes": sizes}
 
 
 def format_system(info: dict) -> str:
@@ -61,5 +73,8 @@ def format_system(info: dict) -> str:
             ("kernel path", info["kernel_path"] + (" (forced by EDGEINFER_KERNELS)" if info["forced_by_env"] else "")),
             ("paths this CPU runs", ", ".join(info["kernel_paths_available"])),
             ("threads", f"{info['threads']} (numba's pool: {info['numba_threads']})"),
-            ("numba threading layer", info["threading_layer"]), ("numba", info["numba"])]
+            ("numba threading layer", info["threading_layer"]), ("numba", info["numba"]),
+            ("kernel ISA tier", info["kernel_tier"])]
+    rows += [(f"{name} cache", f"{path} ({info['cache_bytes'][name] / 1e6:.1f} MB)")
+             for name, path in info["caches"].items()]
     return "\n".join(f"{k:<22} {v}" for k, v in rows)

@@ -4,6 +4,10 @@ import sys
 # The CUDA backend's tests run on numba's CUDA simulator (no GPU here or in CI). It must be chosen
 # before numba is imported, and it changes nothing for the CPU kernels.
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+# One kernel cache for the whole run: tests that start processes with another EDGEINFER_HOME (an empty
+# model cache) still load the kernels compiled so far instead of compiling them all again.
+os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(
+    os.environ.get("EDGEINFER_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "edgeinfer"), "kernels"))
 
 import pytest  # noqa: E402
 

@@ -122,7 +122,7 @@ def test_int8_matmul_matches_integer_reference(t, path):
             for tokens in (1, 3, 17, 40):
                 x = rng.standard_normal((tokens, k)).astype(np.float32)
                 got = np.empty((tokens, n), np.float32)
-                matmul_int8(w, QInput(x), got, simd.isa_tag(path))
+                matmul_int8(w, QInput(x), got, unit_table(path, w.kind))
                 want, d, block = int8_reference(ref, x, t)
                 assert np.all(np.abs(got - want) <= float_bound(k, np.repeat(d, block, axis=1) * 127, ref))
 
@@ -158,14 +158,25 @@ def test_batched_rows_equal_single_token_bit_for_bit(t, path):
     n, k = 33, GGML_QUANT_SIZES[t][0] * 3
     raw, _ = random_tensor(t, n, k, rng)
     x = rng.standard_normal((37, k)).astype(np.float32)  # more than one 32-token pass of the tiled kernel
-    isa = simd.isa_tag(path)
     for w in layouts(repack(raw, t, (k, n))):
+        isa = unit_table(path, w.kind)
         batched = np.empty((37, n), np.float32)
         matmul_int8(w, QInput(x), batched, isa)
         for i in range(37):
             one = np.empty((1, n), np.float32)
             matmul_int8(w, QInput(x[i:i + 1]), one, isa)
             np.testing.assert_array_equal(one[0], batched[i])
+
+
+_TABLES = {}
+
+
+def unit_table(path, kind):
+    """The kernel-unit addresses (units.Table) of `path`, with the unit of `kind` compiled."""
+    from edgeinfer.kernels.cpu import units
+
+    table = _TABLES.setdefault(path, units.Table(path))
+    return table.for_kinds((kind,))
 
 
 def layouts(w):
@@ -206,7 +217,7 @@ def test_interleaved_layout_holds_the_same_weights_and_results(t):
         outs = []
         for path in simd.available_paths():
             o = np.empty((5, n), np.float32)
-            matmul_int8(x8, QInput(x), o, simd.isa_tag(path))
+            matmul_int8(x8, QInput(x), o, unit_table(path, x8.kind))
             outs.append(o)
         for o in outs[1:]:
             np.testing.assert_array_equal(o, outs[0])

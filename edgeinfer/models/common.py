@@ -83,6 +83,13 @@ class WeightLoader:
         return info
 
 
+def matrix_kinds(gf: GGUFFile, kb) -> set[int]:
+    """The kinds of the quantized matrices of a file as the backend `kb` will hold them (what its kernels
+    must be compiled for)."""
+    return {kb.kind_of(KIND[t.ggml_type]) for t in gf.tensors.values()
+            if len(t.shape) == 2 and KIND.get(t.ggml_type, 0) >= 2}
+
+
 def rope_inv_freq(dim: int, base: float, freq_scale: float = 1.0, factors: np.ndarray | None = None) -> np.ndarray:
     # angle_i = pos * freq_scale * base^(-2i/dim) / factor_i, i < dim/2
     inv = freq_scale * base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)

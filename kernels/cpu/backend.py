@@ -5,7 +5,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from . import int8, quant, simd
+from . import int8, quant, simd, units
 from .attention import paged_attention  # noqa: F401
 from .dense import dense, encoder_attention, layernorm, set_blas_threads, silu  # noqa: F401
 from .layout import INTERLEAVED, interleave8
@@ -14,18 +14,9 @@ from .ops import gelu_tanh_mul, rmsnorm, rope, silu_mul, softcap, write_kv  # no
 NAME = "cpu"
 # The instruction-set path of the int8 kernels, chosen once from the host CPU (or EDGEINFER_KERNELS).
 KERNEL_PATH = simd.choose_path()
-ISA = simd.isa_tag(KERNEL_PATH)  # every kind (warm-up, tests)
-_ISA_OF_KIND = {}
-
-
-def isa_for(kinds) -> np.ndarray:
-    """The kernel tag for matrices of these kinds on this host's path (simd.isa_tag): compiled kernels
-    hold those kinds' code alone."""
-    kinds = tuple(sorted(set(kinds)))
-    tag = _ISA_OF_KIND.get(kinds)
-    if tag is None:
-        tag = _ISA_OF_KIND[kinds] = simd.isa_tag(KERNEL_PATH, kinds)
-    return tag
+ISA = simd.isa_tag(KERNEL_PATH)  # every kind (tests)
+# the addresses of this path's separately compiled kernel units (units.py), filled as models need them
+UNITS = units.Table(KERNEL_PATH)
 
 
 class QInput:
@@ -81,15 +72,15 @@ def matmul(w, x, out: np.ndarray | None = None) -> np.ndarray:
     if w.kind <= 1:
         quant.matmul_half(w.kind, w.d, quant.HALF_TO_F32, qx.x, out)
     else:
-        matmul_int8(w, qx, out, isa_for((w.kind,)))
+        matmul_int8(w, qx, out, UNITS.for_kinds((w.kind,)))
     return out
 
 
-def matmul_int8(w, qx: QInput, out: np.ndarray, isa: np.ndarray) -> None:
-    # W (N, K) quantized @ qx (T, K) -> out (T, N), on the instruction-set path `isa` (simd.isa_tag)
+def matmul_int8(w, qx: QInput, out: np.ndarray, table: np.ndarray) -> None:
+    # W (N, K) quantized @ qx (T, K) -> out (T, N) (C-contiguous), through the units in `table` (units.Table)
     q8, q8k = (_NO_Q8, qx.q8k()) if int8.uses_q8k(w.kind) else (qx.q8(), _NO_Q8K)
     wt = int8.as_tuple(w)
-    int8.matmuls(wt, wt, wt, 1, q8, q8k, quant.HALF_TO_F32, out, out, out, numba.get_num_threads(), isa)
+    int8.matmuls(wt, wt, wt, 1, q8, q8k, quant.HALF_TO_F32, out, out, out, numba.get_num_threads(), table)
 
 
 # stand-ins for the activation format a matrix does not read
@@ -98,13 +89,34 @@ _NO_Q8K = (np.empty((0, 0), np.uint8), np.empty((0, 0), np.float32), np.empty((0
            np.empty((0, 0), np.int32))
 
 
+def precompile(kinds, kv_type: str, stream=None):
+    """Start compiling, in worker processes, the kernels a model with matrices of these kinds (as this
+    backend holds them: `kind_of`) and this KV type needs and the cache lacks (parallel_compile.py);
+    `ready` waits for it."""
+    from . import parallel_compile
+
+    return parallel_compile.start(KERNEL_PATH, kinds, [kv_type], stream=stream)
+
+
+def kind_of(kind: int) -> int:
+    """The kind a quantized matrix of row-major `kind` (quant/repack.py) has once uploaded here."""
+    return INTERLEAVED[kind] if interleaves(kind) else kind
+
+
+def ready() -> None:
+    """Return once every compile `precompile` started is done (before the first forward pass)."""
+    from . import parallel_compile
+
+    parallel_compile.wait_all()
+
+
 def layer_stack(cfg, layers, inv_freqs, *, qk_norm=False, post_norms=False, gelu=False, qkv_bias=False):
     """The model's layers as one compiled call (step.LayerStack), or None where that cannot run them.
     inv_freqs: each layer's RoPE inverse frequencies."""
     from .step import LayerStack
 
     kinds = {k for lw in layers for name in LayerStack.MATS if (k := getattr(getattr(lw, name), "kind", 0)) >= 2}
-    return LayerStack.build(cfg, layers, inv_freqs, isa_for(kinds or (2,)), qk_norm=qk_norm, post_norms=post_norms,
+    return LayerStack.build(cfg, layers, inv_freqs, UNITS, kinds, qk_norm=qk_norm, post_norms=post_norms,
                             gelu=gelu, qkv_bias=qkv_bias)
 
 

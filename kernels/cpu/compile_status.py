@@ -21,15 +21,20 @@ class _Progress:
         self.count = 0
         self.t0 = 0.0
         self.last = 0.0
+        self.quiet = False
 
     def on_start(self, name: str) -> None:
+        from . import parallel_compile
+
         if self.depth == 0:
+            # while worker processes compile, their status line is the one shown
+            self.quiet = parallel_compile.active()
             self.t0 = time.perf_counter()
             self.count = 0
         self.depth += 1
         self.count += 1
         now = time.perf_counter()
-        if now - self.last > 0.2 or self.count == 1:
+        if not self.quiet and (now - self.last > 0.2 or self.count == 1):
             self.last = now
             self.stream.write(f"\rcompiling kernels for this model (first run only; cached for later runs): "
                               f"{self.count} functions, {now - self.t0:.0f} s [{name}]\x1b[K")
@@ -37,7 +42,7 @@ class _Progress:
 
     def on_end(self) -> None:
         self.depth -= 1
-        if self.depth == 0:
+        if self.depth == 0 and not self.quiet:
             self.stream.write(f"\rcompiled {self.count} kernel functions in {time.perf_counter() - self.t0:.1f} s"
                               f"\x1b[K\n")
             self.stream.flush()

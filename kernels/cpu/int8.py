@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit, prange
 from numba.extending import overload
 
-from . import simd
+from . import simd, units
 from .simd import kinds_of, path_of
 
 # Bytes ahead that the loops ask for the weights (prefetcht0). The hardware prefetcher alone reached 15 GB/s
@@ -266,9 +266,11 @@ def _rows_any(w, q8, q8k, luts, out, n0, n1, isa):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def matmuls(w0, w1, w2, n_mats, q8, q8k, luts, o0, o1, o2, threads, isa):
+def matmuls(w0, w1, w2, n_mats, q8, q8k, luts, o0, o1, o2, threads, table):
     # W_j (N_j, K) @ x (T, K) -> o_j (T, N_j) for the first n_mats of (w0, w1, w2), all reading the same x
-    # (q/k/v, gate/up), in one parallel region: each matrix's rows are cut into tasks, and all run together
+    # (q/k/v, gate/up), in one parallel region: each matrix's rows are cut into tasks, and all run together.
+    # table: units.Table's addresses; a task runs rows_any of its matrix's kind through the unit of that
+    # kind's family (compiled apart, called by address)
     per0 = rows_per_task(o0.shape[1], threads)
     per1 = rows_per_task(o1.shape[1], threads)
     per2 = rows_per_task(o2.shape[1], threads)
@@ -277,13 +279,16 @@ def matmuls(w0, w1, w2, n_mats, q8, q8k, luts, o0, o1, o2, threads, isa):
     t2 = -(-o2.shape[1] // per2) if n_mats > 2 else 0
     for task in prange(t0 + t1 + t2):
         if task < t0:
-            rows_any(w0, q8, q8k, luts, o0, task * per0, min(o0.shape[1], (task + 1) * per0), isa)
+            units.call_rows(table[w0[0]], w0, q8, q8k, luts, o0, np.int64(task * per0),
+                            np.int64(min(o0.shape[1], (task + 1) * per0)))
         elif task < t0 + t1:
             i = task - t0
-            rows_any(w1, q8, q8k, luts, o1, i * per1, min(o1.shape[1], (i + 1) * per1), isa)
+            units.call_rows(table[w1[0]], w1, q8, q8k, luts, o1, np.int64(i * per1),
+                            np.int64(min(o1.shape[1], (i + 1) * per1)))
         else:
             i = task - t0 - t1
-            rows_any(w2, q8, q8k, luts, o2, i * per2, min(o2.shape[1], (i + 1) * per2), isa)
+            units.call_rows(table[w2[0]], w2, q8, q8k, luts, o2, np.int64(i * per2),
+                            np.int64(min(o2.shape[1], (i + 1) * per2)))
 
 
 def rows_x8(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):

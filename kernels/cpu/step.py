@@ -20,7 +20,7 @@ import numba
 import numpy as np
 from numba import njit, prange, typed
 
-from . import attention, int8, ops, quant
+from . import int8, ops, quant, units
 
 # per layer, in this order; MATS matrices follow each other in the typed list
 MATS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -39,10 +39,12 @@ class LayerStack:
 
     MATS = MATS
 
-    def __init__(self, cfg, layers, inv_freqs, isa, qk_norm: bool, post_norms: bool, gelu: bool,
+    def __init__(self, cfg, layers, inv_freqs, table, kinds, qk_norm: bool, post_norms: bool, gelu: bool,
                  qkv_bias: bool = False):
         n, dim, hd = cfg.n_layer, cfg.dim, cfg.head_dim
-        self.isa = isa  # the kernels' instruction-set path (simd.isa_tag)
+        self.table = table  # the kernel units (units.Table) of this process's path
+        self.kinds = tuple(sorted(kinds))
+        self._tables = {}  # KV cache dtype -> the int64 table of unit addresses the step takes
         self.needs = np.zeros((n, 4), np.int64)
         mats = []
         for i, lw in enumerate(layers):
@@ -77,13 +79,22 @@ class LayerStack:
         self.floats = (np.float32(cfg.norm_eps), np.float32(scale), np.float32(cfg.attn_softcap))
 
     @classmethod
-    def build(cls, cfg, layers, inv_freqs, isa, *, qk_norm=False, post_norms=False, gelu=False, qkv_bias=False):
+    def build(cls, cfg, layers, inv_freqs, table, kinds, *, qk_norm=False, post_norms=False, gelu=False,
+              qkv_bias=False):
         # float matrices (F32, F16, BF16: rare in quantized models) go through the per-op path, which
         # keeps their float kernels out of this function's compile
         if any(isinstance(getattr(lw, name), np.ndarray) or getattr(lw, name).kind <= 1
                for lw in layers for name in MATS):
             return None
-        return cls(cfg, layers, inv_freqs, isa, qk_norm, post_norms, gelu, qkv_bias)
+        return cls(cfg, layers, inv_freqs, table, kinds, qk_norm, post_norms, gelu, qkv_bias)
+
+    def units_for(self, kv_dtype) -> np.ndarray:
+        """The unit addresses for a KV cache of this dtype: this model's matmul families and attention."""
+        t = self._tables.get(kv_dtype)
+        if t is None:
+            kv = next(k for k, d in units.KV_DTYPES.items() if np.dtype(d) == np.dtype(kv_dtype))
+            t = self._tables[kv_dtype] = self.table.for_kinds(self.kinds, kv)
+        return t
 
     def run(self, x, batch, cache) -> np.ndarray:
         """x (T, dim) float32, the embedded tokens, through every layer (x is overwritten) -> the final
@@ -92,7 +103,7 @@ class LayerStack:
                               batch.logits_idx, cache.block_size, cache.k, cache.v, self.mats, self.needs,
                               self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self.post_attn_norm,
                               self.post_ffn_norm, self.bias, self.inv_freq, self.window, self.ints, self.floats,
-                              quant.HALF_TO_F32, numba.get_num_threads(), self.isa)
+                              quant.HALF_TO_F32, numba.get_num_threads(), self.units_for(cache.k.dtype))
 
 
 @njit(cache=True)
@@ -227,11 +238,12 @@ def _act_quantize(gate, up, gelu, need, a, b):
 @njit(nogil=True, cache=True)
 def forward_layers(x, positions, token_seq, slot_mapping, block_tables, keep, block_size, k_cache, v_cache, mats,
                    needs, attn_norm, ffn_norm, q_norm, k_norm, post_attn_norm, post_ffn_norm, bias, inv_freq, window,
-                   ints, floats, luts, threads, isa):
+                   ints, floats, luts, threads, table):
     # x (T, dim) through every layer -> the rows `keep` (L,) of the result, (L, dim). k_cache/v_cache
     # (n_layer, n_slots, KVH, D|Dv) float32 or float16 bits; mats: typed list of (kind, qs, qh, sc, d, m),
     # MATS order per layer; norms (n_layer, size). In the last layer only the kept rows go past the KV
     # writes (attention, output projection, feed-forward), as llama.cpp does: no other row is read after.
+    # table: the kernel units' addresses (units.Table.for_kinds), through which matmuls and attention run.
     n_head, n_kv, hd, vhd, ffn, rope_dim, neox, qk_norm, post_norms, gelu, qkv_bias = ints
     eps, scale, softcap = floats
     T, dim = x.shape
@@ -249,7 +261,7 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, keep, bl
         wq, wk, wv = mats[layer * 7], mats[layer * 7 + 1], mats[layer * 7 + 2]
         _norm(x, attn_norm[layer], eps, h)
         a8, a8k = _quantize(h, needs[layer, 0])
-        int8.matmuls(wq, wk, wv, np.int64(3), a8, a8k, luts, q2, k2, v2, threads, isa)
+        int8.matmuls(wq, wk, wv, np.int64(3), a8, a8k, luts, q2, k2, v2, threads, table)
         if qkv_bias:
             _add_bias(q2, bias[0][layer])
             _add_bias(k2, bias[1][layer])
@@ -262,17 +274,17 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, keep, bl
         _rope_kv(q, k, v, positions, inv_freq[layer], neox, rope_dim, slot_mapping, kc, vc)
         if layer < n_layer - 1:
             _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, needs, layer, ffn_norm,
-                  post_attn_norm, post_ffn_norm, window, ints, floats, luts, threads, isa)
+                  post_attn_norm, post_ffn_norm, window, ints, floats, luts, threads, table)
     xs = x[keep]
     _rest(xs, q[keep], positions[keep], token_seq[keep], block_tables, block_size, k_cache[n_layer - 1],
           v_cache[n_layer - 1], mats, needs, n_layer - 1, ffn_norm, post_attn_norm, post_ffn_norm, window, ints,
-          floats, luts, threads, isa)
+          floats, luts, threads, table)
     return xs
 
 
 @njit(nogil=True, cache=True)
 def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, needs, layer, ffn_norm,
-          post_attn_norm, post_ffn_norm, window, ints, floats, luts, threads, isa):
+          post_attn_norm, post_ffn_norm, window, ints, floats, luts, threads, table):
     # a layer after its KV writes: attention of q (T, H, D), output projection, residual, feed-forward,
     # residual, on x (T, dim) in place
     n_head, n_kv, hd, vhd, ffn, rope_dim, neox, qk_norm, post_norms, gelu, qkv_bias = ints
@@ -280,11 +292,11 @@ def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, ne
     T, dim = x.shape
     wo, wg, wu, wd = mats[layer * 7 + 3], mats[layer * 7 + 4], mats[layer * 7 + 5], mats[layer * 7 + 6]
     att = np.empty((T, n_head, vhd), np.float32)
-    attention.paged_attention(q, kc, vc, token_seq, positions, block_tables, block_size, scale, window[layer],
-                              softcap, att)
+    units.call_attention(table[units.ATTENTION], q, kc, vc, token_seq, positions, block_tables, block_size, scale,
+                         window[layer], softcap, att)
     f = np.empty((T, dim), np.float32)
     o8, o8k = _quantize(att.reshape(T, n_head * vhd), needs[layer, 1])
-    int8.matmuls(wo, wo, wo, np.int64(1), o8, o8k, luts, f, f, f, threads, isa)
+    int8.matmuls(wo, wo, wo, np.int64(1), o8, o8k, luts, f, f, f, threads, table)
     if post_norms:
         _norm(f, post_attn_norm[layer], eps, f)
     _add(x, f)
@@ -293,10 +305,10 @@ def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, ne
     g8, g8k = _quantize(h, needs[layer, 2])
     gate = np.empty((T, ffn), np.float32)
     up = np.empty((T, ffn), np.float32)
-    int8.matmuls(wg, wu, wu, np.int64(2), g8, g8k, luts, gate, up, up, threads, isa)
+    int8.matmuls(wg, wu, wu, np.int64(2), g8, g8k, luts, gate, up, up, threads, table)
     d8, d8k = _alloc_q(T, ffn, needs[layer, 3])
     _act_quantize(gate, up, gelu, needs[layer, 3], d8, d8k)
-    int8.matmuls(wd, wd, wd, np.int64(1), d8, d8k, luts, f, f, f, threads, isa)
+    int8.matmuls(wd, wd, wd, np.int64(1), d8, d8k, luts, f, f, f, threads, table)
     if post_norms:
         _norm(f, post_ffn_norm[layer], eps, f)
     _add(x, f)

@@ -159,6 +159,20 @@ def _grid2(a: int, b: int):
     return (_blocks(a, 16), _blocks(b, 16)), tb
 
 
+def precompile(kinds, kv_type: str, stream=None):
+    """The CPU backend compiles its kernels ahead in worker processes; numba.cuda compiles each kernel
+    at its first launch, so there is nothing to start here."""
+    return None
+
+
+def ready() -> None:
+    return None
+
+
+def kind_of(kind: int) -> int:
+    return kind
+
+
 def layer_stack(cfg, layers, inv_freqs, **flags):
     """No compiled whole-model step here: the models run their per-op forward on this backend."""
     return None

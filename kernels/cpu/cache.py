@@ -1,0 +1,307 @@
+"""Where compiled kernels live, and what makes one valid on another machine.
+
+Numba keys a cached function by its signature, the code generator's (triple, CPU name, features) and a
+stamp of its source file, and files it under a folder named after the source file's absolute path. So,
+left alone, nothing compiled in one checkout serves another, and nothing compiled on one CPU model
+serves another of the same ISA. Here:
+
+- the **ISA tier** pins the CPU name and features the code is generated for (``NUMBA_CPU_NAME`` /
+  ``NUMBA_CPU_FEATURES``, set before the first compile), named after the psABI levels: ``x86-64-v3`` for
+  the avx2 path, ``x86-64-v4-vnni`` (AVX-512 VNNI) or ``x86-64-v3-avxvnni`` for the vnni path,
+  ``x86-64-v2`` for the portable path. Every machine of a tier generates and accepts the same code; a CPU
+  that lacks a feature of the tier gets a tier of its own (``host-CPU``), which never travels;
+- a **locator** (numba's ``_CacheLocator``) files the kernels of this package under
+  ``ROOT/TIER/numba-V-llvmlite-V-pyXY/SOURCE`` and stamps them with SOURCE, a hash of every kernel
+  source file: a compiled step holds inlined copies of what it calls in other files, so any change to
+  any of them starts afresh, and two checkouts of the same sources share one cache;
+- ROOT is ``$NUMBA_CACHE_DIR`` when set, else ``$EDGEINFER_HOME/kernels``.
+
+`export_cache` packs the current tier's folder with a manifest; `import_cache` refuses a pack made for
+another tier, Numba, llvmlite, Python or kernel source, with a one-line reason, and loads nothing of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import platform
+import shutil
+import sys
+import tarfile
+import time
+from dataclasses import dataclass
+
+import numba
+import numba.core.caching
+import numba.core.registry
+
+KERNEL_DIR = os.path.dirname(os.path.abspath(__file__))
+FORMAT = 1  # of the exported pack
+
+
+def _package_dirs() -> frozenset:
+    # the folders of this package whose njit(cache=True) functions the locator files (the package maps
+    # sibling folders into one namespace, so they are found by module, not by path)
+    import importlib.util
+
+    dirs = {KERNEL_DIR}
+    for name in ("edgeinfer", "edgeinfer.models", "edgeinfer.quant", "edgeinfer.kernels"):
+        spec = importlib.util.find_spec(name)
+        dirs.update(os.path.abspath(d) for d in (spec.submodule_search_locations or ()))
+    return frozenset(dirs)
+
+
+class CacheError(ValueError):
+    """A kernel pack that cannot be imported here (other tier or versions, damaged, not a pack)."""
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    cpu: str          # LLVM CPU name the code is generated for
+    features: str     # LLVM features on top of the CPU's own
+    needs: frozenset  # host features (llvmlite's names) a machine must have to run it
+
+
+_V2 = frozenset({"cx16", "popcnt", "sahf", "sse3", "sse4.1", "sse4.2", "ssse3"})
+_V3 = _V2 | {"avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave"}
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+TIERS = {
+    "portable": [Tier("x86-64-v2", "x86-64-v2", "", _V2)],
+    "avx2": [Tier("x86-64-v3", "x86-64-v3", "", _V3)],
+    # AVX-512 VNNI machines (Cascade Lake and later Xeons, Zen 4) and AVX-VNNI ones (Alder Lake and later)
+    "vnni": [Tier("x86-64-v4-vnni", "x86-64-v4", "+avx512vnni", _V4 | {"avx512vnni"}),
+             Tier("x86-64-v3-avxvnni", "x86-64-v3", "+avxvnni", _V3 | {"avxvnni"})],
+}
+
+
+def tier_for(path: str, host: set[str], machine: str | None = None) -> Tier:
+    """The ISA tier the kernels of `path` are generated for on a host with these features."""
+    machine = machine or platform.machine()
+    if machine in ("x86_64", "AMD64"):
+        for t in TIERS.get(path, ()):
+            if t.needs <= host:
+                return t
+    import llvmlite.binding as llvm
+
+    cpu = llvm.get_host_cpu_name()
+    return Tier(f"host-{machine}-{cpu}", cpu, llvm.get_host_cpu_features().flatten(), frozenset())
+
+
+def versions() -> dict:
+    import llvmlite
+
+    return {"numba": numba.__version__, "llvmlite": llvmlite.__version__,
+            "python": f"{sys.version_info[0]}.{sys.version_info[1]}", "machine": platform.machine()}
+
+
+def _source_hash() -> str:
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(KERNEL_DIR)):
+        if name.endswith(".py"):
+            with open(os.path.join(KERNEL_DIR, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
+    return h.hexdigest()[:16]
+
+
+SOURCE = _source_hash()
+_state: dict = {}  # the tier and folder of this process, set once by `configure`
+
+
+def root() -> str:
+    """The folder every kernel cache lives under."""
+    env = os.environ.get("NUMBA_CACHE_DIR")
+    if env:
+        return os.path.abspath(env)
+    from edgeinfer import registry  # noqa: PLC0415 (the one place that knows EDGEINFER_HOME)
+
+    return str(registry.home() / "kernels")
+
+
+def _version_dir() -> str:
+    v = versions()
+    return f"numba-{v['numba']}-llvmlite-{v['llvmlite']}-py{v['python'].replace('.', '')}"
+
+
+def tier() -> Tier:
+    return _state["tier"]
+
+
+def folder() -> str:
+    """This process's kernel folder: ROOT/TIER/VERSIONS/SOURCE."""
+    return _state["folder"]
+
+
+class _Locator(numba.core.caching._CacheLocator):
+    """Files this package's cached functions under `folder()`, one subfolder per source module, stamped
+    with the kernel sources' hash (not the file's path or modification time)."""
+
+    def __init__(self, py_func, py_file):
+        self._lineno = py_func.__code__.co_firstlineno
+        d, name = os.path.split(os.path.abspath(py_file))
+        self._path = os.path.join(folder(), os.path.basename(d) + "." + os.path.splitext(name)[0])
+        own = b""
+        if os.path.dirname(os.path.abspath(py_file)) != KERNEL_DIR:
+            with open(py_file, "rb") as f:
+                own = f.read()
+        self._stamp = SOURCE + hashlib.sha256(own).hexdigest()[:16]
+
+    def get_cache_path(self):
+        return self._path
+
+    def get_source_stamp(self):
+        return self._stamp
+
+    def get_disambiguator(self):
+        return str(self._lineno)
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if "folder" not in _state or os.path.dirname(os.path.abspath(py_file)) not in _state["dirs"]:
+            return None
+        self = cls(py_func, py_file)
+        try:
+            self.ensure_cache_path()
+        except OSError:
+            return None
+        return self
+
+
+def configure(path: str, host: set[str]) -> Tier:
+    """Pin the code generator to `path`'s tier and file this package's kernels under its folder. Once per
+    process, before anything compiles (a second call with another path keeps the first tier: Numba's code
+    generator is made once)."""
+    if "tier" in _state:
+        return _state["tier"]
+    if "_toplevel_target_context" in vars(numba.core.registry.cpu_target):
+        # Numba's code generator exists (an @njit was decorated before this package's kernels were
+        # imported): it was made for the host CPU, and its code would be filed under the wrong tier
+        raise RuntimeError("edgeinfer.kernels.cpu must be imported before any @njit function is defined "
+                           "(its ISA tier pins Numba's code generator)")
+    t = tier_for(path, host)
+    if os.environ.get("NUMBA_CPU_NAME") is None:  # an explicit choice of the user's wins
+        numba.config.CPU_NAME = t.cpu
+        numba.config.CPU_FEATURES = t.features
+    else:
+        t = Tier(f"user-{numba.config.CPU_NAME}", numba.config.CPU_NAME, numba.config.CPU_FEATURES or "", frozenset())
+    _state["tier"] = t
+    _state["dirs"] = _package_dirs()
+    _state["folder"] = os.path.join(root(), t.name, _version_dir(), SOURCE)
+    impl = numba.core.caching.CacheImpl
+    if _Locator not in impl._locator_classes:
+        impl._locator_classes.insert(0, _Locator)
+    _prune_old(_state["folder"])
+    return t
+
+
+def _prune_old(current: str, max_age_s: float = 3600.0) -> None:
+    # caches of earlier kernel sources (5-10 MB each), untouched for an hour, are dead weight
+    parent = os.path.dirname(current)
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            if path != current and time.time() - os.path.getmtime(path) > max_age_s:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def dir_size(path: str) -> tuple[int, int]:
+    """(bytes, files) under path."""
+    total = n = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, f))
+                n += 1
+            except OSError:
+                pass
+    return total, n
+
+
+def manifest() -> dict:
+    t = tier()
+    return {"format": FORMAT, "tier": t.name, "cpu": t.cpu, "features": t.features, "source": SOURCE, **versions()}
+
+
+def export_cache(dest: str) -> dict:
+    """Pack this tier's compiled kernels (the current folder) into `dest` (.tar.gz) with a manifest."""
+    src = folder()
+    if not os.path.isdir(src) or dir_size(src)[1] == 0:
+        raise CacheError(f"no compiled kernels to export in {src}: run `edgeinfer warmup` first")
+    m = manifest()
+    tmp = f"{dest}.partial"
+    with tarfile.open(tmp, "w:gz") as tar:
+        data = json.dumps(m, indent=1).encode()
+        info = tarfile.TarInfo("manifest.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        for dirpath, _, files in os.walk(src):
+            for f in sorted(files):
+                if ".tmp." in f:
+                    continue
+                full = os.path.join(dirpath, f)
+                tar.add(full, arcname="kernels/" + os.path.relpath(full, src), recursive=False)
+    os.replace(tmp, dest)
+    m["bytes"] = os.path.getsize(dest)
+    return m
+
+
+def import_cache(src: str) -> dict:
+    """Install a pack made by `export_cache` into this machine's kernel folder. A pack for another tier,
+    other versions or other kernel sources is refused (CacheError, one line); nothing of it is written."""
+    try:
+        tar = tarfile.open(src, "r:gz")
+    except (OSError, tarfile.TarError) as e:
+        raise CacheError(f"{src} is not a kernel pack (a .tar.gz from `edgeinfer warmup --export`): {e}") from None
+    with tar:
+        try:
+            m = json.load(tar.extractfile("manifest.json"))
+        except (KeyError, ValueError, tarfile.TarError, OSError, AttributeError):
+            raise CacheError(f"{src} has no readable manifest.json: not a kernel pack") from None
+        here = manifest()
+        for key, what in (("format", "pack format"), ("machine", "machine"), ("tier", "ISA tier"),
+                          ("numba", "Numba version"), ("llvmlite", "llvmlite version"), ("python", "Python version"),
+                          ("source", "kernel source")):
+            if m.get(key) != here[key]:
+                raise CacheError(f"{src} was built for {what} {m.get(key)!r}, this machine needs {here[key]!r}: "
+                                 "refused, nothing loaded")
+        members = [i for i in tar.getmembers() if i.name != "manifest.json"]
+        for i in members:
+            rel = i.name[len("kernels/"):] if i.name.startswith("kernels/") else ""
+            if not i.isfile() or not rel or os.path.isabs(rel) or ".." in rel.split("/"):
+                raise CacheError(f"{src}: unexpected entry {i.name!r}: refused, nothing loaded")
+        dest = folder()
+        staging = f"{dest}.import-{os.getpid()}"
+        try:
+            for i in members:
+                out = os.path.join(staging, i.name[len("kernels/"):])
+                os.makedirs(os.path.dirname(out), exist_ok=True)
+                with tar.extractfile(i) as fin, open(out, "wb") as fout:
+                    shutil.copyfileobj(fin, fout)
+            for dirpath, _, files in os.walk(staging):
+                for f in files:
+                    full = os.path.join(dirpath, f)
+                    target = os.path.join(dest, os.path.relpath(full, staging))
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    os.replace(full, target)
+        except tarfile.TarError as e:
+            raise CacheError(f"{src} is damaged: {e}") from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    m["files"] = len(members)
+    return m
+
+
+def clear() -> int:
+    """Remove every compiled kernel under root() (all tiers and versions); bytes freed."""
+    r = root()
+    freed = dir_size(r)[0]
+    shutil.rmtree(r, ignore_errors=True)
+    return freed

@@ -1,0 +1,190 @@
+"""Compile what a model needs, ahead of use, in worker processes (one per core).
+
+A model needs the compiled step for its KV type, paged attention for that KV type, one matmul unit per
+kernel family of its weight kinds (units.py), and a few top-level kernels (the embedding lookup, the
+output projection's activation quantization, the final norm). Each is a job: a dispatcher and the
+exact argument types it will be called with, declared here as Numba types so that no weights are
+needed to compile them. Jobs already in the cache (cache.py) are skipped; the rest run longest first in
+a pool of processes, which write the cache that this process then loads from. Numba's global compiler
+lock makes threads useless for this; processes share nothing but the cache folder, and each job writes
+its own index files, so they never race (units.rows_unit).
+
+`start` returns at once: the compile runs while the model loads (and, in `chat`, while the user types),
+with one status line naming what is compiling and how much is left; `wait` blocks until it is done.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+
+import numpy as np
+from numba import types
+from numba.np.numpy_support import from_dtype
+
+from . import units
+from .int8 import uses_q8k
+
+_A = types.Array
+_F32_1, _F32_2 = _A(types.float32, 1, "C"), _A(types.float32, 2, "C")
+_I64_1, _I64_2 = _A(types.int64, 1, "C"), _A(types.int64, 2, "C")
+_U8_2, _U16_2 = _A(types.uint8, 2, "C"), _A(types.uint16, 2, "C")
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str    # what the status line shows
+    ref: tuple   # ("attr", module, name) or ("rows", path, family): how a worker finds the dispatcher
+    sig: tuple   # the argument types
+    cost: float  # seconds on a 2-core Zen 3 (measured), to start the longest first
+
+
+def step_sig(kv: str) -> tuple:
+    """step.forward_layers' argument types for a KV cache of type kv (what LayerStack.run passes)."""
+    c = _A(from_dtype(np.dtype(units.KV_DTYPES[kv])), 4, "C")
+    return (_F32_2, _I64_1, _I64_1, _I64_1, _A(types.int32, 2, "C"), _I64_1, types.int64, c, c,
+            types.ListType(units.MAT), _I64_2, _F32_2, _F32_2, _F32_2, _F32_2, _F32_2, _F32_2,
+            types.UniTuple(_F32_2, 3), _A(types.float64, 2, "C"), _I64_1, types.UniTuple(types.int64, 11),
+            types.UniTuple(types.float32, 3), units.LUTS, types.int64, _I64_1)
+
+
+def resolve(ref: tuple):
+    """The dispatcher a job names."""
+    if ref[0] == "rows":
+        return units.rows_unit(ref[1], ref[2])
+    import importlib
+
+    return getattr(importlib.import_module(ref[1]), ref[2])
+
+
+_PKG = __name__.rsplit(".", 1)[0]
+
+
+def plan(path: str, kinds, kv_types) -> list[Job]:
+    """Every job a model of these matrix kinds (quantized, as the backend holds them) needs on `path`."""
+    kinds = {int(k) for k in kinds if k >= 2}
+    jobs = [Job(f"step ({kv} KV)", ("attr", f"{_PKG}.step", "forward_layers"), step_sig(kv), 19.0)
+            for kv in kv_types]
+    jobs += [Job(f"attention ({kv} KV)", ("attr", f"{_PKG}.attention", "paged_attention"), units.attention_sig(kv),
+                 9.5) for kv in kv_types]
+    jobs += [Job(f"matmul {fam}", ("rows", path, fam), units.ROWS_SIG, 4.0)
+             for fam in sorted({units.FAMILY_OF[k] for k in kinds})]
+    jobs.append(Job("embedding", ("attr", f"{_PKG}.quant", "dequant_rows"),
+                    (types.int64, _U8_2, _U8_2, _U8_2, _U16_2, _U16_2, units.LUTS, _I64_1, _F32_2), 4.0))
+    jobs.append(Job("output norm", ("attr", f"{_PKG}.ops", "rmsnorm"), (_F32_2, _F32_1, types.float32, _F32_2), 1.0))
+    if any(not uses_q8k(k) for k in kinds):
+        jobs.append(Job("quantize q8", ("attr", f"{_PKG}.int8", "quantize_q8"), (_F32_2, _U8_2, _F32_2, _F32_2), 1.0))
+    if any(uses_q8k(k) for k in kinds):
+        jobs.append(Job("quantize q8_K", ("attr", f"{_PKG}.int8", "quantize_q8k"),
+                        (_F32_2, _U8_2, _F32_2, _A(types.int32, 2, "C"), _A(types.int32, 2, "C")), 1.5))
+    return jobs
+
+
+def is_cached(job: Job) -> bool:
+    """Whether the cache holds this job's code for this process's tier (looked up, not loaded)."""
+    d = resolve(job.ref)
+    if tuple(job.sig) in d.overloads:
+        return True
+    c = d._cache
+    try:
+        return c._index_key(tuple(job.sig), d.targetctx.codegen()) in c._cache_file._load_index()
+    except Exception:  # an unreadable index: the compile will rewrite it
+        return False
+
+
+def _compile_job(job: Job) -> float:
+    # in a worker process: compile one job into the cache
+    t0 = time.perf_counter()
+    resolve(job.ref).compile(tuple(job.sig))
+    return time.perf_counter() - t0
+
+
+class Compile:
+    """A parallel compile in flight (`start`)."""
+
+    def __init__(self, jobs: list[Job], workers: int, stream):
+        self.jobs = sorted(jobs, key=lambda j: -j.cost)
+        self.workers = max(1, min(workers, len(self.jobs)))
+        self.stream = stream
+        self.seconds = {}  # job name -> seconds it took in its worker
+        self.error = None
+        self.t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="edgeinfer-compile", daemon=True)
+        self._thread.start()
+
+    def _line(self, running: list[str], done: int, end: str = "") -> None:
+        if self.stream is None:
+            return
+        now = time.perf_counter() - self.t0
+        if end:
+            msg = f"\rcompiled {done} kernel units in {now:.1f} s ({self.workers} processes){end}"
+        else:
+            msg = (f"\rcompiling kernels for this model (first run only; cached for later runs): "
+                   f"{done}/{len(self.jobs)} done, {now:.0f} s [{', '.join(running)}]")
+        self.stream.write(msg + "\x1b[K")
+        self.stream.flush()
+
+    def _run(self) -> None:
+        import multiprocessing
+
+        pending = list(self.jobs)
+        try:
+            with ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                futs = {pool.submit(_compile_job, j): j for j in pending}
+                running = [j.name for j in pending[: self.workers]]
+                self._line(running, 0)
+                done = 0
+                for f in as_completed(futs):
+                    j = futs[f]
+                    self.seconds[j.name] = f.result()
+                    done += 1
+                    left = [x.name for x in pending if x.name not in self.seconds]
+                    self._line(left[: self.workers], done)
+            self._line([], done, end="\n")
+        except Exception as e:  # a worker that died: this process compiles what is missing itself
+            self.error = e
+            if self.stream is not None:
+                self.stream.write(f"\rparallel compile failed ({type(e).__name__}: {e}); compiling here\x1b[K\n")
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+
+_active: list[Compile] = []
+_lock = threading.Lock()
+
+
+def start(path: str, kinds, kv_types, *, workers: int = 0, stream=sys.stderr) -> Compile | None:
+    """Compile, in worker processes, what a model of these kinds and KV types needs and the cache lacks.
+    None when nothing is missing."""
+    jobs = [j for j in plan(path, kinds, kv_types) if not is_cached(j)]
+    if not jobs:
+        return None
+    c = Compile(jobs, workers or len(os.sched_getaffinity(0)), stream)
+    with _lock:
+        _active.append(c)
+    return c
+
+
+def wait_all() -> None:
+    """Block until every compile this process started is done (before a kernel it compiles is called)."""
+    with _lock:
+        pending = list(_active)
+    for c in pending:
+        c.wait()
+    with _lock:
+        for c in pending:
+            if c in _active:
+                _active.remove(c)
+
+
+def active() -> bool:
+    with _lock:
+        return any(not c.done() for c in _active)

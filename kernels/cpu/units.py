@@ -1,0 +1,171 @@
+"""Separately compiled kernel units, called by address.
+
+Numba links every callee's LLVM module into its caller and optimises and emits the whole again, so a
+kernel called from the compiled step was compiled once for itself and again in every function above it,
+and nothing of the step could be compiled in another process. Here each kernel family (per ISA path and
+matrix-kind family) and paged attention (per KV type) is its own compiled, cached unit. The step and
+`int8.matmuls` take an int64 table of the units' entry addresses (`table`) and call through it with
+`call_rows` / `call_attention`: an indirect call in Numba's own calling convention, a few nanoseconds,
+made once per task of rows (never per element).
+
+A unit is compiled for one fixed signature, declared here next to the table slot it fills, and each call
+intrinsic accepts exactly those argument types: a mismatch fails the caller's compile, never a call with
+the wrong arguments.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.np.numpy_support import from_dtype
+from numba.core import cgutils
+from numba.core.errors import TypingError
+from numba.extending import intrinsic
+
+from . import simd
+
+# -- the call -------------------------------------------------------------------------------------
+
+
+def _codegen(argtys):
+    # the call of the function at address args[0] with args[1:], in Numba's calling convention; an error
+    # it reports is raised in the caller
+    def codegen(context, builder, signature, args):
+        ptr_ty = context.call_conv.get_function_type(types.void, argtys).as_pointer()
+        fn = builder.inttoptr(args[0], ptr_ty)
+        status, _ = context.call_conv.call_function(builder, fn, types.void, argtys, args[1:])
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _check(what: str, argtys: tuple, fits: bool) -> None:
+    if not fits:
+        raise TypingError(f"a call of the {what} unit with {argtys}, not its signature")
+
+
+@intrinsic
+def call_rows(typingctx, addr, w, q8, q8k, luts, out, n0, n1):
+    """The rows unit at addr (Table slot of w's kind): rows [n0, n1) of W @ x -> out, as int8.rows_any."""
+    argtys = (w, q8, q8k, luts, out, n0, n1)
+    _check("matmul rows", argtys, argtys == ROWS_SIG)
+    return types.void(addr, *argtys), _codegen(argtys)
+
+
+@intrinsic
+def call_attention(typingctx, addr, q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale,
+                   window, softcap, out):
+    """The attention unit at addr (Table slot ATTENTION): attention.paged_attention's arguments."""
+    argtys = (q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, out)
+    _check("attention", argtys, any(argtys == attention_sig(kv) for kv in KV_DTYPES))
+    return types.void(addr, *argtys), _codegen(argtys)
+
+
+def address(dispatcher, sig: tuple) -> int:
+    """The entry address of `dispatcher` compiled (or loaded from the cache) for the argument types sig."""
+    dispatcher.compile(sig)
+    cres = dispatcher.overloads[tuple(sig)]
+    return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+
+
+# -- signatures -----------------------------------------------------------------------------------
+
+_U8 = types.Array(types.uint8, 2, "C")
+_U16 = types.Array(types.uint16, 2, "C")
+_F32 = types.Array(types.float32, 2, "C")
+_I32 = types.Array(types.int32, 2, "C")
+MAT = types.Tuple((types.int64, _U8, _U8, _U8, _U16, _U16))  # int8.as_tuple: (kind, qs, qh, sc, d, m)
+Q8 = types.Tuple((_U8, _F32, _F32))
+Q8K = types.Tuple((_U8, _F32, _I32, _I32))
+LUTS = types.Array(types.float32, 2, "C")  # quant.HALF_TO_F32
+ROWS_SIG = (MAT, Q8, Q8K, LUTS, _F32, types.int64, types.int64)  # (w, q8, q8k, luts, out (T, N), n0, n1)
+
+# the matrix kinds (quant/repack.py 2-9, layout.py 10-17) by kernel family: one unit per family and path
+FAMILIES = {"q8_0": (2,), "q45": (3, 4, 5, 6), "k45": (7, 8), "q6_k": (9,), "x8": (10, 11, 12, 13),
+            "kx8": (14, 15, 16), "q8x8": (17,)}
+FAMILY_OF = {k: name for name, ks in FAMILIES.items() for k in ks}
+# table slots: one per matrix kind (0 and 1, the float kinds, unused), then paged attention
+ATTENTION = 18
+TABLE_SIZE = 19
+
+KV_DTYPES = {"f32": np.float32, "f16": np.uint16, "q8_0": np.int8}  # KV cache element type per KV type
+
+
+def attention_sig(kv: str) -> tuple:
+    """attention.paged_attention's argument types for a KV cache of type kv (config.KV_TYPES)."""
+    return _attention_sig(np.dtype(KV_DTYPES[kv]))
+
+
+def _attention_sig(dtype) -> tuple:
+    c = types.Array(from_dtype(dtype), 3, "C")
+    f3 = types.Array(types.float32, 3, "C")
+    i1 = types.Array(types.int64, 1, "C")
+    return (f3, c, c, i1, i1, types.Array(types.int32, 2, "C"), types.int64, types.float32, types.int64,
+            types.float32, f3)
+
+
+# -- the units ------------------------------------------------------------------------------------
+
+_rows_units: dict = {}
+
+
+def rows_unit(path: str, family: str):
+    """The unit computing rows of a matmul of `family`'s kinds on `path`: int8.rows_any compiled for
+    those kinds alone (its own qualified name, so its own cache index file: units compiled in parallel
+    processes never rewrite one another's index)."""
+    key = (path, family)
+    unit = _rows_units.get(key)
+    if unit is None:
+        from .int8 import rows_any
+
+        tag = simd.isa_tag(path, FAMILIES[family])
+
+        def rows(w, q8, q8k, luts, out, n0, n1):
+            rows_any(w, q8, q8k, luts, out, n0, n1, tag)
+
+        rows.__qualname__ = rows.__name__ = f"rows_{path}_{family}"
+        unit = _rows_units[key] = njit(nogil=True, cache=True)(rows)
+    return unit
+
+
+def attention_unit():
+    from .attention import paged_attention
+
+    return paged_attention
+
+
+class Table:
+    """The addresses of one process's units, filled on demand: `for_kinds` gives the int64 table the
+    step and the matmuls take, with the units of those kinds (and attention for a KV type) loaded from
+    the cache or compiled."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.addr = np.zeros(TABLE_SIZE, np.int64)
+        self._attention: dict = {}
+
+    def for_kinds(self, kinds, kv: str | None = None) -> np.ndarray:
+        for k in kinds:
+            if k >= 2 and self.addr[k] == 0:
+                fam = FAMILY_OF[k]
+                a = address(rows_unit(self.path, fam), ROWS_SIG)
+                for k2 in FAMILIES[fam]:
+                    self.addr[k2] = a
+        if kv is None:
+            return self.addr
+        out = self.addr.copy()
+        if kv not in self._attention:
+            self._attention[kv] = address(attention_unit(), attention_sig(kv))
+        out[ATTENTION] = self._attention[kv]
+        return out
+
+
+def work(path: str, kinds, kv_types) -> list[tuple[str, object, tuple]]:
+    """What a model of these matrix kinds and KV types needs compiled, as (name, dispatcher, signature)
+    units (the compile plan's entries besides the step itself)."""
+    fams = sorted({FAMILY_OF[k] for k in kinds if k >= 2})
+    items = [(f"matmul {f} ({path})", rows_unit(path, f), ROWS_SIG) for f in fams]
+    items += [(f"attention ({kv} KV)", attention_unit(), attention_sig(kv)) for kv in kv_types]
+    return items

@@ -1,0 +1,150 @@
+"""The kernel cache: ISA tiers, a second process that compiles nothing, packs that travel to another
+machine (a fresh cache folder) and serve it, and packs for another tier or version refused."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from edgeinfer.kernels.cpu import cache
+
+# a fresh process generating 4 greedy tokens: prints JSON with the tokens and how many functions it compiled
+# (cache misses, counted on every dispatcher that was asked to compile)
+DRIVER = r"""
+import json, sys
+from numba.core import event
+seen = []
+class L(event.Listener):
+    def on_start(self, ev):
+        seen.append(ev.data["dispatcher"])
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", L())
+from edgeinfer import LLM, SamplingParams
+llm = LLM(sys.argv[1], progress=False)
+out = llm.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+misses = sum(sum(d._cache_misses.values()) for d in set(seen))
+print(json.dumps({"tokens": out.token_ids, "compiled": misses}))
+"""
+
+
+def run_driver(model, kernels_dir):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(kernels_dir)}
+    p = subprocess.run([sys.executable, "-c", DRIVER, str(model)], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def cli(*args, kernels_dir):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(kernels_dir)}
+    return subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=600)
+
+
+V3 = set(cache._V3)
+
+
+def test_tiers_follow_the_psabi_levels_and_never_a_feature_the_host_lacks():
+    assert cache.tier_for("avx2", V3, "x86_64").name == "x86-64-v3"
+    assert cache.tier_for("portable", V3, "x86_64").name == "x86-64-v2"
+    assert cache.tier_for("vnni", V3 | {"avxvnni"}, "x86_64").name == "x86-64-v3-avxvnni"
+    v4 = set(cache._V4) | {"avx512vnni", "avxvnni"}
+    assert cache.tier_for("vnni", v4, "x86_64").name == "x86-64-v4-vnni"
+    t = cache.tier_for("vnni", v4, "x86_64")
+    assert (t.cpu, t.features) == ("x86-64-v4", "+avx512vnni")
+    # an AVX2 CPU without MOVBE is no x86-64-v3 machine: its kernels are its own, named after the host
+    assert cache.tier_for("avx2", V3 - {"movbe"}, "x86_64").name.startswith("host-")
+    assert cache.tier_for("portable", V3, "aarch64").name.startswith("host-aarch64-")
+
+
+def test_this_process_files_kernels_by_tier_versions_and_source():
+    import numba
+
+    folder = cache.folder()
+    assert folder.startswith(cache.root()) and cache.tier().name in folder and cache.SOURCE in folder
+    assert f"numba-{numba.__version__}" in folder
+    if not cache.tier().name.startswith(("host-", "user-")):
+        assert numba.config.CPU_NAME == cache.tier().cpu
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory, tiny_llama_path):
+    """A pack exported from this run's kernel cache once the tiny model has run there, and its tokens."""
+    shared = os.environ["NUMBA_CACHE_DIR"]
+    first = run_driver(tiny_llama_path, shared)
+    path = tmp_path_factory.mktemp("pack") / "kernels.tar.gz"
+    r = cli("warmup", "--export", path, kernels_dir=shared)
+    assert r.returncode == 0 and "exported tier" in r.stdout, r.stderr
+    return path, first
+
+
+def test_a_second_process_of_the_same_tier_compiles_nothing(pack, tiny_llama_path):
+    again = run_driver(tiny_llama_path, os.environ["NUMBA_CACHE_DIR"])
+    assert again["compiled"] == 0 and again["tokens"] == pack[1]["tokens"]
+
+
+def test_an_imported_pack_serves_a_fresh_cache_without_compiling(pack, tiny_llama_path, tmp_path):
+    fresh = tmp_path / "kernels"
+    r = cli("warmup", "--import", pack[0], kernels_dir=fresh)
+    assert r.returncode == 0 and "imported" in r.stdout, r.stderr
+    got = run_driver(tiny_llama_path, fresh)
+    assert got["compiled"] == 0 and got["tokens"] == pack[1]["tokens"]
+
+
+def rewrite_manifest(src, dst, **changes):
+    with tarfile.open(src, "r:gz") as tin, tarfile.open(dst, "w:gz") as tout:
+        for member in tin.getmembers():
+            data = tin.extractfile(member).read()
+            if member.name == "manifest.json":
+                data = json.dumps({**json.loads(data), **changes}).encode()
+                member.size = len(data)
+            tout.addfile(member, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("field,value,what", [("tier", "x86-64-v4-vnni", "ISA tier"), ("numba", "0.1.0", "Numba version"),
+                                              ("source", "0" * 16, "kernel source")])
+def test_a_pack_for_another_tier_or_version_is_refused_and_nothing_loaded(pack, tmp_path, field, value, what):
+    bad = tmp_path / "other.tar.gz"
+    rewrite_manifest(pack[0], bad, **{field: value})
+    fresh = tmp_path / "kernels"
+    r = cli("warmup", "--import", bad, kernels_dir=fresh)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"built for {what} '{value}'" in lines[0] and "refused" in lines[0]
+    assert cache.dir_size(str(fresh))[1] == 0
+
+
+def test_a_file_that_is_not_a_pack_is_a_one_line_error(tmp_path):
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"not a tarball at all")
+    r = cli("warmup", "--import", junk, kernels_dir=tmp_path / "kernels")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "is not a kernel pack" in r.stderr
+
+
+def test_a_pack_with_a_path_out_of_the_cache_is_refused(pack, tmp_path):
+    bad = tmp_path / "escape.tar.gz"
+    with tarfile.open(pack[0], "r:gz") as tin, tarfile.open(bad, "w:gz") as tout:
+        m = tin.getmember("manifest.json")
+        tout.addfile(m, tin.extractfile(m))
+        evil = tarfile.TarInfo("kernels/../../evil.py")
+        evil.size = 3
+        tout.addfile(evil, io.BytesIO(b"bad"))
+    r = cli("warmup", "--import", bad, kernels_dir=tmp_path / "k" / "kernels")
+    assert r.returncode == 1 and "unexpected entry" in r.stderr
+    assert not (tmp_path / "k" / "evil.py").exists() and not (tmp_path / "evil.py").exists()
+
+
+def test_clear_empties_the_kernel_cache_and_system_names_it(tmp_path):
+    d = tmp_path / "kernels"
+    (d / "x86-64-v3" / "some").mkdir(parents=True)
+    (d / "x86-64-v3" / "some" / "f.nbc").write_bytes(b"x" * 100)
+    r = cli("warmup", "--clear", kernels_dir=d)
+    assert r.returncode == 0 and "cleared" in r.stdout and not d.exists()
+    s = cli("system", "--json", kernels_dir=d)
+    info = json.loads(s.stdout)
+    assert info["caches"]["kernels"] == str(d) and info["kernel_tier"] in info["kernel_folder"]
