@@ -161,11 +161,3 @@ class Table:
         out[ATTENTION] = self._attention[kv]
         return out
 
-
-def work(path: str, kinds, kv_types) -> list[tuple[str, object, tuple]]:
-    """What a model of these matrix kinds and KV types needs compiled, as (name, dispatcher, signature)
-    units (the compile plan's entries besides the step itself)."""
-    fams = sorted({FAMILY_OF[k] for k in kinds if k >= 2})
-    items = [(f"matmul {f} ({path})", rows_unit(path, f), ROWS_SIG) for f in fams]
-    items += [(f"attention ({kv} KV)", attention_unit(), attention_sig(kv)) for kv in kv_types]
-    return items
