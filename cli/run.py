@@ -359,7 +359,8 @@ def perplexity(model, file, n_ctx, chunks, threads, as_json, kv_type, max_contex
               help="Then pack this tier's compiled kernels into FILE (.tar.gz) for other machines of the tier.")
 @click.option("--import", "import_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Install a pack made by --export on a machine of the same tier; nothing is compiled.")
-@click.option("--clear", is_flag=True, help="Empty the kernel cache (every tier and version) first.")
+@click.option("--clear", is_flag=True,
+              help="Empty the kernel cache (every tier and version) and the weight layouts first.")
 def warmup(models, kv_types, all_kernels, export_path, import_path, clear):
     """Compile the kernels MODELS need (default: smollm2-135m-instruct) into the kernel cache, ahead of time,
     in one worker process per core.
@@ -372,8 +373,12 @@ def warmup(models, kv_types, all_kernels, export_path, import_path, clear):
 
     t0 = time.perf_counter()
     if clear:
+        from edgeinfer.models import layout_cache
+
         freed = cache.clear()
         click.echo(f"kernel cache cleared ({freed / 1e6:.1f} MB freed: {cache.root()})")
+        freed = layout_cache.clear()
+        click.echo(f"weight layouts cleared ({freed / 1e6:.1f} MB freed: {layout_cache.layouts_dir()})")
     if import_path:
         m = cache.import_cache(import_path)
         click.echo(f"imported {m['files']} files for tier {m['tier']} into {cache.folder()}")

@@ -60,8 +60,9 @@ def cache_places() -> dict:
     """The ISA tier the kernels are compiled for and every cache's place and size."""
     from . import registry
     from .kernels.cpu import cache
+    from .models.layout_cache import layouts_dir
 
-    places = {"kernels": cache.root(), "models": str(registry.models_dir())}
+    places = {"kernels": cache.root(), "layouts": layouts_dir(), "models": str(registry.models_dir())}
     sizes = {name: cache.dir_size(p)[0] for name, p in places.items()}
     return {"kernel_tier": cache.tier().name, "kernel_folder": cache.folder(), "caches": places,
             "cache_bytes": sizes}

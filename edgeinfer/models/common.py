@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
 from ..errors import EdgeInferError
 from ..gguf_file import GGUFError, GGUFFile
-from ..quant.repack import (DIRECT_TYPES, KIND, MADV_NOHUGEPAGE, SUPPORTED_TYPES, madvise, repack_interleaved,
-                            repack_rows)
+from ..quant.repack import (DIRECT_TYPES, KIND, MADV_NOHUGEPAGE, SUPPORTED_TYPES, QTensor, madvise,
+                            repack_interleaved, repack_rows)
 
 
 class ModelLoadError(EdgeInferError):
@@ -29,11 +31,26 @@ def meta(gf: GGUFFile, arch: str, key: str, default=None, *, required: bool = Fa
 
 
 class WeightLoader:
-    """Loads tensors by name, checking shapes, repacking 2-D quantized weights into kernel layout."""
+    """Loads tensors by name, checking shapes, repacking 2-D quantized weights into kernel layout. On the
+    CPU backend the repacked matrices come from the model's layout file when it is valid, and are written
+    to one otherwise (layout_cache.py; `finish` writes it)."""
 
-    def __init__(self, gf: GGUFFile, kb):
+    def __init__(self, gf: GGUFFile, kb, layouts: bool = True):
         self.gf = gf
         self.kb = kb  # weights are handed to the backend (uploaded, for a device backend)
+        self.store = None
+        if layouts and getattr(kb, "NAME", "") == "cpu" and os.environ.get("EDGEINFER_LAYOUT_CACHE", "1") != "0":
+            from .layout_cache import LayoutStore
+
+            try:
+                self.store = LayoutStore(gf.path, kb.KERNEL_PATH)
+            except OSError:  # an unreadable model path or home: load as without a store
+                self.store = None
+
+    def finish(self) -> None:
+        """Once every matrix is loaded: write the layout file if there was none (or a stale one)."""
+        if self.store is not None:
+            self.store.finish()
 
     def has(self, name: str) -> bool:
         return name in self.gf.tensors
@@ -51,6 +68,23 @@ class WeightLoader:
                 f"tensor {name!r} has type {info.ggml_type.name}, which edgeinfer cannot compute yet "
                 f"(supported: {', '.join(t.name for t in SUPPORTED_TYPES)})"
             )
+        stored = self.store.get(name) if self.store is not None else None
+        if stored is not None:
+            meta, arrays = stored
+            if meta.get("float"):
+                return arrays["w"]
+            return QTensor(T(meta["ggml_type"]), meta["kind"], meta["n_rows"], meta["n_cols"], **arrays)
+        w = self._build(name, info, rows, cols)
+        if self.store is not None:
+            if isinstance(w, np.ndarray):
+                self.store.put(name, {"float": True}, {"w": w})
+            else:
+                self.store.put(name, {"ggml_type": int(w.ggml_type), "kind": w.kind, "n_rows": w.n_rows,
+                                      "n_cols": w.n_cols}, {f: getattr(w, f) for f in ("qs", "qh", "sc", "d", "m")})
+        return w
+
+    def _build(self, name: str, info, rows: int, cols: int):
+        # the matrix repacked from the file's bytes, uploaded
         if info.ggml_type == T.F32:
             w = np.array(self.gf.tensor(name), dtype=np.float32).reshape(rows, cols)
         elif info.ggml_type in DIRECT_TYPES and self.kb.interleaves(KIND[info.ggml_type]):

@@ -86,6 +86,7 @@ class Model:
         self.layers = [self.load_layer(ld, cfg, i) for i in range(cfg.n_layer)]
         self.output_norm = ld.vector("output_norm.weight", cfg.dim)
         self.output = ld.matrix("output.weight", cfg.vocab_size, cfg.dim) if ld.has("output.weight") else self.tok_embd
+        ld.finish()
         factors = np.array(gf.tensor("rope_freqs.weight"), np.float32) if ld.has("rope_freqs.weight") else None
         self.inv_freq = kb.upload(rope_inv_freq(cfg.rope_dim, cfg.rope_base, cfg.rope_freq_scale, factors))
         # every layer in one compiled call where the backend has one; forward_per_op is the reference
