@@ -14,7 +14,6 @@ from .ops import gelu_tanh_mul, rmsnorm, rope, silu_mul, softcap, write_kv  # no
 NAME = "cpu"
 # The instruction-set path of the int8 kernels, chosen once from the host CPU (or EDGEINFER_KERNELS).
 KERNEL_PATH = simd.choose_path()
-ISA = simd.isa_tag(KERNEL_PATH)  # every kind (tests)
 # the addresses of this path's separately compiled kernel units (units.py), filled as models need them
 UNITS = units.Table(KERNEL_PATH)
 
