@@ -148,3 +148,31 @@ def test_clear_empties_the_kernel_cache_and_system_names_it(tmp_path):
     s = cli("system", "--json", kernels_dir=d)
     info = json.loads(s.stdout)
     assert info["caches"]["kernels"] == str(d) and info["kernel_tier"] in info["kernel_folder"]
+
+
+def _save_many(cache_dir, who, n):
+    from numba.core.caching import IndexDataCacheFile
+
+    f = IndexDataCacheFile(cache_path=cache_dir, filename_base="k", source_stamp="s")
+    for i in range(n):
+        f.save((who, i), f"{who}-{i}".encode())
+
+
+def test_processes_saving_entries_of_one_function_never_swap_their_code(tmp_path):
+    """Two processes saving different entries of one cached function at once (what parallel compile
+    workers, or a server beside the tests, do): every key still loads its own data."""
+    import multiprocessing
+
+    from numba.core.caching import IndexDataCacheFile
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_save_many, args=(str(tmp_path), who, 40)) for who in ("a", "b", "c")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    f = IndexDataCacheFile(cache_path=str(tmp_path), filename_base="k", source_stamp="s")
+    for who in ("a", "b", "c"):
+        for i in range(40):
+            assert f.load((who, i)) == f"{who}-{i}".encode()

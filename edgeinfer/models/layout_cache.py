@@ -7,8 +7,8 @@ later loads map that file copy-on-write (never written to, so its pages stay the
 page cache, as llama.cpp's mapped GGUF does) and read nothing of the GGUF's weights.
 
 A layout file is trusted only when everything checks out: the magic, the format version, the model's
-identity (its size, modification time, inode and the sha256 of its first and last 4 MiB: a replaced or
-edited model file is another model), the kernel path, every array's place inside the file, and every
+identity (its resolved path, size, modification and change times, inode and the sha256 of its first and
+last 4 MiB: a replaced, copied or edited model file is another model), the kernel path, every array's place inside the file, and every
 array's CRC-32 (computed in threads at load). Anything else, from a torn write to a flipped bit, is
 reported as stale, the file is removed, and the layout is rebuilt from the GGUF and written again. A
 file is written under a temporary name and renamed into place whole, so a killed load leaves none.
@@ -52,9 +52,11 @@ def clear() -> int:
 
 
 def model_identity(path: str) -> str:
-    """What makes a model file the same file: size, modification time, inode and its head and tail."""
+    """What makes a model file the same file: path, size, times, inode and its head and tail."""
     st = os.stat(path)
-    h = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}".encode())
+    # ctime moves on every write and cannot be set back (unlike mtime, which copies keep); with the
+    # resolved path and the inode, a file rewritten in place or a new file on a reused inode is another
+    h = hashlib.sha256(f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}".encode())
     with open(path, "rb") as f:
         h.update(f.read(4 << 20))
         if st.st_size > 8 << 20:

@@ -169,6 +169,33 @@ class _Locator(numba.core.caching._CacheLocator):
         return self
 
 
+def _locked_save(self, key, data):
+    """numba's IndexDataCacheFile.save under an exclusive lock on the index, data first.
+
+    Numba picks the data file's number from the index it read, writes the index, then the data. Two
+    processes saving different entries of one function (another signature or ISA tag: the worker
+    processes of a parallel compile, a server beside the tests) can pick the same number, and one's
+    code then sits under the other's key: a kernel that computes garbage, loaded forever after. Under
+    the lock the choice is made once; the data is in place before the index names it."""
+    import fcntl
+
+    os.makedirs(self._cache_path, exist_ok=True)
+    with open(self._index_path + ".lock", "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        overloads = self._load_index()
+        data_name = overloads.get(key)
+        if data_name is None:
+            existing = set(overloads.values())
+            n = 1
+            while self._data_name(n) in existing or os.path.exists(self._data_path(self._data_name(n))):
+                n += 1
+            data_name = self._data_name(n)
+        self._save_data(data_name, data)
+        if overloads.get(key) != data_name:
+            overloads[key] = data_name
+            self._save_index(overloads)
+
+
 def configure(path: str, host: set[str]) -> Tier:
     """Pin the code generator to `path`'s tier and file this package's kernels under its folder. Once per
     process, before anything compiles (a second call with another path keeps the first tier: Numba's code
@@ -189,6 +216,7 @@ def configure(path: str, host: set[str]) -> Tier:
     _state["tier"] = t
     _state["dirs"] = _package_dirs()
     _state["folder"] = os.path.join(root(), t.name, _version_dir(), SOURCE)
+    numba.core.caching.IndexDataCacheFile.save = _locked_save
     impl = numba.core.caching.CacheImpl
     if _Locator not in impl._locator_classes:
         impl._locator_classes.insert(0, _Locator)
