@@ -176,3 +176,52 @@ def test_processes_saving_entries_of_one_function_never_swap_their_code(tmp_path
     for who in ("a", "b", "c"):
         for i in range(40):
             assert f.load((who, i)) == f"{who}-{i}".encode()
+
+
+COMPILE_UNIT = r"""
+import sys
+from edgeinfer.kernels.cpu import backend, units
+fam = units.FAMILY_OF[backend.kind_of(int(sys.argv[1]))]
+units.address(units.rows_unit(backend.KERNEL_PATH, fam), units.ROWS_SIG)
+"""
+
+CHECK_K_QUANT = r"""
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from gguf import GGMLQuantizationType as T
+from test_kernels import random_tensor
+from edgeinfer.kernels.cpu import backend
+from edgeinfer.quant.repack import repack_rows
+rng = np.random.default_rng(0)
+out = {}
+for t in (T.Q4_0, T.Q4_K):
+    raw, ref = random_tensor(t, 16, 256, rng)
+    q = backend.upload(repack_rows(raw, t, (256, 16)))
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    got = backend.matmul(q, x)
+    want = x @ ref.T
+    out[t.name] = float(np.abs(got - want).max() / np.abs(want).max())
+print(json.dumps(out))
+"""
+
+
+def test_units_compiled_in_different_processes_keep_apart_when_loaded_together(tmp_path):
+    """Two fresh processes each compile one matmul family into an empty cache (as two parallel-compile
+    workers do), and a third loads both: each family still runs its own kernel (a symbol shared by the
+    two once sent K-quant matrices through the legacy types' kernel, leaving outputs untouched)."""
+    from gguf import GGMLQuantizationType as T
+
+    from edgeinfer.quant.repack import KIND
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "kernels"), "EDGEINFER_COMPILE_WORKERS": "0"}
+    for t in (T.Q4_0, T.Q4_K):
+        p = subprocess.run([sys.executable, "-c", COMPILE_UNIT, str(KIND[t])], env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+    p = subprocess.run([sys.executable, "-c", CHECK_K_QUANT, os.path.dirname(__file__)], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    errors = json.loads(p.stdout.strip().splitlines()[-1])
+    # the activation's 8-bit rounding is the only difference from the dequantized product
+    assert errors["Q4_0"] < 0.05 and errors["Q4_K"] < 0.05, errors

@@ -196,6 +196,20 @@ def _locked_save(self, key, data):
             self._save_index(overloads)
 
 
+def _distinct_symbols() -> None:
+    """Numba names each compiled function after its qualified name, argument types and a per-process
+    counter. Every process counts from 1, so two specializations compiled in two processes (the parallel
+    compile's workers) could carry one symbol, and once both are loaded from the cache into one process a
+    call meant for one reaches the other (seen: K-quant matmuls running the legacy types' kernel). Each
+    process counts from its own random point instead."""
+    import itertools
+    import random
+
+    from numba.core.bytecode import FunctionIdentity
+
+    FunctionIdentity._unique_ids = itertools.count(random.SystemRandom().randrange(1 << 40, 1 << 62))
+
+
 def configure(path: str, host: set[str]) -> Tier:
     """Pin the code generator to `path`'s tier and file this package's kernels under its folder. Once per
     process, before anything compiles (a second call with another path keeps the first tier: Numba's code
@@ -217,6 +231,7 @@ def configure(path: str, host: set[str]) -> Tier:
     _state["dirs"] = _package_dirs()
     _state["folder"] = os.path.join(root(), t.name, _version_dir(), SOURCE)
     numba.core.caching.IndexDataCacheFile.save = _locked_save
+    _distinct_symbols()
     impl = numba.core.caching.CacheImpl
     if _Locator not in impl._locator_classes:
         impl._locator_classes.insert(0, _Locator)

@@ -164,10 +164,14 @@ _lock = threading.Lock()
 def start(path: str, kinds, kv_types, *, workers: int = 0, stream=sys.stderr) -> Compile | None:
     """Compile, in worker processes, what a model of these kinds and KV types needs and the cache lacks.
     None when nothing is missing."""
+    env = os.environ.get("EDGEINFER_COMPILE_WORKERS", "").strip()
+    workers = workers or (int(env) if env.isdigit() else len(os.sched_getaffinity(0)))
+    if workers == 0:  # EDGEINFER_COMPILE_WORKERS=0: compile in this process, at first use
+        return None
     jobs = [j for j in plan(path, kinds, kv_types) if not is_cached(j)]
     if not jobs:
         return None
-    c = Compile(jobs, workers or len(os.sched_getaffinity(0)), stream)
+    c = Compile(jobs, workers, stream)
     with _lock:
         _active.append(c)
     return c
