@@ -372,6 +372,8 @@ def warmup(models, kv_types, all_kernels, export_path, import_path, clear):
     from edgeinfer.kernels.cpu import backend, cache, parallel_compile, units
 
     t0 = time.perf_counter()
+    # models compile when named, or when nothing else is asked for (plain `warmup`: the default model)
+    run_models = bool(models) or not (clear or import_path or all_kernels or export_path)
     if clear:
         from edgeinfer.models import layout_cache
 
@@ -386,7 +388,7 @@ def warmup(models, kv_types, all_kernels, export_path, import_path, clear):
         c = parallel_compile.start(backend.KERNEL_PATH, units.FAMILY_OF, kv_types or KV_TYPES)
         if c is not None:
             c.wait()
-    if models or not (clear or import_path or all_kernels or export_path):
+    if run_models:
         from edgeinfer import LLM, SamplingParams
 
         for model in models or [registry.DEFAULT_MODEL]:
@@ -397,7 +399,7 @@ def warmup(models, kv_types, all_kernels, export_path, import_path, clear):
     if export_path:
         m = cache.export_cache(export_path)
         click.echo(f"exported tier {m['tier']} ({m['bytes'] / 1e6:.1f} MB) to {export_path}")
-    if models or all_kernels or not (clear or import_path or export_path):
+    if run_models or all_kernels:
         click.echo(f"kernels ready ({time.perf_counter() - t0:.1f} s; tier {cache.tier().name})")
 
 

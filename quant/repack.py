@@ -30,6 +30,9 @@ KIND = {T.F16: 0, T.BF16: 1, T.Q8_0: 2, T.Q4_0: 3, T.Q4_1: 4, T.Q5_0: 5, T.Q5_1:
 SUPPORTED_TYPES = (T.F32,) + tuple(KIND)
 
 
+ARRAYS = ("qs", "qh", "sc", "d", "m")  # a QTensor's arrays, by field name
+
+
 @dataclass(frozen=True)
 class QTensor:
     """A quantized weight matrix W (N, K) in kernel layout (see the module docstring)."""
@@ -50,7 +53,7 @@ class QTensor:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.qs, self.qh, self.sc, self.d, self.m))
+        return sum(getattr(self, f).nbytes for f in ARRAYS)
 
 
 def _u16(blocks: np.ndarray, start: int) -> np.ndarray:
@@ -112,9 +115,9 @@ def repack_rows(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...], release=N
         part = repack(rows[r0:r1], ggml_type, (k, r1 - r0))
         if out is None:
             fields = {f: np.empty((n,) + getattr(part, f).shape[1:], getattr(part, f).dtype)
-                      for f in ("qs", "qh", "sc", "d", "m")}
+                      for f in ARRAYS}
             out = QTensor(part.ggml_type, part.kind, n, k, **fields)
-        for f in ("qs", "qh", "sc", "d", "m"):
+        for f in ARRAYS:
             getattr(out, f)[r0:r1] = getattr(part, f)
         if release is not None:
             release(r0, r1)

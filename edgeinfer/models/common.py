@@ -9,7 +9,7 @@ from gguf.constants import GGMLQuantizationType as T
 
 from ..errors import EdgeInferError
 from ..gguf_file import GGUFError, GGUFFile
-from ..quant.repack import (DIRECT_TYPES, KIND, MADV_NOHUGEPAGE, SUPPORTED_TYPES, QTensor, madvise,
+from ..quant.repack import (ARRAYS, DIRECT_TYPES, KIND, MADV_NOHUGEPAGE, SUPPORTED_TYPES, QTensor, madvise,
                             repack_interleaved, repack_rows)
 
 
@@ -80,7 +80,7 @@ class WeightLoader:
                 self.store.put(name, {"float": True}, {"w": w})
             else:
                 self.store.put(name, {"ggml_type": int(w.ggml_type), "kind": w.kind, "n_rows": w.n_rows,
-                                      "n_cols": w.n_cols}, {f: getattr(w, f) for f in ("qs", "qh", "sc", "d", "m")})
+                                      "n_cols": w.n_cols}, {f: getattr(w, f) for f in ARRAYS})
         return w
 
     def _build(self, name: str, info, rows: int, cols: int):

@@ -34,7 +34,6 @@ MAGIC = b"EILAYOUT"
 END = b"EILAYEND"
 VERSION = 1  # bump when the repacked layouts (quant/repack.py, kernels/cpu/layout.py) change
 ALIGN = 4096
-_FIELDS = ("qs", "qh", "sc", "d", "m")
 
 
 class StaleLayout(Exception):
@@ -45,8 +44,10 @@ def clear() -> int:
     """Remove every layout file; bytes freed."""
     import shutil
 
+    from ..kernels.cpu.cache import dir_size
+
     d = layouts_dir()
-    freed = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)) if os.path.isdir(d) else 0
+    freed = dir_size(d)[0]
     shutil.rmtree(d, ignore_errors=True)
     return freed
 

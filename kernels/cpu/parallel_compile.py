@@ -32,7 +32,6 @@ from .int8 import uses_q8k
 _A = types.Array
 _F32_1, _F32_2 = _A(types.float32, 1, "C"), _A(types.float32, 2, "C")
 _I64_1, _I64_2 = _A(types.int64, 1, "C"), _A(types.int64, 2, "C")
-_U8_2, _U16_2 = _A(types.uint8, 2, "C"), _A(types.uint16, 2, "C")
 
 
 @dataclass(frozen=True)
@@ -74,13 +73,13 @@ def plan(path: str, kinds, kv_types) -> list[Job]:
     jobs += [Job(f"matmul {fam}", ("rows", path, fam), units.ROWS_SIG, 4.0)
              for fam in sorted({units.FAMILY_OF[k] for k in kinds})]
     jobs.append(Job("embedding", ("attr", f"{_PKG}.quant", "dequant_rows"),
-                    (types.int64, _U8_2, _U8_2, _U8_2, _U16_2, _U16_2, units.LUTS, _I64_1, _F32_2), 4.0))
+                    (*units.MAT.types, units.LUTS, _I64_1, _F32_2), 4.0))
     jobs.append(Job("output norm", ("attr", f"{_PKG}.ops", "rmsnorm"), (_F32_2, _F32_1, types.float32, _F32_2), 1.0))
     if any(not uses_q8k(k) for k in kinds):
-        jobs.append(Job("quantize q8", ("attr", f"{_PKG}.int8", "quantize_q8"), (_F32_2, _U8_2, _F32_2, _F32_2), 1.0))
+        jobs.append(Job("quantize q8", ("attr", f"{_PKG}.int8", "quantize_q8"), (_F32_2, *units.Q8.types), 1.0))
     if any(uses_q8k(k) for k in kinds):
         jobs.append(Job("quantize q8_K", ("attr", f"{_PKG}.int8", "quantize_q8k"),
-                        (_F32_2, _U8_2, _F32_2, _A(types.int32, 2, "C"), _A(types.int32, 2, "C")), 1.5))
+                        (_F32_2, *units.Q8K.types), 1.5))
     return jobs
 
 

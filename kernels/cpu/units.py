@@ -95,11 +95,7 @@ KV_DTYPES = {"f32": np.float32, "f16": np.uint16, "q8_0": np.int8}  # KV cache e
 
 def attention_sig(kv: str) -> tuple:
     """attention.paged_attention's argument types for a KV cache of type kv (config.KV_TYPES)."""
-    return _attention_sig(np.dtype(KV_DTYPES[kv]))
-
-
-def _attention_sig(dtype) -> tuple:
-    c = types.Array(from_dtype(dtype), 3, "C")
+    c = types.Array(from_dtype(np.dtype(KV_DTYPES[kv])), 3, "C")
     f3 = types.Array(types.float32, 3, "C")
     i1 = types.Array(types.int64, 1, "C")
     return (f3, c, c, i1, i1, types.Array(types.int32, 2, "C"), types.int64, types.float32, types.int64,
