@@ -119,6 +119,11 @@ def test_a_pack_for_another_tier_or_version_is_refused_and_nothing_loaded(pack, 
     assert cache.dir_size(str(fresh))[1] == 0
 
 
+def test_a_pack_that_cannot_be_written_is_a_one_line_error(pack, tmp_path):
+    r = cli("warmup", "--export", tmp_path / "no" / "such" / "dir" / "k.tar.gz", kernels_dir=os.environ["NUMBA_CACHE_DIR"])
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "cannot write the kernel pack" in r.stderr
+
+
 def test_a_file_that_is_not_a_pack_is_a_one_line_error(tmp_path):
     junk = tmp_path / "junk.tar.gz"
     junk.write_bytes(b"not a tarball at all")

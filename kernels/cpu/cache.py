@@ -280,6 +280,20 @@ def export_cache(dest: str) -> dict:
         raise CacheError(f"no compiled kernels to export in {src}: run `edgeinfer warmup` first")
     m = manifest()
     tmp = f"{dest}.partial"
+    try:
+        _write_pack(tmp, src, m)
+        os.replace(tmp, dest)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise CacheError(f"cannot write the kernel pack {dest}: {e.strerror or e}") from None
+    m["bytes"] = os.path.getsize(dest)
+    return m
+
+
+def _write_pack(tmp: str, src: str, m: dict) -> None:
     with tarfile.open(tmp, "w:gz") as tar:
         data = json.dumps(m, indent=1).encode()
         info = tarfile.TarInfo("manifest.json")
@@ -291,9 +305,6 @@ def export_cache(dest: str) -> dict:
                     continue
                 full = os.path.join(dirpath, f)
                 tar.add(full, arcname="kernels/" + os.path.relpath(full, src), recursive=False)
-    os.replace(tmp, dest)
-    m["bytes"] = os.path.getsize(dest)
-    return m
 
 
 def import_cache(src: str) -> dict:
