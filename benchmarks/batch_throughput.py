@@ -4,7 +4,7 @@ Four ways through the same N chat requests (greedy, max_tokens each), interleave
 
   generate  LLM.generate on every prompt in one call (prompts through the chat template first): the
             engine with nothing around it
-  batch     LLM.run_batch on the same requests as a batch file, from the call to the last line written
+  batch     edgeinfer.batch.run_batch on the same requests as a batch file, from the call to the last line written
             (same process, same loaded model as `generate`)
   cli       `edgeinfer batch MODEL IN OUT --threads T`: from the command's start (a new process) to the
             last line written, model load included
@@ -81,6 +81,7 @@ def main() -> None:
     modes = a.modes.split(",")
 
     from edgeinfer import LLM, SamplingParams
+    from edgeinfer.batch import run_batch
     from edgeinfer.system import system_info
 
     reqs = requests(a.requests, a.max_tokens)
@@ -103,7 +104,7 @@ def main() -> None:
                 toks = sum(len(c.token_ids) for c in comps)
             elif m == "batch":
                 t0 = time.perf_counter()
-                llm.run_batch(inp, out)
+                run_batch(llm, inp, out)
                 secs = time.perf_counter() - t0
                 toks = tokens_in(out)
             elif m == "cli":

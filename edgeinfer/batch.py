@@ -1,4 +1,4 @@
-"""Offline batch jobs in OpenAI's batch file format: `edgeinfer batch` and `LLM.run_batch`.
+"""Offline batch jobs in OpenAI's batch file format: `edgeinfer batch` and `edgeinfer.batch.run_batch`.
 
 Each input line is one request, {"custom_id", "method": "POST", "url", "body"}, for /v1/chat/completions,
 /v1/completions or /v1/embeddings. Each output line is its answer, {"id", "custom_id", "response":
@@ -467,7 +467,11 @@ def run_job(llm, job: Job, window: int = 0) -> BatchSummary:
     return summary
 
 
-def run_batch(llm, input_path, output_path, *, retry_errors: bool = False, progress: bool = True,
+def run_batch(llm, input_path, output_path, *, retry_errors: bool = False, progress: bool = False,
               window: int = 0) -> BatchSummary:
-    """Run a batch file through a loaded model (LLM.run_batch)."""
+    """Answer a batch file in OpenAI's batch format (one {"custom_id", "method", "url", "body"} per line, for
+    /v1/chat/completions, /v1/completions or /v1/embeddings) with a loaded model into output_path, one
+    {"id", "custom_id", "response", "error"} line per request, all generations going through the engine
+    together. Resumable: custom_ids already in the output are skipped (failed ones too, unless
+    retry_errors)."""
     return run_job(llm, Job(input_path, output_path, retry_errors, progress), window)

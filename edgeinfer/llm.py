@@ -390,19 +390,6 @@ class LLM:
     def stream_chat(self, messages, params: SamplingParams | None = None) -> Iterator[StreamChunk]:
         return self.stream(self.render_chat(messages), params)
 
-    # -- batch jobs ------------------------------------------------------------------------------
-
-    def run_batch(self, input_path, output_path, *, retry_errors: bool = False, progress: bool = False,
-                  window: int = 0):
-        """Answer a batch file in OpenAI's batch format (one {"custom_id", "method", "url", "body"} per
-        line, for /v1/chat/completions, /v1/completions or /v1/embeddings) into output_path, one
-        {"id", "custom_id", "response", "error"} line per request, all generations going through the
-        engine together. Resumable: custom_ids already in the output are skipped (failed ones too,
-        unless retry_errors). Returns an edgeinfer.batch.BatchSummary. See edgeinfer.batch."""
-        from .batch import run_batch
-
-        return run_batch(self, input_path, output_path, retry_errors=retry_errors, progress=progress, window=window)
-
     # -- evaluation ------------------------------------------------------------------------------
 
     def perplexity(self, text: str, n_ctx: int = 512, chunks: int | None = None, progress: bool = False) -> float:

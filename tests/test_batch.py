@@ -1,4 +1,4 @@
-"""Batch jobs (`edgeinfer batch`, LLM.run_batch) on tiny models: every url, bad lines, resume, kills."""
+"""Batch jobs (`edgeinfer batch`, edgeinfer.batch.run_batch) on tiny models: every url, bad lines, resume, kills."""
 
 import json
 import os
@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgeinfer import LLM, SamplingParams
-from edgeinfer.batch import BatchError, BatchOutput, read_input
+from edgeinfer.batch import BatchError, BatchOutput, read_input, run_batch
 from edgeinfer.cli.main import main
 
 
@@ -85,7 +85,7 @@ def llm(tiny_llama_path):
 
 def test_every_url_and_every_bad_line(llm, tmp_path):
     inp = write_lines(tmp_path / "in.jsonl", GOOD + [""] + [b[0] for b in BAD])  # a blank line is skipped
-    s = llm.run_batch(inp, tmp_path / "out.jsonl")
+    s = run_batch(llm, inp, tmp_path / "out.jsonl")
     out = read_out(tmp_path / "out.jsonl")
     assert len(out) == len(GOOD) + len(BAD)
     assert (s.requests, s.succeeded, s.failed, s.skipped) == (len(GOOD) + len(BAD), len(GOOD), len(BAD), 0)
@@ -128,7 +128,7 @@ def test_embedding_model_answers_embeddings_and_refuses_generation(tiny_nomic_pa
     enc = LLM(str(tiny_nomic_path), threads=1, progress=False)
     inp = write_lines(tmp_path / "in.jsonl", [line("e", EMB, {"input": ["a b c", "d e"]}),
                                               line("c", CHAT, chat_body("hi"))])
-    s = enc.run_batch(inp, tmp_path / "out.jsonl")
+    s = run_batch(enc, inp, tmp_path / "out.jsonl")
     out = read_out(tmp_path / "out.jsonl")
     assert (s.succeeded, s.failed) == (1, 1)
     assert out["e"]["response"]["body"]["data"][1]["embedding"] == pytest.approx(enc.embed("d e").tolist(), abs=1e-6)
@@ -138,9 +138,9 @@ def test_embedding_model_answers_embeddings_and_refuses_generation(tiny_nomic_pa
 def test_resume_skips_answered_drops_a_torn_line_and_retries_errors(llm, tmp_path):
     inp = write_lines(tmp_path / "in.jsonl", GOOD + [BAD[3][0], BAD[5][0]])
     outp = tmp_path / "out.jsonl"
-    llm.run_batch(inp, outp)
+    run_batch(llm, inp, outp)
     first = outp.read_bytes()
-    again = llm.run_batch(inp, outp)  # everything answered: nothing to do, nothing written
+    again = run_batch(llm, inp, outp)  # everything answered: nothing to do, nothing written
     assert (again.skipped, again.succeeded, again.failed) == (len(GOOD) + 2, 0, 0)
     assert outp.read_bytes() == first
 
@@ -148,13 +148,13 @@ def test_resume_skips_answered_drops_a_torn_line_and_retries_errors(llm, tmp_pat
     lines = first.splitlines(keepends=True)
     last = json.loads(lines[-1])["custom_id"]
     outp.write_bytes(b"".join(lines[:-1]) + lines[-1][:25])
-    resumed = llm.run_batch(inp, outp)
+    resumed = run_batch(llm, inp, outp)
     assert resumed.torn_line_dropped and resumed.succeeded + resumed.failed == 1
     out = read_out(outp)
     assert len(out) == len(GOOD) + 2 and last in out
 
     # --retry-errors: the two error lines are answered again, in place of the old ones
-    retried = llm.run_batch(inp, outp, retry_errors=True)
+    retried = run_batch(llm, inp, outp, retry_errors=True)
     assert retried.retried_errors == 2 and retried.failed == 2 and retried.skipped == len(GOOD)
     assert len(read_out(outp)) == len(GOOD) + 2
 
@@ -165,7 +165,7 @@ def test_output_that_is_not_a_batch_output_is_refused(llm, tmp_path):
     for text in ("my notes\n", "my notes, no newline"):  # a last line without one is not taken for torn
         outp.write_text(text)
         with pytest.raises(BatchError, match="not a batch output line"):
-            llm.run_batch(inp, outp)
+            run_batch(llm, inp, outp)
         assert outp.read_text() == text  # nothing lost
 
 
@@ -317,7 +317,7 @@ def test_real_model_batch_matches_chat(tmp_path):
     llm = LLM(str(real_model_path("smollm2-135m-instruct")), threads=2, progress=False)
     questions = ["What is the capital of France?", "Name three colours.", "Say hello in Spanish.", "What is 2+2?"]
     inp = write_lines(tmp_path / "in.jsonl", [line(f"q{i}", CHAT, chat_body(q, 24)) for i, q in enumerate(questions)])
-    s = llm.run_batch(inp, tmp_path / "out.jsonl")
+    s = run_batch(llm, inp, tmp_path / "out.jsonl")
     assert s.succeeded == 4
     out = read_out(tmp_path / "out.jsonl")
     for i, q in enumerate(questions):

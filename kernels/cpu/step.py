@@ -1,6 +1,6 @@
 """The compiled forward pass: every layer of a llama-family model in one compiled call.
 
-The per-op forward (edgeinfer/models) makes about 20 Python-level kernel calls per layer; each costs
+The per-op forward (models/) makes about 20 Python-level kernel calls per layer; each costs
 argument unboxing and dispatch, and most launch a parallel region for a few rows of work. Here one
 compiled function walks all layers: six parallel regions per layer (q/k/v together, attention, the
 output projection, gate/up together, the gated activation with its quantization, down) and the small
