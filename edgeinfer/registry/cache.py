@@ -96,7 +96,7 @@ def cached_path(entry_or_name: CatalogEntry | str) -> Path:
     return _cache_file(name)
 
 
-# -- what every pull shares -------------------------------------------------------------------
+# -- what every pull shares -------------------------------------------------------------------------
 
 
 def _sha256(path: Path):
@@ -124,7 +124,7 @@ def _check_gguf(path: Path) -> None:
         raise PullError(f"the downloaded file is not a valid GGUF model: {e}") from None
 
 
-# -- a catalog pull's resume state --------------------------------------------------------------
+# -- a catalog pull's resume state ------------------------------------------------------------------
 
 
 def staging_dir(entry: CatalogEntry) -> Path:
@@ -154,7 +154,7 @@ def _write_state(staging: Path, state: dict) -> None:
     os.replace(tmp, staging / "state.json")
 
 
-# -- listing ------------------------------------------------------------------------------------
+# -- listing ----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
