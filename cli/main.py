@@ -132,7 +132,16 @@ def inspect(model, as_json, memory, kv_type, max_context):
         click.echo(f"  {'total when all is resident':<32} {m['total_mb']:>8.1f} MB")
 
 
-from .run import bench, chat, embed, generate, perplexity, quantize_model_cmd, serve, system, warmup  # noqa: E402
+# the commands that run or build models, one module each (their heavy imports wait until they run)
+from .bench import bench  # noqa: E402
+from .chat import chat  # noqa: E402
+from .embed import embed  # noqa: E402
+from .generate import generate  # noqa: E402
+from .perplexity import perplexity  # noqa: E402
+from .quantize_model import quantize_model_cmd  # noqa: E402
+from .serve import serve  # noqa: E402
+from .system import system  # noqa: E402
+from .warmup import warmup  # noqa: E402
 
 for _cmd in (generate, chat, embed, perplexity, warmup, bench, serve, system):
     main.add_command(_cmd)

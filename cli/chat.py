@@ -1,0 +1,120 @@
+"""`edgeinfer chat`: a conversation with a model at the terminal (from a pipe: one turn per input line)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from edgeinfer import registry
+
+from .common import constraint_kwargs, constraint_options, load, make_params, sampling_options, speculation_options
+
+
+CHAT_HELP = "commands: /reset (new conversation), /system TEXT, /stats, /exit (or Ctrl-D); Ctrl-C stops an answer"
+
+
+@click.command()
+@click.argument("model", default=registry.DEFAULT_MODEL)
+@lambda f: sampling_options(f, temperature=0.2)  # small chat models stay on topic at low temperature
+@constraint_options
+@click.option("--system", "system_prompt", default=None, help="A system message to start with.")
+@speculation_options
+def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads, device,
+         kv_type, max_context, memory_budget, json_schema, regex, choice, grammar, system_prompt, draft, speculate,
+         draft_tokens):
+    """Chat with MODEL (default: smollm2-135m-instruct, pulled on first use). With a constraint
+    (--json-schema, ...) every answer follows it."""
+    params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop,
+                         **constraint_kwargs(json_schema, regex, choice, grammar))
+    interactive = sys.stdin.isatty()
+    llm = load(model, threads, device, kv_type, max_context, memory_budget, draft, speculate, draft_tokens)
+    if interactive:
+        _setup_readline()
+        click.echo(f"edgeinfer chat: {llm.path.name} ({llm.config.arch}, {llm.config.n_layer} layers). {CHAT_HELP}")
+    system = system_prompt
+    history: list[dict] = []
+    last = {}
+    while True:
+        try:
+            line = input(">>> " if interactive else "")
+        except EOFError:
+            break
+        except KeyboardInterrupt:
+            click.echo()
+            continue
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("/"):
+            cmd, _, arg = line.partition(" ")
+            if cmd in ("/exit", "/quit", "/bye"):
+                break
+            if cmd == "/reset":
+                history = []
+                click.echo("(conversation cleared)")
+            elif cmd == "/system":
+                system = arg.strip() or None
+                history = []
+                click.echo(f"(system message {'set' if system else 'cleared'}; conversation cleared)")
+            elif cmd == "/stats":
+                click.echo(json.dumps({**last, **llm.stats()}))
+            else:
+                click.echo(f"unknown command {cmd}; {CHAT_HELP}")
+            continue
+        history.append({"role": "user", "content": line})
+        messages = ([{"role": "system", "content": system}] if system else []) + history
+        try:
+            prompt_ids = llm.render_chat(messages)
+        except ValueError as e:
+            click.echo(f"error: {e}", err=True)
+            history.pop()
+            continue
+        if len(prompt_ids) + 1 >= llm.engine.max_context:
+            click.echo(f"error: the conversation has {len(prompt_ids)} tokens, the context holds "
+                       f"{llm.engine.max_context}; /reset to start again", err=True)
+            history.pop()
+            continue
+        answer, n = [], 0
+        t0 = time.perf_counter()
+        first = None
+        try:
+            for chunk in llm.stream(prompt_ids, params):
+                first = first or time.perf_counter()
+                answer.append(chunk.text)
+                n += len(chunk.token_ids)
+                click.echo(chunk.text, nl=False)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            click.echo(" [stopped]", nl=False)
+        click.echo()
+        end = time.perf_counter()
+        last = {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "ttft_s": round((first or end) - t0, 3),
+                "decode_tok_s": round((n - 1) / (end - first), 2) if first and n > 1 and end > first else None}
+        history.append({"role": "assistant", "content": "".join(answer)})
+
+
+def _setup_readline():
+    try:
+        import atexit
+        import readline
+
+        path = registry.home() / "chat_history"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            readline.read_history_file(path)
+        except (FileNotFoundError, OSError):
+            pass
+        readline.set_history_length(1000)
+        atexit.register(lambda: _save_history(readline, path))
+    except ImportError:
+        pass
+
+
+def _save_history(readline, path):
+    try:
+        readline.write_history_file(path)
+    except OSError:
+        pass

@@ -1,0 +1,65 @@
+"""`edgeinfer generate`: continue a prompt, streaming the text (or one JSON object with timing stats)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from .common import constraint_kwargs, constraint_options, load, make_params, sampling_options, speculation_options
+
+
+@click.command()
+@click.argument("model")
+@click.argument("prompt")
+@sampling_options
+@constraint_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text and timing stats.")
+@click.option("--special", is_flag=True, help="Parse special-token text (like <|im_start|>) in the prompt.")
+@speculation_options
+def generate(model, prompt, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads,
+             device, kv_type, max_context, memory_budget, json_schema, regex, choice, grammar, as_json, special,
+             draft, speculate, draft_tokens):
+    """Continue PROMPT with MODEL, streaming the text."""
+    params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop,
+                         **constraint_kwargs(json_schema, regex, choice, grammar))
+    llm = load(model, threads, device, kv_type, max_context, memory_budget, draft, speculate, draft_tokens)
+    t0 = time.perf_counter()
+    first = None
+    text, ids, reason = [], [], None
+    try:
+        for chunk in llm.stream(prompt, params, parse_special=special):
+            first = first or time.perf_counter()
+            text.append(chunk.text)
+            ids.extend(chunk.token_ids)
+            reason = chunk.finish_reason or reason
+            if not as_json:
+                click.echo(chunk.text, nl=False)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        reason = "abort"
+    end = time.perf_counter()
+    n_prompt = len(llm._prompt_ids(prompt, special))
+    if as_json:
+        decode_s = end - (first or end)
+        click.echo(json.dumps({
+            "text": "".join(text), "finish_reason": reason, "prompt_tokens": n_prompt, "completion_tokens": len(ids),
+            "load_s": round(llm.load_seconds, 4), "ttft_s": round((first or end) - t0, 4),
+            "total_s": round(end - t0, 4),
+            "decode_tok_s": round((len(ids) - 1) / decode_s, 2) if len(ids) > 1 and decode_s > 0 else None,
+            "prompt_tok_s": round(n_prompt / ((first or end) - t0), 2) if first else None,
+            **spec_stats(llm),
+        }))
+    else:
+        click.echo()
+
+
+def spec_stats(llm) -> dict:
+    """Speculative decoding's counters, when it is on."""
+    s = llm.stats()
+    if not s["spec_method"]:
+        return {}
+    return {k: round(s[k], 4) if isinstance(s[k], float) else s[k]
+            for k in ("spec_method", "spec_proposed_tokens", "spec_accepted_tokens", "spec_acceptance_rate")}

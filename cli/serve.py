@@ -1,0 +1,124 @@
+"""`edgeinfer serve`: models over an OpenAI-compatible HTTP API, with a memory budget and speculation
+arranged here before the server starts."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from edgeinfer import registry
+
+from .common import engine_options
+
+
+@click.command()
+@click.argument("models", nargs=-1, required=False)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0: every network).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1 routes (or EDGEINFER_API_KEY).")
+@click.option("--cors-origin", "cors_origins", multiple=True, help="Allow browser requests from this origin (repeatable).")
+@click.option("--max-queue", type=click.IntRange(0, None), default=64, show_default=True,
+              help="Requests that may wait for a slot; past it, 503 with Retry-After.")
+@click.option("--request-timeout", type=click.FloatRange(0.1, None), default=600.0, show_default=True,
+              help="Seconds a request may take.")
+@click.option("--read-timeout", type=click.FloatRange(0.1, None), default=30.0, show_default=True,
+              help="Seconds a request's whole body may take to arrive (408 past it).")
+@click.option("--max-body", "max_body_bytes", type=click.IntRange(1, None), default=4 * 1024 * 1024, show_default=True,
+              help="Largest request body in bytes (413 past it).")
+@click.option("--max-seqs", type=click.IntRange(0, None), default=0, help="Sequences computed together (0: sized for the cores).")
+@click.option("--threads", type=click.IntRange(0, None), default=0, help="Compute threads (default: all cores).")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True, help="Kernel backend.")
+@click.option("--shutdown-timeout", type=click.FloatRange(0, None), default=10.0, show_default=True,
+              help="Seconds to let in-flight requests finish on SIGTERM/SIGINT.")
+@click.option("--draft-model", "drafts", multiple=True, metavar="[TARGET=]DRAFT",
+              help="Speculative decoding: DRAFT drafts for the one served model, or for TARGET among several "
+                   "(repeatable).")
+@click.option("--speculate", type=click.Choice(["lookup"]), default=None,
+              help="lookup: prompt-lookup speculation for every served model without a draft model.")
+@click.option("--draft-tokens", type=click.IntRange(1, 32), default=None,
+              help="Tokens proposed per step at most (default: 4 with a draft model, 8 with lookup).")
+@engine_options
+def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout, read_timeout, max_body_bytes, max_seqs, threads,
+          device, shutdown_timeout, drafts, speculate, draft_tokens, kv_type, max_context, memory_budget):
+    """Serve MODELS (default: smollm2-135m-instruct) over an OpenAI-compatible HTTP API."""
+    try:
+        import prometheus_client  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise click.ClickException(f"the server needs the 'serve' extra ({e.name} is not installed): "
+                                   f"pip install 'edgeinfer[serve]'") from None
+    from edgeinfer.config import EngineConfig
+    from edgeinfer.server.app import ServerConfig
+    from edgeinfer.server.run import serve as run_server
+
+    models = list(models) or [registry.DEFAULT_MODEL]
+    paths = [registry.resolve(m, progress=True) for m in models]  # fail fast on unknown names; pull now
+    if device != "cpu":  # fail now, not in the loading thread
+        from edgeinfer.kernels import get_backend
+
+        try:
+            get_backend(device)
+        except RuntimeError as e:
+            raise click.ClickException(str(e)) from None
+    base = EngineConfig(threads=threads, max_seqs=max_seqs, backend=device, kv_dtype=kv_type or "",
+                        max_context=max_context)
+    per_model = None
+    if memory_budget:  # one budget for the whole process: every model's weights, KV and buffers
+        per_model = dict(zip(models, budget_configs(paths, base, memory_budget)))
+    speculation = serve_speculation(models, drafts, speculate, draft_tokens, device)
+    cfg = ServerConfig(models=models, threads=threads, api_key=api_key, cors_origins=list(cors_origins),
+                       max_queue=max_queue, request_timeout=request_timeout, read_timeout=read_timeout,
+                       max_body_bytes=max_body_bytes,
+                       max_seqs=max_seqs, backend=device, engine_config=base, model_configs=per_model,
+                       speculation=speculation)
+    sys.exit(run_server(cfg, host=host, port=port, shutdown_timeout=shutdown_timeout))
+
+
+def serve_speculation(models: list[str], drafts, speculate, draft_tokens, device: str) -> dict:
+    """model source -> LLM speculation arguments, from serve's --draft-model [TARGET=]DRAFT, --speculate and
+    --draft-tokens. Draft models are pulled now, so a bad name fails before the server starts."""
+    from edgeinfer.engine.speculative import check_backend
+
+    if drafts or speculate:
+        check_backend(device)  # a one-line error through the CLI's handler
+    if draft_tokens and not (drafts or speculate):
+        raise click.UsageError("--draft-tokens needs --draft-model or --speculate")
+    by_name = {registry.model_name(m): m for m in models}
+    out: dict[str, dict] = {}
+    for d in drafts:
+        target, sep, draft = d.rpartition("=")
+        if not sep:
+            if len(models) != 1:
+                raise click.UsageError(f"--draft-model {d}: with several models, say which one it drafts for "
+                                       "(TARGET=DRAFT)")
+            target = models[0]
+        elif target in by_name:
+            target = by_name[target]
+        elif target not in models:
+            raise click.UsageError(f"--draft-model {d}: {target!r} is not one of the served models "
+                                   f"({', '.join(by_name)})")
+        if target in out:
+            raise click.UsageError(f"--draft-model: two drafts for {target!r}")
+        registry.resolve(draft, progress=True)
+        out[target] = {"draft": draft, "draft_tokens": draft_tokens or 0}
+    if speculate:
+        for m in models:
+            out.setdefault(m, {"speculate": speculate, "draft_tokens": draft_tokens or 0})
+    return out
+
+
+def budget_configs(paths, base, budget_mb: float):
+    """Engine configs, one per model file, that together fit budget_mb (see edgeinfer.memory)."""
+    import os
+
+    from edgeinfer import memory
+    from edgeinfer.gguf_file import GGUFFile
+
+    ests = []
+    for p in paths:
+        with GGUFFile(p) as gf:
+            ests.append(memory.estimate_file(gf, base))
+    return memory.fit_budget(ests, [base] * len(paths), budget_mb, [os.path.basename(p) for p in paths])
