@@ -42,7 +42,7 @@ def decode_after(llm, prompt_len: int, n_tokens: int, rng) -> float:
 
 def main() -> None:
     from edgeinfer import LLM, bench
-    from edgeinfer.models.common import KVCache
+    from edgeinfer.engine.kv_cache import KVCache
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma3-270m"])

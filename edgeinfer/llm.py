@@ -18,7 +18,7 @@ from .engine.speculative import Speculation, SpeculationError, check_backend, ch
 from .gguf_file import GGUFFile
 from .kernels import get_backend
 from .models import load_model
-from .models.common import Batch, KVCache, matrix_kinds
+from .models.common import matrix_kinds
 from .sampling import SamplingParams, log_softmax
 from .tokenizer import Tokenizer
 
@@ -50,6 +50,8 @@ class StreamChunk:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
+    prompt_token_ids: list[int] = field(default_factory=list)  # the prompt as the model saw it
+    num_output_tokens: int = 0  # generated so far, this chunk's included
 
 
 class LLM:
@@ -195,30 +197,20 @@ class LLM:
         else:
             per_prompt = [params or SamplingParams()] * len(batch)
         ids = [self._prompt_ids(p, parse_special) for p in batch]
-        rids = []
-        try:
-            for p, sp in zip(ids, per_prompt):
-                rids.append(self.engine.add_request(p, sp))
+        with self.engine.run() as run:
+            rids = [run.submit(p, sp) for p, sp in zip(ids, per_prompt)]
             results = {rid: {"text": [], "ids": [], "lp": [], "reason": None} for rid in rids}
             t0 = time.perf_counter()
             first = None
-            while any(r["reason"] is None for r in results.values()):
-                for out in self.engine.step():
-                    r = results.get(out.request_id)
-                    if r is None:
-                        continue
-                    first = first or time.perf_counter()
-                    r["text"].append(out.delta_text)
-                    r["ids"].extend(out.new_token_ids)
-                    if out.logprobs:
-                        r["lp"].extend(out.logprobs)
-                    if out.finished:
-                        r["reason"] = out.finish_reason
-        except BaseException:
-            for rid in rids:
-                self.engine.abort(rid)
-            self._drain()
-            raise
+            for out in run:
+                r = results[out.request_id]
+                first = first or time.perf_counter()
+                r["text"].append(out.delta_text)
+                r["ids"].extend(out.new_token_ids)
+                if out.logprobs:
+                    r["lp"].extend(out.logprobs)
+                if out.finished:
+                    r["reason"] = out.finish_reason
         elapsed = time.perf_counter() - t0
         comps = []
         for rid, p, sp in zip(rids, ids, per_prompt):
@@ -233,23 +225,12 @@ class LLM:
         """Yield text deltas (with their token ids) as they are generated."""
         self._need_decoder()
         params = params or SamplingParams()
-        rid = self.engine.add_request(self._prompt_ids(prompt, parse_special), params)
-        done = False
-        try:
-            while not done:
-                for out in self.engine.step():
-                    if out.request_id != rid:
-                        continue
-                    done = out.finished
-                    if out.delta_text or out.new_token_ids or done:
-                        yield StreamChunk(out.delta_text, out.new_token_ids, out.finish_reason)
-        finally:
-            if not done:  # the caller stopped early (Ctrl-C, break): free the request's blocks
-                self.engine.abort(rid)
-                self._drain()
-
-    def _drain(self) -> None:
-        self.engine.step()
+        ids = self._prompt_ids(prompt, parse_special)
+        with self.engine.run() as run:
+            run.submit(ids, params)
+            for out in run:  # leaving early (Ctrl-C, break) aborts the request and frees its blocks
+                if out.delta_text or out.new_token_ids or out.finished:
+                    yield StreamChunk(out.delta_text, out.new_token_ids, out.finish_reason, ids, out.num_output_tokens)
 
     # -- embeddings ----------------------------------------------------------------------------------
 
@@ -338,11 +319,7 @@ class LLM:
         # a generative model's final hidden states, (n, dim) (only the last row for pooling "last"),
         # through a KV cache of its own so the engine's is untouched
         n = len(ids)
-        cache, n_blocks = self._scratch_cache(n)
-        pos = np.arange(n)
-        rows = [n - 1] if pooling == "last" else np.arange(n)
-        batch = Batch(ids, pos, np.zeros(n), pos, np.arange(n_blocks)[None], rows)
-        return self.model.forward(batch, cache, hidden=True)
+        return self.engine.runner.scratch(n).prefix(ids, [n - 1] if pooling == "last" else np.arange(n), hidden=True)
 
     def render_chat(self, messages, add_generation_prompt: bool = True, tools=None) -> list[int]:
         """Token ids of a conversation through the chat template; `tools` (edgeinfer.tools.Tool) go
@@ -411,7 +388,7 @@ class LLM:
         n_chunks = available if chunks is None else min(chunks, available)
         if n_chunks < 1:
             raise ValueError(f"chunks must be >= 1, got {chunks}")
-        cache, n_blocks = self._scratch_cache(n_ctx)
+        runner = self.engine.runner.scratch(n_ctx)
         first = n_ctx // 2
         nll, count = 0.0, 0
         from tqdm import tqdm
@@ -422,10 +399,8 @@ class LLM:
             chunk = list(ids[c * n_ctx:(c + 1) * n_ctx])
             if self.tokenizer.add_bos and self.tokenizer.bos_id is not None:
                 chunk[0] = self.tokenizer.bos_id
-            pos = np.arange(n_ctx)
-            batch = Batch(chunk, pos, np.zeros(n_ctx), pos, np.arange(n_blocks)[None], np.arange(first, n_ctx - 1))
             t0 = time.perf_counter()
-            logits = self.model.forward(batch, cache)
+            logits = runner.prefix(chunk, np.arange(first, n_ctx - 1))
             forward_s += time.perf_counter() - t0
             for j, row in enumerate(logits):
                 nll -= log_softmax(row)[chunk[first + j + 1]]
@@ -436,14 +411,6 @@ class LLM:
         # tok_s: prompt-processing speed, every token of every chunk through the forward pass
         return {"ppl": float(np.exp(nll / count)), "n_scored": count, "chunks": n_chunks, "n_ctx": n_ctx,
                 "tok_s": round(n_chunks * n_ctx / forward_s, 1)}
-
-    def _scratch_cache(self, n_tokens: int) -> tuple[KVCache, int]:
-        """A KV cache of its own for n_tokens at positions 0.. (perplexity, a generative model's
-        embeddings): the engine's blocks and running requests stay untouched. Also its block count."""
-        bs = self.engine.config.block_size
-        n_blocks = -(-n_tokens // bs)
-        return KVCache(self.config.n_layer, n_blocks, bs, self.config.n_kv_head, self.config.head_dim,
-                       self.config.v_head_dim, self.engine.config.kv_dtype, kb=self.kernels), n_blocks
 
     def stats(self) -> dict:
         return self.engine.stats() if self.engine is not None else {}

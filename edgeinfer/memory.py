@@ -53,7 +53,7 @@ def max_context(cfg: ModelConfig, config: EngineConfig) -> int:
 
 
 def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig) -> Estimate:
-    from .models.common import KVCache
+    from .engine.kv_cache import KVCache
 
     T = config.max_num_batched_tokens
     per_row = (4 * cfg.dim + 3 * cfg.ffn_dim + (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim

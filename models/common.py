@@ -1,4 +1,4 @@
-"""What the architectures share: metadata access, weight loading, the KV cache, the attention block."""
+"""What every architecture uses: metadata access, weight loading, RoPE frequencies, vocabulary checks."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from gguf.constants import GGMLQuantizationType as T
 
 from ..errors import EdgeInferError
 from ..gguf_file import GGUFError, GGUFFile
-from ..quant.repack import (ARRAYS, DIRECT_TYPES, KIND, MADV_NOHUGEPAGE, SUPPORTED_TYPES, QTensor, madvise,
-                            repack_interleaved, repack_rows)
+from ..quant.repack import ARRAYS, DIRECT_TYPES, KIND, SUPPORTED_TYPES, QTensor, repack_interleaved, repack_rows
 
 
 class ModelLoadError(EdgeInferError):
@@ -132,113 +131,10 @@ def rope_inv_freq(dim: int, base: float, freq_scale: float = 1.0, factors: np.nd
     return inv
 
 
-class KVCache:
-    """Paged KV storage: for each layer, (n_blocks * block_size) slots of n_kv_head rows, stored as
-    float32, float16 bits (uint16) or q8_0 (int8: a row's quants, then its per-32 float16 scales; see
-    kernels.cpu.ops.kv_put_head). The attention kernel widens or dequantizes as it reads."""
-
-    DTYPES = {"f32": np.float32, "f16": np.uint16, "q8_0": np.int8}
-
-    def __init__(self, n_layer: int, n_blocks: int, block_size: int, n_kv_head: int, head_dim: int,
-                 v_head_dim: int, dtype: str = "f32", kb=None):
-        if dtype not in self.DTYPES:
-            raise ValueError(f"kv cache dtype must be one of {', '.join(self.DTYPES)}, got {dtype!r}")
-        check_kv_type(dtype, head_dim, v_head_dim)
-        self.n_blocks = n_blocks
-        self.block_size = block_size
-        self.dtype = dtype
-        n_slots = n_blocks * block_size
-        zeros = kb.zeros if kb is not None else np.zeros
-        self.k = zeros((n_layer, n_slots, n_kv_head, row_len(head_dim, dtype)), self.DTYPES[dtype])
-        self.v = zeros((n_layer, n_slots, n_kv_head, row_len(v_head_dim, dtype)), self.DTYPES[dtype])
-        # Each layer touches its own slice: with transparent huge pages, the first token would make
-        # every layer's K and V resident 2 MB at a time. Small pages keep memory to the blocks used.
-        for a in (self.k, self.v):
-            if isinstance(a, np.ndarray):
-                madvise(a, MADV_NOHUGEPAGE)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.k.nbytes + self.v.nbytes)
-
-    @staticmethod
-    def bytes_per_token(cfg, dtype: str = "f32") -> int:
-        return cfg.n_layer * cfg.n_kv_head * (row_len(cfg.head_dim, dtype) + row_len(cfg.v_head_dim, dtype)) \
-            * np.dtype(KVCache.DTYPES[dtype]).itemsize
-
-    @staticmethod
-    def bytes_per_block(cfg, block_size: int, dtype: str = "f32") -> int:
-        return block_size * KVCache.bytes_per_token(cfg, dtype)
-
-
-def row_len(d: int, dtype: str) -> int:
-    """Elements in one KV row of d values: d, or d quants + d/32 float16 scales (2 bytes each) for q8_0."""
-    return d + d // 16 if dtype == "q8_0" else d
-
-
-def check_kv_type(dtype: str, head_dim: int, v_head_dim: int) -> None:
-    if dtype == "q8_0" and (head_dim % 32 or v_head_dim % 32):
-        raise ValueError(f"a q8_0 KV cache needs head sizes that are multiples of 32 (this model's are "
-                         f"{head_dim} and {v_head_dim}): use kv_type 'f16'")
-
-
-class Batch:
-    """The flat arrays of one forward pass over a ragged batch of sequences.
-
-    token_ids (T,) int64; positions (T,) int64; token_seq (T,) row of block_tables for each token;
-    slot_mapping (T,) KV slot each token writes; block_tables (S, max_blocks) int32;
-    logits_idx (L,) which tokens get logits (the last scheduled token of each sequence by default).
-    """
-
-    __slots__ = ("token_ids", "positions", "token_seq", "slot_mapping", "block_tables", "logits_idx")
-
-    def __init__(self, token_ids, positions, token_seq, slot_mapping, block_tables, logits_idx):
-        self.token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
-        self.positions = np.ascontiguousarray(positions, dtype=np.int64)
-        self.token_seq = np.ascontiguousarray(token_seq, dtype=np.int64)
-        self.slot_mapping = np.ascontiguousarray(slot_mapping, dtype=np.int64)
-        self.block_tables = np.ascontiguousarray(block_tables, dtype=np.int32)
-        self.logits_idx = np.ascontiguousarray(logits_idx, dtype=np.int64)
-
-
-def attention(kb, cfg, layer: int, lw, h: np.ndarray, batch: Batch, cache: KVCache, inv_freq: np.ndarray,
-              qk_norm: bool) -> np.ndarray:
-    """Self-attention of one layer for the batch: h (T, dim) -> (T, dim)."""
-    t = h.shape[0]
-    hq = kb.quantize_input(h)  # one quantized activation for q, k and v
-    q2, k2, v2 = kb.matmul(lw.wq, hq), kb.matmul(lw.wk, hq), kb.matmul(lw.wv, hq)
-    if getattr(lw, "bq", None) is not None:  # qwen2: biases on q, k and v
-        kb.add_bias_(q2, lw.bq)
-        kb.add_bias_(k2, lw.bk)
-        kb.add_bias_(v2, lw.bv)
-    q = q2.reshape(t, cfg.n_head, cfg.head_dim)
-    k = k2.reshape(t, cfg.n_kv_head, cfg.head_dim)
-    v = v2.reshape(t, cfg.n_kv_head, cfg.v_head_dim)
-    if qk_norm:
-        qf = q.reshape(t * cfg.n_head, cfg.head_dim)
-        kf = k.reshape(t * cfg.n_kv_head, cfg.head_dim)
-        kb.rmsnorm(qf, lw.q_norm, cfg.norm_eps, qf)
-        kb.rmsnorm(kf, lw.k_norm, cfg.norm_eps, kf)
-    if cfg.rope_dim < cfg.head_dim:
-        kb.rope(q[:, :, : cfg.rope_dim], batch.positions, inv_freq, cfg.rope_neox)
-        kb.rope(k[:, :, : cfg.rope_dim], batch.positions, inv_freq, cfg.rope_neox)
-    else:
-        kb.rope(q, batch.positions, inv_freq, cfg.rope_neox)
-        kb.rope(k, batch.positions, inv_freq, cfg.rope_neox)
-    kc, vc = cache.k[layer], cache.v[layer]
-    kb.write_kv(kb.kv_store(k, cache.dtype), kb.kv_store(v, cache.dtype), batch.slot_mapping, kc, vc)
-    out = kb.empty((t, cfg.n_head, cfg.v_head_dim))
-    scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
-    window = cfg.sliding_window if cfg.is_sliding(layer) else 0
-    kb.paged_attention(q, kc, vc, batch.token_seq, batch.positions, batch.block_tables, cache.block_size,
-                       np.float32(scale), window, np.float32(cfg.attn_softcap), out)
-    return kb.matmul(lw.wo, out.reshape(t, cfg.n_head * cfg.v_head_dim))
-
-
 def check_vocab(gf: GGUFFile, n_vocab: int) -> None:
     tokens = gf.get("tokenizer.ggml.tokens")
     if tokens is not None and len(tokens) != n_vocab:
         raise ModelLoadError(f"the vocabulary has {len(tokens)} tokens but token_embd has {n_vocab} rows")
 
 
-__all__ = ["GGUFError", "ModelLoadError", "WeightLoader", "KVCache", "Batch", "attention", "meta", "rope_inv_freq"]
+__all__ = ["GGUFError", "ModelLoadError", "WeightLoader", "check_vocab", "matrix_kinds", "meta", "rope_inv_freq"]

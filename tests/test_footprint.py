@@ -18,7 +18,8 @@ from edgeinfer.kernels import get_backend
 from edgeinfer.kernels.cpu import attention, ops
 from edgeinfer.memory import MemoryBudgetError
 from edgeinfer.models import load_model
-from edgeinfer.models.common import Batch, KVCache
+from edgeinfer.engine.kv_cache import KVCache
+from edgeinfer.engine.model_runner import Batch
 from tiny_models import write_tiny_gemma3
 
 kb = get_backend("cpu")

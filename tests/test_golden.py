@@ -55,7 +55,8 @@ def test_tokenization_matches_llama_cpp(case):
 
 def test_top_logits_match_llama_cpp(case):
     llm, gold = case
-    from edgeinfer.models.common import Batch, KVCache
+    from edgeinfer.engine.kv_cache import KVCache
+from edgeinfer.engine.model_runner import Batch
 
     cfg = llm.config
     for entry in gold["logits"]:

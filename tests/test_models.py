@@ -7,7 +7,9 @@ from gguf.constants import GGMLQuantizationType as T
 from edgeinfer.gguf_file import GGUFFile
 from edgeinfer.kernels import get_backend
 from edgeinfer.models import load_model
-from edgeinfer.models.common import Batch, KVCache, ModelLoadError
+from edgeinfer.engine.kv_cache import KVCache
+from edgeinfer.engine.model_runner import Batch
+from edgeinfer.models.common import ModelLoadError
 from tiny_models import write_tiny_gemma3, write_tiny_llama, write_tiny_qwen2
 
 kb = get_backend("cpu")

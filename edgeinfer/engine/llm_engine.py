@@ -11,12 +11,12 @@ import numpy as np
 from .. import memory
 from ..config import EngineConfig
 from ..errors import EdgeInferError
-from ..models.common import KVCache
 from ..sampling import Sampler, SamplingParams, log_softmax
 from ..structured import GrammarCache, Guide
 from ..tokenizer import IncrementalDecoder, Tokenizer
 from .block_manager import BlockManager
 from .model_runner import ModelRunner
+from .run import Run
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .speculative import DEFAULT_TOKENS, DraftProposer, LookupProposer, SpecState, Speculation, check_backend, verify
@@ -62,13 +62,12 @@ class LLMEngine:
         est = memory.estimate(0, cfg, config)
         self.max_context = est.max_context
         n_blocks = config.num_kv_blocks or memory.default_blocks(est, config)
-        self.cache = KVCache(cfg.n_layer, n_blocks, config.block_size, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim,
-                             config.kv_dtype, kb=model.kb)
+        self.runner = ModelRunner(model, n_blocks, config.block_size, config.kv_dtype)
+        self.cache = self.runner.cache
         self.block_manager = BlockManager(n_blocks, config.block_size, model_id=model_id)
         self.proposer = _make_proposer(speculation, config, n_blocks) if speculation is not None else None
         self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens,
                                    plan_spec=self._plan_spec if self.proposer is not None else None)
-        self.runner = ModelRunner(model, self.cache, config.block_size)
         self.requests: dict[str, _RequestState] = {}
         self.grammars = GrammarCache(tokenizer)  # compiled constraints, shared by the requests that use them
         self._lock = threading.Lock()
@@ -123,6 +122,10 @@ class LLMEngine:
                 seq.spec = SpecState(self.proposer.max_tokens, params, drafts=not self.proposer.cheap)
             self._pending.append(seq)
         return request_id
+
+    def run(self) -> Run:
+        """A Run: this caller's requests, stepped and collected, aborted if the caller stops early."""
+        return Run(self)
 
     def abort(self, request_id: str) -> None:
         with self._lock:

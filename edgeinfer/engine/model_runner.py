@@ -6,8 +6,35 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..models.common import Batch
+from .kv_cache import KVCache
 from .scheduler import ScheduledBatch
+
+
+class Batch:
+    """The flat arrays of one forward pass over a ragged batch of sequences.
+
+    token_ids (T,) int64; positions (T,) int64; token_seq (T,) row of block_tables for each token;
+    slot_mapping (T,) KV slot each token writes; block_tables (S, max_blocks) int32;
+    logits_idx (L,) which tokens get logits (the last scheduled token of each sequence by default).
+    """
+
+    __slots__ = ("token_ids", "positions", "token_seq", "slot_mapping", "block_tables", "logits_idx")
+
+    def __init__(self, token_ids, positions, token_seq, slot_mapping, block_tables, logits_idx):
+        self.token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
+        self.positions = np.ascontiguousarray(positions, dtype=np.int64)
+        self.token_seq = np.ascontiguousarray(token_seq, dtype=np.int64)
+        self.slot_mapping = np.ascontiguousarray(slot_mapping, dtype=np.int64)
+        self.block_tables = np.ascontiguousarray(block_tables, dtype=np.int32)
+        self.logits_idx = np.ascontiguousarray(logits_idx, dtype=np.int64)
+
+    @classmethod
+    def prefix(cls, token_ids, n_blocks: int, logits_idx) -> "Batch":
+        """One sequence's tokens at positions 0.. in blocks 0..n_blocks-1 of a cache of its own (perplexity,
+        a generative model's embeddings); logits (or hidden states) for the rows logits_idx."""
+        n = len(token_ids)
+        pos = np.arange(n)
+        return cls(token_ids, pos, np.zeros(n), pos, np.arange(n_blocks)[None], logits_idx)
 
 
 class Piece(NamedTuple):
@@ -56,14 +83,34 @@ def build_batch(sched: ScheduledBatch, block_size: int) -> tuple[Batch, list[tup
 
 
 class ModelRunner:
-    def __init__(self, model, cache, block_size: int):
+    """A model and the KV cache it computes into: allocates the cache, turns scheduled batches into
+    forward passes."""
+
+    def __init__(self, model, n_blocks: int, block_size: int, kv_dtype: str = "f32"):
         self.model = model
-        self.cache = cache
+        self.cache = KVCache.for_model(model.cfg, n_blocks, block_size, kv_dtype, kb=model.kb)
         self.block_size = block_size
         self.num_forward_tokens = 0  # counts every token computed (prefix-cache tests read it)
 
     def run(self, sched: ScheduledBatch) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
         batch, sampling = build_batch(sched, self.block_size)
-        self.num_forward_tokens += len(batch.token_ids)
-        logits = self.model.forward(batch, self.cache) if len(batch.token_ids) else np.zeros((0, 0), np.float32)
+        logits = self.forward(batch) if len(batch.token_ids) else np.zeros((0, 0), np.float32)
         return logits, sampling
+
+    def run_pieces(self, pieces: list[Piece]) -> np.ndarray:
+        """The logits of pieces of sequences whose block tables address this runner's cache."""
+        return self.forward(make_batch(pieces, self.block_size))
+
+    def forward(self, batch: Batch, hidden: bool = False) -> np.ndarray:
+        self.num_forward_tokens += len(batch.token_ids)
+        return self.model.forward(batch, self.cache, hidden)
+
+    def scratch(self, n_tokens: int) -> "ModelRunner":
+        """A runner over a KV cache of its own for n_tokens at positions 0.. (perplexity, a generative
+        model's embeddings): this runner's blocks and the requests using them stay untouched."""
+        return ModelRunner(self.model, -(-n_tokens // self.block_size), self.block_size, self.cache.dtype)
+
+    def prefix(self, token_ids, logits_idx, hidden: bool = False) -> np.ndarray:
+        """One sequence from position 0 through this runner's blocks from 0 (see scratch): the logits, or
+        the final hidden states, of the rows logits_idx."""
+        return self.forward(Batch.prefix(token_ids, self.cache.n_blocks, logits_idx), hidden)

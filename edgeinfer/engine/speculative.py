@@ -29,9 +29,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import EdgeInferError
-from ..models.common import KVCache
 from ..sampling import Sampler, SamplingParams
-from .model_runner import Piece, make_batch
+from .model_runner import ModelRunner, Piece
 
 METHODS = ("lookup", "draft")
 DEFAULT_TOKENS = {"lookup": 8, "draft": 4}
@@ -153,13 +152,11 @@ class DraftProposer:
 
     def __init__(self, model, tokenizer, n_blocks: int, block_size: int, kv_dtype: str,
                  max_tokens: int = DEFAULT_TOKENS["draft"]):
-        cfg = model.cfg
         self.model = model
         self.tokenizer = tokenizer
         self.block_size = block_size
         self.max_tokens = max_tokens
-        self.cache = KVCache(cfg.n_layer, n_blocks, block_size, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim,
-                             kv_dtype, kb=model.kb)
+        self.runner = ModelRunner(model, n_blocks, block_size, kv_dtype)  # the draft's own KV cache
 
     def plan(self, seq, k: int) -> int:
         return k  # the tokens are drafted after the blocks are allocated (propose)
@@ -194,7 +191,7 @@ class DraftProposer:
                 seq.guide.rollback(len(seq.spec.tokens))
 
     def _forward(self, pieces) -> np.ndarray:
-        return self.model.forward(make_batch(pieces, self.block_size), self.cache)
+        return self.runner.run_pieces(pieces)
 
     def _draft_one(self, seq, logits: np.ndarray) -> bool:
         """Draft one token from a logits row; False when the sequence should draft no further."""
