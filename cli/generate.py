@@ -28,10 +28,11 @@ def generate(model, prompt, max_tokens, temperature, top_p, top_k, min_p, repeat
     llm = load(model, threads, device, kv_type, max_context, memory_budget, draft, speculate, draft_tokens)
     t0 = time.perf_counter()
     first = None
-    text, ids, reason = [], [], None
+    text, ids, reason, prompt_ids = [], [], None, None
     try:
         for chunk in llm.stream(prompt, params, parse_special=special):
             first = first or time.perf_counter()
+            prompt_ids = chunk.prompt_token_ids
             text.append(chunk.text)
             ids.extend(chunk.token_ids)
             reason = chunk.finish_reason or reason
@@ -41,7 +42,9 @@ def generate(model, prompt, max_tokens, temperature, top_p, top_k, min_p, repeat
     except KeyboardInterrupt:
         reason = "abort"
     end = time.perf_counter()
-    n_prompt = len(llm._prompt_ids(prompt, special))
+    if prompt_ids is None:  # stopped before the first chunk
+        prompt_ids = llm.tokenize(prompt, add_bos=None, parse_special=special)
+    n_prompt = len(prompt_ids)
     if as_json:
         decode_s = end - (first or end)
         click.echo(json.dumps({
