@@ -40,8 +40,8 @@ from pathlib import Path
 
 import httpx
 
-from edgeinfer import bench_serve as bs
 from edgeinfer import registry
+from edgeinfer.bench import serve as bs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -1,4 +1,4 @@
-"""`edgeinfer bench-serve`: a load test of any OpenAI-compatible server (see edgeinfer.bench_serve)."""
+"""`edgeinfer bench-serve`: a load test of any OpenAI-compatible server (see edgeinfer.bench.serve)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def bench_serve(base_url, model, endpoint, workload, num_prompts, request_rate, 
     except ImportError as e:
         raise click.ClickException(f"bench-serve needs the 'bench' extra ({e.name} is not installed): "
                                    f"pip install 'edgeinfer[bench]'") from None
-    from edgeinfer import bench_serve as bs
+    from edgeinfer.bench import serve as bs
 
     rates = bs.parse_rates(sweep if sweep else request_rate)
     cfg = bs.BenchConfig(base_url=base_url, model=model, endpoint=endpoint, workload=workload, num_prompts=num_prompts,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from edgeinfer import bench_serve as bs
+from edgeinfer.bench import serve as bs
 
 uvicorn = pytest.importorskip("uvicorn")
 from starlette.applications import Starlette  # noqa: E402

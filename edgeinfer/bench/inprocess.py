@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from .sampling import SamplingParams
-from .system import system_info  # noqa: F401  (benchmarks/compare_llamacpp.py reads it from here)
+from ..sampling import SamplingParams
+from ..system import system_info  # noqa: F401  (benchmarks/compare_llamacpp.py reads it from here)
 
 KEYS = ("pp128_tok_s", "pp512_tok_s", "tg128_tok_s", "batched8_tok_s", "ttft_cold_s", "wall64_cold_s",
         "peak_rss_mb", "rss_load_mb", "rss_first_mb", "prefix500_ttft_ratio")
@@ -250,7 +250,7 @@ def run(llm, repeats: int = 3, threads: int = 0, progress=None, first_run_too: b
     first_run_too: also the time to a first token with an empty kernel cache (first_run_s, one run:
     it compiles every kernel the model needs, tens of seconds). With speculation on the engine, the usual
     figures are measured without it, then spec_compare on spec_prompts; spec_only: that alone."""
-    from .config import default_threads
+    from ..config import default_threads
 
     threads = threads or default_threads()
     rng = np.random.default_rng(0)
