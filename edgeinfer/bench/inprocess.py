@@ -40,22 +40,18 @@ def prompt_tok_s(llm, n: int, rng) -> float:
 def decode_tok_s(llm, n_streams: int, n_tokens: int, rng, prompt_len: int = 16) -> float:
     """Aggregate decode rate: n_streams sequences of prompt_len tokens each generate n_tokens; the
     time from the step where every stream has its first token to the end."""
-    eng = llm.engine
     params = SamplingParams(temperature=0, max_tokens=n_tokens, ignore_eos=True)
-    rids = {eng.add_request(random_prompt(llm, prompt_len, rng), params) for _ in range(n_streams)}
-    started, done, counted, t_start = set(), set(), 0, None
-    while len(done) < len(rids):
-        outs = eng.step()
-        for o in outs:
-            if o.request_id not in rids:
-                continue
-            if t_start is not None:
-                counted += len(o.new_token_ids)
-            started.add(o.request_id)
-            if o.finished:
-                done.add(o.request_id)
-        if t_start is None and len(started) == len(rids):
-            t_start = time.perf_counter()
+    with llm.engine.run() as run:
+        for _ in range(n_streams):
+            run.submit(random_prompt(llm, prompt_len, rng), params)
+        started, counted, t_start = set(), 0, None
+        for outs in run.steps():
+            for o in outs:
+                if t_start is not None:
+                    counted += len(o.new_token_ids)
+                started.add(o.request_id)
+            if t_start is None and len(started) == n_streams:
+                t_start = time.perf_counter()
     return counted / (time.perf_counter() - t_start)
 
 
@@ -186,17 +182,13 @@ def _prompt_ids(llm, item) -> list[int]:
 
 def timed_decode(llm, ids: list[int], max_tokens: int) -> tuple[list[int], float]:
     """Greedy generation of ids; the output tokens and the decode time (first token to last)."""
-    eng = llm.engine
-    rid = eng.add_request(ids, SamplingParams(temperature=0, max_tokens=max_tokens))
-    toks, t_first, done = [], None, False
-    while not done:
-        for o in eng.step():
-            if o.request_id != rid:
-                continue
+    toks, t_first = [], None
+    with llm.engine.run() as run:
+        run.submit(ids, SamplingParams(temperature=0, max_tokens=max_tokens))
+        for o in run:
             toks.extend(o.new_token_ids)
             if t_first is None:
                 t_first = time.perf_counter()
-            done = o.finished
     return toks, time.perf_counter() - t_first
 
 
