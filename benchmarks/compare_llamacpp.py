@@ -10,6 +10,13 @@ to the first token and to the last, its peak RSS, and that peak less the model f
 runtime itself costs). Both sides run a 2,048-token context with an f16 KV cache (llama.cpp's
 default), so memory compares like for like. Medians are printed with the ratios; JSON and a bar chart
 go to benchmarks/results/. Needs `pip install llama-cpp-python` (and matplotlib for the chart).
+
+    python benchmarks/compare_llamacpp.py --baseline /tmp/base-venv/bin/python ...
+
+adds a third contender in the same alternation: another install of edgeinfer (the commit before a change,
+installed in its own environment), run in a process of its own that measures on command with its own
+edgeinfer.bench, so a change's speed is measured against its parent in the very same run (prompt, decode
+and 8-stream figures; the baseline's column and the ratio edgeinfer / baseline are added).
 """
 
 from __future__ import annotations
@@ -137,7 +144,51 @@ def llama_cold_start(path: str, threads: int) -> dict:
     return out
 
 
-def compare(model: str, threads: int, repeats: int, only: set[str]) -> dict:
+_BASELINE = r"""
+import sys
+import numpy as np
+from edgeinfer import LLM
+from edgeinfer import bench as eb
+llm = LLM(sys.argv[1], threads=int(sys.argv[2]), kv_type="f16", max_context=int(sys.argv[3]), progress=False)
+rng = np.random.default_rng(1)
+eb.prompt_tok_s(llm, 16, rng)  # warm-up
+print("READY", flush=True)
+for line in sys.stdin:
+    fig, n = line.split()
+    v = eb.prompt_tok_s(llm, int(n), rng) if fig == "pp" else eb.decode_tok_s(llm, 1 if fig == "tg" else 8, int(n), rng)
+    print(v, flush=True)
+"""
+SWITCH_S = 0.5  # between processes: the one that just ran lets its worker threads stop spinning
+
+
+class Baseline:
+    """Another edgeinfer install in a process of its own, measuring when asked (see _BASELINE)."""
+
+    def __init__(self, python: str, model: str, threads: int):
+        import tempfile
+
+        from edgeinfer.bench import child_env
+
+        self.cwd = tempfile.mkdtemp()  # not a checkout: its sources must not shadow that install
+        self.proc = subprocess.Popen([python, "-c", _BASELINE, model, str(threads), str(CONTEXT)], cwd=self.cwd,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env())
+        if self.proc.stdout.readline().strip() != "READY":
+            raise RuntimeError(f"the baseline process ({python}) failed to load {model}")
+
+    def measure(self, fig: str, n: int) -> float:
+        time.sleep(SWITCH_S)
+        self.proc.stdin.write(f"{fig} {n}\n")
+        self.proc.stdin.flush()
+        v = float(self.proc.stdout.readline())
+        time.sleep(SWITCH_S)
+        return v
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def compare(model: str, threads: int, repeats: int, only: set[str], baseline: str | None = None) -> dict:
     from edgeinfer import LLM
     from edgeinfer import bench as eb
 
@@ -146,7 +197,9 @@ def compare(model: str, threads: int, repeats: int, only: set[str]) -> dict:
     file_mb = os.path.getsize(path) / 2**20
     lc = LlamaCpp(path, threads, n_ctx=CONTEXT)
     rng = np.random.default_rng(0)
-    runs = {name: {k: [] for k, _ in FIGURES} for name in ("edgeinfer", "llama.cpp")}
+    names = ("edgeinfer", "llama.cpp") + (("baseline",) if baseline else ())
+    runs = {name: {k: [] for k, _ in FIGURES} for name in names}
+    base = Baseline(baseline, model, threads) if baseline else None
     details = {"edgeinfer": [], "llama.cpp": []}  # each fresh process's RSS after load / at first token, phases
     eb.prompt_tok_s(ei, 16, rng)  # warm-up
     lc.prompt_tok_s(eb.random_prompt(ei, 16, rng))
@@ -157,13 +210,19 @@ def compare(model: str, threads: int, repeats: int, only: set[str]) -> dict:
                 ids = eb.random_prompt(ei, n, rng)
                 runs["edgeinfer"][f"pp{n}_tok_s"].append(eb.prompt_tok_s(ei, n, rng))
                 runs["llama.cpp"][f"pp{n}_tok_s"].append(lc.prompt_tok_s(ids))
+                if base:
+                    runs["baseline"][f"pp{n}_tok_s"].append(base.measure("pp", n))
         if "tg128_tok_s" in only:
             runs["edgeinfer"]["tg128_tok_s"].append(eb.decode_tok_s(ei, 1, 128, rng))
             runs["llama.cpp"]["tg128_tok_s"].append(lc.decode_tok_s([eb.random_prompt(ei, 16, rng)], 128))
+            if base:
+                runs["baseline"]["tg128_tok_s"].append(base.measure("tg", 128))
         if "batched8_tok_s" in only:
             runs["edgeinfer"]["batched8_tok_s"].append(eb.decode_tok_s(ei, 8, 64, rng))
             runs["llama.cpp"]["batched8_tok_s"].append(
                 lc.decode_tok_s([eb.random_prompt(ei, 16, rng) for _ in range(8)], 64))
+            if base:
+                runs["baseline"]["batched8_tok_s"].append(base.measure("b8", 64))
         if only & COLD:
             for name, fn in (("edgeinfer", lambda: eb.cold_start(path, threads, "f16", CONTEXT)),
                              ("llama.cpp", lambda: llama_cold_start(path, threads))):
@@ -174,10 +233,16 @@ def compare(model: str, threads: int, repeats: int, only: set[str]) -> dict:
                 runs[name]["peak_rss_mb"].append(c["peak_rss_mb"])
                 runs[name]["rss_less_weights_mb"].append(c["peak_rss_mb"] - file_mb)
                 details[name].append({k: round(v, 4) if isinstance(v, float) else v for k, v in c.items()})
+    if base:
+        base.close()
     keys = [k for k, _ in FIGURES if runs["edgeinfer"][k]]
-    med = {name: {k: round(statistics.median(figs[k]), 3) for k in keys} for name, figs in runs.items()}
+    med = {name: {k: round(statistics.median(figs[k]), 3) for k in keys if figs[k]} for name, figs in runs.items()}
     ratio = {k: round(med["edgeinfer"][k] / med["llama.cpp"][k], 3) for k in keys}
-    return {"model": model, "file": os.path.basename(path), "threads": threads, "repeats": repeats,
+    extra = {}
+    if base:
+        extra = {"baseline_python": baseline, "ratio_edgeinfer_over_baseline":
+                 {k: round(med["edgeinfer"][k] / med["baseline"][k], 3) for k in med["baseline"]}}
+    return {**extra, "model": model, "file": os.path.basename(path), "threads": threads, "repeats": repeats,
             "system": eb.system_info(), "context": CONTEXT, "kv_type": "f16", "file_mb": round(file_mb, 1),
             "median": med, "ratio_edgeinfer_over_llamacpp": ratio, "runs": runs, "cold_details": details}
 
@@ -213,6 +278,8 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma3-270m"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--baseline", metavar="PYTHON", default=None,
+                    help="also measure the edgeinfer installed for this interpreter (the commit before a change)")
     ap.add_argument("--only", nargs="+", choices=[k for k, _ in FIGURES], default=[k for k, _ in FIGURES],
                     help="measure only these figures")
     args = ap.parse_args()
@@ -221,7 +288,7 @@ def main() -> None:
     except ImportError:
         sys.exit("llama-cpp-python is not installed: pip install llama-cpp-python (it builds llama.cpp, ~12 min)")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    results = [compare(m, args.threads, args.repeats, set(args.only)) for m in args.models]
+    results = [compare(m, args.threads, args.repeats, set(args.only), args.baseline) for m in args.models]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (RESULTS / f"compare-{stamp}.json").write_text(json.dumps(results, indent=1))
     chart(results, RESULTS / f"compare-{stamp}.png")
@@ -234,8 +301,11 @@ def main() -> None:
             if key not in res["median"]["edgeinfer"]:
                 continue
             m = res["median"]
-            print(f"  {label:<24}{m['edgeinfer'][key]:>12.2f}{m['llama.cpp'][key]:>12.2f}"
-                  f"{res['ratio_edgeinfer_over_llamacpp'][key]:>8.2f}")
+            line = (f"  {label:<24}{m['edgeinfer'][key]:>12.2f}{m['llama.cpp'][key]:>12.2f}"
+                    f"{res['ratio_edgeinfer_over_llamacpp'][key]:>8.2f}")
+            if key in res.get("ratio_edgeinfer_over_baseline", {}):
+                line += f"   baseline {m['baseline'][key]:>10.2f}  this/baseline {res['ratio_edgeinfer_over_baseline'][key]:.3f}"
+            print(line)
     print(f"\nJSON: {RESULTS / f'compare-{stamp}.json'}")
 
 
