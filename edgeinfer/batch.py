@@ -3,7 +3,8 @@
 Each input line is one request, {"custom_id", "method": "POST", "url", "body"}, for /v1/chat/completions,
 /v1/completions or /v1/embeddings. Each output line is its answer, {"id", "custom_id", "response":
 {"status_code", "request_id", "body"}, "error"}, with the same body `edgeinfer serve` would send (read,
-refused and answered by the server's own code, edgeinfer.server.handlers).
+refused and answered by the code the server uses, edgeinfer.openai; the line format is
+edgeinfer.openai.batchfile).
 
 - Every request goes through the continuous-batching engine together with the others (the caller's
   thread steps the engine and, between steps, reads requests and writes answers), so a batch gets the
@@ -21,78 +22,19 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import sys
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
 
 from .errors import EdgeInferError
-
-URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
-MAX_CUSTOM_ID = 512  # characters
+from .openai import protocol as P
+from .openai import responses as R
+from .openai.batchfile import Item, error_record, parse_line, record
 
 
 class BatchError(EdgeInferError):
     """A job that cannot run at all: no input, an output that is not a batch's, duplicate custom_ids."""
-
-
-@dataclass
-class Item:
-    """One input line: a request, or why it is not one (error, with custom_id when it could be read)."""
-
-    line: int  # 1-based
-    custom_id: str | None
-    kind: str | None = None  # "chat" | "completions" | "embeddings"
-    body: dict | None = None
-    error: object | None = None  # a protocol.APIError
-
-    @property
-    def key(self) -> str | tuple:
-        """What the output knows this line by: its custom_id, or ("line", n) when it has none."""
-        return self.custom_id if self.custom_id is not None else ("line", self.line)
-
-
-_CUSTOM_ID = re.compile(rb'"custom_id"\s*:\s*("(?:[^"\\]|\\.)*")')
-
-
-def parse_line(n: int, raw: bytes) -> Item:
-    """Input line n as an Item; a line that is not a request carries a 400 naming the problem."""
-    from .server import protocol as P
-
-    def fail(message: str, param: str | None = None, custom_id=None, status: int = 400) -> Item:
-        return Item(n, custom_id, error=P.APIError(status, f"line {n}: {message}", param=param))
-
-    try:
-        obj = P.loads(raw)
-    except P.APIError as e:
-        m = _CUSTOM_ID.search(raw)  # still name the request when its custom_id can be read
-        cid = None
-        if m:
-            try:
-                cid = json.loads(m.group(1))
-            except ValueError:
-                pass
-        return fail(e.message.replace("the request body", "the line"), custom_id=cid if isinstance(cid, str) else None)
-    if not isinstance(obj, dict):
-        return fail("a request line must be a JSON object")
-    cid = obj.get("custom_id")
-    if not isinstance(cid, str) or not cid or len(cid) > MAX_CUSTOM_ID:
-        return fail(f"'custom_id' must be a non-empty string of at most {MAX_CUSTOM_ID} characters", "custom_id")
-    unknown = sorted(set(obj) - {"custom_id", "method", "url", "body"})
-    if unknown:
-        return fail(f"unknown field {unknown[0]!r}: a request line has custom_id, method, url and body",
-                    unknown[0], cid)
-    if obj.get("method") != "POST":
-        return fail(f"'method' must be \"POST\", got {obj.get('method')!r}", "method", cid)
-    url = obj.get("url")
-    if url not in URLS:
-        return fail(f"unknown url {url!r}: a batch takes {', '.join(URLS)}", "url", cid, status=404)
-    body = obj.get("body")
-    if not isinstance(body, dict):
-        return fail("'body' must be a JSON object: the request body", "body", cid)
-    return Item(n, cid, URLS[url], body)
 
 
 def read_input(path: str | os.PathLike) -> list[Item]:
@@ -115,19 +57,6 @@ def read_input(path: str | os.PathLike) -> list[Item]:
                 seen[it.custom_id] = n
             items.append(it)
     return items
-
-
-def record(item: Item, status: int, body: dict, error: dict | None = None) -> dict:
-    """An output line, as OpenAI's batch output."""
-    return {"id": f"batch_req_{uuid.uuid4().hex[:24]}", "custom_id": item.custom_id,
-            "response": {"status_code": status, "request_id": f"req_{uuid.uuid4().hex[:24]}", "body": body},
-            "error": error}
-
-
-def error_record(item: Item, e) -> dict:
-    """A failed request's line: the HTTP status and OpenAI error body the server would send, and `error`
-    ({code, message, line}) so failures are one `select(.error)` away."""
-    return record(item, e.status, e.body(), {"code": e.code or e.type, "message": e.message, "line": item.line})
 
 
 _LINE_START = b'{"id": "batch_req_'  # how every output line begins (record())
@@ -314,8 +243,7 @@ class Processor:
     def start(self, item: Item, on_done: Callable[[Pending], None]) -> dict | None:
         """Begin a request: its answer now (an error, or an embedding, computed at once), or None when it
         went to the engine, and on_done(pending) comes once it is finished (from the thread that steps)."""
-        from .server import handlers as H
-        from .server import protocol as P
+        from .openai import handlers as H  # it imports the grammar compiler (and Numba)
 
         if item.error is not None:
             return error_record(item, item.error)
@@ -349,25 +277,19 @@ class Processor:
 
     def finish(self, p: Pending) -> dict:
         """A finished generation's output line."""
-        from .server import handlers as H
-        from .server import protocol as P
-
         if p.reason == "error":
             return error_record(p.item, P.APIError(500, f"generation failed: {getattr(self.loop, 'last_error', None)}"))
-        body = H.completion_body(p.gen, self.name, self.llm.tokenizer, "".join(p.text), p.ids, p.lps, p.reason)
+        body = R.completion_body(p.gen, self.name, self.llm.tokenizer, "".join(p.text), p.ids, p.lps, p.reason)
         return record(p.item, 200, body)
 
     def _check_model(self, model: str | None) -> None:
-        from .server import protocol as P
-
         if model is not None and model != self.name:
             raise P.APIError(404, f"model {model!r} is not this batch's model; this batch runs {self.name!r} (give "
                                   "that name, or leave 'model' out)", param="model", code="model_not_found")
 
     def _embed(self, item: Item) -> dict:
         from .engine.loop import exclusive
-        from .server import handlers as H
-        from .server import protocol as P
+        from .openai import handlers as H
 
         inputs, fmt, dims, truncate = P.parse_embeddings(item.body)
         self._check_model(P.parse_model(item.body))
@@ -376,7 +298,7 @@ class Processor:
             vecs = exclusive(self.llm.embed_ids, seqs, dimensions=dims)
         else:
             vecs = self.llm.embed_ids(seqs, dimensions=dims)
-        return record(item, 200, P.embeddings_response(self.name, vecs, sum(len(s) for s in seqs), fmt))
+        return record(item, 200, R.embeddings_response(self.name, vecs, sum(len(s) for s in seqs), fmt))
 
     def run(self, items: Iterable[Item], emit: Callable[[dict], None], window: int) -> None:
         """Answer every item in this thread, stepping the engine here, calling emit(record) as each is

@@ -55,7 +55,7 @@ def warm_up(s) -> None:
 
 
 def test_openapi_document_is_the_validating_schema(fuzz_server):
-    from edgeinfer.server import schemas
+    from edgeinfer.openai import schemas
 
     doc = httpx.get(fuzz_server.base + "/openapi.json").json()
     assert doc["openapi"].startswith("3.1")

@@ -315,7 +315,7 @@ def test_fallback_prompt_format_for_templates_without_tools():
 
 
 def test_parse_constraint_reads_openai_and_vllm_fields():
-    from edgeinfer.server.protocol import APIError, parse_constraint
+    from edgeinfer.openai.protocol import APIError, parse_constraint
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     assert parse_constraint({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema,

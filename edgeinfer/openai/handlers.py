@@ -1,7 +1,8 @@
-"""What an OpenAI request body asks of a loaded model, and the response body it gets.
+"""What an OpenAI request body asks of a loaded model: the prompt's token ids, the sampling parameters,
+the compiled constraint (generations), the inputs' token ids (embeddings).
 
-Shared by the HTTP server (edgeinfer.server.app) and batch jobs (edgeinfer.batch), so a request line in
-a batch file is read, refused and answered exactly as the same body sent to `edgeinfer serve`.
+Shared by the HTTP server (edgeinfer.server) and batch jobs (edgeinfer.batch), so a request line in a
+batch file is read, refused and answered exactly as the same body sent to `edgeinfer serve`.
 Synchronous and free of any HTTP stack: the server calls these in a worker thread."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..sampling import SamplingParams
 from ..structured import GrammarError
-from ..tools import ToolError, call_grammar, parse_reply, parse_tools
+from ..tools import ToolError, call_grammar, parse_tools
 from . import protocol as P
 
 
@@ -84,34 +85,6 @@ def prepare_generation(llm, name: str, body: dict, req: P.ParsedRequest, chat: b
         except GrammarError as e:
             raise P.bad(req.constraint_param or "tools", str(e)) from None
     return Generation(req, chat, prompt_ids, params, guide, tools, shown)
-
-
-def token_text(tokenizer):
-    """A token id's text, for logprobs (bytes that are not whole UTF-8 become U+FFFD)."""
-    return lambda t: tokenizer.token_bytes(t).decode("utf-8", errors="replace")
-
-
-def completion_body(gen: Generation, name: str, tokenizer, text: str, ids: list[int], lps: list[dict],
-                    reason: str, cid: str | None = None, created: int | None = None) -> dict:
-    """The whole (not streamed) response: a chat.completion (tool calls parsed out of the reply when
-    tools were shown) or a text_completion."""
-    chat, req = gen.chat, gen.req
-    tt = token_text(tokenizer)
-    if chat:
-        message = {"role": "assistant", "content": text}
-        if gen.shown:
-            content, calls = parse_reply(text, gen.tools)
-            if calls:
-                message = {"role": "assistant", "content": content, "tool_calls": calls}
-                reason = "tool_calls"
-        choice = {"index": 0, "message": message, "finish_reason": reason,
-                  "logprobs": P.chat_logprobs(lps, tt) if req.logprobs else None}
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": reason,
-                  "logprobs": P.completion_logprobs(lps, tt) if req.logprobs else None}
-    return {"id": cid or P.new_id("chatcmpl" if chat else "cmpl"),
-            "object": "chat.completion" if chat else "text_completion", "created": created or P.now(),
-            "model": name, "choices": [choice], "usage": P.usage(len(gen.prompt_ids), len(ids))}
 
 
 def embedding_inputs(llm, name: str, inputs: list, dims: int | None, truncate: bool) -> list[list[int]]:

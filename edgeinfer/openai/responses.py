@@ -1,0 +1,159 @@
+"""OpenAI response bodies and streamed chunks, built from what the engine produced. Pure functions
+(and one small per-request chunk builder): no HTTP, no model. The server sends them; batch jobs write
+them."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _finite_lp(lp: float) -> float:
+    """A log-probability JSON can carry: a token the grammar masked has -inf, sent as -9999.0 (as
+    OpenAI and vLLM do)."""
+    return lp if math.isfinite(lp) else -9999.0
+
+
+def chat_logprobs(entries: list[dict], token_text) -> dict:
+    def item(tid, lp):
+        t = token_text(tid)
+        return {"token": t, "logprob": _finite_lp(lp), "bytes": list(t.encode("utf-8"))}
+
+    return {"content": [{**item(e["token_id"], e["logprob"]),
+                         "top_logprobs": [item(j, lp) for j, lp in e["top"]]} for e in entries]}
+
+
+def completion_logprobs(entries: list[dict], token_text, offset: int = 0) -> dict:
+    tokens, lps, tops, offsets = [], [], [], []
+    for e in entries:
+        t = token_text(e["token_id"])
+        offsets.append(offset)
+        offset += len(t)
+        tokens.append(t)
+        lps.append(_finite_lp(e["logprob"]))
+        tops.append({token_text(j): _finite_lp(lp) for j, lp in e["top"]})
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def embeddings_response(model: str, vecs, n_tokens: int, encoding_format: str = "float") -> dict:
+    """OpenAI's embeddings list (the server's reply and `edgeinfer embed`'s output): float lists, or
+    base64 of little-endian float32."""
+    import base64
+
+    import numpy as np
+
+    def encode(v):
+        if encoding_format == "base64":
+            return base64.b64encode(np.ascontiguousarray(v, "<f4").tobytes()).decode()
+        return [float(x) for x in v]
+
+    return {"object": "list", "model": model,
+            "data": [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(vecs)],
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+
+
+def token_text(tokenizer):
+    """A token id's text, for logprobs (bytes that are not whole UTF-8 become U+FFFD)."""
+    return lambda t: tokenizer.token_bytes(t).decode("utf-8", errors="replace")
+
+
+def completion_body(gen, name: str, tokenizer, text: str, ids: list[int], lps: list[dict],
+                    reason: str, cid: str | None = None, created: int | None = None) -> dict:
+    """The whole (not streamed) response: a chat.completion (tool calls parsed out of the reply when
+    tools were shown) or a text_completion."""
+    chat, req = gen.chat, gen.req
+    tt = token_text(tokenizer)
+    if chat:
+        message = {"role": "assistant", "content": text}
+        if gen.shown:
+            from ..tools import parse_reply
+
+            content, calls = parse_reply(text, gen.tools)
+            if calls:
+                message = {"role": "assistant", "content": content, "tool_calls": calls}
+                reason = "tool_calls"
+        choice = {"index": 0, "message": message, "finish_reason": reason,
+                  "logprobs": chat_logprobs(lps, tt) if req.logprobs else None}
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": reason,
+                  "logprobs": completion_logprobs(lps, tt) if req.logprobs else None}
+    return {"id": cid or new_id("chatcmpl" if chat else "cmpl"),
+            "object": "chat.completion" if chat else "text_completion", "created": created or now(),
+            "model": name, "choices": [choice], "usage": usage(len(gen.prompt_ids), len(ids))}
+
+
+
+class Chunks:
+    """The streamed chunks of one generation (a handlers.Generation): chat.completion.chunk objects (the
+    first one with the assistant's role; with tools shown, text as content and each complete
+    <tool_call> block as OpenAI's tool-call deltas) or text_completion ones."""
+
+    def __init__(self, gen, name: str, tokenizer, cid: str, created: int):
+        self.chat, self.req, self.name, self.cid, self.created = gen.chat, gen.req, name, cid, created
+        self.object = "chat.completion.chunk" if gen.chat else "text_completion"
+        self.token_text = token_text(tokenizer)
+        self.parser = None
+        if gen.shown:
+            from ..tools import StreamParser  # imported only with tools: it brings in the kernels (Numba)
+
+            self.parser = StreamParser(gen.tools)
+        self.n_calls = 0
+
+    def _chunk(self, choice: dict) -> dict:
+        return {"id": self.cid, "object": self.object, "created": self.created, "model": self.name,
+                "choices": [choice]}
+
+    def first(self) -> list[dict]:
+        """What goes out before any token: the assistant's role (chat), nothing (completions)."""
+        if not self.chat:
+            return []
+        return [self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None,
+                             "logprobs": None})]
+
+    def __call__(self, delta: str | None, finish: str | None, lps: list[dict]) -> list[dict]:
+        """The chunks for one engine output: its new text, its finish reason (once done), its logprobs."""
+        req, tt = self.req, self.token_text
+        if not self.chat:
+            return [self._chunk({"index": 0, "text": delta or "", "finish_reason": finish,
+                                 "logprobs": completion_logprobs(lps, tt) if req.logprobs and lps else None})]
+        lp_chat = chat_logprobs(lps, tt) if req.logprobs and lps else None
+        if self.parser is None:
+            return [self._chunk({"index": 0, "delta": {"content": delta} if delta else {}, "finish_reason": finish,
+                                 "logprobs": lp_chat})]
+        deltas = []
+        for kind, value in self.parser.feed(delta or "") + (self.parser.finish() if finish else []):
+            if kind == "text":
+                deltas.append({"content": value})
+            else:
+                f = value["function"]
+                deltas.append({"tool_calls": [{"index": self.n_calls, "id": value["id"], "type": "function",
+                                               "function": {"name": f["name"], "arguments": ""}}]})
+                deltas.append({"tool_calls": [{"index": self.n_calls, "function": {"arguments": f["arguments"]}}]})
+                self.n_calls += 1
+        if lp_chat is not None and not deltas:
+            deltas.append({})
+        out = [self._chunk({"index": 0, "delta": d, "finish_reason": None, "logprobs": lp_chat if k == 0 else None})
+               for k, d in enumerate(deltas)]
+        if finish:
+            out.append(self._chunk({"index": 0, "delta": {}, "logprobs": None,
+                                    "finish_reason": "tool_calls" if self.n_calls else finish}))
+        return out
+
+    def usage(self, n_prompt: int, n_out: int) -> dict:
+        """The last chunk when stream_options.include_usage: no choices, the token counts."""
+        return {"id": self.cid, "object": self.object, "created": self.created, "model": self.name, "choices": [],
+                "usage": usage(n_prompt, n_out)}

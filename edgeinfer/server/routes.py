@@ -1,0 +1,233 @@
+"""The server's routes: plain async functions of the request, reading the server's shared state
+(app.ServerState) from request.app.state.server. HTTP only: authentication, reading the body, picking
+the model, metrics; what a body means and what is answered is edgeinfer.openai's."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+
+from ..engine.loop import exclusive
+from ..openai import handlers as H
+from ..openai import protocol as P
+from ..openai import responses as R
+from .streaming import collect, stream, submit
+
+
+def error_response(e: P.APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def _state(request: Request):
+    return request.app.state.server
+
+
+def check_auth(request: Request) -> None:
+    state = _state(request)
+    if not state.config.api_key:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    # compared in constant time; neither key is ever logged or echoed
+    if not (scheme.lower() == "bearer"
+            and hmac.compare_digest(token.strip().encode("utf-8", "surrogateescape"), state.api_key)):
+        raise P.APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise P.APIError(413, f"the request body is {int(length)} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise P.APIError(413, f"the request body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request):
+    config = _state(request).config
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";")[0].strip().lower() != "application/json":
+        raise P.APIError(415, f"Content-Type must be application/json, got {ctype or 'nothing'!r}")
+    try:  # a client that sends its body slowly does not hold a connection for ever
+        raw = await asyncio.wait_for(read_body(request, config.max_body_bytes), config.read_timeout)
+    except asyncio.TimeoutError:
+        raise P.APIError(408, f"the request body did not arrive within {config.read_timeout:g} s") from None
+    if len(raw) > 1 << 16:  # a big body decodes in a worker thread, never holding up the event loop
+        return await asyncio.to_thread(P.loads, raw)
+    return P.loads(raw)
+
+
+def pick_model(request: Request, name: str | None):
+    served = _state(request).served
+    if name is None and len(served) == 1:
+        name = next(iter(served))
+    sm = served.get(name) if name is not None else None
+    if sm is None:
+        raise P.APIError(404, f"model {name!r} is not served here; served models: {', '.join(served)}",
+                         param="model", code="model_not_found")
+    if sm.error:
+        raise P.APIError(500, f"model {sm.name!r} failed to load: {sm.error}")
+    if not sm.ready:
+        raise P.APIError(503, f"model {sm.name!r} is still loading", headers={"Retry-After": "2"})
+    return sm
+
+
+# -- endpoints -----------------------------------------------------------------------------------
+
+
+async def chat_completions(request: Request):
+    return await generate(request, chat=True)
+
+
+async def completions(request: Request):
+    return await generate(request, chat=False)
+
+
+async def generate(request: Request, chat: bool):
+    state = _state(request)
+    metrics = state.metrics
+    endpoint = "chat" if chat else "completions"
+    t0 = time.monotonic()
+    labels = ("?", endpoint)
+    try:
+        check_auth(request)
+        body = await read_json(request)
+        req = P.parse_common(body, chat=chat)
+        sm = pick_model(request, req.model)
+        labels = (sm.name, endpoint)
+        # the prompt through the chat template, the parameters, the compiled constraint: in a worker
+        # thread, never on the event loop or the engine thread
+        gen = await asyncio.to_thread(H.prepare_generation, sm.llm, sm.name, body, req, chat)
+        rid, queue = submit(state, sm, gen.prompt_ids, gen.params, req.priority, gen.guide)
+    except P.APIError as e:
+        metrics.finish(labels, str(e.status), 0, 0)
+        return error_response(e)
+    except ClientDisconnect:
+        return Response(status_code=499)
+
+    cid = R.new_id("chatcmpl" if chat else "cmpl")
+    created = R.now()
+    tok = sm.llm.tokenizer
+    n_prompt = len(gen.prompt_ids)
+    if req.stream:
+        return stream(state, sm, rid, queue, t0, labels, R.Chunks(gen, sm.name, tok, cid, created),
+                      req.include_usage, n_prompt)
+    try:
+        text, ids, lps, reason = await collect(state, request, sm, rid, queue, t0, labels)
+    except P.APIError as e:
+        metrics.finish(labels, str(e.status), n_prompt, 0)
+        return error_response(e)
+    except ClientDisconnect:
+        metrics.finish(labels, "499", n_prompt, 0)
+        return Response(status_code=499)
+    metrics.finish(labels, "200", n_prompt, len(ids))
+    return JSONResponse(R.completion_body(gen, sm.name, tok, text, ids, lps, reason, cid, created))
+
+
+async def tokenize(request: Request):
+    """llama.cpp's and vLLM's /tokenize: {"tokens": [...], "count": n}; load generators use it."""
+    try:
+        check_auth(request)
+        body = await read_json(request)
+        text, add_special = P.parse_tokenize(body)
+        sm = pick_model(request, P.parse_model(body))
+    except P.APIError as e:
+        return error_response(e)
+    ids = await asyncio.to_thread(sm.llm.tokenizer.encode, text, None if add_special else False, False)
+    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": sm.llm.embed_context if sm.llm.is_encoder
+                         else sm.llm.engine.max_context})
+
+
+async def embeddings(request: Request):
+    """OpenAI's /v1/embeddings: one vector per input (an encoder's pooled output, or a generative
+    model's mean-pooled final hidden state), normalised; `dimensions` keeps the first n, renormalised."""
+    state = _state(request)
+    t0 = time.monotonic()
+    labels = ("?", "embeddings")
+    try:
+        check_auth(request)
+        body = await read_json(request)
+        inputs, fmt, dims, truncate = P.parse_embeddings(body)
+        sm = pick_model(request, P.parse_model(body))
+        labels = (sm.name, "embeddings")
+        llm = sm.llm
+        seqs = await asyncio.to_thread(H.embedding_inputs, llm, sm.name, inputs, dims, truncate)
+        try:
+            vecs = await asyncio.wait_for(asyncio.to_thread(exclusive, llm.embed_ids, seqs, dimensions=dims),
+                                          state.config.request_timeout)
+        except asyncio.TimeoutError:
+            raise P.APIError(504, f"the request took longer than {state.config.request_timeout:g} s") from None
+    except P.APIError as e:
+        state.metrics.finish(labels, str(e.status), 0, 0)
+        return error_response(e)
+    n = sum(len(s) for s in seqs)
+    state.metrics.finish(labels, "200", n, 0)
+    state.metrics.token(labels, time.monotonic() - t0, True)
+    return JSONResponse(R.embeddings_response(sm.name, vecs, n, fmt))
+
+
+async def detokenize(request: Request):
+    try:
+        check_auth(request)
+        body = await read_json(request)
+        ids = P.parse_detokenize(body)
+        sm = pick_model(request, P.parse_model(body))
+        P.check_token_ids(ids, sm.llm.tokenizer.vocab_size, "tokens")
+    except P.APIError as e:
+        return error_response(e)
+    text = sm.llm.tokenizer.decode(ids)
+    return JSONResponse({"content": text, "prompt": text})  # llama.cpp's key and vLLM's
+
+
+async def list_models(request: Request):
+    try:
+        check_auth(request)
+    except P.APIError as e:
+        return error_response(e)
+    return JSONResponse({"object": "list", "data": [
+        {"id": sm.name, "object": "model", "created": sm.created, "owned_by": "edgeinfer"}
+        for sm in _state(request).served.values()]})
+
+
+async def health(request: Request):
+    served = _state(request).served
+    failed = {sm.name: sm.error for sm in served.values() if sm.error}
+    if failed:
+        return JSONResponse({"status": "error", "errors": failed}, status_code=500)
+    loading = [sm.name for sm in served.values() if not sm.ready]
+    if loading:
+        return JSONResponse({"status": "loading", "loading": loading}, status_code=503)
+    return JSONResponse({"status": "ok", "models": list(served)})
+
+
+async def openapi(request: Request):
+    return JSONResponse(_state(request).openapi_doc)
+
+
+async def metrics(request: Request):
+    data, ctype = _state(request).metrics.render()
+    return Response(data, media_type=ctype)
+
+
+# -- errors Starlette raises before a route runs --------------------------------------------------
+
+
+async def not_found(request: Request, exc):
+    return error_response(P.APIError(404, f"no route {request.method} {request.url.path}"))
+
+
+async def method_not_allowed(request: Request, exc):
+    status = getattr(exc, "status_code", 405)
+    return error_response(P.APIError(status, f"{request.method} is not allowed on {request.url.path}"))
+
+
+async def server_error(request: Request, exc):
+    return error_response(P.APIError(500, f"internal error: {type(exc).__name__}"))
