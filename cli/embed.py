@@ -39,7 +39,7 @@ def embed(model, texts, file, dimensions, truncate, no_normalize, pooling, threa
         items += [line.rstrip("\n") for line in file if line.strip()]
     if not items:
         raise click.UsageError("give at least one TEXT or --file")
-    from edgeinfer.server.protocol import embeddings_response  # pure functions: no HTTP stack imported
+    from edgeinfer.openai.responses import embeddings_response  # pure functions: no HTTP stack imported
 
     llm = load(model, threads)
     seqs = llm.embed_tokens(items, truncate)
