@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .run import engine_options
+from .common import engine_options
 
 
 @click.command()
