@@ -119,8 +119,10 @@ class WeightLoader:
 def matrix_kinds(gf: GGUFFile, kb) -> set[int]:
     """The kinds of the quantized matrices of a file as the backend `kb` will hold them (what its kernels
     must be compiled for)."""
+    from ..kernels.kinds import is_quantized
+
     return {kb.kind_of(KIND[t.ggml_type]) for t in gf.tensors.values()
-            if len(t.shape) == 2 and KIND.get(t.ggml_type, 0) >= 2}
+            if len(t.shape) == 2 and t.ggml_type in KIND and is_quantized(KIND[t.ggml_type])}
 
 
 def rope_inv_freq(dim: int, base: float, freq_scale: float = 1.0, factors: np.ndarray | None = None) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Repack GGUF block bytes, once at load, into the plain arrays the kernels index.
 
 Every weight matrix W (N rows of K elements) becomes a :class:`QTensor` with the same five fields,
-whatever its type, so one family of kernels serves every type (the kind is a small int):
+whatever its type, so one family of kernels serves every type (the kind is a small int: kernels/kinds.py):
 
     qs  uint8 (N, *)   the low quant bits of each block, in ggml's order within the block;
                        Q6_K: every weight unpacked to one signed byte (q - 32) in element order
@@ -24,9 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-# Kind codes used by the kernels. F32 weights are not a QTensor: they stay float32 arrays.
-KIND = {T.F16: 0, T.BF16: 1, T.Q8_0: 2, T.Q4_0: 3, T.Q4_1: 4, T.Q5_0: 5, T.Q5_1: 6,
-        T.Q4_K: 7, T.Q5_K: 8, T.Q6_K: 9}# (kinds 10-13: Q4_0-Q5_1 with eight rows interleaved, the CPU SIMD kernels' own layout: kernels/cpu/layout.py)
+from ..kernels import kinds
+
+# The row-major kind of each GGML type the loader takes (kernels/kinds.py; their interleaved twins are the
+# CPU SIMD kernels' own layout: kernels/cpu/layout.py). F32 weights are not a QTensor: they stay float32 arrays.
+KIND = kinds.OF_GGML
 SUPPORTED_TYPES = (T.F32,) + tuple(KIND)
 
 
@@ -218,7 +220,7 @@ def repack_interleaved(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...], re
             out[f][g0:g1] = part
         if release is not None:
             release(r0, r1)
-    return QTensor(ggml_type, layout.INTERLEAVED[kind], n, k, out["qs"], out["qh"], out["sc"], out["d"], out["m"])
+    return QTensor(ggml_type, kinds.interleaved(kind), n, k, out["qs"], out["qh"], out["sc"], out["d"], out["m"])
 
 
 def repack(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> QTensor:

@@ -72,6 +72,33 @@ def test_this_process_files_kernels_by_tier_versions_and_source():
         assert numba.config.CPU_NAME == cache.tier().cpu
 
 
+def test_the_source_fingerprint_covers_every_kernel_file(monkeypatch, tmp_path):
+    """SOURCE hashes every kernel source file, the subpackages' (int8/, simd/) and the kinds table's
+    included, so that an edited kernel is never served stale from the cache; the locator files their
+    functions under this process's folder, stamped with SOURCE."""
+    base = os.path.dirname(cache.KERNEL_DIR)
+    files = cache.source_files()
+    names = {os.path.relpath(f, base) for f in files}
+    for dirpath, _, fs in os.walk(cache.KERNEL_DIR):
+        names_here = {os.path.relpath(os.path.join(dirpath, f), base) for f in fs if f.endswith(".py")}
+        assert names_here <= names
+    assert {"cpu/int8/x8.py", "cpu/int8/dispatch.py", "cpu/simd/ints.py", "cpu/units.py", "kinds.py"} <= names
+
+    edited = tmp_path / "x8.py"
+    x8_path = next(f for f in files if f.endswith(os.path.join("int8", "x8.py")))
+    edited.write_bytes(open(x8_path, "rb").read() + b"# edited\n")
+    monkeypatch.setattr(cache, "source_files", lambda: [str(edited) if f == x8_path else f for f in files])
+    assert cache._source_hash() != cache.SOURCE
+    monkeypatch.undo()
+    assert cache._source_hash() == cache.SOURCE
+
+    from edgeinfer.kernels.cpu.int8 import x8
+
+    loc = cache._Locator.from_function(x8._x8_simd.py_func, x8.__file__)
+    assert loc is not None and loc.get_cache_path().startswith(cache.folder())
+    assert loc.get_source_stamp().startswith(cache.SOURCE)
+
+
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory, tiny_llama_path):
     """A pack exported from this run's kernel cache once the tiny model has run there, and its tokens."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from .. import kinds
 from . import int8, quant, simd, units
 from .attention import paged_attention  # noqa: F401
 from .dense import dense, encoder_attention, layernorm, set_blas_threads, silu  # noqa: F401
@@ -68,7 +69,7 @@ def matmul(w, x, out: np.ndarray | None = None) -> np.ndarray:
         out = np.empty((qx.shape[0], w.shape[0]), np.float32)
     # Each kernel reduces every output element in one fixed order, whatever the batch, and each
     # token's activation is quantized alone: batched and solo generation agree bit for bit.
-    if w.kind <= 1:
+    if kinds.is_dense(w.kind):
         quant.matmul_half(w.kind, w.d, quant.HALF_TO_F32, qx.x, out)
     else:
         matmul_int8(w, qx, out, UNITS.for_kinds((w.kind,)))
@@ -114,8 +115,9 @@ def layer_stack(cfg, layers, inv_freqs, *, qk_norm=False, post_norms=False, gelu
     inv_freqs: each layer's RoPE inverse frequencies."""
     from .step import LayerStack
 
-    kinds = {k for lw in layers for name in LayerStack.MATS if (k := getattr(getattr(lw, name), "kind", 0)) >= 2}
-    return LayerStack.build(cfg, layers, inv_freqs, UNITS, kinds, qk_norm=qk_norm, post_norms=post_norms,
+    quantized = {k for lw in layers for name in LayerStack.MATS
+                 if (k := getattr(getattr(lw, name), "kind", None)) is not None and kinds.is_quantized(k)}
+    return LayerStack.build(cfg, layers, inv_freqs, UNITS, quantized, qk_norm=qk_norm, post_norms=post_norms,
                             gelu=gelu, qkv_bias=qkv_bias)
 
 

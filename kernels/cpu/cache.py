@@ -12,7 +12,8 @@ serves another of the same ISA. Here:
   that lacks a feature of the tier gets a tier of its own (``host-CPU``), which never travels;
 - a **locator** (numba's ``_CacheLocator``) files the kernels of this package under
   ``ROOT/TIER/numba-V-llvmlite-V-pyXY/SOURCE`` and stamps them with SOURCE, a hash of every kernel
-  source file: a compiled step holds inlined copies of what it calls in other files, so any change to
+  source file (`source_files`: this package's, subpackages such as int8/ included, and the kinds
+  table, kernels/kinds.py, whose ids are compiled in as constants): a compiled step holds inlined copies of what it calls in other files, so any change to
   any of them starts afresh, and two checkouts of the same sources share one cache;
 - ROOT is ``$NUMBA_CACHE_DIR`` when set, else ``$EDGEINFER_HOME/kernels``.
 
@@ -42,11 +43,11 @@ FORMAT = 1  # of the exported pack
 
 
 def _package_dirs() -> frozenset:
-    # the folders of this package whose njit(cache=True) functions the locator files (the package maps
-    # sibling folders into one namespace, so they are found by module, not by path)
+    # the folders of this package (subpackages too) whose njit(cache=True) functions the locator files
+    # (the package maps sibling folders into one namespace, so they are found by module, not by path)
     import importlib.util
 
-    dirs = {KERNEL_DIR}
+    dirs = {os.path.dirname(p) for p in source_files() if _is_kernel_source(p)}
     for name in ("edgeinfer", "edgeinfer.models", "edgeinfer.quant", "edgeinfer.kernels"):
         spec = importlib.util.find_spec(name)
         dirs.update(os.path.abspath(d) for d in (spec.submodule_search_locations or ()))
@@ -97,12 +98,31 @@ def versions() -> dict:
             "python": f"{sys.version_info[0]}.{sys.version_info[1]}", "machine": platform.machine()}
 
 
+# read by the kernels as they compile (constants frozen into the code), outside this package
+SOURCE_EXTRA = (os.path.join(os.path.dirname(KERNEL_DIR), "kinds.py"),)
+
+
+def source_files() -> list[str]:
+    """The files SOURCE fingerprints, in a fixed order: every .py file of this package and its
+    subpackages, then SOURCE_EXTRA."""
+    files = []
+    for dirpath, dirnames, names in os.walk(KERNEL_DIR):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        files += [os.path.join(dirpath, n) for n in sorted(names) if n.endswith(".py")]
+    return files + [p for p in SOURCE_EXTRA if os.path.exists(p)]
+
+
+def _is_kernel_source(path: str) -> bool:
+    # a file of this package or one of its subpackages (its code is covered by SOURCE)
+    return os.path.abspath(path).startswith(KERNEL_DIR + os.sep)
+
+
 def _source_hash() -> str:
     h = hashlib.sha256()
-    for name in sorted(os.listdir(KERNEL_DIR)):
-        if name.endswith(".py"):
-            with open(os.path.join(KERNEL_DIR, name), "rb") as f:
-                h.update(name.encode() + b"\0" + f.read())
+    base = os.path.dirname(KERNEL_DIR)
+    for path in source_files():
+        with open(path, "rb") as f:
+            h.update(os.path.relpath(path, base).encode() + b"\0" + f.read())
     return h.hexdigest()[:16]
 
 
@@ -143,7 +163,7 @@ class _Locator(numba.core.caching._CacheLocator):
         d, name = os.path.split(os.path.abspath(py_file))
         self._path = os.path.join(folder(), os.path.basename(d) + "." + os.path.splitext(name)[0])
         own = b""
-        if os.path.dirname(os.path.abspath(py_file)) != KERNEL_DIR:
+        if not _is_kernel_source(py_file):
             with open(py_file, "rb") as f:
                 own = f.read()
         self._stamp = SOURCE + hashlib.sha256(own).hexdigest()[:16]

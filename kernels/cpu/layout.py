@@ -1,8 +1,9 @@
 """The CPU SIMD kernels' own weight layout: quantized matrices with eight rows interleaved.
 
 The CPU backend applies it at load (backend.upload) on the SIMD paths; the portable path and the CUDA
-backend keep quant/repack.py's row-major layout. Kinds 10-13 name the interleaved forms of Q4_0, Q4_1,
-Q5_0, Q5_1 (kinds 3-6), kinds 14-16 those of Q4_K, Q5_K, Q6_K (kinds 7-9), kind 17 that of Q8_0 (kind 2).
+backend keep quant/repack.py's row-major layout. Each row-major quantized kind has an interleaved twin
+(kinds.py: Q4_0 -> Q4_0_X8, ..., Q8_0 -> Q8_0_X8), regrouped by its twin's family: x8 (Q4_0, Q4_1,
+Q5_0, Q5_1: _legacy8), kx8 (Q4_K, Q5_K, Q6_K: _k8), q8x8 (Q8_0: _q8_8).
 """
 
 import dataclasses
@@ -10,18 +11,17 @@ import dataclasses
 import numpy as np
 from numba import njit, prange
 
+from .. import kinds
 from . import simd
 
-INTERLEAVED = {3: 10, 4: 11, 5: 12, 6: 13, 7: 14, 8: 15, 9: 16, 2: 17}
+INTERLEAVED = kinds.INTERLEAVED  # row-major kind -> its interleaved twin
 
 
 def interleave8(w, inplace: bool = False):
     """A repacked matrix of a kind in INTERLEAVED, eight rows interleaved (see _legacy8, _k8 and _q8_8).
     inplace: reuse w's arrays (a per-group permutation in place, when the row count is a multiple of 8),
     so loading holds no second copy of a matrix; w is then spent."""
-    if w.kind == 2:
-        return _q8_8(w, inplace)
-    return _legacy8(w, inplace) if w.kind <= 6 else _k8(w, inplace)
+    return _REGROUP[kinds.family(INTERLEAVED[w.kind])](w, inplace)
 
 
 def _groups(a, transform, inplace):
@@ -81,7 +81,7 @@ def _k8(w, inplace):
         d, m       (G, nsb * 8)        the eight rows' super-block scale (and min scale), float16 bits
     """
     qs = _field(w, "qs", inplace)  # Q4_K/Q5_K: each pair's 32 bytes as eight words
-    if w.kind == 9:
+    if w.kind == kinds.Q6_K:
         qs += np.uint8(32)  # q - 32 as a byte, plus 32 (mod 256): q; padding rows' zeros become 32, times scale 0
     return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=qs, qh=_field(w, "qh", inplace),
                                sc=_field(w, "sc", inplace), d=_field(w, "d", inplace), m=_field(w, "m", inplace))
@@ -102,9 +102,13 @@ def _legacy8(w, inplace):
         d, m (G, nb * 8)   the eight rows' block scales (mins) as float16 bits
     """
     g = -(-w.shape[0] // 8)
-    qh = _q5_masks(w.qh) if w.kind in (5, 6) else np.zeros((g, 0), np.uint8)
+    qh = _q5_masks(w.qh) if kinds.has_qh(w.kind) else np.zeros((g, 0), np.uint8)
     return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=_field(w, "qs", inplace), qh=qh,
                                sc=np.zeros((g, 0), np.uint8), d=_field(w, "d", inplace), m=_field(w, "m", inplace))
+
+
+# the regrouping of each interleaved family (interleave8)
+_REGROUP = {"q8x8": _q8_8, "x8": _legacy8, "kx8": _k8}
 
 
 def _q5_masks(qh):
@@ -141,11 +145,12 @@ def _transform(kind, field):
         return _by_rows(1)
     if field == "sc":
         return _by_rows(16)
-    if kind == 2:
+    fam = kinds.family(kind)
+    if fam == "q8_0":
         return _by_words(8)
-    if kind <= 6:
+    if fam == "q45":
         return _by_words(4) if field == "qs" else None  # Q5_0/Q5_1 qh: a bit transpose
-    return _by_words(64) if kind == 9 else _by_words(8)
+    return _by_words(64) if fam == "q6_k" else _by_words(8)
 
 
 def gather_index(kind, field, cols, row_bytes, unit):
@@ -172,7 +177,7 @@ def gather_index(kind, field, cols, row_bytes, unit):
 def interleave_field(kind, field, a):
     """A computed row-major field `a` (N, W) of a matrix of row-major `kind`, regrouped as interleave8
     regroups it: (ceil(N / 8), 8 W), rows past N as zeros (Q5_0/Q5_1 qh: the bit masks of _legacy8)."""
-    if kind in (5, 6) and field == "qh":
+    if kinds.is_q45(kind) and field == "qh":  # Q5_0/Q5_1
         return _q5_masks(a)
     return _groups(a, _transform(kind, field), False)
 

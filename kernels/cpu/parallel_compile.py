@@ -26,8 +26,8 @@ import numpy as np
 from numba import types
 from numba.np.numpy_support import from_dtype
 
+from ..kinds import is_quantized, uses_q8k
 from . import units
-from .int8 import uses_q8k
 
 _A = types.Array
 _F32_1, _F32_2 = _A(types.float32, 1, "C"), _A(types.float32, 2, "C")
@@ -65,7 +65,7 @@ _PKG = __name__.rsplit(".", 1)[0]
 
 def plan(path: str, kinds, kv_types) -> list[Job]:
     """Every job a model of these matrix kinds (quantized, as the backend holds them) needs on `path`."""
-    kinds = {int(k) for k in kinds if k >= 2}
+    kinds = {int(k) for k in kinds if is_quantized(k)}
     jobs = [Job(f"step ({kv} KV)", ("attr", f"{_PKG}.step", "forward_layers"), step_sig(kv), 19.0)
             for kv in kv_types]
     jobs += [Job(f"attention ({kv} KV)", ("attr", f"{_PKG}.attention", "paged_attention"), units.attention_sig(kv),

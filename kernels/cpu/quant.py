@@ -1,12 +1,16 @@
 """Numba kernels over repacked weights (fields qs, qh, sc, d, m; see quant/repack.py): decoding rows
 (embeddings, dequantize) and the float matmul of F16/BF16 weights.
 
-kind: 0 F16, 1 BF16, 2 Q8_0, 3 Q4_0, 4 Q4_1, 5 Q5_0, 6 Q5_1, 7 Q4_K, 8 Q5_K, 9 Q6_K; 10-13 Q4_0-Q5_1
-interleaved by eight rows.
+kind: every kind of kernels/kinds.py, row-major (quant/repack.py) and interleaved (layout.py).
 """
 
 import numpy as np
 from numba import njit, prange
+
+from .. import kinds
+
+_x8_has_qh = kinds.predicate("has_qh", within="x8")    # Q5_0_X8, Q5_1_X8
+_x8_has_min = kinds.predicate("has_min", within="x8")  # Q4_1_X8, Q5_1_X8
 
 # 16-bit pattern -> float32 value: row 0 reads it as float16 (the block scales, F16 weights),
 # row 1 as bfloat16 (BF16 weights). 512 KiB, shared by every kernel.
@@ -29,24 +33,24 @@ def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
     # elements [32 g, 32 g + 32) of row n of W -> y (32,) float32
     lut = luts[0]
     base = g * 32
-    if kind == 0 or kind == 1:  # F16 / BF16
+    if kind == kinds.F16 or kind == kinds.BF16:
         tab = luts[kind]
         for j in range(32):
             y[j] = tab[d[n, base + j]]
-    elif kind == 2:  # Q8_0: 32 int8 per block
+    elif kinds.is_q8_0(kind):  # 32 int8 per block
         db = lut[d[n, g]]
         for j in range(32):
             y[j] = db * _i8(qs[n, base + j])
-    elif kind == 3 or kind == 4:  # Q4_0 / Q4_1: byte j holds elements j (low nibble) and j + 16 (high)
+    elif kind == kinds.Q4_0 or kind == kinds.Q4_1:  # byte j holds elements j (low nibble) and j + 16 (high)
         db = lut[d[n, g]]
-        off = lut[m[n, g]] if kind == 4 else np.float32(-8.0) * db
+        off = lut[m[n, g]] if kind == kinds.Q4_1 else np.float32(-8.0) * db
         for j in range(16):
             q = qs[n, g * 16 + j]
             y[j] = db * np.float32(q & 15) + off
             y[j + 16] = db * np.float32(q >> 4) + off
-    elif kind == 5 or kind == 6:  # Q5_0 / Q5_1: the fifth bit of element j is bit j of qh (u32 LE)
+    elif kind == kinds.Q5_0 or kind == kinds.Q5_1:  # the fifth bit of element j is bit j of qh (u32 LE)
         db = lut[d[n, g]]
-        off = lut[m[n, g]] if kind == 6 else np.float32(-16.0) * db
+        off = lut[m[n, g]] if kind == kinds.Q5_1 else np.float32(-16.0) * db
         h = (np.uint32(qh[n, g * 4]) | (np.uint32(qh[n, g * 4 + 1]) << 8)
              | (np.uint32(qh[n, g * 4 + 2]) << 16) | (np.uint32(qh[n, g * 4 + 3]) << 24))
         for j in range(16):
@@ -55,7 +59,7 @@ def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
             hi = np.int32(q >> 4) | np.int32(((h >> (j + 16)) & 1) << 4)
             y[j] = db * np.float32(lo) + off
             y[j + 16] = db * np.float32(hi) + off
-    elif kind == 7 or kind == 8:  # Q4_K / Q5_K: groups 2p, 2p+1 of a super-block share 32 bytes of qs
+    elif kind == kinds.Q4_K or kind == kinds.Q5_K:  # groups 2p, 2p+1 of a super-block share 32 bytes of qs
         sb = g // 8
         i = g % 8
         p = i // 2
@@ -64,16 +68,16 @@ def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
         mn = lut[m[n, sb]] * np.float32(sc[n, sb * 16 + 8 + i])
         for l in range(32):
             q = np.int32((qs[n, sb * 128 + p * 32 + l] >> shift) & 15)
-            if kind == 8:
+            if kind == kinds.Q5_K:
                 q |= np.int32((qh[n, sb * 32 + l] >> i) & 1) << 4
             y[l] = scale * np.float32(q) - mn
-    elif kind == 17:  # Q8_0, eight rows interleaved (layout._q8_8)
+    elif kinds.is_q8x8(kind):  # Q8_0, eight rows interleaved (layout._q8_8)
         G = n // 8
         r = n % 8
         db = lut[d[G, g * 8 + r]]
         for i in range(32):
             y[i] = db * _i8(qs[G, (g * 8 + i // 4) * 32 + r * 4 + i % 4])
-    elif kind == 14 or kind == 15:  # Q4_K / Q5_K, eight rows interleaved (layout._k8)
+    elif kind == kinds.Q4_K_X8 or kind == kinds.Q5_K_X8:  # eight rows interleaved (layout._k8)
         G = n // 8
         r = n % 8
         sb = g // 8
@@ -83,10 +87,10 @@ def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
         for l in range(32):
             o = ((sb * 4 + j // 2) * 8 + l // 4) * 32 + r * 4 + l % 4
             q = np.int32(qs[G, o] & 15) if j % 2 == 0 else np.int32(qs[G, o] >> 4)
-            if kind == 15:
+            if kind == kinds.Q5_K_X8:
                 q |= np.int32((qh[G, (sb * 8 + l // 4) * 32 + r * 4 + l % 4] >> j) & 1) << 4
             y[l] = scale * np.float32(q) - mn
-    elif kind == 16:  # Q6_K, eight rows interleaved, unsigned q (value q - 32)
+    elif kind == kinds.Q6_K_X8:  # eight rows interleaved, unsigned q (value q - 32)
         G = n // 8
         r = n % 8
         sb = g // 8
@@ -96,12 +100,12 @@ def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
             for l in range(16):
                 i = (g % 8) * 32 + h * 16 + l
                 y[h * 16 + l] = s * np.float32(np.int32(qs[G, (sb * 64 + i // 4) * 32 + r * 4 + i % 4]) - 32)
-    elif kind >= 10:  # Q4_0 / Q4_1 / Q5_0 / Q5_1 with eight rows interleaved (layout.interleave8)
+    elif kinds.is_interleaved(kind):  # the rest: Q4_0 / Q4_1 / Q5_0 / Q5_1 with eight rows interleaved (layout.interleave8)
         G = n // 8
         r = n % 8
         db = lut[d[G, g * 8 + r]]
-        five = kind >= 12
-        off = lut[m[G, g * 8 + r]] if kind == 11 or kind == 13 else np.float32(-16.0 if five else -8.0) * db
+        five = _x8_has_qh(kind)
+        off = lut[m[G, g * 8 + r]] if _x8_has_min(kind) else np.float32(-16.0 if five else -8.0) * db
         for i in range(32):
             v = i // 4
             b = qs[G, g * 128 + (v % 4) * 32 + r * 4 + i % 4]
@@ -112,7 +116,7 @@ def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
                         | (np.uint32(qh[G, o + 3]) << 24))
                 q |= np.int32((mask >> (r * 4 + i % 4)) & 1) << 4
             y[i] = db * np.float32(q) + off
-    elif kind == 9:  # Q6_K: unpacked signed bytes; one int8 scale per 16 elements
+    elif kinds.is_q6_k(kind):  # unpacked signed bytes; one int8 scale per 16 elements
         db = lut[d[n, g // 8]]
         for h in range(2):
             s = db * np.float32(_i8(sc[n, g * 2 + h]))
@@ -126,7 +130,7 @@ def dequant_row(kind, qs, qh, sc, d, m, luts, n, y):
     K = y.shape[0]
     for g in range(K // 32):
         decode_group(kind, qs, qh, sc, d, m, luts, n, g, y[g * 32:(g + 1) * 32])
-    if kind <= 1:  # F16/BF16 rows need not be a multiple of 32 long
+    if kinds.is_dense(kind):  # F16/BF16 rows need not be a multiple of 32 long
         for k in range(K // 32 * 32, K):
             y[k] = luts[kind][d[n, k]]
 

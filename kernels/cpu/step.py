@@ -20,6 +20,7 @@ import numba
 import numpy as np
 from numba import njit, prange, typed
 
+from ..kinds import is_dense, uses_q8k
 from . import int8, ops, quant, units
 
 # per layer, in this order; MATS matrices follow each other in the typed list
@@ -30,7 +31,7 @@ _INPUT_OF = (IN_QKV, IN_QKV, IN_QKV, IN_O, IN_GATE_UP, IN_GATE_UP, IN_DOWN)
 
 
 def _needs(kind: int) -> int:
-    return 0 if kind <= 1 else (2 if int8.uses_q8k(kind) else 1)
+    return 0 if is_dense(kind) else (2 if uses_q8k(kind) else 1)
 
 
 class LayerStack:
@@ -83,7 +84,7 @@ class LayerStack:
               qkv_bias=False):
         # float matrices (F32, F16, BF16: rare in quantized models) go through the per-op path, which
         # keeps their float kernels out of this function's compile
-        if any(isinstance(getattr(lw, name), np.ndarray) or getattr(lw, name).kind <= 1
+        if any(isinstance(getattr(lw, name), np.ndarray) or is_dense(getattr(lw, name).kind)
                for lw in layers for name in MATS):
             return None
         return cls(cfg, layers, inv_freqs, table, kinds, qk_norm, post_norms, gelu, qkv_bias)

@@ -22,6 +22,7 @@ from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
+from ..kinds import COUNT, FAMILIES, is_quantized
 from . import simd
 
 # -- the call -------------------------------------------------------------------------------------
@@ -82,13 +83,11 @@ Q8K = types.Tuple((_U8, _F32, _I32, _I32))
 LUTS = types.Array(types.float32, 2, "C")  # quant.HALF_TO_F32
 ROWS_SIG = (MAT, Q8, Q8K, LUTS, _F32, types.int64, types.int64)  # (w, q8, q8k, luts, out (T, N), n0, n1)
 
-# the matrix kinds (quant/repack.py 2-9, layout.py 10-17) by kernel family: one unit per family and path
-FAMILIES = {"q8_0": (2,), "q45": (3, 4, 5, 6), "k45": (7, 8), "q6_k": (9,), "x8": (10, 11, 12, 13),
-            "kx8": (14, 15, 16), "q8x8": (17,)}
+# FAMILIES: the quantized matrix kinds by kernel family (kinds.py); one unit per family and path
 FAMILY_OF = {k: name for name, ks in FAMILIES.items() for k in ks}
-# table slots: one per matrix kind (0 and 1, the float kinds, unused), then paged attention
-ATTENTION = 18
-TABLE_SIZE = 19
+# table slots: one per matrix kind (the float kinds' unused), then paged attention
+ATTENTION = COUNT
+TABLE_SIZE = ATTENTION + 1
 
 KV_DTYPES = {"f32": np.float32, "f16": np.uint16, "q8_0": np.int8}  # KV cache element type per KV type
 
@@ -144,7 +143,7 @@ class Table:
 
     def for_kinds(self, kinds, kv: str | None = None) -> np.ndarray:
         for k in kinds:
-            if k >= 2 and self.addr[k] == 0:
+            if is_quantized(k) and self.addr[k] == 0:
                 fam = FAMILY_OF[k]
                 a = address(rows_unit(self.path, fam), ROWS_SIG)
                 for k2 in FAMILIES[fam]:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32
+
+from .. import kinds
+from . import quant
 
 NAME = "cuda"
 MAX_HEAD_DIM = 512  # per-thread accumulator in paged attention
@@ -46,7 +49,7 @@ def _blocks(n: int, per: int = 128) -> int:
 
 
 class DeviceWeight:
-    """A repacked weight matrix W (N, K) on the device; kind -1 is a float32 matrix."""
+    """A repacked weight matrix W (N, K) on the device; kind kinds.F32 is a float32 matrix."""
 
     def __init__(self, kind: int, shape, **fields):
         self.kind = kind
@@ -72,86 +75,8 @@ def upload(a):
         return DeviceWeight(a.kind, a.shape, qs=_dev(a.qs), qh=_dev(a.qh), sc=_dev(a.sc), d=_dev(a.d), m=_dev(a.m))
     a = np.ascontiguousarray(a)
     if a.ndim == 2 and a.dtype == np.float32:
-        return DeviceWeight(-1, a.shape, w=cuda.to_device(a))
+        return DeviceWeight(kinds.F32, a.shape, w=cuda.to_device(a))
     return cuda.to_device(a)
-
-
-# -- element decode ---------------------------------------------------------------------------
-
-
-@cuda.jit(device=True, inline=True)
-def _i8(v):
-    return int32(v) - 256 if v > 127 else int32(v)
-
-
-@cuda.jit(device=True)
-def _dq(kind, qs, qh, sc, d, m, luts, n, k):
-    # element k of row n of W, for every kind (layouts: quant/repack.py)
-    if kind == 0 or kind == 1:
-        return luts[kind, d[n, k]]
-    g = k // 32
-    j = k % 32
-    if kind == 2:
-        return luts[0, d[n, g]] * float32(_i8(qs[n, k]))
-    if kind == 3 or kind == 4:
-        b = qs[n, g * 16 + j % 16]
-        q = (b & 15) if j < 16 else (b >> 4)
-        db = luts[0, d[n, g]]
-        off = luts[0, m[n, g]] if kind == 4 else float32(-8.0) * db
-        return db * float32(q) + off
-    if kind == 5 or kind == 6:
-        b = qs[n, g * 16 + j % 16]
-        q = int32((b & 15) if j < 16 else (b >> 4))
-        q |= int32((qh[n, g * 4 + j // 8] >> (j % 8)) & 1) << 4
-        db = luts[0, d[n, g]]
-        off = luts[0, m[n, g]] if kind == 6 else float32(-16.0) * db
-        return db * float32(q) + off
-    if kind == 7 or kind == 8:
-        sb = g // 8
-        i = g % 8
-        q = int32((qs[n, sb * 128 + (i // 2) * 32 + j] >> (4 * (i % 2))) & 15)
-        if kind == 8:
-            q |= int32((qh[n, sb * 32 + j] >> i) & 1) << 4
-        scale = luts[0, d[n, sb]] * float32(sc[n, sb * 16 + i])
-        mn = luts[0, m[n, sb]] * float32(sc[n, sb * 16 + 8 + i])
-        return scale * float32(q) - mn
-    # kind 9, Q6_K: unpacked signed bytes, an int8 scale per 16
-    return luts[0, d[n, k // 256]] * float32(_i8(sc[n, k // 16])) * float32(_i8(qs[n, k]))
-
-
-@cuda.jit
-def _matmul_q(kind, qs, qh, sc, d, m, luts, x, out):
-    # W (N,K) @ x (T,K) -> out (T,N); one thread per output element
-    n, t = cuda.grid(2)
-    if n < out.shape[1] and t < out.shape[0]:
-        acc = float32(0.0)
-        for k in range(x.shape[1]):
-            acc += _dq(kind, qs, qh, sc, d, m, luts, n, k) * x[t, k]
-        out[t, n] = acc
-
-
-@cuda.jit
-def _matmul_f32(w, x, out):
-    n, t = cuda.grid(2)
-    if n < out.shape[1] and t < out.shape[0]:
-        acc = float32(0.0)
-        for k in range(x.shape[1]):
-            acc += w[n, k] * x[t, k]
-        out[t, n] = acc
-
-
-@cuda.jit
-def _embed_q(kind, qs, qh, sc, d, m, luts, ids, out):
-    i, k = cuda.grid(2)
-    if i < out.shape[0] and k < out.shape[1]:
-        out[i, k] = _dq(kind, qs, qh, sc, d, m, luts, ids[i], k)
-
-
-@cuda.jit
-def _embed_f32(w, ids, out):
-    i, k = cuda.grid(2)
-    if i < out.shape[0] and k < out.shape[1]:
-        out[i, k] = w[ids[i], k]
 
 
 def _grid2(a: int, b: int):
@@ -189,10 +114,10 @@ def matmul(w, x, out=None):
     if out is None:
         out = cuda.device_array((t, n), np.float32)
     grid, tb = _grid2(n, t)
-    if w.kind < 0:
-        _matmul_f32[grid, tb](w.w, x, out)
+    if w.kind == kinds.F32:
+        quant.matmul_f32[grid, tb](w.w, x, out)
     else:
-        _matmul_q[grid, tb](w.kind, w.qs, w.qh, w.sc, w.d, w.m, _luts(), x, out)
+        quant.matmul_q[grid, tb](w.kind, w.qs, w.qh, w.sc, w.d, w.m, _luts(), x, out)
     return out
 
 
@@ -201,15 +126,15 @@ def embed(w, ids):
     ids = ids if _on_device(ids) else cuda.to_device(np.ascontiguousarray(ids, np.int64))
     out = cuda.device_array((ids.shape[0], w.shape[1]), np.float32)
     grid, tb = _grid2(ids.shape[0], w.shape[1])
-    if w.kind < 0:
-        _embed_f32[grid, tb](w.w, ids, out)
+    if w.kind == kinds.F32:
+        quant.embed_f32[grid, tb](w.w, ids, out)
     else:
-        _embed_q[grid, tb](w.kind, w.qs, w.qh, w.sc, w.d, w.m, _luts(), ids, out)
+        quant.embed_q[grid, tb](w.kind, w.qs, w.qh, w.sc, w.d, w.m, _luts(), ids, out)
     return out
 
 
 def dequantize(w) -> np.ndarray:
-    if w.kind < 0:
+    if w.kind == kinds.F32:
         return w.w.copy_to_host()
     out = embed(w, cuda.to_device(np.arange(w.shape[0], dtype=np.int64)))
     return out.copy_to_host()

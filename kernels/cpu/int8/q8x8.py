@@ -1,0 +1,104 @@
+"""Interleaved Q8_0 (layout._q8_8): eight rows per vector, signed weights by the sign trick."""
+
+import numpy as np
+from numba import njit
+from numba.extending import overload
+
+from .. import simd
+from ..simd import path_of
+from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8, store8
+
+def rows_q8x8(isa, qs, d, luts, xq, xd, out, n0, n1):
+    """Rows [n0, n1) (n0 a multiple of 8) of a matmul of interleaved Q8_0, every token."""
+
+
+def dot8s(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
+    """sum_v s8x32 w_v . s8x32 x_v -> s32x8 (exact), as |w| . (x with the sign of w): vpdpbusd chains on
+    vnni; on avx2 each vpmaddubsw widened by vpmaddwd at once (two of them can pass 2**15)."""
+
+
+@overload(dot8s, inline="always")
+def _dot8s(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
+    if path_of(isa) == "vnni":
+        def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
+            a = simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(
+                simd.zero32(), simd.abs8(w0), simd.sign8(x0, w0)), simd.abs8(w1), simd.sign8(x1, w1)),
+                simd.abs8(w2), simd.sign8(x2, w2)), simd.abs8(w3), simd.sign8(x3, w3))
+            b = simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(
+                simd.zero32(), simd.abs8(w4), simd.sign8(x4, w4)), simd.abs8(w5), simd.sign8(x5, w5)),
+                simd.abs8(w6), simd.sign8(x6, w6)), simd.abs8(w7), simd.sign8(x7, w7))
+            return simd.add32(a, b)
+        return impl
+
+    def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
+        one = simd.ones16()
+        a = simd.add32(simd.add32(simd.madd(simd.maddubs(simd.abs8(w0), simd.sign8(x0, w0)), one),
+                                  simd.madd(simd.maddubs(simd.abs8(w1), simd.sign8(x1, w1)), one)),
+                       simd.add32(simd.madd(simd.maddubs(simd.abs8(w2), simd.sign8(x2, w2)), one),
+                                  simd.madd(simd.maddubs(simd.abs8(w3), simd.sign8(x3, w3)), one)))
+        b = simd.add32(simd.add32(simd.madd(simd.maddubs(simd.abs8(w4), simd.sign8(x4, w4)), one),
+                                  simd.madd(simd.maddubs(simd.abs8(w5), simd.sign8(x5, w5)), one)),
+                       simd.add32(simd.madd(simd.maddubs(simd.abs8(w6), simd.sign8(x6, w6)), one),
+                                  simd.madd(simd.maddubs(simd.abs8(w7), simd.sign8(x7, w7)), one)))
+        return simd.add32(a, b)
+    return impl
+
+
+@njit(cache=True, fastmath=EXACT)
+def _q8x8_portable(isa, qs, d, luts, xq, xd, out, n0, n1):
+    # one row and one token at a time, the SIMD path's arithmetic lane by lane (the same bits)
+    T, K = xq.shape
+    nb = K // 32
+    for n in range(n0, n1):
+        grp = n // 8
+        r = n % 8
+        for t in range(T):
+            acc = np.float32(0.0)
+            for b in range(nb):
+                isum = np.int32(0)
+                for i in range(32):
+                    isum += i8(qs[grp, ((b * 8 + i // 4) * 8 + r) * 4 + i % 4]) * i8(xq[t, b * 32 + i])
+                acc = simd.fma1(np.float32(isum), luts[0, d[grp, b * 8 + r]] * xd[t, b], acc)
+            out[t, n] = acc
+
+
+@njit(cache=True, fastmath=EXACT)
+def _q8x8_simd(isa, qs, d, luts, xq, xd, out, n0, n1):
+    T, K = xq.shape
+    N = out.shape[1]
+    nb = K // 32
+    res = np.empty(8, np.float32)
+    acc = np.empty(X8_TOKENS * 8, np.float32)
+    for grp in range(n0 // 8, (n1 + 7) // 8):
+        for t0 in range(0, T, X8_TOKENS):
+            t1 = min(T, t0 + X8_TOKENS)
+            acc[: (t1 - t0) * 8] = 0
+            for b in range(nb):
+                o = (grp * nb + b) * 256
+                simd.prefetch(qs, o + PREFETCH)
+                simd.prefetch(qs, o + 64 + PREFETCH)
+                simd.prefetch(qs, o + 128 + PREFETCH)
+                simd.prefetch(qs, o + 192 + PREFETCH)
+                w0 = simd.load32(qs, o)
+                w1 = simd.load32(qs, o + 32)
+                w2 = simd.load32(qs, o + 64)
+                w3 = simd.load32(qs, o + 96)
+                w4 = simd.load32(qs, o + 128)
+                w5 = simd.load32(qs, o + 160)
+                w6 = simd.load32(qs, o + 192)
+                w7 = simd.load32(qs, o + 224)
+                dw = simd.loadf8(d, (grp * nb + b) * 8)
+                for t in range(t0, t1):
+                    xo = t * K + b * 32
+                    isum = dot8s(isa, w0, w1, w2, w3, w4, w5, w6, w7,
+                                 simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4), simd.bcast4(xq, xo + 8),
+                                 simd.bcast4(xq, xo + 12), simd.bcast4(xq, xo + 16), simd.bcast4(xq, xo + 20),
+                                 simd.bcast4(xq, xo + 24), simd.bcast4(xq, xo + 28))
+                    j = (t - t0) * 8
+                    simd.storef8(acc, j, simd.fma8(simd.cvt8(isum), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
+                                                   simd.loadf8(acc, j)))
+            for t in range(t0, t1):
+                store8(out, t, grp * 8, N, simd.loadf8(acc, (t - t0) * 8), res)
+
+
+overload(rows_q8x8)(by_path(_q8x8_portable, _q8x8_simd))

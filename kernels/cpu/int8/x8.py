@@ -1,0 +1,137 @@
+"""Interleaved Q4_0, Q4_1, Q5_0, Q5_1 (layout.interleave8): eight rows per vector."""
+
+import numpy as np
+from numba import njit
+from numba.extending import overload
+
+from ... import kinds
+from .. import simd
+from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8, store8, dot8
+
+has_qh = kinds.predicate("has_qh", within="x8")    # Q5_0, Q5_1
+has_min = kinds.predicate("has_min", within="x8")  # Q4_1, Q5_1
+
+
+def rows_x8(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
+    """Rows [n0, n1) (n0 a multiple of 8) of a matmul of interleaved Q4_0/Q4_1/Q5_0/Q5_1, every token."""
+
+
+@njit(cache=True, fastmath=EXACT)
+def _x8_portable(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
+    # one row and one token at a time, the SIMD path's arithmetic lane by lane (the same bits)
+    T, K = xq.shape
+    N = out.shape[1]
+    nb = K // 32
+    five = has_qh(kind)
+    has_m = has_min(kind)
+    for n in range(n0, n1):
+        grp = n // 8
+        r = n % 8
+        for t in range(T):
+            acc = np.float32(0.0)
+            mo = np.float32(0.0)
+            for b in range(nb):
+                isum = np.int32(0)
+                for i in range(32):
+                    v = i // 4
+                    q = np.int32(qs[grp, b * 128 + (v % 4) * 32 + r * 4 + i % 4])
+                    q = q & 15 if v < 4 else q >> 4
+                    if five:
+                        o = (b * 8 + v) * 4
+                        mask = (np.uint32(qh[grp, o]) | (np.uint32(qh[grp, o + 1]) << 8)
+                                | (np.uint32(qh[grp, o + 2]) << 16) | (np.uint32(qh[grp, o + 3]) << 24))
+                        q |= np.int32((mask >> (r * 4 + i % 4)) & 1) << 4
+                    isum += q * i8(xq[t, b * 32 + i])
+                dw = luts[0, d[grp, b * 8 + r]]
+                off = luts[0, m[grp, b * 8 + r]] if has_m else dw * np.float32(-16.0 if five else -8.0)
+                acc = simd.fma1(np.float32(isum), dw * xd[t, b], acc)
+                mo = simd.fma1(off, xs[t, b], mo)
+            out[t, n] = acc + mo
+
+
+@njit(inline="always", cache=True)
+def _x8_high(five, w, mask):
+    # a vector of low nibbles, with the fifth bits of a Q5 type from its 32-bit mask
+    if five:
+        return simd.or_(w, simd.bits_to_bytes(mask, np.uint8(16)))
+    return w
+
+
+@njit(cache=True, fastmath=EXACT)
+def _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
+    T, K = xq.shape
+    N = out.shape[1]
+    nb = K // 32
+    five = has_qh(kind)
+    has_m = has_min(kind)
+    offk = simd.splatf(np.float32(-16.0 if five else -8.0))
+    qh32 = qh.reshape(qh.size).view(np.uint32)
+    res = np.empty(8, np.float32)
+    if T == 1:
+        for grp in range(n0 // 8, (n1 + 7) // 8):
+            acc = simd.zerof()
+            mo = simd.zerof()
+            for b in range(nb):
+                o = grp * nb + b
+                simd.prefetch(qs, o * 128 + PREFETCH)
+                simd.prefetch(qs, o * 128 + 64 + PREFETCH)
+                v0 = simd.load32(qs, o * 128)
+                v1 = simd.load32(qs, o * 128 + 32)
+                v2 = simd.load32(qs, o * 128 + 64)
+                v3 = simd.load32(qs, o * 128 + 96)
+                isum = dot8(isa, _x8_high(five, simd.low4(v0), simd.ld(qh32, o * 8)),
+                            _x8_high(five, simd.low4(v1), simd.ld(qh32, o * 8 + 1)),
+                            _x8_high(five, simd.low4(v2), simd.ld(qh32, o * 8 + 2)),
+                            _x8_high(five, simd.low4(v3), simd.ld(qh32, o * 8 + 3)),
+                            _x8_high(five, simd.shr4(v0), simd.ld(qh32, o * 8 + 4)),
+                            _x8_high(five, simd.shr4(v1), simd.ld(qh32, o * 8 + 5)),
+                            _x8_high(five, simd.shr4(v2), simd.ld(qh32, o * 8 + 6)),
+                            _x8_high(five, simd.shr4(v3), simd.ld(qh32, o * 8 + 7)),
+                            simd.bcast4(xq, b * 32), simd.bcast4(xq, b * 32 + 4), simd.bcast4(xq, b * 32 + 8),
+                            simd.bcast4(xq, b * 32 + 12), simd.bcast4(xq, b * 32 + 16), simd.bcast4(xq, b * 32 + 20),
+                            simd.bcast4(xq, b * 32 + 24), simd.bcast4(xq, b * 32 + 28))
+                dw = simd.loadf8(d, o * 8)
+                off = simd.loadf8(m, o * 8) if has_m else simd.mul8(dw, offk)
+                acc = simd.fma8(simd.cvt8(isum), simd.mul8(dw, simd.splatf(simd.ld(xd, b))), acc)
+                mo = simd.fma8(off, simd.splatf(simd.ld(xs, b)), mo)
+            store8(out, 0, grp * 8, N, simd.add8(acc, mo), res)
+        return
+    acc = np.empty(X8_TOKENS * 8, np.float32)
+    mos = np.empty(X8_TOKENS * 8, np.float32)
+    for grp in range(n0 // 8, (n1 + 7) // 8):
+        for t0 in range(0, T, X8_TOKENS):
+            t1 = min(T, t0 + X8_TOKENS)
+            acc[:] = 0
+            mos[:] = 0
+            for b in range(nb):
+                o = grp * nb + b
+                v0 = simd.load32(qs, o * 128)
+                v1 = simd.load32(qs, o * 128 + 32)
+                v2 = simd.load32(qs, o * 128 + 64)
+                v3 = simd.load32(qs, o * 128 + 96)
+                w0 = _x8_high(five, simd.low4(v0), simd.ld(qh32, o * 8))
+                w1 = _x8_high(five, simd.low4(v1), simd.ld(qh32, o * 8 + 1))
+                w2 = _x8_high(five, simd.low4(v2), simd.ld(qh32, o * 8 + 2))
+                w3 = _x8_high(five, simd.low4(v3), simd.ld(qh32, o * 8 + 3))
+                w4 = _x8_high(five, simd.shr4(v0), simd.ld(qh32, o * 8 + 4))
+                w5 = _x8_high(five, simd.shr4(v1), simd.ld(qh32, o * 8 + 5))
+                w6 = _x8_high(five, simd.shr4(v2), simd.ld(qh32, o * 8 + 6))
+                w7 = _x8_high(five, simd.shr4(v3), simd.ld(qh32, o * 8 + 7))
+                dw = simd.loadf8(d, o * 8)
+                off = simd.loadf8(m, o * 8) if has_m else simd.mul8(dw, offk)
+                for t in range(t0, t1):
+                    xo = t * K + b * 32
+                    isum = dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7,
+                                simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4), simd.bcast4(xq, xo + 8),
+                                simd.bcast4(xq, xo + 12), simd.bcast4(xq, xo + 16), simd.bcast4(xq, xo + 20),
+                                simd.bcast4(xq, xo + 24), simd.bcast4(xq, xo + 28))
+                    j = (t - t0) * 8
+                    simd.storef8(acc, j, simd.fma8(simd.cvt8(isum), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
+                                                   simd.loadf8(acc, j)))
+                    simd.storef8(mos, j, simd.fma8(off, simd.splatf(simd.ld(xs, t * nb + b)), simd.loadf8(mos, j)))
+            for t in range(t0, t1):
+                j = (t - t0) * 8
+                store8(out, t, grp * 8, N, simd.add8(simd.loadf8(acc, j), simd.loadf8(mos, j)), res)
+
+
+overload(rows_x8)(by_path(_x8_portable, _x8_simd))

@@ -1,0 +1,181 @@
+"""Float vector operations (attention, activations, the interleaved matmuls' accumulation).
+
+Plain IEEE operations with no fast-math flags: a kernel built from them computes the same bits in
+every calling context (one row or a tile of rows, inlined or not)."""
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from .vec import _V8F32, _call, _elem_ptr, _splat, f32x8, i32x8
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """The bit pattern of a float32 as uint32 (a bitcast; no instruction)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def zerof(typingctx):
+    """f32x8 of zeros."""
+    return f32x8(), lambda c, builder, s, args: ir.Constant(_V8F32, None)
+
+
+@intrinsic
+def hsum_f(typingctx, a):
+    """hsum_float_8: the 8 lanes of an f32x8 summed in a fixed tree order -> float32."""
+    def codegen(context, builder, signature, args):
+        v4 = ir.VectorType(ir.FloatType(), 4)
+        idx = lambda xs: ir.Constant(ir.VectorType(ir.IntType(32), len(xs)), xs)  # noqa: E731
+        lo = builder.shuffle_vector(args[0], args[0], idx([0, 1, 2, 3]))
+        hi = builder.shuffle_vector(args[0], args[0], idx([4, 5, 6, 7]))
+        s = builder.fadd(lo, hi)
+        s2 = builder.fadd(builder.shuffle_vector(s, s, idx([0, 1])), builder.shuffle_vector(s, s, idx([2, 3])))
+        return builder.fadd(builder.extract_element(s2, ir.Constant(ir.IntType(32), 0)),
+                            builder.extract_element(s2, ir.Constant(ir.IntType(32), 1)))
+
+    return types.float32(f32x8), codegen
+
+
+@intrinsic
+def loadf8(typingctx, a, i):
+    """a.flat[i : i + 8] -> f32x8: float32 values, or float16 bit patterns (uint16) widened (vcvtph2ps)."""
+    if a.dtype == types.float32:
+        def codegen(context, builder, signature, args):
+            return builder.load(_elem_ptr(context, builder, signature.args[0], args[0], args[1], _V8F32), align=4)
+    elif a.dtype == types.uint16:
+        def codegen(context, builder, signature, args):
+            h8 = ir.VectorType(ir.HalfType(), 8)
+            return builder.fpext(builder.load(_elem_ptr(context, builder, signature.args[0], args[0], args[1], h8),
+                                              align=2), _V8F32)
+    else:
+        return None
+    return f32x8(a, types.intp), codegen
+
+
+@intrinsic
+def storef8(typingctx, a, i, v):
+    """a.flat[i : i + 8] = v, a float32 array."""
+    def codegen(context, builder, signature, args):
+        builder.store(args[2], _elem_ptr(context, builder, signature.args[0], args[0], args[1], _V8F32), align=4)
+        return context.get_dummy_value()
+
+    return types.void(a, types.intp, f32x8), codegen
+
+
+@intrinsic
+def splatf(typingctx, x):
+    """f32x8 with x in every lane."""
+    def codegen(context, builder, signature, args):
+        return _splat(builder, context.cast(builder, args[0], signature.args[0], types.float32), _V8F32)
+
+    return f32x8(x), codegen
+
+
+@intrinsic
+def fma8(typingctx, a, b, c):
+    """a * b + c, f32x8, one rounding (vfmadd)."""
+    return f32x8(f32x8, f32x8, f32x8), lambda ctx, builder, s, args: _call(builder, "llvm.fma.v8f32", _V8F32, list(args))
+
+
+@intrinsic
+def fma1(typingctx, a, b, c):
+    """a * b + c for float32 scalars, one rounding (the lane-wise twin of fma8)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+    return sig, lambda ctx, builder, s, args: _call(builder, "llvm.fma.f32", ir.FloatType(), list(args))
+
+
+@intrinsic
+def mul8(typingctx, a, b):
+    """a * b, f32x8."""
+    return f32x8(f32x8, f32x8), lambda ctx, builder, s, args: builder.fmul(args[0], args[1])
+
+
+@intrinsic
+def add8(typingctx, a, b):
+    """a + b, f32x8."""
+    return f32x8(f32x8, f32x8), lambda ctx, builder, s, args: builder.fadd(args[0], args[1])
+
+
+@intrinsic
+def sub8(typingctx, a, b):
+    """a - b, f32x8."""
+    return f32x8(f32x8, f32x8), lambda ctx, builder, s, args: builder.fsub(args[0], args[1])
+
+
+@intrinsic
+def div8(typingctx, a, b):
+    """a / b, f32x8 (correctly rounded)."""
+    return f32x8(f32x8, f32x8), lambda ctx, builder, s, args: builder.fdiv(args[0], args[1])
+
+
+@intrinsic
+def max8(typingctx, a, b):
+    """Lane-wise maximum, f32x8 (-inf loses to any number)."""
+    return f32x8(f32x8, f32x8), lambda ctx, builder, s, args: _call(builder, "llvm.maxnum.v8f32", _V8F32, list(args))
+
+
+@intrinsic
+def hmax8(typingctx, a):
+    """The largest lane of an f32x8 -> float32."""
+    def codegen(context, builder, signature, args):
+        return _call(builder, "llvm.vector.reduce.fmax.v8f32", ir.FloatType(), [args[0]])
+
+    return types.float32(f32x8), codegen
+
+
+@intrinsic
+def lane8(typingctx, a, i):
+    """Lane i of an f32x8 -> float32."""
+    def codegen(context, builder, signature, args):
+        return builder.extract_element(args[0], builder.trunc(args[1], ir.IntType(32)))
+
+    return types.float32(f32x8, types.intp), codegen
+
+
+@intrinsic
+def keep8(typingctx, v, first, lo, hi, fill):
+    """v where lane index first + i lies in [lo, hi), `fill` elsewhere (the keys a query may see)."""
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        idx = builder.add(_splat(builder, args[1], ir.VectorType(i64, 8)), ir.Constant(ir.VectorType(i64, 8), list(range(8))))
+        inside = builder.and_(builder.icmp_signed(">=", idx, _splat(builder, args[2], ir.VectorType(i64, 8))),
+                              builder.icmp_signed("<", idx, _splat(builder, args[3], ir.VectorType(i64, 8))))
+        return builder.select(inside, args[0], _splat(builder, args[4], _V8F32))
+
+    return f32x8(f32x8, types.intp, types.intp, types.intp, types.float32), codegen
+
+
+@intrinsic
+def exp8(typingctx, v):
+    """e**v per lane, f32x8, within 2 ulp (Cephes' expf: 2**n times a degree-7 polynomial); 0 below -87."""
+    def codegen(context, builder, signature, args):
+        c = lambda x: ir.Constant(_V8F32, [x] * 8)  # noqa: E731
+        fma = lambda a, b, d: _call(builder, "llvm.fma.v8f32", _V8F32, [a, b, d])  # noqa: E731
+        v = args[0]
+        x = _call(builder, "llvm.minnum.v8f32", _V8F32, [_call(builder, "llvm.maxnum.v8f32", _V8F32, [v, c(-88.0)]),
+                                                          c(88.0)])
+        fx = _call(builder, "llvm.floor.v8f32", _V8F32, [fma(x, c(1.44269504088896341), c(0.5))])
+        r = fma(fx, c(-0.693359375), x)
+        r = fma(fx, c(2.12194440e-4), r)
+        p = c(1.9875691500e-4)
+        for k in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+            p = fma(p, r, c(k))
+        y = fma(builder.fmul(p, r), r, builder.fadd(r, c(1.0)))
+        i32v = ir.VectorType(ir.IntType(32), 8)
+        n = builder.fptosi(fx, i32v)
+        pow2 = builder.bitcast(builder.shl(builder.add(n, ir.Constant(i32v, [127] * 8)), ir.Constant(i32v, [23] * 8)),
+                               _V8F32)
+        out = builder.fmul(y, pow2)
+        return builder.select(builder.fcmp_ordered("<", v, c(-87.0)), c(0.0), out)
+
+    return f32x8(f32x8), codegen
+
+
+@intrinsic
+def cvt8(typingctx, a):
+    """s32x8 -> f32x8 (vcvtdq2ps; exact below 2**24)."""
+    return f32x8(i32x8), lambda c, builder, s, args: builder.sitofp(args[0], _V8F32)

@@ -1,0 +1,249 @@
+"""Integer vector operations: loads and stores of bytes, byte arithmetic, and the integer dot products
+(u8 x s8 -> s16 pairs -> s32 on avx2, one vpdpbusd on vnni)."""
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .vec import _V8I32, _V16I16, _V32I8, _byte_ptr, _call, _splat, i8x32, i16x16, i32x8
+
+@intrinsic
+def ld(typingctx, a, i):
+    """a.flat[i] of a C-contiguous array, with no negative-index wraparound (plain pointer arithmetic)."""
+    sig = a.dtype(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.load(builder.gep(data, [args[1]]))
+
+    return sig, codegen
+
+
+@intrinsic
+def load32(typingctx, a, offset):
+    """a[offset : offset + 32] -> i8x32 (vmovdqu); `a` is a C-contiguous uint8 or int8 array, offset in bytes."""
+    sig = i8x32(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
+        return builder.load(builder.bitcast(p, _V32I8.as_pointer()), align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def prefetch(typingctx, a, offset):
+    """Hint that a[offset] (a byte offset) will be read soon (prefetcht0); no effect on results."""
+    sig = types.void(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [p.type, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        builder.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def widen8(typingctx, a, offset):
+    """8 bytes at a[offset] (uint8) zero-extended -> s32x8 (vpmovzxbd)."""
+    sig = i32x8(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        v8 = ir.VectorType(ir.IntType(8), 8)
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
+        return builder.zext(builder.load(builder.bitcast(p, v8.as_pointer()), align=1), _V8I32)
+
+    return sig, codegen
+
+
+@intrinsic
+def widen8s(typingctx, a, offset):
+    """8 bytes at a[offset] (int8 bit patterns in a uint8 array) sign-extended -> s32x8 (vpmovsxbd)."""
+    sig = i32x8(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        v8 = ir.VectorType(ir.IntType(8), 8)
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
+        return builder.sext(builder.load(builder.bitcast(p, v8.as_pointer()), align=1), _V8I32)
+
+    return sig, codegen
+
+
+@intrinsic
+def bcast4(typingctx, a, offset):
+    """The 4 bytes at a[offset] (a byte offset) repeated 8 times -> i8x32 (vpbroadcastd)."""
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
+        v = _splat(builder, builder.load(builder.bitcast(p, i32.as_pointer()), align=1), _V8I32)
+        return builder.bitcast(v, _V32I8)
+
+    return i8x32(a, types.intp), codegen
+
+
+@intrinsic
+def store32(typingctx, a, offset, v):
+    """a[offset : offset + 32] = v (i8x32), a uint8 array, offset in bytes."""
+    def codegen(context, builder, signature, args):
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
+        builder.store(args[2], builder.bitcast(p, _V32I8.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.void(a, types.intp, i8x32), codegen
+
+
+@intrinsic
+def copy_bytes(typingctx, dst, doff, src, soff, n):
+    """dst[doff : doff + n] = src[soff : soff + n] for n a constant 2 or 4: one unaligned move (byte offsets
+    into two arrays, any dtype)."""
+    if not isinstance(n, types.IntegerLiteral) or n.literal_value not in (2, 4):
+        return None
+    width = ir.IntType(8 * n.literal_value)
+
+    def codegen(context, builder, signature, args):
+        sp = builder.bitcast(_byte_ptr(context, builder, signature.args[2], args[2], args[3]), width.as_pointer())
+        dp = builder.bitcast(_byte_ptr(context, builder, signature.args[0], args[0], args[1]), width.as_pointer())
+        builder.store(builder.load(sp, align=1), dp, align=1)
+        return context.get_dummy_value()
+
+    return types.void(dst, types.intp, src, types.intp, n), codegen
+
+
+@intrinsic
+def bits_to_bytes(typingctx, bits, value):
+    """bytes_from_bits_32: bit j of a uint32 -> byte j of i8x32, `value` where set, 0 where clear."""
+    sig = i8x32(types.uint32, types.uint8)
+
+    def codegen(context, builder, signature, args):
+        mask = builder.bitcast(args[0], ir.VectorType(ir.IntType(1), 32))
+        return builder.select(mask, _splat(builder, args[1], _V32I8), ir.Constant(_V32I8, None))
+
+    return sig, codegen
+
+
+@intrinsic
+def or_(typingctx, a, b):
+    """a | b, i8x32 (vpor)."""
+    return i8x32(i8x32, i8x32), lambda c, builder, s, args: builder.or_(args[0], args[1])
+
+
+@intrinsic
+def shr4(typingctx, a):
+    """(a >> 4) & 15 per byte, i8x32 (vpsrlw + vpand)."""
+    def codegen(context, builder, signature, args):
+        return builder.lshr(args[0], ir.Constant(_V32I8, [4] * 32))
+
+    return i8x32(i8x32), codegen
+
+
+@intrinsic
+def low4(typingctx, a):
+    """a & 15 per byte, i8x32."""
+    return i8x32(i8x32), lambda c, builder, s, args: builder.and_(args[0], ir.Constant(_V32I8, [15] * 32))
+
+
+@intrinsic
+def bit_to_16(typingctx, a, i):
+    """((a >> i) & 1) << 4 per byte, i8x32: the fifth bit of a Q5_K weight from its qh byte."""
+    def codegen(context, builder, signature, args):
+        sh = builder.trunc(args[1], ir.IntType(8))
+        v = builder.lshr(args[0], _splat(builder, sh, _V32I8))
+        return builder.shl(builder.and_(v, ir.Constant(_V32I8, [1] * 32)), ir.Constant(_V32I8, [4] * 32))
+
+    return i8x32(i8x32, types.intp), codegen
+
+
+@intrinsic
+def abs8(typingctx, a):
+    """|a| per signed byte, i8x32 (vpabsb)."""
+    def codegen(context, builder, signature, args):
+        return _call(builder, "llvm.abs.v32i8", _V32I8, [args[0], ir.Constant(ir.IntType(1), 0)])
+
+    return i8x32(i8x32), codegen
+
+
+@intrinsic
+def sign8(typingctx, a, b):
+    """a with the sign of b per byte (0 where b is 0), i8x32 (vpsignb)."""
+    def codegen(context, builder, signature, args):
+        return _call(builder, "llvm.x86.avx2.psign.b", _V32I8, list(args))
+
+    return i8x32(i8x32, i8x32), codegen
+
+
+@intrinsic
+def maddubs(typingctx, a, b):
+    """u8x32 * s8x32 -> s16x16, adjacent pairs summed with saturation (vpmaddubsw)."""
+    def codegen(context, builder, signature, args):
+        return _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, list(args))
+
+    return i16x16(i8x32, i8x32), codegen
+
+
+@intrinsic
+def madd(typingctx, a, b):
+    """s16x16 * s16x16 -> s32x8, adjacent pairs summed (vpmaddwd)."""
+    def codegen(context, builder, signature, args):
+        return _call(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, list(args))
+
+    return i32x8(i16x16, i16x16), codegen
+
+
+@intrinsic
+def ones16(typingctx):
+    """s16x16 of ones (the second operand of mul_sum_us8_pairs' vpmaddwd)."""
+    return i16x16(), lambda c, builder, s, args: ir.Constant(_V16I16, [1] * 16)
+
+
+@intrinsic
+def dpbusd(typingctx, acc, a, b):
+    """acc + u8x32 . s8x32 in groups of 4 bytes -> s32x8, no saturation (vpdpbusd, AVX-512 VNNI/VL or AVX-VNNI)."""
+    def codegen(context, builder, signature, args):
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32, [args[0],
+                     builder.bitcast(args[1], _V8I32), builder.bitcast(args[2], _V8I32)])
+
+    return i32x8(i32x8, i8x32, i8x32), codegen
+
+
+@intrinsic
+def add16(typingctx, a, b):
+    """a + b, s16x16 (vpaddw; the callers keep the sums in range)."""
+    return i16x16(i16x16, i16x16), lambda c, builder, s, args: builder.add(args[0], args[1])
+
+
+@intrinsic
+def add32(typingctx, a, b):
+    """a + b, s32x8 (vpaddd)."""
+    return i32x8(i32x8, i32x8), lambda c, builder, s, args: builder.add(args[0], args[1])
+
+
+@intrinsic
+def sub32(typingctx, a, b):
+    """a - b, s32x8 (vpsubd)."""
+    return i32x8(i32x8, i32x8), lambda c, builder, s, args: builder.sub(args[0], args[1])
+
+
+@intrinsic
+def mul32(typingctx, a, b):
+    """a * b, s32x8, low 32 bits (vpmulld)."""
+    return i32x8(i32x8, i32x8), lambda c, builder, s, args: builder.mul(args[0], args[1])
+
+
+@intrinsic
+def splat32(typingctx, x):
+    """s32x8 with the integer x in every lane."""
+    def codegen(context, builder, signature, args):
+        return _splat(builder, context.cast(builder, args[0], signature.args[0], types.int32), _V8I32)
+
+    return i32x8(x), codegen
+
+
+@intrinsic
+def zero32(typingctx):
+    """s32x8 of zeros."""
+    return i32x8(), lambda c, builder, s, args: ir.Constant(_V8I32, None)
