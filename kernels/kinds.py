@@ -179,7 +179,7 @@ _predicates: dict = {}
 
 def predicate(prop: str, within: str | None = None):
     """The predicate `kind -> bool` for the Kind property `prop` (an attribute of Kind: "has_qh",
-    "uses_q8k", ...; or "family:NAME"), for the kinds of family `within` (None: every kind). Callable from
+    "uses_q8k", ...; or "family:NAME", "ggml:TYPE"), for the kinds of family `within` (None: every kind). Callable from
     Python and from @njit code alike (inlined there as its comparison, `.expr`)."""
     key = (prop, within)
     fn = _predicates.get(key)
@@ -190,11 +190,13 @@ def predicate(prop: str, within: str | None = None):
         raise ValueError(f"no kinds in family {within!r}")
     if prop.startswith("family:"):
         members = frozenset(k.id for k in KINDS if k.family == prop[7:])
+    elif prop.startswith("ggml:"):
+        members = frozenset(k.id for k in KINDS if k.ggml.name == prop[5:])
     else:
         members = frozenset(k.id for k in KINDS if getattr(k, prop))
     expr = _expr(members, domain)
     where = f"{prop} among the {within} kinds" if within else prop
-    fn_name = f"{prop.replace('family:', 'is_')}" + (f"_in_{within}" if within else "")
+    fn_name = prop.replace("family:", "is_").replace("ggml:", "is_") + (f"_in_{within}" if within else "")
     scope: dict = {}
     exec(f"def {fn_name}(kind):\n    return {expr}\n", scope)  # noqa: S102 (the expression is made above)
     fn = scope[fn_name]

@@ -119,6 +119,8 @@ def test_the_predicates_are_the_range_tests_the_kernels_had():
     assert kinds.predicate("has_min", "x8").expr == "kind == 11 or kind == 13"
     assert kinds.predicate("has_qh", "kx8").expr == "kind == 15"
     assert kinds.predicate("has_min", "kx8").expr == "kind != 16"
+    assert kinds.predicate("ggml:Q6_K", "kx8").expr == "kind == 16"
+    assert kinds.predicate("ggml:Q6_K").members == {kinds.Q6_K, kinds.Q6_K_X8}
     assert kinds.predicate("has_qh", "x8") is kinds.predicate("has_qh", "x8")  # one function per predicate
     with pytest.raises(ValueError, match="no kinds in family"):
         kinds.predicate("has_qh", "nope")

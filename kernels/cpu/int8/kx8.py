@@ -11,6 +11,7 @@ from .common import EXACT, PREFETCH, by_path, i8, store8, dot8
 
 has_qh = kinds.predicate("has_qh", within="kx8")    # Q5_K
 has_min = kinds.predicate("has_min", within="kx8")  # Q4_K, Q5_K: packed nibbles and a min; Q6_K: neither
+is_q6_k = kinds.predicate("ggml:Q6_K", within="kx8")  # Q6_K: unsigned bytes, no min
 
 # -- interleaved Q4_K/Q5_K/Q6_K (layout._k8): eight rows per vector ----------------------------------
 #
@@ -60,7 +61,7 @@ def _kx8_portable(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, 
             for sb in range(nsb):
                 isum = np.int32(0)
                 msum = np.int32(0)
-                if not has_min(kind):  # Q6_K
+                if is_q6_k(kind):
                     for j in range(16):
                         dot = np.int32(0)
                         for i in range(16):
@@ -114,7 +115,7 @@ def _kx8_simd(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
             for sb in range(nsb):
                 so = (grp * nsb + sb) * 128
                 isum = simd.zero32()
-                if not has_min(kind):  # Q6_K
+                if is_q6_k(kind):
                     for j in range(16):
                         o = ((grp * nsb + sb) * 64 + j * 4) * 32
                         if T == 1:
