@@ -56,7 +56,7 @@ def test_tokenization_matches_llama_cpp(case):
 def test_top_logits_match_llama_cpp(case):
     llm, gold = case
     from edgeinfer.engine.kv_cache import KVCache
-from edgeinfer.engine.model_runner import Batch
+    from edgeinfer.engine.model_runner import Batch
 
     cfg = llm.config
     for entry in gold["logits"]:
