@@ -34,6 +34,31 @@ def test_stream_concatenates_to_generate(llm):
     assert chunks[-1].finish_reason == "length"
 
 
+def test_stream_chunks_carry_the_prompt_and_the_running_output_count(llm):
+    chunks = list(llm.stream("the hen", GREEDY))
+    assert all(c.prompt_token_ids == llm.tokenize("the hen", add_bos=None) for c in chunks)
+    assert [c.num_output_tokens for c in chunks] == list(np.cumsum([len(c.token_ids) for c in chunks]))
+    assert chunks[-1].num_output_tokens == GREEDY.max_tokens
+
+
+def test_a_run_left_early_aborts_its_requests_and_frees_their_blocks(llm):
+    eng = llm.engine
+    with eng.run() as run:
+        rids = [run.submit(llm.tokenize(p), GREEDY) for p in PROMPTS[:3]]
+        assert run.pending == set(rids)
+        first = next(iter(run))
+        assert first.request_id in rids and eng.stats()["kv_blocks_used"] > 0
+    assert not eng.has_unfinished() and eng.stats()["kv_blocks_used"] == 0 and run.pending == set()
+    # another caller's request in the same engine is not this run's: it runs on, unseen by the run
+    other = eng.add_request(llm.tokenize("sat"), SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    with eng.run() as run:
+        run.submit(llm.tokenize("x"), GREEDY)
+        seen = {o.request_id for o in run}
+    assert other not in seen and eng.has_unfinished()
+    while eng.has_unfinished():
+        eng.step()
+
+
 def test_prefix_cache_hit_skips_prefill(llm):
     prompt = list(range(5, 5 + 33))  # 8 full blocks of 4 and one token
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)

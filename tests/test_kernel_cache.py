@@ -62,6 +62,20 @@ def test_tiers_follow_the_psabi_levels_and_never_a_feature_the_host_lacks():
     assert cache.tier_for("portable", V3, "aarch64").name.startswith("host-aarch64-")
 
 
+def test_the_kernel_cache_lives_in_the_registry_home(monkeypatch, tmp_path):
+    from edgeinfer import registry
+
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    for home in (str(tmp_path / "home"), None):
+        if home is None:
+            monkeypatch.delenv("EDGEINFER_HOME", raising=False)
+        else:
+            monkeypatch.setenv("EDGEINFER_HOME", home)
+        assert cache.root() == str(registry.home() / "kernels")
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))  # the default follows the user's home, in both
+    assert cache.root() == str(registry.home() / "kernels") == str(tmp_path / "user/.cache/edgeinfer/kernels")
+
+
 def test_this_process_files_kernels_by_tier_versions_and_source():
     import numba
 

@@ -135,9 +135,10 @@ def root() -> str:
     env = os.environ.get("NUMBA_CACHE_DIR")
     if env:
         return os.path.abspath(env)
-    from edgeinfer import registry  # noqa: PLC0415 (the one place that knows EDGEINFER_HOME)
-
-    return str(registry.home() / "kernels")
+    # kernels import nothing of ours, so this reads EDGEINFER_HOME itself, with the default of
+    # edgeinfer.registry.home(); tests/test_kernel_cache.py holds the two to the same folder
+    home = os.environ.get("EDGEINFER_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "edgeinfer")
+    return os.path.join(home, "kernels")
 
 
 def _version_dir() -> str:
