@@ -18,7 +18,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     min_p: float = 0.0
-    repetition_penalty: float = 1.0  # 1: off; on prompt and output tokens
+    repetition_penalty: float = 1.0  # 1: off; on the last repeat_last_n tokens of prompt and output
+    repeat_last_n: int = -1  # how many last tokens repetition_penalty looks at (llama.cpp's): -1 all, 0 none
     presence_penalty: float = 0.0  # on output tokens
     frequency_penalty: float = 0.0  # on output tokens
     max_tokens: int = 256
@@ -55,6 +56,8 @@ class SamplingParams:
             bad("min_p", "must be in [0, 1]")
         if num("repetition_penalty") <= 0:
             bad("repetition_penalty", "must be > 0")
+        if num("repeat_last_n", True) < -1:
+            bad("repeat_last_n", "must be >= -1 (-1: the whole context, 0: none)")
         if not -2 <= num("presence_penalty") <= 2:
             bad("presence_penalty", "must be in [-2, 2]")
         if not -2 <= num("frequency_penalty") <= 2:
@@ -114,9 +117,18 @@ class SamplingParams:
 # -- filters: each takes logits (V,) float64 and returns them with some entries at -inf ----------
 
 
+def _last_tokens(prompt_ids, output_ids, n: int) -> list:
+    """The last n tokens of the context (prompt then output); n = -1: all of them."""
+    if n < 0:
+        return list(prompt_ids) + list(output_ids)
+    if n <= len(output_ids):
+        return list(output_ids[len(output_ids) - n:])
+    return list(prompt_ids[max(0, len(prompt_ids) - (n - len(output_ids))):]) + list(output_ids)
+
+
 def apply_penalties(logits, params: SamplingParams, prompt_ids, output_ids):
-    if params.repetition_penalty != 1.0:
-        seen = np.unique(np.asarray(list(prompt_ids) + list(output_ids), np.int64))
+    if params.repetition_penalty != 1.0 and params.repeat_last_n != 0:
+        seen = np.unique(np.asarray(_last_tokens(prompt_ids, output_ids, params.repeat_last_n), np.int64))
         if seen.size:
             v = logits[seen]
             logits[seen] = np.where(v > 0, v / params.repetition_penalty, v * params.repetition_penalty)

@@ -11,6 +11,7 @@ from edgeinfer.sampling import (SamplingParams, Sampler, apply_min_p, apply_pena
     ("top_k", -1), ("top_k", 2.5), ("min_p", 1.5), ("repetition_penalty", 0.0), ("presence_penalty", 3.0),
     ("frequency_penalty", -2.5), ("max_tokens", 0), ("max_tokens", True), ("stop", [""]), ("stop", [3]),
     ("seed", -1), ("seed", 1.5), ("logprobs", 21), ("stop_token_ids", [-1]), ("ignore_eos", "yes"),
+    ("repeat_last_n", -2), ("repeat_last_n", 1.5),
 ])
 def test_bad_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"^{field} "):
@@ -61,6 +62,22 @@ def test_penalties():
     np.testing.assert_allclose(out, [1.0, -4.0, 1.0, 1.0])
     out = apply_penalties(x.copy(), SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), [0], [2, 2, 3])
     np.testing.assert_allclose(out, [2.0, -2.0, 1.0 - 0.5 - 0.5, 1.0 - 0.5 - 0.25])
+
+
+def test_repeat_last_n_is_how_many_last_tokens_the_repetition_penalty_sees():
+    x = np.array([2.0, 2.0, 2.0, 2.0, 2.0])
+    prompt, output = [0, 1], [2, 3]
+
+    def penalised(n):
+        out = apply_penalties(x.copy(), SamplingParams(repetition_penalty=2.0, repeat_last_n=n), prompt, output)
+        return [i for i in range(5) if out[i] != 2.0]
+
+    assert penalised(-1) == [0, 1, 2, 3]  # the default: the whole context, prompt and output
+    assert penalised(0) == []  # off
+    assert penalised(1) == [3]
+    assert penalised(3) == [1, 2, 3]  # reaching back into the prompt
+    assert penalised(100) == [0, 1, 2, 3]
+    assert SamplingParams().repeat_last_n == -1
 
 
 def test_temperature_sampling_follows_the_distribution():

@@ -137,6 +137,13 @@ def _stop(body: dict) -> tuple[str, ...]:
     return (v,) if isinstance(v, str) else tuple(v)
 
 
+def _repetition_penalty(body: dict) -> float:
+    """vLLM's repetition_penalty or llama.cpp's repeat_penalty (the same penalty): one of them."""
+    if body.get("repetition_penalty") is not None and body.get("repeat_penalty") is not None:
+        raise bad("repeat_penalty", "give one of 'repetition_penalty' and 'repeat_penalty' (llama.cpp's name for it)")
+    return _number(body, "repeat_penalty" if body.get("repeat_penalty") is not None else "repetition_penalty", 1.0)
+
+
 @dataclass
 class ParsedRequest:
     model: str | None
@@ -162,12 +169,10 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
 
 
 def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
-    validate("chat" if chat else "completions", body)  # types and bounds (n and best_of are 1); then what
-    model = parse_model(body)                           # a schema cannot say
-    for unsupported in ("functions", "function_call", "suffix") + (() if chat else ("tools", "tool_choice")):
-        if body.get(unsupported) not in (None, [], "none"):
-            raise bad(unsupported, f"'{unsupported}' is not supported by this server"
-                                   + (" (tools work on /v1/chat/completions)" if unsupported.startswith("tool") else ""))
+    # types and bounds, unknown fields and the ones this server cannot apply (n and best_of are 1); then
+    # what a schema cannot say
+    validate("chat" if chat else "completions", body)
+    model = parse_model(body)
     constraint, constraint_param = parse_constraint(body)
     stream = _get(body, "stream", False)
     include_usage = _get(_get(body, "stream_options", {}), "include_usage", False)
@@ -188,6 +193,10 @@ def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
         top_p=_number(body, "top_p", 1.0),
         presence_penalty=_number(body, "presence_penalty", 0.0),
         frequency_penalty=_number(body, "frequency_penalty", 0.0),
+        top_k=max(0, _integer(body, "top_k", 0)),  # vLLM's -1 and llama.cpp's 0 are both off
+        min_p=_number(body, "min_p", 0.0),
+        repetition_penalty=_repetition_penalty(body),
+        repeat_last_n=_integer(body, "repeat_last_n", -1),
         stop=_stop(body),
         seed=seed,
         logprobs=top if logprobs else None,

@@ -1,9 +1,11 @@
-"""The HTTP API's request and response schemas (JSON Schema 2020-12), the one definition of what the
-server accepts: every request body is validated against them before it is read, `protocol`'s readers
-take their bounds from them, and `/openapi.json` is built from them.
+"""The OpenAI API's request and response schemas (JSON Schema 2020-12), the one definition of what the
+server and batch jobs accept: every request body is validated against them before it is read,
+`protocol`'s readers take their bounds from them, and `/openapi.json` is built from them.
 
-An optional field may also be `null` (OpenAI's clients send nulls for fields left unset). A schema may
-carry "x-error", the message given when a value matches none of its alternatives.
+Every field named is applied, or accepted and ignored because it cannot change an answer (said in its
+description), or refused unless empty (`refused`); a field not named is refused. An optional field may
+also be `null` (OpenAI's clients send nulls for fields left unset). A schema may carry "x-error", the
+message given when a value matches none of its alternatives.
 """
 
 from __future__ import annotations
@@ -44,6 +46,13 @@ def string(doc: str, **kw) -> dict:
     return _opt({"type": "string", "description": doc, **kw})
 
 
+def refused(why: str, *empty) -> dict:
+    """One of OpenAI's fields this server cannot apply: taken only as null (or a value that asks for
+    nothing), otherwise a 400 naming it."""
+    return {"anyOf": [{"type": "null"}, *({"const": e} for e in empty)],
+            "description": f"refused unless null: not supported ({why})", "x-error": f"is not supported ({why})"}
+
+
 TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 ANY_SCHEMA = {"type": ["object", "boolean"], "description": "a JSON schema"}
 CHOICES = {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1,
@@ -55,8 +64,9 @@ SCHEMA_OR_TEXT = {"type": ["object", "boolean", "string"], "description": "a JSO
 SAMPLING = {
     "model": string("a served model's name; may be left out when one model is served", maxLength=256),
     "stream": boolean("stream the output as server-sent events"),
-    "stream_options": _opt({"type": "object", "properties": {
-        "include_usage": boolean("a last chunk with token counts")}}),
+    "stream_options": _opt({"type": "object", "additionalProperties": False, "properties": {
+        "include_usage": boolean("a last chunk with token counts"),
+        "include_obfuscation": boolean("accepted and ignored (no padding is added)")}}),
     "max_tokens": integer(1, None, "most tokens to generate (default: to the end of the context)"),
     "max_completion_tokens": integer(1, None, "the same as max_tokens, OpenAI's newer name"),
     "n": integer(1, 1, "choices per request: one"),
@@ -65,13 +75,28 @@ SAMPLING = {
     "top_p": _opt({"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0, "description": "nucleus sampling mass"}),
     "presence_penalty": number(-2.0, 2.0, "penalty on tokens already generated once"),
     "frequency_penalty": number(-2.0, 2.0, "penalty growing with each repeat of a token"),
+    # the sampling fields of vLLM's and llama.cpp's servers
+    "top_k": integer(-1, None, "sample from the k most likely tokens; 0 or -1 is off (vLLM's and llama.cpp's)"),
+    "min_p": number(0.0, 1.0, "drop tokens less likely than min_p times the most likely one (vLLM's and llama.cpp's)"),
+    "repetition_penalty": number(0.01, 10.0, "divide the logits of tokens already in the context (1 is off; "
+                                             "vLLM's and llama.cpp's, CTRL's penalty)"),
+    "repeat_penalty": number(0.01, 10.0, "llama.cpp's name for repetition_penalty"),
+    "repeat_last_n": integer(-1, None, "how many last tokens of the context (prompt and output) "
+                                       "repetition_penalty looks at: -1 all (the default), 0 none (llama.cpp's)"),
     "stop": _opt({"anyOf": [{"type": "string", "minLength": 1},
                             {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": MAX_STOP}],
                   "x-error": f"must be a non-empty string or a list of at most {MAX_STOP} non-empty strings"}),
     "seed": integer(0, 2**63 - 1, "seed for sampling"),
     "ignore_eos": boolean("generate through the end-of-sequence token (an extension, as vLLM)"),
     "priority": integer(-PRIORITY_LIMIT, PRIORITY_LIMIT, "lower is scheduled first (an extension, as vLLM)"),
+    # OpenAI's fields that cannot change an answer: accepted and ignored
     "user": string("the end user's id (accepted and ignored)"),
+    "metadata": _opt({"type": "object", "description": "accepted and ignored: nothing is stored"}),
+    "store": boolean("accepted and ignored: nothing is stored"),
+    "service_tier": string("accepted and ignored"),
+    "prompt_cache_key": string("accepted and ignored: shared prompt prefixes are always cached"),
+    "safety_identifier": string("accepted and ignored"),
+    "logit_bias": refused("no per-token biases; {} is taken", {}),
     # structured output: OpenAI's response_format, vLLM's structured_outputs and guided_* fields
     "response_format": _opt({"type": "object", "required": ["type"], "properties": {
         "type": {"enum": ["text", "json_object", "json_schema"]},
@@ -128,6 +153,15 @@ CHAT = {"type": "object", "required": ["messages"], "properties": {
     "tools": _opt({"type": "array", "items": TOOL}),
     "tool_choice": TOOL_CHOICE,
     "parallel_tool_calls": boolean("allow several calls in one reply"),
+    # OpenAI's chat fields this server cannot apply
+    "functions": refused("give tools instead", []),
+    "function_call": refused("give tool_choice instead", "none"),
+    "modalities": refused("text only: [\"text\"] is taken", ["text"]),
+    "audio": refused("no audio output"),
+    "prediction": refused("no predicted outputs"),
+    "reasoning_effort": refused("no reasoning-effort control"),
+    "verbosity": refused("no verbosity control"),
+    "web_search_options": refused("no web search"),
 }}
 
 COMPLETION = {"type": "object", "required": ["prompt"], "properties": {
@@ -138,6 +172,9 @@ COMPLETION = {"type": "object", "required": ["prompt"], "properties": {
     **SAMPLING,
     "logprobs": integer(0, 5, "alternatives per token; given, each token's log-probability is returned"),
     "echo": _opt({"const": False, "description": "not supported"}),
+    "suffix": refused("no insertion; \"\" is taken", ""),
+    "tools": refused("on /v1/completions; tools work on /v1/chat/completions", []),
+    "tool_choice": refused("on /v1/completions; tools work on /v1/chat/completions", "none"),
 }}
 
 EMBEDDINGS = {"type": "object", "required": ["input"], "properties": {
@@ -170,6 +207,10 @@ DETOKENIZE = {"type": "object", "required": ["tokens"], "properties": {
 
 REQUESTS = {"chat": CHAT, "completions": COMPLETION, "embeddings": EMBEDDINGS, "tokenize": TOKENIZE,
             "detokenize": DETOKENIZE}
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings",
+         "tokenize": "/tokenize", "detokenize": "/detokenize"}
+for _schema in REQUESTS.values():  # a field no schema names is refused (a 400 naming it), as OpenAI's API does
+    _schema["additionalProperties"] = False
 
 # -- responses ----------------------------------------------------------------------------------
 
@@ -311,6 +352,14 @@ def validate(kind: str, body: Any) -> None:
     for step in where:  # the subschema holding the keyword that failed
         s = s[step]
     path = list(err.instance_path)
+    if keyword == "additionalProperties":  # the field named is the first one the schema does not know
+        obj = body
+        for step in path:
+            obj = obj[step]
+        key = next(k for k in obj if k not in s.get("properties", {}))[:64]
+        where = f"'{_param(path)}'" if path else PATHS[kind]
+        raise SchemaError(_param(path + [key]), f"unknown field '{_param(path + [key])}': {where} has no such field "
+                                                "(the fields it takes are in /openapi.json)")
     message = _message(keyword, s, err.instance, _param(path))
     if keyword == "required":  # the field named is the one missing
         path.append(_missing(s, err.instance))
