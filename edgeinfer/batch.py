@@ -19,6 +19,7 @@ Ray (edgeinfer.batch_ray) runs the same job on a cluster, with this module's rea
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -238,7 +239,9 @@ class Processor:
         self.name = llm.name
         self.threaded = threaded
         self.loop = EngineLoop(llm.engine, "batch").start() if threaded and llm.engine is not None else None
-        self._callbacks: dict[str, Callable] = {}  # without a loop: request id -> its output callback
+        # without a loop: this caller's requests in the engine (stepped by run()), and each one's callback
+        self._run = llm.engine.run() if self.loop is None and llm.engine is not None else None
+        self._callbacks: dict[str, Callable] = {}
 
     def start(self, item: Item, on_done: Callable[[Pending], None]) -> dict | None:
         """Begin a request: its answer now (an error, or an embedding, computed at once), or None when it
@@ -266,8 +269,7 @@ class Processor:
                 if self.loop is not None:
                     self.loop.submit(gen.prompt_ids, gen.params, on_output, req.priority, gen.guide)
                 else:
-                    rid = self.llm.engine.add_request(gen.prompt_ids, gen.params, priority=req.priority,
-                                                      guide=gen.guide)
+                    rid = self._run.submit(gen.prompt_ids, gen.params, priority=req.priority, guide=gen.guide)
                     self._callbacks[rid] = on_output
             except ValueError as e:  # does not fit the KV cache, however empty
                 raise P.bad("max_tokens", str(e)) from None
@@ -308,32 +310,30 @@ class Processor:
         items = iter(items)
         more = True
         try:
-            while True:
-                while more and in_flight < window:  # top the engine up: it always has the next ready
-                    item = next(items, None)
-                    if item is None:
-                        more = False
+            # left early (an interrupt): what is left is aborted and its blocks freed; an encoder has no engine
+            with self._run or contextlib.nullcontext():
+                while True:
+                    while more and in_flight < window:  # top the engine up: it always has the next ready
+                        item = next(items, None)
+                        if item is None:
+                            more = False
+                            break
+                        rec = self.start(item, done.append)
+                        if rec is None:
+                            in_flight += 1
+                        else:
+                            emit(rec)
+                    if not in_flight:
                         break
-                    rec = self.start(item, done.append)
-                    if rec is None:
-                        in_flight += 1
-                    else:
-                        emit(rec)
-                if not in_flight:
-                    break
-                for out in self.llm.engine.step():
-                    cb = self._callbacks.pop(out.request_id) if out.finished else self._callbacks[out.request_id]
-                    cb(out)
-                for p in done:
-                    emit(self.finish(p))
-                in_flight -= len(done)
-                done.clear()
+                    for out in self._run.step():
+                        cb = self._callbacks.pop(out.request_id) if out.finished else self._callbacks[out.request_id]
+                        cb(out)
+                    for p in done:
+                        emit(self.finish(p))
+                    in_flight -= len(done)
+                    done.clear()
         finally:
-            if self._callbacks:  # interrupted: free the engine of what is left
-                for rid in self._callbacks:
-                    self.llm.engine.abort(rid)
-                self._callbacks.clear()
-                self.llm.engine.step()
+            self._callbacks.clear()
 
 
 class Job:
