@@ -230,8 +230,11 @@ def test_smollm2_repetition_penalty_breaks_a_loop(smol):
         return smol.completions.create(model="smollm2-135m-instruct", prompt=prompt, max_tokens=16, temperature=0,
                                        extra_body=extra).choices[0].text
 
+    def twos(text):
+        return text.replace("-", " ").split().count("two")
+
     plain = complete()
-    assert plain.split()[:4] == ["one", "two", "one", "two"], plain  # the loop goes on
+    assert twos(plain) >= 5, plain  # the loop goes on (" two two two-one-two-two-...")
     penalised = complete(repetition_penalty=1.5)
-    assert penalised != plain and penalised.split().count("one") < plain.split().count("one")
+    assert penalised != plain and twos(penalised) < twos(plain), penalised
     assert complete(repeat_penalty=1.5, repeat_last_n=0) == plain
