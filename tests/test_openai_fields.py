@@ -114,6 +114,12 @@ def test_unknown_and_refused_fields_are_a_400_naming_them(api, endpoint, stream)
         assert err["param"] == "modalities"
         err = refusal(api, endpoint, stream, temperature=0, reasoning_effort="high")
         assert err["param"] == "reasoning_effort"
+    if endpoint == "chat":  # refused before the schema named every field: the same empties and message
+        err = refusal(api, endpoint, stream, temperature=0, functions=[{"name": "f", "parameters": {}}])
+        assert err["param"] == "functions" and "'functions' is not supported by this server" in err["message"]
+    else:
+        err = refusal(api, endpoint, stream, temperature=0, tool_choice="auto")
+        assert err["param"] == "tool_choice" and "tools work on /v1/chat/completions" in err["message"]
     err = refusal(api, endpoint, stream, temperature=0, repetition_penalty=1.2, repeat_penalty=1.2)
     assert err["param"] == "repeat_penalty"
     err = refusal(api, endpoint, stream, temperature=0, repeat_last_n=-2)
@@ -126,9 +132,9 @@ def test_fields_that_cannot_change_an_answer_are_taken_and_ignored(api, endpoint
     ignored = dict(user="u-1", metadata={"team": "a"}, store=False, service_tier="auto", prompt_cache_key="k",
                    safety_identifier="s-1", logit_bias={})
     if endpoint == "completions":
-        ignored["suffix"] = ""
+        ignored.update(tools=[], tool_choice="none")  # asking for no tools, as before: taken
     else:
-        ignored["modalities"] = ["text"]
+        ignored.update(modalities=["text"], functions=[], function_call="none")
     assert answer(api, endpoint, stream, temperature=0, **ignored) == plain
 
 

@@ -53,6 +53,14 @@ def refused(why: str, *empty) -> dict:
             "description": f"refused unless null: not supported ({why})", "x-error": f"is not supported ({why})"}
 
 
+def refused_as_before(note: str = "") -> dict:
+    # the fields refused before the schema named every field, with the same empty values ([] and "none")
+    # and the same message
+    return {"anyOf": [{"type": "null"}, {"const": []}, {"const": "none"}],
+            "description": "refused unless null, [] or \"none\": not supported by this server" + note,
+            "x-error": "is not supported by this server" + note}
+
+
 TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 ANY_SCHEMA = {"type": ["object", "boolean"], "description": "a JSON schema"}
 CHOICES = {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1,
@@ -154,8 +162,8 @@ CHAT = {"type": "object", "required": ["messages"], "properties": {
     "tool_choice": TOOL_CHOICE,
     "parallel_tool_calls": boolean("allow several calls in one reply"),
     # OpenAI's chat fields this server cannot apply
-    "functions": refused("give tools instead", []),
-    "function_call": refused("give tool_choice instead", "none"),
+    "functions": refused_as_before(),
+    "function_call": refused_as_before(),
     "modalities": refused("text only: [\"text\"] is taken", ["text"]),
     "audio": refused("no audio output"),
     "prediction": refused("no predicted outputs"),
@@ -172,9 +180,9 @@ COMPLETION = {"type": "object", "required": ["prompt"], "properties": {
     **SAMPLING,
     "logprobs": integer(0, 5, "alternatives per token; given, each token's log-probability is returned"),
     "echo": _opt({"const": False, "description": "not supported"}),
-    "suffix": refused("no insertion; \"\" is taken", ""),
-    "tools": refused("on /v1/completions; tools work on /v1/chat/completions", []),
-    "tool_choice": refused("on /v1/completions; tools work on /v1/chat/completions", "none"),
+    "suffix": refused_as_before(),
+    "tools": refused_as_before(" (tools work on /v1/chat/completions)"),
+    "tool_choice": refused_as_before(" (tools work on /v1/chat/completions)"),
 }}
 
 EMBEDDINGS = {"type": "object", "required": ["input"], "properties": {
