@@ -25,6 +25,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from ..kernels import kinds
+from ..pages import MADV_HUGEPAGE, MADV_POPULATE_READ, madvise
 
 # The row-major kind of each GGML type the loader takes (kernels/kinds.py; their interleaved twins are the
 # CPU SIMD kernels' own layout: kernels/cpu/layout.py). F32 weights are not a QTensor: they stay float32 arrays.
@@ -138,25 +139,6 @@ _BLOCK_FIELDS = {
     T.Q5_K: {"d": (0, 2), "m": (2, 4), "sc": (4, 16), "qh": (16, 48), "qs": (48, 176)},
 }
 DIRECT_TYPES = tuple(_BLOCK_FIELDS)
-MADV_HUGEPAGE = 14
-MADV_NOHUGEPAGE = 15
-MADV_POPULATE_READ = 22  # Linux 5.14+: map a range's pages in one call instead of a fault per page
-
-
-def madvise(a: np.ndarray, advice: int) -> None:
-    """madvise over the whole pages inside a's memory; silently nothing where Linux lacks the advice."""
-    import ctypes
-    import mmap
-
-    page = mmap.PAGESIZE
-    start = -(-a.ctypes.data // page) * page
-    length = (a.ctypes.data + a.nbytes) // page * page - start
-    if length <= 0:
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), ctypes.c_int(advice))
-    except (OSError, AttributeError):
-        pass
 
 
 def _weights_array(shape, dtype) -> np.ndarray:

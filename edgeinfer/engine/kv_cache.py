@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# an OS memory hint, not a quantization format: it lives with the weight repacking that uses it most
-from ..quant.repack import MADV_NOHUGEPAGE, madvise
+from ..pages import MADV_NOHUGEPAGE, madvise
 
 
 class KVCache:
