@@ -27,12 +27,11 @@ def decode_after(llm, prompt_len: int, n_tokens: int, rng) -> float:
     from edgeinfer import bench
     from edgeinfer.sampling import SamplingParams
 
-    eng = llm.engine
-    eng.add_request(bench.random_prompt(llm, prompt_len, rng),
-                    SamplingParams(temperature=0, max_tokens=n_tokens, ignore_eos=True))
     t0, n = None, 0
-    while eng.has_unfinished():
-        for o in eng.step():
+    with llm.engine.run() as run:
+        run.submit(bench.random_prompt(llm, prompt_len, rng),
+                   SamplingParams(temperature=0, max_tokens=n_tokens, ignore_eos=True))
+        for o in run:
             if t0 is None:
                 t0 = time.perf_counter()  # the first token: the prefill is done
             else:

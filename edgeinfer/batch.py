@@ -389,7 +389,7 @@ def run_job(llm, job: Job, window: int = 0) -> BatchSummary:
     return summary
 
 
-def run_batch(llm, input_path, output_path, *, retry_errors: bool = False, progress: bool = False,
+def run_batch(llm, input_path, output_path, *, retry_errors: bool = False, progress: bool = True,
               window: int = 0) -> BatchSummary:
     """Answer a batch file in OpenAI's batch format (one {"custom_id", "method", "url", "body"} per line, for
     /v1/chat/completions, /v1/completions or /v1/embeddings) with a loaded model into output_path, one

@@ -21,7 +21,8 @@ import math
 import os
 import sys
 
-from .batch import BatchError, BatchSummary, Item, Job, Processor, error_record
+from .batch import BatchError, BatchSummary, Job, Processor
+from .openai.batchfile import Item, error_record
 
 ROWS_PER_BATCH = 8  # requests per actor call (also Ray Data's block size): what a killed actor redoes
 

@@ -112,16 +112,12 @@ def decode_speed(llm, schemas, repeats, names):
     def timed(prompt, params):
         t0 = time.perf_counter()
         first, n, guide = None, 0, None
-        rid = llm.engine.add_request(prompt, params)
-        seq = next(s for s in llm.engine._pending if s.request_id == rid)
-        guide = seq.guide
-        done = False
-        while not done:
-            for out in llm.engine.step():
-                if out.request_id == rid:
-                    first = first or time.perf_counter()
-                    n += len(out.new_token_ids)
-                    done = out.finished
+        with llm.engine.run() as run:
+            rid = run.submit(prompt, params)
+            guide = next(s for s in llm.engine._pending if s.request_id == rid).guide
+            for out in run:
+                first = first or time.perf_counter()
+                n += len(out.new_token_ids)
         end = time.perf_counter()
         return n, (n - 1) / (end - first), guide, first - t0
 

@@ -78,7 +78,7 @@ def matmul(w, x, out: np.ndarray | None = None) -> np.ndarray:
 
 def matmul_int8(w, qx: QInput, out: np.ndarray, table: np.ndarray) -> None:
     # W (N, K) quantized @ qx (T, K) -> out (T, N) (C-contiguous), through the units in `table` (units.Table)
-    q8, q8k = (_NO_Q8, qx.q8k()) if int8.uses_q8k(w.kind) else (qx.q8(), _NO_Q8K)
+    q8, q8k = (_NO_Q8, qx.q8k()) if kinds.uses_q8k(w.kind) else (qx.q8(), _NO_Q8K)
     wt = int8.as_tuple(w)
     int8.matmuls(wt, wt, wt, 1, q8, q8k, quant.HALF_TO_F32, out, out, out, numba.get_num_threads(), table)
 

@@ -142,7 +142,7 @@ def dequant_rows(kind, qs, qh, sc, d, m, luts, rows, out):
         dequant_row(kind, qs, qh, sc, d, m, luts, rows[i], out[i])
 
 
-# -- float matmul for F16/BF16 weights (the quantized types go through int8.py) -------------------
+# -- float matmul for F16/BF16 weights (the quantized types go through int8/) -------------------
 #
 # W (N,K) @ x (T,K) -> out (T,N). Each 32-element group of a row adds w * x into 32 per-lane float
 # accumulators, summed once per row. EXACT: fast-math without reassociation, so every output element

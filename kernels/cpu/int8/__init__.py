@@ -18,7 +18,7 @@ region). Two layouts, two families of kernels:
   one token at a time; the portable path's layout (on the SIMD paths the backend regroups every
   quantized matrix, layout.interleave8, and only the interleaved kernels run);
 - eight rows interleaved (layout.py; kinds.py's Q4_0_X8 .. Q8_0_X8): the SIMD paths' layout. A
-  vector's eight lanes are eight output rows (u8 x s8 with the idioms of simd.py; vpdpbusd on vnni,
+  vector's eight lanes are eight output rows (u8 x s8 with the idioms of simd/; vpdpbusd on vnni,
   vpmaddubsw + vpmaddwd on avx2, chosen by the type of the `isa` argument); each has a portable twin
   that computes the lanes one by one, to the same bits.
 
@@ -30,6 +30,6 @@ The package, by kernel family (kinds.FAMILIES): quantize.py (the activations), d
 (row-major) and x8, kx8, q8x8 (interleaved).
 """
 
-from .dispatch import as_tuple, matmuls, rows_any, rows_per_task, uses_q8k  # noqa: F401
+from .dispatch import as_tuple, matmuls, rows_any, rows_per_task  # noqa: F401
 from .quantize import (quantize_q8, quantize_q8_blocks, quantize_q8_row, quantize_q8k,  # noqa: F401
                        quantize_q8k_blocks, quantize_q8k_row)

@@ -5,7 +5,6 @@ from numba import njit, prange
 from numba.extending import overload
 
 from ... import kinds
-from ...kinds import uses_q8k  # noqa: F401 (re-exported: the backend and the compile plan ask it)
 from .. import units
 from ..simd import kinds_of
 from . import k45, kx8, q6_k, q8_0, q8x8, q45, x8
