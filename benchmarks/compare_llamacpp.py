@@ -13,10 +13,11 @@ go to benchmarks/results/. Needs `pip install llama-cpp-python` (and matplotlib 
 
     python benchmarks/compare_llamacpp.py --baseline /tmp/base-venv/bin/python ...
 
-adds a third contender in the same alternation: another install of edgeinfer (the commit before a change,
-installed in its own environment), run in a process of its own that measures on command with its own
-edgeinfer.bench, so a change's speed is measured against its parent in the very same run (prompt, decode
-and 8-stream figures; the baseline's column and the ratio edgeinfer / baseline are added).
+adds two contenders to the same alternation: another install of edgeinfer (the commit before a change,
+installed in its own environment), and this checkout's, each in a process of its own that measures on
+command with its own edgeinfer.bench, so a change's speed is measured against its parent in the very same
+run, both in processes alike (the in-process edgeinfer shares its process with llama.cpp's model and
+threads). Prompt, decode and 8-stream figures; the columns "this" and "baseline", and their ratio.
 """
 
 from __future__ import annotations
@@ -197,9 +198,17 @@ def compare(model: str, threads: int, repeats: int, only: set[str], baseline: st
     file_mb = os.path.getsize(path) / 2**20
     lc = LlamaCpp(path, threads, n_ctx=CONTEXT)
     rng = np.random.default_rng(0)
-    names = ("edgeinfer", "llama.cpp") + (("baseline",) if baseline else ())
+    names = ("edgeinfer", "llama.cpp") + (("this", "baseline") if baseline else ())
     runs = {name: {k: [] for k, _ in FIGURES} for name in names}
-    base = Baseline(baseline, model, threads) if baseline else None
+    # the two installs in processes of their own; which goes first alternates with each repeat
+    pair = {"this": Baseline(sys.executable, model, threads), "baseline": Baseline(baseline, model, threads)} \
+        if baseline else {}
+
+    def measure_pair(r, key, fig, n):
+        if not pair:
+            return
+        for name in ("this", "baseline") if r % 2 == 0 else ("baseline", "this"):
+            runs[name][key].append(pair[name].measure(fig, n))
     details = {"edgeinfer": [], "llama.cpp": []}  # each fresh process's RSS after load / at first token, phases
     eb.prompt_tok_s(ei, 16, rng)  # warm-up
     lc.prompt_tok_s(eb.random_prompt(ei, 16, rng))
@@ -210,19 +219,16 @@ def compare(model: str, threads: int, repeats: int, only: set[str], baseline: st
                 ids = eb.random_prompt(ei, n, rng)
                 runs["edgeinfer"][f"pp{n}_tok_s"].append(eb.prompt_tok_s(ei, n, rng))
                 runs["llama.cpp"][f"pp{n}_tok_s"].append(lc.prompt_tok_s(ids))
-                if base:
-                    runs["baseline"][f"pp{n}_tok_s"].append(base.measure("pp", n))
+                measure_pair(r, f"pp{n}_tok_s", "pp", n)
         if "tg128_tok_s" in only:
             runs["edgeinfer"]["tg128_tok_s"].append(eb.decode_tok_s(ei, 1, 128, rng))
             runs["llama.cpp"]["tg128_tok_s"].append(lc.decode_tok_s([eb.random_prompt(ei, 16, rng)], 128))
-            if base:
-                runs["baseline"]["tg128_tok_s"].append(base.measure("tg", 128))
+            measure_pair(r, "tg128_tok_s", "tg", 128)
         if "batched8_tok_s" in only:
             runs["edgeinfer"]["batched8_tok_s"].append(eb.decode_tok_s(ei, 8, 64, rng))
             runs["llama.cpp"]["batched8_tok_s"].append(
                 lc.decode_tok_s([eb.random_prompt(ei, 16, rng) for _ in range(8)], 64))
-            if base:
-                runs["baseline"]["batched8_tok_s"].append(base.measure("b8", 64))
+            measure_pair(r, "batched8_tok_s", "b8", 64)
         if only & COLD:
             for name, fn in (("edgeinfer", lambda: eb.cold_start(path, threads, "f16", CONTEXT)),
                              ("llama.cpp", lambda: llama_cold_start(path, threads))):
@@ -233,15 +239,15 @@ def compare(model: str, threads: int, repeats: int, only: set[str], baseline: st
                 runs[name]["peak_rss_mb"].append(c["peak_rss_mb"])
                 runs[name]["rss_less_weights_mb"].append(c["peak_rss_mb"] - file_mb)
                 details[name].append({k: round(v, 4) if isinstance(v, float) else v for k, v in c.items()})
-    if base:
-        base.close()
+    for p in pair.values():
+        p.close()
     keys = [k for k, _ in FIGURES if runs["edgeinfer"][k]]
     med = {name: {k: round(statistics.median(figs[k]), 3) for k in keys if figs[k]} for name, figs in runs.items()}
     ratio = {k: round(med["edgeinfer"][k] / med["llama.cpp"][k], 3) for k in keys}
     extra = {}
-    if base:
-        extra = {"baseline_python": baseline, "ratio_edgeinfer_over_baseline":
-                 {k: round(med["edgeinfer"][k] / med["baseline"][k], 3) for k in med["baseline"]}}
+    if pair:
+        extra = {"baseline_python": baseline, "ratio_this_over_baseline":
+                 {k: round(med["this"][k] / med["baseline"][k], 3) for k in med["baseline"]}}
     return {**extra, "model": model, "file": os.path.basename(path), "threads": threads, "repeats": repeats,
             "system": eb.system_info(), "context": CONTEXT, "kv_type": "f16", "file_mb": round(file_mb, 1),
             "median": med, "ratio_edgeinfer_over_llamacpp": ratio, "runs": runs, "cold_details": details}
@@ -303,8 +309,9 @@ def main() -> None:
             m = res["median"]
             line = (f"  {label:<24}{m['edgeinfer'][key]:>12.2f}{m['llama.cpp'][key]:>12.2f}"
                     f"{res['ratio_edgeinfer_over_llamacpp'][key]:>8.2f}")
-            if key in res.get("ratio_edgeinfer_over_baseline", {}):
-                line += f"   baseline {m['baseline'][key]:>10.2f}  this/baseline {res['ratio_edgeinfer_over_baseline'][key]:.3f}"
+            if key in res.get("ratio_this_over_baseline", {}):
+                line += (f"   this {m['this'][key]:>9.2f}  baseline {m['baseline'][key]:>9.2f}"
+                         f"  this/baseline {res['ratio_this_over_baseline'][key]:.3f}")
             print(line)
     print(f"\nJSON: {RESULTS / f'compare-{stamp}.json'}")
 
