@@ -68,6 +68,23 @@ def test_openapi_document_is_the_validating_schema(fuzz_server):
     assert "2.0" in r.json()["error"]["message"]
 
 
+def test_streamed_events_are_what_the_document_says_each_event_is(fuzz_server):
+    # OpenAPI 3.1 has a text/event-stream `schema` describe one event ({data, event, id, retry}), as
+    # schemathesis reads it: every event of a real stream must fit it, on both streaming routes
+    import jsonschema
+
+    doc = httpx.get(fuzz_server.base + "/openapi.json").json()
+    for path, body in [("/v1/completions", {"prompt": "hello", "max_tokens": 3, "stream": True}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                                 "stream": True})]:
+        event = doc["paths"][path]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+        r = httpx.post(fuzz_server.base + path, json=body, timeout=60)
+        events = [{"data": line[len("data: "):]} for line in r.text.splitlines() if line.startswith("data: ")]
+        assert len(events) >= 2 and events[-1] == {"data": "[DONE]"}
+        for e in events:
+            jsonschema.validate(e, event)
+
+
 def fuzz(schema, base: str, examples: int, only: str | None = None) -> dict:
     """Send `examples` generated requests per operation and mode; {operation mode: {status: count}}."""
     from schemathesis.checks import not_a_server_error

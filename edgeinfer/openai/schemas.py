@@ -392,8 +392,12 @@ def _errors(*codes: int) -> dict:
 def _post(summary: str, kind: str, response: dict, stream: bool = False) -> dict:
     ok = {"application/json": {"schema": response}}
     if stream:
-        ok["text/event-stream"] = {"schema": {"type": "string", "description": "server-sent events, ending with "
-                                                                               "'data: [DONE]'"}}
+        # OpenAPI 3.1 has `schema` describe each event of a stream (3.2 names it itemSchema): each is a
+        # `data:` line holding one chunk's JSON, and the last one's data is [DONE]
+        ok["text/event-stream"] = {"schema": {
+            "type": "object", "required": ["data"], "description": "one server-sent event",
+            "properties": {"data": {"type": "string", "description": "a chunk's JSON; the last event's is [DONE]"},
+                           "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}}}}
     return {"post": {
         "summary": summary, "operationId": kind,
         "requestBody": {"required": True, "content": {"application/json": {"schema": REQUESTS[kind]}}},
