@@ -63,7 +63,6 @@ class LLMEngine:
         self.max_context = est.max_context
         n_blocks = config.num_kv_blocks or memory.default_blocks(est, config)
         self.runner = ModelRunner(model, n_blocks, config.block_size, config.kv_dtype)
-        self.cache = self.runner.cache
         self.block_manager = BlockManager(n_blocks, config.block_size, model_id=model_id)
         self.proposer = _make_proposer(speculation, config, n_blocks) if speculation is not None else None
         self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens,
@@ -122,6 +121,11 @@ class LLMEngine:
                 seq.spec = SpecState(self.proposer.max_tokens, params, drafts=not self.proposer.cheap)
             self._pending.append(seq)
         return request_id
+
+    @property
+    def cache(self):
+        """The KV cache (the runner's)."""
+        return self.runner.cache
 
     def run(self) -> Run:
         """A Run: this caller's requests, stepped and collected, aborted if the caller stops early."""

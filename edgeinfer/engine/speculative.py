@@ -152,9 +152,7 @@ class DraftProposer:
 
     def __init__(self, model, tokenizer, n_blocks: int, block_size: int, kv_dtype: str,
                  max_tokens: int = DEFAULT_TOKENS["draft"]):
-        self.model = model
         self.tokenizer = tokenizer
-        self.block_size = block_size
         self.max_tokens = max_tokens
         self.runner = ModelRunner(model, n_blocks, block_size, kv_dtype)  # the draft's own KV cache
 
