@@ -127,6 +127,32 @@ def test_int8_matmul_matches_integer_reference(t, path):
                 assert np.all(np.abs(got - want) <= float_bound(k, np.repeat(d, block, axis=1) * 127, ref))
 
 
+@pytest.mark.parametrize("path", simd.available_paths())
+@pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
+def test_int8_matmul_at_the_extremes_of_its_ranges(t, path):
+    """Every quant at its largest (all bits set: Q4 nibbles 15, Q5 31, Q6_K 63, K-quant scales and mins 63)
+    against activations all at +127 or all at -127: the 16-bit partial sums the SIMD paths keep are at their
+    fullest here, and must not wrap or saturate."""
+    from edgeinfer.kernels.cpu.backend import QInput, matmul_int8
+
+    block, size = GGML_QUANT_SIZES[t]
+    n, k = 16, 2 * block if t in K_QUANTS else 8 * block
+    raw = np.full((n, k // block, size), 0xFF, np.uint8)
+    if t == T.Q6_K:
+        raw[:, :, 192:208] = 0x80  # its int8 scales at their largest magnitude, -128
+    for off in F16_FIELDS[t]:
+        raw[:, :, off:off + 2] = np.array([0.01], np.float16).view(np.uint8)
+    raw = raw.reshape(n, -1)
+    ref = gguf.quants.dequantize(raw, t).reshape(n, k).astype(np.float32)
+    for w in layouts(repack(raw, t, (k, n))):
+        for sign in (1, -1):
+            x = np.full((3, k), sign, np.float32)
+            got = np.empty((3, n), np.float32)
+            matmul_int8(w, QInput(x), got, unit_table(path, w.kind))
+            want, d, blk = int8_reference(ref, x, t)
+            assert np.all(np.abs(got - want) <= float_bound(k, np.repeat(d, blk, axis=1) * 127, ref))
+
+
 @pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
 def test_matmul_matches_dequantized_weights(t):
     """Against gguf's dequantize and the float activation: the only extra error is the activation's
@@ -150,22 +176,24 @@ def test_matmul_matches_dequantized_weights(t):
 @pytest.mark.parametrize("path", simd.available_paths())
 @pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
 def test_batched_rows_equal_single_token_bit_for_bit(t, path):
-    """Passes of up to 32 tokens, leftovers and the one-token decode path give each token the same bits, in
-    both layouts."""
+    """Batches of 2 to 9 tokens (the small batches of several streams and of speculative verification), 33
+    and 37 (more than one 32-token tile, and leftovers) give each token the bits of the one-token decode
+    path, in both layouts."""
     from edgeinfer.kernels.cpu.backend import QInput, matmul_int8
 
     rng = np.random.default_rng(7)
     n, k = 33, GGML_QUANT_SIZES[t][0] * 3
     raw, _ = random_tensor(t, n, k, rng)
-    x = rng.standard_normal((37, k)).astype(np.float32)  # more than one 32-token pass of the tiled kernel
+    x = rng.standard_normal((37, k)).astype(np.float32)
     for w in layouts(repack(raw, t, (k, n))):
         isa = unit_table(path, w.kind)
-        batched = np.empty((37, n), np.float32)
-        matmul_int8(w, QInput(x), batched, isa)
+        single = np.empty((37, n), np.float32)
         for i in range(37):
-            one = np.empty((1, n), np.float32)
-            matmul_int8(w, QInput(x[i:i + 1]), one, isa)
-            np.testing.assert_array_equal(one[0], batched[i])
+            matmul_int8(w, QInput(x[i:i + 1]), single[i:i + 1], isa)
+        for tokens in (2, 3, 4, 5, 6, 7, 8, 9, 33, 37):
+            batched = np.empty((tokens, n), np.float32)
+            matmul_int8(w, QInput(x[:tokens]), batched, isa)
+            np.testing.assert_array_equal(batched, single[:tokens], err_msg=f"{tokens} tokens")
 
 
 _TABLES = {}

@@ -247,3 +247,84 @@ def splat32(typingctx, x):
 def zero32(typingctx):
     """s32x8 of zeros."""
     return i32x8(), lambda c, builder, s, args: ir.Constant(_V8I32, None)
+
+
+def _load_bytes(context, builder, aryty, ary, offset, n):
+    p = _byte_ptr(context, builder, aryty, ary, offset)
+    return builder.load(builder.bitcast(p, ir.VectorType(ir.IntType(8), n).as_pointer()), align=1)
+
+
+def _widen_shuffled(n, order, signed):
+    # n bytes at a[offset] widened to 16 bits (sign- or zero-extended), then placed in the order `order`
+    def codegen(context, builder, signature, args):
+        v = _load_bytes(context, builder, signature.args[0], args[0], args[1], n)
+        v = builder.sext(v, ir.VectorType(ir.IntType(16), n)) if signed else builder.zext(v, ir.VectorType(ir.IntType(16), n))
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), 16), order))
+
+    return codegen
+
+
+_DOUBLED = [i // 2 for i in range(16)]            # byte r into both halves of lane r
+_PAIRED = [i // 2 + 8 * (i % 2) for i in range(16)]  # byte r of two groups of 8 into the halves of lane r
+
+
+@intrinsic
+def scales16(typingctx, a, offset):
+    """8 bytes at a[offset] (uint8), each zero-extended into both 16-bit halves of its 32-bit lane -> s16x16
+    (vpmovzxbw + vpunpcklwd): the second operand of a vpmaddwd that applies row r's sub-block scale to
+    the row's two 16-bit partial sums in lane r."""
+    return i16x16(a, types.intp), _widen_shuffled(8, _DOUBLED, False)
+
+
+@intrinsic
+def scales16s(typingctx, a, offset):
+    """As scales16, the bytes sign-extended (int8 bit patterns: Q6_K's scales)."""
+    return i16x16(a, types.intp), _widen_shuffled(8, _DOUBLED, True)
+
+
+@intrinsic
+def pairs16(typingctx, a, offset):
+    """16 bytes at a[offset] (uint8), two groups of 8: lane r holds byte r of the first group in its low 16
+    bits and byte r of the second in its high 16 bits, zero-extended -> s16x16 (vpmovzxbw + a word
+    shuffle). With splat_pair16(x0, x1), one vpmaddwd gives lane r a0_r * x0 + a1_r * x1."""
+    return i16x16(a, types.intp), _widen_shuffled(16, _PAIRED, False)
+
+
+@intrinsic
+def pairs16s(typingctx, a, offset):
+    """As pairs16, the bytes sign-extended (int8 bit patterns)."""
+    return i16x16(a, types.intp), _widen_shuffled(16, _PAIRED, True)
+
+
+@intrinsic
+def splat_pair16(typingctx, x0, x1):
+    """s16x16 of (x0, x1) repeated: two integers in [-32768, 32767], x0 in the low half of every 32-bit lane."""
+    def codegen(context, builder, signature, args):
+        i16, i32 = ir.IntType(16), ir.IntType(32)
+        lo = builder.zext(builder.trunc(context.cast(builder, args[0], signature.args[0], types.int32), i16), i32)
+        hi = builder.zext(builder.trunc(context.cast(builder, args[1], signature.args[1], types.int32), i16), i32)
+        word = builder.or_(lo, builder.shl(hi, ir.Constant(i32, 16)))
+        return builder.bitcast(_splat(builder, word, _V8I32), _V16I16)
+
+    return i16x16(x0, x1), codegen
+
+
+@intrinsic
+def load8i(typingctx, a, i):
+    """a.flat[i : i + 8] -> s32x8, an int32 array."""
+    def codegen(context, builder, signature, args):
+        p = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.load(builder.bitcast(builder.gep(p, [args[1]]), _V8I32.as_pointer()), align=4)
+
+    return i32x8(a, types.intp), codegen
+
+
+@intrinsic
+def store8i(typingctx, a, i, v):
+    """a.flat[i : i + 8] = v (s32x8), an int32 array."""
+    def codegen(context, builder, signature, args):
+        p = context.make_array(signature.args[0])(context, builder, args[0]).data
+        builder.store(args[2], builder.bitcast(builder.gep(p, [args[1]]), _V8I32.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(a, types.intp, i32x8), codegen
