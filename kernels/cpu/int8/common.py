@@ -1,5 +1,5 @@
 """What the int8 kernel families share: the exactness flags, the signed-byte helper, the choice of
-implementation by ISA path, and the interleaved families' tile (X8_TOKENS), dot product and store."""
+implementation by ISA path, and the interleaved families' tile (X8_TOKENS) and dot product."""
 
 import numpy as np
 from numba import njit
@@ -67,14 +67,3 @@ def _dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
                        simd.add16(simd.maddubs(w6, x6), simd.maddubs(w7, x7)))
         return simd.add32(simd.madd(a, simd.ones16()), simd.madd(b, simd.ones16()))
     return impl
-
-
-@njit(inline="always", cache=True)
-def store8(out, t, n, N, v, res):
-    # out[t, n : n + 8] = v, lanes past the last row N dropped
-    if n + 8 <= N:
-        simd.storef8(out, t * N + n, v)
-    else:
-        simd.storef8(res, 0, v)
-        for i in range(N - n):
-            out[t, n + i] = res[i]

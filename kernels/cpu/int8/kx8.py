@@ -7,7 +7,7 @@ from numba.extending import overload
 from ... import kinds
 from .. import simd
 from ..simd import path_of
-from .common import EXACT, PREFETCH, X8_TOKENS, i8, store8, dot8
+from .common import EXACT, PREFETCH, X8_TOKENS, i8, dot8
 
 has_qh = kinds.predicate("has_qh", within="kx8")    # Q5_K
 has_min = kinds.predicate("has_min", within="kx8")  # Q4_K, Q5_K: packed nibbles and a min; Q6_K: neither
@@ -91,7 +91,6 @@ def _kx8_simd(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
     T, K = xq.shape
     N = out.shape[1]
     nsb = K // 256
-    res = np.empty(8, np.float32)
     ws = np.empty(8 * K if has_min(kind) else 0, np.uint8)  # a row group's Q4_K/Q5_K weights as bytes
     for grp in range(n0 // 8, (n1 + 7) // 8):
         if has_min(kind):  # Q4_K/Q5_K: unpack: sub-block j, vector v at ((sb * 8 + j) * 8 + v) * 32
@@ -145,7 +144,7 @@ def _kx8_simd(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
                                                               simd.splatf(simd.ld(xd, t * nsb + sb))), mo)
                 acc = simd.fma8(simd.cvt8(isum), simd.mul8(simd.loadf8(d, (grp * nsb + sb) * 8),
                                                            simd.splatf(simd.ld(xd, t * nsb + sb))), acc)
-            store8(out, t, grp * 8, N, simd.sub8(acc, mo) if has_min(kind) else acc, res)
+            simd.storef8_first(out, t * N + grp * 8, simd.sub8(acc, mo) if has_min(kind) else acc, N - grp * 8)
 
 
 @njit(inline="always", cache=True)
@@ -169,7 +168,7 @@ def _dot45(five, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7,
 
 
 @njit(inline="always", cache=True)
-def _q45_avx2(five, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1, acc, mos, isums, res):
+def _q45_avx2(five, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1, acc, mos, isums):
     # Q4_K (five False) or Q5_K (True), as _kx8_avx2 describes; `five` is a constant where this is inlined
     T, K = xq.shape
     N = out.shape[1]
@@ -215,7 +214,7 @@ def _q45_avx2(five, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1, acc, mos, isums, 
                 dx = simd.splatf(simd.ld(xd, sb))
                 mo = simd.fma8(simd.cvt8(msum), simd.mul8(simd.loadf8(m, g * 8), dx), mo)
                 av = simd.fma8(simd.cvt8(isum), simd.mul8(simd.loadf8(d, g * 8), dx), av)
-            store8(out, 0, grp * 8, N, simd.sub8(av, mo), res)
+            simd.storef8_first(out, grp * 8, simd.sub8(av, mo), N - grp * 8)
         return
     for grp in range(n0 // 8, (n1 + 7) // 8):
         for t0 in range(0, T, X8_TOKENS):
@@ -269,11 +268,11 @@ def _q45_avx2(five, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1, acc, mos, isums, 
                     simd.storef8(acc, i, simd.fma8(simd.cvt8(simd.load8i(isums, i)), simd.mul8(dv, dx), simd.loadf8(acc, i)))
             for t in range(t0, t1):
                 i = (t - t0) * 8
-                store8(out, t, grp * 8, N, simd.sub8(simd.loadf8(acc, i), simd.loadf8(mos, i)), res)
+                simd.storef8_first(out, t * N + grp * 8, simd.sub8(simd.loadf8(acc, i), simd.loadf8(mos, i)), N - grp * 8)
 
 
 @njit(inline="always", cache=True)
-def _q6_avx2(qs, sc, d, xq, xd, xb16, out, n0, n1, acc, isums, res):
+def _q6_avx2(qs, sc, d, xq, xd, xb16, out, n0, n1, acc, isums):
     # Q6_K (weights stored as unsigned q + 32, 0..63), as _kx8_avx2 describes
     T, K = xq.shape
     N = out.shape[1]
@@ -302,7 +301,7 @@ def _q6_avx2(qs, sc, d, xq, xd, xb16, out, n0, n1, acc, isums, res):
                                                                       simd.ld(xb16, sb * 16 + 2 * jp + 1))))
                 isum = simd.sub32(isum, simd.mul32(off, simd.splat32(32)))
                 av = simd.fma8(simd.cvt8(isum), simd.mul8(simd.loadf8(d, g * 8), simd.splatf(simd.ld(xd, sb))), av)
-            store8(out, 0, grp * 8, N, av, res)
+            simd.storef8_first(out, grp * 8, av, N - grp * 8)
         return
     for grp in range(n0 // 8, (n1 + 7) // 8):
         for t0 in range(0, T, X8_TOKENS):
@@ -341,7 +340,7 @@ def _q6_avx2(qs, sc, d, xq, xd, xb16, out, n0, n1, acc, isums, res):
                     simd.storef8(acc, i, simd.fma8(simd.cvt8(isum), simd.mul8(dv, simd.splatf(simd.ld(xd, t * nsb + sb))),
                                                    simd.loadf8(acc, i)))
             for t in range(t0, t1):
-                store8(out, t, grp * 8, N, simd.loadf8(acc, (t - t0) * 8), res)
+                simd.storef8_first(out, t * N + grp * 8, simd.loadf8(acc, (t - t0) * 8), N - grp * 8)
 
 
 @njit(cache=True, fastmath=EXACT)
@@ -361,16 +360,15 @@ def _kx8_avx2(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
     #   Q5_K  4 pairs                     4 x 2 x 31 x 128 = 31744
     #   Q6_K  2 pairs                     2 x 2 x 63 x 128 = 32256
     tile = min(xq.shape[0], X8_TOKENS)
-    res = np.empty(8, np.float32)
     acc = np.empty(tile * 8, np.float32)
     mos = np.empty(tile * 8, np.float32)
     isums = np.empty(tile * 8, np.int32)
     if is_q6_k(kind):
-        _q6_avx2(qs, sc, d, xq, xd, xb16, out, n0, n1, acc, isums, res)
+        _q6_avx2(qs, sc, d, xq, xd, xb16, out, n0, n1, acc, isums)
     elif has_qh(kind):
-        _q45_avx2(True, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1, acc, mos, isums, res)
+        _q45_avx2(True, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1, acc, mos, isums)
     else:
-        _q45_avx2(False, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1, acc, mos, isums, res)
+        _q45_avx2(False, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1, acc, mos, isums)
 
 
 def _by_path(isa, *args):

@@ -6,7 +6,7 @@ from numba.extending import overload
 
 from .. import simd
 from ..simd import path_of
-from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8, store8
+from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8
 
 def rows_q8x8(isa, qs, d, luts, xq, xd, out, n0, n1):
     """Rows [n0, n1) (n0 a multiple of 8) of a matmul of interleaved Q8_0, every token."""
@@ -67,7 +67,6 @@ def _q8x8_simd(isa, qs, d, luts, xq, xd, out, n0, n1):
     T, K = xq.shape
     N = out.shape[1]
     nb = K // 32
-    res = np.empty(8, np.float32)
     acc = np.empty(X8_TOKENS * 8, np.float32)
     for grp in range(n0 // 8, (n1 + 7) // 8):
         for t0 in range(0, T, X8_TOKENS):
@@ -98,7 +97,7 @@ def _q8x8_simd(isa, qs, d, luts, xq, xd, out, n0, n1):
                     simd.storef8(acc, j, simd.fma8(simd.cvt8(isum), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
                                                    simd.loadf8(acc, j)))
             for t in range(t0, t1):
-                store8(out, t, grp * 8, N, simd.loadf8(acc, (t - t0) * 8), res)
+                simd.storef8_first(out, t * N + grp * 8, simd.loadf8(acc, (t - t0) * 8), N - grp * 8)
 
 
 overload(rows_q8x8)(by_path(_q8x8_portable, _q8x8_simd))

@@ -6,7 +6,7 @@ from numba.extending import overload
 
 from ... import kinds
 from .. import simd
-from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8, store8, dot8
+from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8, dot8
 
 has_qh = kinds.predicate("has_qh", within="x8")    # Q5_0, Q5_1
 has_min = kinds.predicate("has_min", within="x8")  # Q4_1, Q5_1
@@ -66,7 +66,6 @@ def _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
     has_m = has_min(kind)
     offk = simd.splatf(np.float32(-16.0 if five else -8.0))
     qh32 = qh.reshape(qh.size).view(np.uint32)
-    res = np.empty(8, np.float32)
     if T == 1:
         for grp in range(n0 // 8, (n1 + 7) // 8):
             acc = simd.zerof()
@@ -94,7 +93,7 @@ def _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
                 off = simd.loadf8(m, o * 8) if has_m else simd.mul8(dw, offk)
                 acc = simd.fma8(simd.cvt8(isum), simd.mul8(dw, simd.splatf(simd.ld(xd, b))), acc)
                 mo = simd.fma8(off, simd.splatf(simd.ld(xs, b)), mo)
-            store8(out, 0, grp * 8, N, simd.add8(acc, mo), res)
+            simd.storef8_first(out, grp * 8, simd.add8(acc, mo), N - grp * 8)
         return
     acc = np.empty(X8_TOKENS * 8, np.float32)
     mos = np.empty(X8_TOKENS * 8, np.float32)
@@ -131,7 +130,7 @@ def _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
                     simd.storef8(mos, j, simd.fma8(off, simd.splatf(simd.ld(xs, t * nb + b)), simd.loadf8(mos, j)))
             for t in range(t0, t1):
                 j = (t - t0) * 8
-                store8(out, t, grp * 8, N, simd.add8(simd.loadf8(acc, j), simd.loadf8(mos, j)), res)
+                simd.storef8_first(out, t * N + grp * 8, simd.add8(simd.loadf8(acc, j), simd.loadf8(mos, j)), N - grp * 8)
 
 
 overload(rows_x8)(by_path(_x8_portable, _x8_simd))

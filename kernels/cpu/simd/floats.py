@@ -179,3 +179,27 @@ def exp8(typingctx, v):
 def cvt8(typingctx, a):
     """s32x8 -> f32x8 (vcvtdq2ps; exact below 2**24)."""
     return f32x8(i32x8), lambda c, builder, s, args: builder.sitofp(args[0], _V8F32)
+
+
+@intrinsic
+def storef8_first(typingctx, a, i, v, n):
+    """a.flat[i : i + min(n, 8)] = the first n lanes of v, a float32 array: one store where n >= 8, a masked
+    store (vmaskmovps) of the lanes below n otherwise (the last rows of a matrix whose row count is not a
+    multiple of 8). An intrinsic, not a helper function, so the loops that call it pay no reference
+    counting for the array."""
+    def codegen(context, builder, signature, args):
+        from numba.core import cgutils
+
+        ptr = _elem_ptr(context, builder, signature.args[0], args[0], args[1], _V8F32)
+        count = context.cast(builder, args[3], signature.args[3], types.int64)
+        with builder.if_else(builder.icmp_signed(">=", count, ir.Constant(ir.IntType(64), 8))) as (full, part):
+            with full:
+                builder.store(args[2], ptr, align=4)
+            with part:
+                lanes = ir.Constant(ir.VectorType(ir.IntType(64), 8), list(range(8)))
+                mask = builder.icmp_signed("<", lanes, _splat(builder, count, ir.VectorType(ir.IntType(64), 8)))
+                _call(builder, "llvm.masked.store.v8f32.p0", ir.VoidType(),
+                      [args[2], ptr, ir.Constant(ir.IntType(32), 4), mask])
+        return context.get_dummy_value()
+
+    return types.void(a, types.intp, f32x8, n), codegen
