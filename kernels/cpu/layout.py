@@ -96,13 +96,14 @@ def _legacy8(w, inplace):
 
         qs  (G, nb * 128)  four vectors per block: vector j holds, for each row r, bytes 4j .. 4j + 3
                            of the row's block (low nibbles: elements 4j + e; high: elements 16 + 4j + e)
-        qh  (G, nb * 32)   Q5 only: eight uint32 per block, one per vector v (v < 4: low nibbles of
-                           vector v; v >= 4: high nibbles of vector v - 4): bit 4 r + e is the fifth bit
-                           of element 4 v + e of row r
+        qh  (G, nb * 32)   Q5 only: one vector per block, byte 4 r + e lined up with the qs vectors'
+                           byte 4 r + e: its bit v is the fifth bit of row r's element 4 v + e (in the
+                           weight vector v: v < 4 the low nibbles of qs vector v, v >= 4 the high
+                           nibbles of qs vector v - 4), so one shift and mask give a vector its bits
         d, m (G, nb * 8)   the eight rows' block scales (mins) as float16 bits
     """
     g = -(-w.shape[0] // 8)
-    qh = _q5_masks(w.qh) if kinds.has_qh(w.kind) else np.zeros((g, 0), np.uint8)
+    qh = _q5_bits(w.qh) if kinds.has_qh(w.kind) else np.zeros((g, 0), np.uint8)
     return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=_field(w, "qs", inplace), qh=qh,
                                sc=np.zeros((g, 0), np.uint8), d=_field(w, "d", inplace), m=_field(w, "m", inplace))
 
@@ -111,19 +112,19 @@ def _legacy8(w, inplace):
 _REGROUP = {"q8x8": _q8_8, "x8": _legacy8, "kx8": _k8}
 
 
-def _q5_masks(qh):
+def _q5_bits(qh):
     """Q5_0/Q5_1 high bits (N, nb * 4), row-major (bit j of a block's uint32: element j's fifth bit) ->
     (ceil(N / 8), nb * 32) as _legacy8 lays them out: a transpose of bits, not of bytes."""
     n = qh.shape[0]
     nb = qh.shape[1] // 4
     g = -(-n // 8)
     h = np.ascontiguousarray(np.pad(qh, ((0, g * 8 - n), (0, 0)))).view(np.uint32).reshape(g, 8, nb)
-    masks = np.zeros((g, nb, 8), np.uint32)
+    out = np.zeros((g, nb, 8, 4), np.uint8)  # (group, block, row r, element e of the vector)
     for v in range(8):
-        nib = (h >> np.uint32(4 * v)) & np.uint32(15)  # elements 4v .. 4v + 3 of each row
-        for r in range(8):
-            masks[:, :, v] |= nib[:, r, :] << np.uint32(4 * r)
-    return masks.reshape(g, nb * 8).view(np.uint8)
+        for e in range(4):
+            bit = (h >> np.uint32(4 * v + e)) & np.uint32(1)  # (g, 8 rows, nb)
+            out[:, :, :, e] |= (bit.transpose(0, 2, 1) << np.uint32(v)).astype(np.uint8)
+    return out.reshape(g, nb * 32)
 
 
 # -- straight from the file's blocks: one gather per field, no row-major copy in between --------------
@@ -176,9 +177,9 @@ def gather_index(kind, field, cols, row_bytes, unit):
 
 def interleave_field(kind, field, a):
     """A computed row-major field `a` (N, W) of a matrix of row-major `kind`, regrouped as interleave8
-    regroups it: (ceil(N / 8), 8 W), rows past N as zeros (Q5_0/Q5_1 qh: the bit masks of _legacy8)."""
+    regroups it: (ceil(N / 8), 8 W), rows past N as zeros (Q5_0/Q5_1 qh: the bit vectors of _legacy8)."""
     if kinds.is_q45(kind) and field == "qh":  # Q5_0/Q5_1
-        return _q5_masks(a)
+        return _q5_bits(a)
     return _groups(a, _transform(kind, field), False)
 
 

@@ -111,10 +111,7 @@ def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
             b = qs[G, g * 128 + (v % 4) * 32 + r * 4 + i % 4]
             q = np.int32(b & 15) if v < 4 else np.int32(b >> 4)
             if five:
-                o = (g * 8 + v) * 4
-                mask = (np.uint32(qh[G, o]) | (np.uint32(qh[G, o + 1]) << 8) | (np.uint32(qh[G, o + 2]) << 16)
-                        | (np.uint32(qh[G, o + 3]) << 24))
-                q |= np.int32((mask >> (r * 4 + i % 4)) & 1) << 4
+                q |= np.int32((qh[G, g * 32 + r * 4 + i % 4] >> v) & 1) << 4
             y[i] = db * np.float32(q) + off
     elif kinds.is_q6_k(kind):  # unpacked signed bytes; one int8 scale per 16 elements
         db = lut[d[n, g // 8]]

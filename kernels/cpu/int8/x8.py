@@ -37,10 +37,7 @@ def _x8_portable(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
                     q = np.int32(qs[grp, b * 128 + (v % 4) * 32 + r * 4 + i % 4])
                     q = q & 15 if v < 4 else q >> 4
                     if five:
-                        o = (b * 8 + v) * 4
-                        mask = (np.uint32(qh[grp, o]) | (np.uint32(qh[grp, o + 1]) << 8)
-                                | (np.uint32(qh[grp, o + 2]) << 16) | (np.uint32(qh[grp, o + 3]) << 24))
-                        q |= np.int32((mask >> (r * 4 + i % 4)) & 1) << 4
+                        q |= np.int32((qh[grp, b * 32 + r * 4 + i % 4] >> v) & 1) << 4
                     isum += q * i8(xq[t, b * 32 + i])
                 dw = luts[0, d[grp, b * 8 + r]]
                 off = luts[0, m[grp, b * 8 + r]] if has_m else dw * np.float32(-16.0 if five else -8.0)
@@ -50,10 +47,10 @@ def _x8_portable(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
 
 
 @njit(inline="always", cache=True)
-def _x8_high(five, w, mask):
-    # a vector of low nibbles, with the fifth bits of a Q5 type from its 32-bit mask
+def _x8_high(five, w, h, v):
+    # a vector of nibbles, with the fifth bits of a Q5 type: bit v of each byte of the block's qh vector h
     if five:
-        return simd.or_(w, simd.bits_to_bytes(mask, np.uint8(16)))
+        return simd.or_(w, simd.bit_to_16(h, v))
     return w
 
 
@@ -65,7 +62,6 @@ def _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
     five = has_qh(kind)
     has_m = has_min(kind)
     offk = simd.splatf(np.float32(-16.0 if five else -8.0))
-    qh32 = qh.reshape(qh.size).view(np.uint32)
     if T == 1:
         for grp in range(n0 // 8, (n1 + 7) // 8):
             acc = simd.zerof()
@@ -78,14 +74,15 @@ def _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
                 v1 = simd.load32(qs, o * 128 + 32)
                 v2 = simd.load32(qs, o * 128 + 64)
                 v3 = simd.load32(qs, o * 128 + 96)
-                isum = dot8(isa, _x8_high(five, simd.low4(v0), simd.ld(qh32, o * 8)),
-                            _x8_high(five, simd.low4(v1), simd.ld(qh32, o * 8 + 1)),
-                            _x8_high(five, simd.low4(v2), simd.ld(qh32, o * 8 + 2)),
-                            _x8_high(five, simd.low4(v3), simd.ld(qh32, o * 8 + 3)),
-                            _x8_high(five, simd.shr4(v0), simd.ld(qh32, o * 8 + 4)),
-                            _x8_high(five, simd.shr4(v1), simd.ld(qh32, o * 8 + 5)),
-                            _x8_high(five, simd.shr4(v2), simd.ld(qh32, o * 8 + 6)),
-                            _x8_high(five, simd.shr4(v3), simd.ld(qh32, o * 8 + 7)),
+                h = simd.load32(qh, o * 32) if five else v3
+                isum = dot8(isa, _x8_high(five, simd.low4(v0), h, 0),
+                            _x8_high(five, simd.low4(v1), h, 1),
+                            _x8_high(five, simd.low4(v2), h, 2),
+                            _x8_high(five, simd.low4(v3), h, 3),
+                            _x8_high(five, simd.shr4(v0), h, 4),
+                            _x8_high(five, simd.shr4(v1), h, 5),
+                            _x8_high(five, simd.shr4(v2), h, 6),
+                            _x8_high(five, simd.shr4(v3), h, 7),
                             simd.bcast4(xq, b * 32), simd.bcast4(xq, b * 32 + 4), simd.bcast4(xq, b * 32 + 8),
                             simd.bcast4(xq, b * 32 + 12), simd.bcast4(xq, b * 32 + 16), simd.bcast4(xq, b * 32 + 20),
                             simd.bcast4(xq, b * 32 + 24), simd.bcast4(xq, b * 32 + 28))
@@ -108,14 +105,15 @@ def _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
                 v1 = simd.load32(qs, o * 128 + 32)
                 v2 = simd.load32(qs, o * 128 + 64)
                 v3 = simd.load32(qs, o * 128 + 96)
-                w0 = _x8_high(five, simd.low4(v0), simd.ld(qh32, o * 8))
-                w1 = _x8_high(five, simd.low4(v1), simd.ld(qh32, o * 8 + 1))
-                w2 = _x8_high(five, simd.low4(v2), simd.ld(qh32, o * 8 + 2))
-                w3 = _x8_high(five, simd.low4(v3), simd.ld(qh32, o * 8 + 3))
-                w4 = _x8_high(five, simd.shr4(v0), simd.ld(qh32, o * 8 + 4))
-                w5 = _x8_high(five, simd.shr4(v1), simd.ld(qh32, o * 8 + 5))
-                w6 = _x8_high(five, simd.shr4(v2), simd.ld(qh32, o * 8 + 6))
-                w7 = _x8_high(five, simd.shr4(v3), simd.ld(qh32, o * 8 + 7))
+                h = simd.load32(qh, o * 32) if five else v3
+                w0 = _x8_high(five, simd.low4(v0), h, 0)
+                w1 = _x8_high(five, simd.low4(v1), h, 1)
+                w2 = _x8_high(five, simd.low4(v2), h, 2)
+                w3 = _x8_high(five, simd.low4(v3), h, 3)
+                w4 = _x8_high(five, simd.shr4(v0), h, 4)
+                w5 = _x8_high(five, simd.shr4(v1), h, 5)
+                w6 = _x8_high(five, simd.shr4(v2), h, 6)
+                w7 = _x8_high(five, simd.shr4(v3), h, 7)
                 dw = simd.loadf8(d, o * 8)
                 off = simd.loadf8(m, o * 8) if has_m else simd.mul8(dw, offk)
                 for t in range(t0, t1):
