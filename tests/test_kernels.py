@@ -145,9 +145,9 @@ def test_int8_matmul_at_the_extremes_of_its_ranges(t, path):
     raw = raw.reshape(n, -1)
     ref = gguf.quants.dequantize(raw, t).reshape(n, k).astype(np.float32)
     for w in layouts(repack(raw, t, (k, n))):
-        for sign in (1, -1):
-            x = np.full((3, k), sign, np.float32)
-            got = np.empty((3, n), np.float32)
+        for sign, tokens in ((1, 1), (-1, 1), (1, 3), (-1, 3)):  # the one-token path and a tile
+            x = np.full((tokens, k), sign, np.float32)
+            got = np.empty((tokens, n), np.float32)
             matmul_int8(w, QInput(x), got, unit_table(path, w.kind))
             want, d, blk = int8_reference(ref, x, t)
             assert np.all(np.abs(got - want) <= float_bound(k, np.repeat(d, blk, axis=1) * 127, ref))

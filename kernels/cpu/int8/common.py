@@ -39,8 +39,8 @@ def by_path(portable, simd_impl):
 # Tile shape: 8 rows (the eight 32-bit lanes of a ymm register) x up to 32 tokens. The loop over tokens
 # holds only the block's eight weight vectors and a few temporaries in registers (the accumulators live
 # in the scratch, an L1 load and store per token and block), so the same shape fits AVX2's 16 vector
-# registers and AVX-512's 32 without spills, on both paths and for every weight type (Q4_K/Q5_K read
-# their weights from a byte scratch instead, Q6_K straight from its unpacked layout). 32 tokens keep the
+# registers and AVX-512's 32 without spills, on both paths and for every weight type (on the vnni path
+# Q4_K/Q5_K read their weights from a byte scratch instead, kx8._kx8_simd). 32 tokens keep the
 # scratch (1 KiB) in L1 and the tokens' activation rows (32 K bytes) in L1 or L2 while a group's blocks
 # stream past.
 X8_TOKENS = 32

@@ -16,12 +16,14 @@ is_q6_k = kinds.predicate("ggml:Q6_K", within="kx8")  # Q6_K: unsigned bytes, no
 # -- interleaved Q4_K/Q5_K/Q6_K (layout._k8): eight rows per vector ----------------------------------
 #
 # As for the legacy types, each vector holds four elements of eight rows; the sub-block scales are
-# applied in the integer domain to eight rows at once (vpmulld with the rows' scales widened to 32 bits),
-# the mins from the activation's sums per 32, and one float FMA per 256 elements per eight rows:
+# applied in the integer domain to eight rows at once, the mins from the activation's sums per 32, and one
+# float FMA per 256 elements per eight rows:
 #   Q4_K/Q5_K  acc = fma(float(sum_j sc_j dot_j), d d_x, acc), mo = fma(float(sum_j min_j xsum_j), dmin d_x, mo)
 #   Q6_K       acc = fma(float(sum_j sc_j (dot_j - 32 xsum16_j)), d d_x, acc)   (q stored unsigned, 0..63)
-# Q4_K/Q5_K weights are unpacked once per row group into a scratch of bytes (8 K of them), which every
-# token then reads; Q6_K's are stored unpacked. One code path for every batch size: the same bits.
+# Three implementations compute the same integers and the same FMAs, so the same bits for every batch:
+# _kx8_portable lane by lane; _kx8_avx2 (weights unpacked once into registers for a tile of tokens, scales
+# on the vpmaddwd: see there); _kx8_simd on the vnni path (vpdpbusd sums times the scales by vpmulld, Q4_K
+# and Q5_K weights unpacked once per row group into a byte scratch that every token reads).
 
 
 def rows_kx8(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):

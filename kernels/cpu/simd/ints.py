@@ -115,18 +115,6 @@ def copy_bytes(typingctx, dst, doff, src, soff, n):
 
 
 @intrinsic
-def bits_to_bytes(typingctx, bits, value):
-    """bytes_from_bits_32: bit j of a uint32 -> byte j of i8x32, `value` where set, 0 where clear."""
-    sig = i8x32(types.uint32, types.uint8)
-
-    def codegen(context, builder, signature, args):
-        mask = builder.bitcast(args[0], ir.VectorType(ir.IntType(1), 32))
-        return builder.select(mask, _splat(builder, args[1], _V32I8), ir.Constant(_V32I8, None))
-
-    return sig, codegen
-
-
-@intrinsic
 def or_(typingctx, a, b):
     """a | b, i8x32 (vpor)."""
     return i8x32(i8x32, i8x32), lambda c, builder, s, args: builder.or_(args[0], args[1])
