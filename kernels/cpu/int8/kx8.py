@@ -185,10 +185,7 @@ def _q45_avx2(five, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1, acc, mos, isums):
                 for p in range(4):
                     o = (g * 4 + p) * 256
                     ho = g * 256 if five else o
-                    simd.prefetch(qs, o + PREFETCH)
-                    simd.prefetch(qs, o + 64 + PREFETCH)
-                    simd.prefetch(qs, o + 128 + PREFETCH)
-                    simd.prefetch(qs, o + 192 + PREFETCH)
+                    simd.prefetch256(qs, o + PREFETCH)
                     hq = qh if five else qs
                     for half in range(2):
                         j = 2 * p + half
@@ -230,10 +227,7 @@ def _q45_avx2(five, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1, acc, mos, isums):
                     o = (g * 4 + p) * 256
                     ho = g * 256 if five else o
                     if t0 == 0:
-                        simd.prefetch(qs, o + PREFETCH)
-                        simd.prefetch(qs, o + 64 + PREFETCH)
-                        simd.prefetch(qs, o + 128 + PREFETCH)
-                        simd.prefetch(qs, o + 192 + PREFETCH)
+                        simd.prefetch256(qs, o + PREFETCH)
                     hq = qh if five else qs
                     for half in range(2):
                         j = 2 * p + half

@@ -49,6 +49,26 @@ def prefetch(typingctx, a, offset):
 
 
 @intrinsic
+def prefetch256(typingctx, a, offset):
+    """prefetch for the four 64-byte lines from a[offset] (a byte offset): a Q4_K/Q5_K sub-block pair's
+    eight weight vectors."""
+    sig = types.void(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        fn = None
+        for line in range(4):
+            off = builder.add(args[1], ir.Constant(args[1].type, 64 * line))
+            p = _byte_ptr(context, builder, signature.args[0], args[0], off)
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [p.type, i32, i32, i32]),
+                                                "llvm.prefetch.p0")
+            builder.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def widen8(typingctx, a, offset):
     """8 bytes at a[offset] (uint8) zero-extended -> s32x8 (vpmovzxbd)."""
     sig = i32x8(a, types.intp)
