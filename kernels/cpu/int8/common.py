@@ -19,10 +19,12 @@ def i8(v):
     return (np.int32(v) ^ 128) - 128
 
 
-def by_path(portable, simd_impl):
-    # an @overload body: the portable or the SIMD implementation, by the type of `isa`
+def by_path(portable, simd_impl, avx2=None):
+    # an @overload body: the portable or the SIMD implementation, by the type of `isa`; `avx2`, where given,
+    # replaces simd_impl on the avx2 path
     def pick(isa, *args):
-        impl = portable if path_of(isa) == "portable" else simd_impl
+        path = path_of(isa)
+        impl = portable if path == "portable" else avx2 if path == "avx2" and avx2 is not None else simd_impl
         return lambda isa, *args: impl(isa, *args)
     return pick
 

@@ -7,7 +7,7 @@ from numba.extending import overload
 from ... import kinds
 from .. import simd
 from ..simd import path_of
-from .common import EXACT, PREFETCH, X8_TOKENS, i8, dot8
+from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8, dot8
 
 has_qh = kinds.predicate("has_qh", within="kx8")    # Q5_K
 has_min = kinds.predicate("has_min", within="kx8")  # Q4_K, Q5_K: packed nibbles and a min; Q6_K: neither
@@ -367,11 +367,6 @@ def _kx8_avx2(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
         _q45_avx2(False, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1, acc, mos, isums)
 
 
-def _by_path(isa, *args):
-    # portable: lane by lane; avx2: _kx8_avx2; vnni: _kx8_simd's vpdpbusd chains (the avx2 kernel runs there
-    # too, but which is faster on an AVX-512 VNNI host has not been measured)
-    impl = {"portable": _kx8_portable, "avx2": _kx8_avx2}.get(path_of(isa), _kx8_simd)
-    return lambda isa, *args: impl(isa, *args)
-
-
-overload(rows_kx8)(_by_path)
+# vnni keeps _kx8_simd's vpdpbusd chains: the avx2 kernel runs there too, but which is faster on an
+# AVX-512 VNNI host has not been measured
+overload(rows_kx8)(by_path(_kx8_portable, _kx8_simd, avx2=_kx8_avx2))
