@@ -231,24 +231,26 @@ def rmsnorm(x, w, eps, out):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def rope(x, positions, inv_freq, neox):
+def rope(x, positions, inv_freq, neox, mscale=1.0):
     # x (T, H, D) rotated in place; positions (T,) int; inv_freq (n_rot/2,): angle = pos * inv_freq[i].
     # neox: pairs (i, i + n_rot/2) (GPT-NeoX, Gemma); else adjacent pairs (2i, 2i+1) (llama.cpp's llama).
+    # mscale: cos and sin multiplied by it (llama.cpp's rope attn_factor: LongRoPE files set it)
     for t_ in prange(x.shape[0]):
         t = np.int64(t_)  # prange counts in uint64: one row function for both loops
-        rope_row(x, positions, inv_freq, neox, t)
+        rope_row(x, positions, inv_freq, neox, t, mscale)
 
 
 @njit(nogil=True, cache=True)
-def rope_row(x, positions, inv_freq, neox, t):
+def rope_row(x, positions, inv_freq, neox, t, mscale=1.0):
     # token t of x (T, H, D), rotated in place (see rope)
     H = x.shape[1]
     half = inv_freq.shape[0]
     p = np.float64(positions[t])
+    ms = np.float32(mscale)
     for i in range(half):
         ang = p * inv_freq[i]
-        c = np.float32(math.cos(ang))
-        s = np.float32(math.sin(ang))
+        c = np.float32(math.cos(ang)) * ms
+        s = np.float32(math.sin(ang)) * ms
         for h in range(H):
             if neox:
                 a = x[t, h, i]

@@ -161,15 +161,15 @@ def rmsnorm(x, w, eps, out):
 
 
 @cuda.jit
-def _rope(x, positions, inv_freq, neox):
-    # x (T, H, D) in place; one thread per (token, head)
+def _rope(x, positions, inv_freq, neox, mscale):
+    # x (T, H, D) in place; one thread per (token, head); cos and sin times mscale (see the CPU rope)
     t, h = cuda.grid(2)
     if t < x.shape[0] and h < x.shape[1]:
         half = inv_freq.shape[0]
         for i in range(half):
             ang = float32(positions[t]) * inv_freq[i]
-            c = math.cos(ang)
-            s = math.sin(ang)
+            c = math.cos(ang) * mscale
+            s = math.sin(ang) * mscale
             if neox:
                 a = x[t, h, i]
                 b = x[t, h, i + half]
@@ -182,9 +182,9 @@ def _rope(x, positions, inv_freq, neox):
                 x[t, h, 2 * i + 1] = a * s + b * c
 
 
-def rope(x, positions, inv_freq, neox):
+def rope(x, positions, inv_freq, neox, mscale=1.0):
     grid, tb = _grid2(x.shape[0], x.shape[1])
-    _rope[grid, tb](x, positions, inv_freq, bool(neox))
+    _rope[grid, tb](x, positions, inv_freq, bool(neox), np.float32(mscale))
 
 
 @cuda.jit
