@@ -32,6 +32,16 @@ class ModelConfig:
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
     embed_scale: float = 1.0
+    rope_mscale: float = 1.0  # rotated q/k values times this (LongRoPE's attn_factor); 1: none
+    # mixture-of-experts (0 experts: a dense FFN): n_expert_used of n_expert experts per token, each an
+    # FFN of expert_ffn_dim; shared_ffn_dim > 0: a shared expert too (qwen2moe); expert_norm: the chosen
+    # experts' weights renormalised to sum 1; expert_scale (not 0 or 1): the weights times it
+    n_expert: int = 0
+    n_expert_used: int = 0
+    expert_ffn_dim: int = 0
+    shared_ffn_dim: int = 0
+    expert_norm: bool = False
+    expert_scale: float = 0.0
 
     def is_sliding(self, layer: int) -> bool:
         return self.sliding_window > 0 and self.swa_pattern > 0 and (layer + 1) % self.swa_pattern != 0

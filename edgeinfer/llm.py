@@ -100,7 +100,13 @@ class LLM:
         self.kernels.precompile(matrix_kinds(self.gguf, self.kernels), config.kv_dtype,
                                 stream=sys.stderr if progress else None)
         mark("precompile_s")
-        self.model = load_model(self.gguf, self.kernels)
+        try:
+            self.model = load_model(self.gguf, self.kernels, n_ctx=config.max_context or None)
+        except BaseException:
+            # a file that cannot load: let the compile started above finish (its units are cached for
+            # the next model) rather than leave its worker processes behind
+            self.kernels.ready()
+            raise
         self.config = self.model.cfg
         # an encoder (an embedding model such as nomic-bert) has no engine: it embeds, never generates
         self.is_encoder = bool(getattr(self.model, "is_encoder", False))

@@ -1,12 +1,14 @@
-"""The architectures: decoders declared by an ArchSpec each (llama.py, gemma3.py, qwen2.py; read by
-decoder.py), and the nomic-bert encoder, a module of its own."""
+"""The architectures: decoders declared by an ArchSpec each (llama.py, qwen2.py, qwen3.py, gemma2.py,
+gemma3.py, phi3.py, olmo2.py, and moe.py's mixture-of-experts models; read by decoder.py), and the
+nomic-bert encoder, a module of its own."""
 
 from __future__ import annotations
 
-from . import decoder, gemma3, llama, nomic_bert, qwen2
+from . import decoder, gemma2, gemma3, llama, moe, nomic_bert, olmo2, phi3, qwen2, qwen3
 from .common import ModelLoadError
 
-DECODERS = {s.name: s for s in (llama.SPEC, gemma3.SPEC, qwen2.SPEC)}
+DECODERS = {s.name: s for s in (llama.SPEC, qwen2.SPEC, qwen3.SPEC, gemma2.SPEC, gemma3.SPEC, phi3.SPEC, olmo2.SPEC,
+                                 *moe.SPECS)}
 ENCODERS = {nomic_bert.ARCH: nomic_bert}
 ARCHITECTURES = sorted([*DECODERS, *ENCODERS])
 
@@ -24,9 +26,11 @@ def model_config(gf):
     return decoder.config_from_gguf(gf, DECODERS[arch]) if arch in DECODERS else ENCODERS[arch].config_from_gguf(gf)
 
 
-def load_model(gf, kb):
+def load_model(gf, kb, n_ctx: int | None = None):
+    """The model in gf on backend kb; n_ctx: the context a sequence may reach (LongRoPE files choose
+    their rope factors by it; None: the engine's default)."""
     arch = _check(gf)
     if arch in DECODERS:
-        return decoder.Model(gf, kb, DECODERS[arch])
+        return decoder.Model(gf, kb, DECODERS[arch], n_ctx=n_ctx)
     module = ENCODERS[arch]
     return module.Model(gf, kb, module.config_from_gguf(gf))

@@ -61,41 +61,66 @@ class WeightLoader:
         return self.kb.upload(np.array(self.gf.tensor(name), dtype=np.float32))
 
     def matrix(self, name: str, rows: int, cols: int):
-        info = self._info(name, (cols, rows))
+        return self._matrix(name, self._info(name, (cols, rows)), name, 0, rows)
+
+    def matrix_rows(self, name: str, shape: tuple[int, ...], parts: list[int]) -> list:
+        """A 2-D tensor (rows, cols) or a 3-D one (n, rows, cols) (numpy order: `shape`), read as one
+        matrix of all its rows, cut into consecutive matrices of `parts` rows each: a fused q/k/v or
+        gate/up projection, or a layer's experts (n parts of `rows`). Each part is repacked on its own,
+        so no row group straddles two of them."""
+        info = self._info(name, tuple(reversed(shape)))
+        if sum(parts) != int(np.prod(shape[:-1])):
+            raise ModelLoadError(f"tensor {name!r}: {sum(parts)} rows expected, it has {int(np.prod(shape[:-1]))}")
+        out, r0 = [], 0
+        for n in parts:
+            out.append(self._matrix(f"{name}[{r0}:{r0 + n}]", info, name, r0, r0 + n))
+            r0 += n
+        self.gf.release(name)
+        return out
+
+    def _matrix(self, key: str, info, name: str, r0: int, r1: int):
+        # rows [r0, r1) of tensor `name` as a matrix, from the layout file (under `key`) or built
+        cols = int(info.shape[0])
         if info.ggml_type not in SUPPORTED_TYPES:
             raise ModelLoadError(
                 f"tensor {name!r} has type {info.ggml_type.name}, which edgeinfer cannot compute yet "
                 f"(supported: {', '.join(t.name for t in SUPPORTED_TYPES)})"
             )
-        stored = self.store.get(name) if self.store is not None else None
+        stored = self.store.get(key) if self.store is not None else None
         if stored is not None:
             meta, arrays = stored
             if meta.get("float"):
                 return arrays["w"]
             return QTensor(T(meta["ggml_type"]), meta["kind"], meta["n_rows"], meta["n_cols"], **arrays)
-        w = self._build(name, info, rows, cols)
+        whole = (r0, r1) == (0, int(np.prod(info.shape[1:])))
+        w = self._build(name, info, r0, r1, cols, whole)
         if self.store is not None:
             if isinstance(w, np.ndarray):
-                self.store.put(name, {"float": True}, {"w": w})
+                self.store.put(key, {"float": True}, {"w": w})
             else:
-                self.store.put(name, {"ggml_type": int(w.ggml_type), "kind": w.kind, "n_rows": w.n_rows,
-                                      "n_cols": w.n_cols}, {f: getattr(w, f) for f in ARRAYS})
+                self.store.put(key, {"ggml_type": int(w.ggml_type), "kind": w.kind, "n_rows": w.n_rows,
+                                     "n_cols": w.n_cols}, {f: getattr(w, f) for f in ARRAYS})
         return w
 
-    def _build(self, name: str, info, rows: int, cols: int):
-        # the matrix repacked from the file's bytes, uploaded
+    def _build(self, name: str, info, r0: int, r1: int, cols: int, whole: bool):
+        # rows [r0, r1) of the matrix repacked from the file's bytes, uploaded
+        rows = r1 - r0
         if info.ggml_type == T.F32:
-            w = np.array(self.gf.tensor(name), dtype=np.float32).reshape(rows, cols)
-        elif info.ggml_type in DIRECT_TYPES and self.kb.interleaves(KIND[info.ggml_type]):
+            w = np.array(self.gf.tensor(name), dtype=np.float32).reshape(-1, cols)[r0:r1].copy()
+            self.gf.release(name)
+            return self.kb.upload(w)
+        raw = self.gf.tensor_bytes(name)
+        raw = raw.reshape(-1, raw.shape[-1])[r0:r1]
+        release = (lambda a, b: self.gf.release(name, r0 + a, r0 + b)) if whole else None
+        if info.ggml_type in DIRECT_TYPES and self.kb.interleaves(KIND[info.ggml_type]):
             # the backend's interleaved layout, built straight from the file a chunk of rows at a time
-            w = repack_interleaved(self.gf.tensor_bytes(name), info.ggml_type, info.shape,
-                                   release=lambda r0, r1: self.gf.release(name, r0, r1))
+            w = repack_interleaved(raw, info.ggml_type, (cols, rows), release=release)
         else:
             # a chunk of rows at a time, each chunk's file pages dropped once copied: the repacked copy
             # replaces the file's pages, and the two are never both resident
-            w = repack_rows(self.gf.tensor_bytes(name), info.ggml_type, info.shape,
-                            release=lambda r0, r1: self.gf.release(name, r0, r1))
-        self.gf.release(name)
+            w = repack_rows(raw, info.ggml_type, (cols, rows), release=release)
+        if whole:
+            self.gf.release(name)
         return self.kb.upload(w)
 
     def float_matrix(self, name: str, rows: int | None, cols: int) -> np.ndarray:
@@ -122,7 +147,7 @@ def matrix_kinds(gf: GGUFFile, kb) -> set[int]:
     from ..kernels.kinds import is_quantized
 
     return {kb.kind_of(KIND[t.ggml_type]) for t in gf.tensors.values()
-            if len(t.shape) == 2 and t.ggml_type in KIND and is_quantized(KIND[t.ggml_type])}
+            if len(t.shape) in (2, 3) and t.ggml_type in KIND and is_quantized(KIND[t.ggml_type])}
 
 
 def rope_inv_freq(dim: int, base: float, freq_scale: float = 1.0, factors: np.ndarray | None = None) -> np.ndarray:

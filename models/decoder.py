@@ -29,7 +29,9 @@ if TYPE_CHECKING:  # the engine's types, only named here: models never build the
     from ..engine.model_runner import Batch
 
 ACTIVATIONS = ("silu", "gelu_tanh")  # the gated FFN's activation of the gate
-ROPE_SCALINGS = ("none", "linear")  # rope.scaling.type values that are supported
+# rope.scaling.type values that are supported ("longrope": the rope_factors_short/long tensors, chosen
+# by the context length, as llama.cpp does)
+ROPE_SCALINGS = ("none", "linear", "longrope")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,16 @@ class ArchSpec:
     swa_pattern: int = 0
     rope_base_local: float | None = None
     softcaps: bool = False  # attention- and final-logit softcapping from the metadata (gemma2/3's keys)
+    softcap_defaults: tuple[float, float] = (0.0, 0.0)  # (attention, final) caps where the keys are absent
+    pre_norms: bool = True  # RMS norms before attention and FFN (olmo2 has only the post-norms)
+    qk_norm_full: bool = False  # q and k RMS norms over the whole projection, not per head (olmo2, olmoe)
+    fused_gate_up: bool = False  # ffn_up holds the gate's rows then the up rows, no ffn_gate (phi3)
+    gemma2_scale: bool = False  # attention scale 1/sqrt(dim / n_head) in the 46-layer model (Gemma 2 27B)
+    # mixture of experts: a router and expert FFNs instead of the dense FFN; moe_norm_w: the chosen
+    # experts' weights renormalised (qwen3moe); shared_expert: plus a sigmoid-gated shared FFN (qwen2moe)
+    moe: bool = False
+    moe_norm_w: bool = False
+    shared_expert: bool = False
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -56,8 +68,9 @@ class ArchSpec:
     @property
     def stack_flags(self) -> dict:
         """The compiled step's switches (kernels.cpu.step.LayerStack)."""
-        return {"qk_norm": self.qk_norm, "post_norms": self.post_norms, "gelu": self.activation == "gelu_tanh",
-                "qkv_bias": self.qkv_bias}
+        return {"qk_norm": 2 if self.qk_norm_full else int(self.qk_norm), "post_norms": self.post_norms,
+                "gelu": self.activation == "gelu_tanh", "qkv_bias": self.qkv_bias, "pre_norms": self.pre_norms,
+                "moe": self.moe, "shared_expert": self.shared_expert}
 
 
 def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
@@ -72,15 +85,16 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
     factor = meta(gf, a, "rope.scaling.factor", 1.0) or 1.0
     if scaling not in (*ROPE_SCALINGS, None):
         raise ModelLoadError(f"rope scaling type {scaling!r} is not supported (supported: {', '.join(ROPE_SCALINGS)})")
+    n_layer = meta(gf, a, "block_count", required=True)
     cfg = ModelConfig(
         arch=a,
-        n_layer=meta(gf, a, "block_count", required=True),
+        n_layer=n_layer,
         dim=dim,
         n_head=n_head,
         n_kv_head=meta(gf, a, "attention.head_count_kv", n_head),
         head_dim=head_dim,
         v_head_dim=meta(gf, a, "attention.value_length", head_dim),
-        ffn_dim=meta(gf, a, "feed_forward_length", required=True),
+        ffn_dim=meta(gf, a, "feed_forward_length", required=not spec.moe) or 0,
         vocab_size=int(emb.shape[1]),
         context_length=meta(gf, a, "context_length", 2048),
         norm_eps=float(meta(gf, a, "attention.layer_norm_rms_epsilon", 1e-5)),
@@ -88,75 +102,160 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
         rope_dim=meta(gf, a, "rope.dimension_count", head_dim),
         rope_neox=spec.rope_neox,
         rope_freq_scale=1.0 / float(factor) if scaling == "linear" else 1.0,
+        # llama.cpp multiplies every rope's cos and sin by the file's attn_factor (LongRoPE files have one)
+        rope_mscale=float(meta(gf, a, "rope.scaling.attn_factor", 1.0) or 1.0),
     )
     if spec.swa_pattern:
         cfg = replace(cfg, rope_base_local=spec.rope_base_local, swa_pattern=spec.swa_pattern,
                       sliding_window=int(meta(gf, a, "attention.sliding_window", 0) or 0))
     if spec.softcaps:
-        cfg = replace(cfg, attn_softcap=float(meta(gf, a, "attn_logit_softcapping", 0.0) or 0.0),
-                      final_softcap=float(meta(gf, a, "final_logit_softcapping", 0.0) or 0.0))
+        cap_a, cap_f = spec.softcap_defaults
+        cfg = replace(cfg, attn_softcap=float(meta(gf, a, "attn_logit_softcapping", cap_a) or 0.0),
+                      final_softcap=float(meta(gf, a, "final_logit_softcapping", cap_f) or 0.0))
     if spec.embed_scale:
         cfg = replace(cfg, embed_scale=float(np.sqrt(dim)))
+    if spec.gemma2_scale and n_layer == 46:  # llama.cpp's rule for Gemma 2 27B (query_pre_attn_scalar)
+        cfg = replace(cfg, attn_scale=float(1.0 / np.sqrt(dim / n_head)))
+    if spec.moe:
+        cfg = _moe_config(gf, spec, cfg)
     return cfg
+
+
+def _tensor_rows(gf: GGUFFile, name: str, default: int) -> int:
+    # the rows of each matrix of a 2-D or 3-D tensor (gguf shape (cols, rows[, n])), if the file has it
+    t = gf.tensors.get(name)
+    return int(t.shape[1]) if t is not None and len(t.shape) >= 2 else default
+
+
+def _moe_config(gf: GGUFFile, spec: ArchSpec, cfg: ModelConfig) -> ModelConfig:
+    a = cfg.arch
+    n_expert = int(meta(gf, a, "expert_count", required=True))
+    used = int(meta(gf, a, "expert_used_count", required=True))
+    if not 0 < used <= n_expert:
+        raise ModelLoadError(f"the file asks for {used} experts per token out of {n_expert}")
+    ffn = meta(gf, a, "expert_feed_forward_length", None)
+    if ffn is None:  # olmoe: feed_forward_length; qwen2moe's llama.cpp default: ffn / used; else the tensor
+        ffn = _tensor_rows(gf, "blk.0.ffn_gate_exps.weight", cfg.ffn_dim // used if cfg.ffn_dim else 0)
+    shared = 0
+    if spec.shared_expert:
+        shared = meta(gf, a, "expert_shared_feed_forward_length", None) or cfg.ffn_dim
+    return replace(cfg, n_expert=n_expert, n_expert_used=used, expert_ffn_dim=int(ffn), shared_ffn_dim=int(shared),
+                   ffn_dim=int(shared or cfg.ffn_dim), expert_norm=spec.moe_norm_w,
+                   expert_scale=float(meta(gf, a, "expert_weights_scale", 0.0) or 0.0))
 
 
 @dataclass
 class LayerWeights:
     """One layer's tensors; a field the architecture does not have is None."""
 
-    attn_norm: np.ndarray  # (dim,)
     wq: object  # (n_head * head_dim, dim)
     wk: object  # (n_kv_head * head_dim, dim)
     wv: object  # (n_kv_head * v_head_dim, dim)
     wo: object  # (dim, n_head * v_head_dim)
-    ffn_norm: np.ndarray  # (dim,)
-    w_gate: object  # (ffn, dim)
-    w_up: object  # (ffn, dim)
-    w_down: object  # (dim, ffn)
-    q_norm: np.ndarray | None = None  # (head_dim,) qk_norm
-    k_norm: np.ndarray | None = None  # (head_dim,)
+    attn_norm: np.ndarray | None = None  # (dim,) pre_norms
+    ffn_norm: np.ndarray | None = None  # (dim,)
+    w_gate: object = None  # (ffn, dim): the dense FFN, or a MoE layer's shared expert
+    w_up: object = None  # (ffn, dim)
+    w_down: object = None  # (dim, ffn)
+    q_norm: np.ndarray | None = None  # (head_dim,) qk_norm; (n_head * head_dim,) qk_norm_full
+    k_norm: np.ndarray | None = None  # (head_dim,); (n_kv_head * head_dim,)
     post_attn_norm: np.ndarray | None = None  # (dim,) post_norms
     post_ffn_norm: np.ndarray | None = None  # (dim,)
     bq: np.ndarray | None = None  # (n_head * head_dim,) qkv_bias
     bk: np.ndarray | None = None  # (n_kv_head * head_dim,)
     bv: np.ndarray | None = None  # (n_kv_head * v_head_dim,)
+    router: np.ndarray | None = None  # (n_expert, dim) float32: moe
+    exp_gate: list | None = None  # n_expert matrices (expert_ffn, dim)
+    exp_up: list | None = None  # n_expert matrices (expert_ffn, dim)
+    exp_down: list | None = None  # n_expert matrices (dim, expert_ffn)
+    sh_gate: np.ndarray | None = None  # (dim,) the shared expert's gate: shared_expert
 
 
-def layer_tensors(spec: ArchSpec, cfg: ModelConfig) -> list[tuple[str, TN, str, tuple[int, ...]]]:
-    """(LayerWeights field, gguf tensor, "weight" or "bias", shape: (size,) or (rows, cols)) of the
-    tensors a layer of this architecture has, in load order."""
+# A layer tensor: (fields, gguf tensor, "weight" or "bias", numpy shape, rows of each field). One field
+# and rows None: the tensor as it is, a vector (size,) or a matrix (rows, cols). Several fields: a fused
+# tensor whose rows are cut between them. "experts": a 3-D tensor (n_expert, rows, cols), one matrix each.
+LayerTensor = tuple
+
+
+def layer_tensors(spec: ArchSpec, cfg: ModelConfig, has=lambda name: False) -> list[LayerTensor]:
+    """The tensors a layer of this architecture has, in load order; has(name) says whether the file
+    holds a tensor (for the optional fused q/k/v projection)."""
     d, hq, hk, hv = cfg.dim, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim, cfg.n_kv_head * cfg.v_head_dim
-    out = [("attn_norm", TN.ATTN_NORM, "weight", (d,)), ("wq", TN.ATTN_Q, "weight", (hq, d)),
-           ("wk", TN.ATTN_K, "weight", (hk, d)), ("wv", TN.ATTN_V, "weight", (hv, d)),
-           ("wo", TN.ATTN_OUT, "weight", (d, cfg.n_head * cfg.v_head_dim)), ("ffn_norm", TN.FFN_NORM, "weight", (d,)),
-           ("w_gate", TN.FFN_GATE, "weight", (cfg.ffn_dim, d)), ("w_up", TN.FFN_UP, "weight", (cfg.ffn_dim, d)),
-           ("w_down", TN.FFN_DOWN, "weight", (d, cfg.ffn_dim))]
-    if spec.qk_norm:
-        out += [("q_norm", TN.ATTN_Q_NORM, "weight", (cfg.head_dim,)), ("k_norm", TN.ATTN_K_NORM, "weight", (cfg.head_dim,))]
+    out = []
+    if spec.pre_norms:
+        out.append((("attn_norm",), TN.ATTN_NORM, "weight", (d,), None))
+    if has(TN.ATTN_QKV):
+        out.append((("wq", "wk", "wv"), TN.ATTN_QKV, "weight", (hq + hk + hv, d), (hq, hk, hv)))
+    else:
+        out += [(("wq",), TN.ATTN_Q, "weight", (hq, d), None), (("wk",), TN.ATTN_K, "weight", (hk, d), None),
+                (("wv",), TN.ATTN_V, "weight", (hv, d), None)]
+    out.append((("wo",), TN.ATTN_OUT, "weight", (d, cfg.n_head * cfg.v_head_dim), None))
+    if spec.pre_norms:
+        out.append((("ffn_norm",), TN.FFN_NORM, "weight", (d,), None))
+    f = cfg.ffn_dim
+    if spec.moe:
+        e, fe = cfg.n_expert, cfg.expert_ffn_dim
+        out += [(("router",), TN.FFN_GATE_INP, "weight", (e, d), "float"),
+                (("exp_gate",), TN.FFN_GATE_EXP, "weight", (e, fe, d), "experts"),
+                (("exp_up",), TN.FFN_UP_EXP, "weight", (e, fe, d), "experts"),
+                (("exp_down",), TN.FFN_DOWN_EXP, "weight", (e, d, fe), "experts")]
+        if spec.shared_expert:
+            out += [(("sh_gate",), TN.FFN_GATE_INP_SHEXP, "weight", (d,), None),
+                    (("w_gate",), TN.FFN_GATE_SHEXP, "weight", (f, d), None),
+                    (("w_up",), TN.FFN_UP_SHEXP, "weight", (f, d), None),
+                    (("w_down",), TN.FFN_DOWN_SHEXP, "weight", (d, f), None)]
+    elif spec.fused_gate_up:
+        out += [(("w_gate", "w_up"), TN.FFN_UP, "weight", (2 * f, d), (f, f)),
+                (("w_down",), TN.FFN_DOWN, "weight", (d, f), None)]
+    else:
+        out += [(("w_gate",), TN.FFN_GATE, "weight", (f, d), None), (("w_up",), TN.FFN_UP, "weight", (f, d), None),
+                (("w_down",), TN.FFN_DOWN, "weight", (d, f), None)]
+    if spec.qk_norm or spec.qk_norm_full:
+        qn, kn = (hq, hk) if spec.qk_norm_full else (cfg.head_dim, cfg.head_dim)
+        out += [(("q_norm",), TN.ATTN_Q_NORM, "weight", (qn,), None), (("k_norm",), TN.ATTN_K_NORM, "weight", (kn,), None)]
     if spec.post_norms:
-        out += [("post_attn_norm", TN.ATTN_POST_NORM, "weight", (d,)), ("post_ffn_norm", TN.FFN_POST_NORM, "weight", (d,))]
+        out += [(("post_attn_norm",), TN.ATTN_POST_NORM, "weight", (d,), None),
+                (("post_ffn_norm",), TN.FFN_POST_NORM, "weight", (d,), None)]
     if spec.qkv_bias:
-        out += [("bq", TN.ATTN_Q, "bias", (hq,)), ("bk", TN.ATTN_K, "bias", (hk,)), ("bv", TN.ATTN_V, "bias", (hv,))]
+        out += [(("bq",), TN.ATTN_Q, "bias", (hq,), None), (("bk",), TN.ATTN_K, "bias", (hk,), None),
+                (("bv",), TN.ATTN_V, "bias", (hv,), None)]
     return out
+
+
+def tensor_name(tensor: TN, part: str, layer: int) -> str:
+    return f"{TENSOR_NAMES[tensor].format(bid=layer)}.{part}"
 
 
 def load_layer(ld: WeightLoader, spec: ArchSpec, cfg: ModelConfig, i: int) -> LayerWeights:
     got = {}
-    for field, tensor, part, shape in layer_tensors(spec, cfg):
-        name = f"{TENSOR_NAMES[tensor].format(bid=i)}.{part}"
-        got[field] = ld.vector(name, *shape) if len(shape) == 1 else ld.matrix(name, *shape)
+    for fields, tensor, part, shape, rows in layer_tensors(spec, cfg, lambda t: ld.has(tensor_name(t, "weight", i))):
+        name = tensor_name(tensor, part, i)
+        if rows == "experts":
+            got[fields[0]] = ld.matrix_rows(name, shape, [shape[1]] * shape[0])
+        elif rows == "float":
+            got[fields[0]] = np.ascontiguousarray(ld.float_matrix(name, *shape), dtype=np.float32)
+        elif rows is not None:
+            got.update(zip(fields, ld.matrix_rows(name, shape, list(rows))))
+        elif len(shape) == 1:
+            got[fields[0]] = ld.vector(name, *shape)
+        else:
+            got[fields[0]] = ld.matrix(name, *shape)
     return LayerWeights(**got)
 
 
 class Model:
     """Weights plus the forward pass of a decoder architecture; every op goes through the kernel
-    backend `kb`."""
+    backend `kb`. n_ctx: the context a sequence may reach (LongRoPE files' choice of rope factors);
+    None: the engine's default, the model's context capped at DEFAULT_MAX_CONTEXT."""
 
-    def __init__(self, gf: GGUFFile, kb, spec: ArchSpec, cfg: ModelConfig | None = None):
+    def __init__(self, gf: GGUFFile, kb, spec: ArchSpec, cfg: ModelConfig | None = None, n_ctx: int | None = None):
         self.spec = spec
         self.cfg = cfg = cfg or config_from_gguf(gf, spec)
         self.kb = kb
         check_vocab(gf, cfg.vocab_size)
+        if spec.moe and not hasattr(kb, "moe_route"):
+            raise ModelLoadError(f"{cfg.arch} is a mixture-of-experts model: the {kb.NAME} backend cannot run "
+                                 "those yet (use the CPU)")
         if cfg.rope_base_local is not None:
             self.inv_freq_local = kb.upload(rope_inv_freq(cfg.rope_dim, cfg.rope_base_local))
         ld = WeightLoader(gf, kb)
@@ -164,15 +263,32 @@ class Model:
         self.layers = [load_layer(ld, spec, cfg, i) for i in range(cfg.n_layer)]
         self.output_norm = ld.vector("output_norm.weight", cfg.dim)
         self.output = ld.matrix("output.weight", cfg.vocab_size, cfg.dim) if ld.has("output.weight") else self.tok_embd
+        factors = self._rope_factors(gf, ld, n_ctx)
         ld.finish()
-        factors = np.array(gf.tensor("rope_freqs.weight"), np.float32) if ld.has("rope_freqs.weight") else None
         self.inv_freq = kb.upload(rope_inv_freq(cfg.rope_dim, cfg.rope_base, cfg.rope_freq_scale, factors))
         # every layer in one compiled call where the backend has one; forward_per_op is the reference
         self.stack = kb.layer_stack(cfg, self.layers, [self.layer_inv_freq(i) for i in range(cfg.n_layer)],
                                     **spec.stack_flags)
 
+    def _rope_factors(self, gf: GGUFFile, ld: WeightLoader, n_ctx: int | None):
+        # per-frequency divisors of the RoPE angles: Llama 3's rope_freqs, or LongRoPE's short or long
+        # factors (long where a sequence may run past the original context, as llama.cpp chooses)
+        cfg, half = self.cfg, self.cfg.rope_dim // 2
+        name = "rope_freqs.weight"
+        if not ld.has(name) and ld.has("rope_factors_short.weight"):
+            from ..config import DEFAULT_MAX_CONTEXT
+
+            n_ctx = n_ctx or min(cfg.context_length, DEFAULT_MAX_CONTEXT)
+            orig = meta(gf, cfg.arch, "rope.scaling.original_context_length", cfg.context_length)
+            self.rope_factors_used = "long" if n_ctx > orig else "short"
+            name = f"rope_factors_{self.rope_factors_used}.weight"
+        if not ld.has(name):
+            return None
+        return ld.vector(name, half)
+
     def layer_inv_freq(self, layer: int):
-        return self.inv_freq_local if self.cfg.is_sliding(layer) else self.inv_freq
+        return self.inv_freq_local if self.cfg.is_sliding(layer) and self.cfg.rope_base_local is not None \
+            else self.inv_freq
 
     def forward(self, batch: Batch, cache: KVCache, hidden: bool = False) -> np.ndarray:
         """Logits (L, vocab), on the host, for the tokens batch.logits_idx selects; hidden: their final
@@ -192,21 +308,19 @@ class Model:
     def forward_per_op(self, batch: Batch, cache: KVCache, hidden: bool = False) -> np.ndarray:
         """The reference forward: one backend call per op (the CUDA backend's path)."""
         kb, cfg, spec = self.kb, self.cfg, self.spec
-        act = kb.gelu_tanh_mul if spec.activation == "gelu_tanh" else kb.silu_mul
         batch = kb.prepare_batch(batch)
         x = self.embed(batch.token_ids)
         h = kb.empty(x.shape)
-        ff = kb.empty((x.shape[0], cfg.ffn_dim))
         for i, lw in enumerate(self.layers):
-            kb.rmsnorm(x, lw.attn_norm, cfg.norm_eps, h)
-            a = attention(kb, cfg, spec, i, lw, h, batch, cache, self.layer_inv_freq(i))
+            if spec.pre_norms:
+                kb.rmsnorm(x, lw.attn_norm, cfg.norm_eps, h)
+            a = attention(kb, cfg, spec, i, lw, h if spec.pre_norms else x, batch, cache, self.layer_inv_freq(i))
             if spec.post_norms:
                 kb.rmsnorm(a, lw.post_attn_norm, cfg.norm_eps, a)
             kb.add_(x, a)
-            kb.rmsnorm(x, lw.ffn_norm, cfg.norm_eps, h)
-            hq = kb.quantize_input(h)  # one quantized activation for gate and up
-            act(kb.matmul(lw.w_gate, hq), kb.matmul(lw.w_up, hq), ff)
-            f = kb.matmul(lw.w_down, ff)
+            if spec.pre_norms:
+                kb.rmsnorm(x, lw.ffn_norm, cfg.norm_eps, h)
+            f = (moe_ffn if spec.moe else dense_ffn)(kb, cfg, spec, lw, h if spec.pre_norms else x)
             if spec.post_norms:
                 kb.rmsnorm(f, lw.post_ffn_norm, cfg.norm_eps, f)
             kb.add_(x, f)
@@ -229,6 +343,37 @@ class Model:
         return kb.to_host(out)
 
 
+def dense_ffn(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, w_gate=None, w_up=None, w_down=None):
+    """The gated FFN of h (T, dim): down(act(gate h) * up h), with the layer's (or the given) matrices."""
+    act = kb.gelu_tanh_mul if spec.activation == "gelu_tanh" else kb.silu_mul
+    hq = kb.quantize_input(h)  # one quantized activation for gate and up
+    if w_gate is None:
+        w_gate, w_up, w_down = lw.w_gate, lw.w_up, lw.w_down
+    g = kb.matmul(w_gate, hq)
+    act(g, kb.matmul(w_up, hq), g)
+    return kb.matmul(w_down, g)
+
+
+def moe_ffn(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h):
+    """The mixture-of-experts FFN of h (T, dim) (kernels/cpu/moe.py has the steps): the router's k
+    experts per token, each expert's tokens through its FFN together, the weighted sum; plus the shared
+    expert, gated, where the architecture has one."""
+    t, k = h.shape[0], cfg.n_expert_used
+    ids, wts = kb.moe_route(h, lw.router, k, cfg.expert_norm, cfg.expert_scale)
+    offsets, order, pos = kb.moe_plan(ids, cfg.n_expert)
+    hs = kb.take_rows(h, order)  # (T * k, dim): each expert's tokens one run of rows
+    y = kb.empty((t * k, cfg.dim))
+    for e in range(cfg.n_expert):
+        r0, r1 = int(offsets[e]), int(offsets[e + 1])
+        if r1 > r0:
+            y[r0:r1] = dense_ffn(kb, cfg, spec, lw, hs[r0:r1], lw.exp_gate[e], lw.exp_up[e], lw.exp_down[e])
+    out = kb.empty(h.shape)
+    kb.moe_combine(y, pos, wts, out)
+    if spec.shared_expert:
+        kb.moe_shared_add(out, dense_ffn(kb, cfg, spec, lw, h), h, lw.sh_gate)
+    return out
+
+
 def attention(kb, cfg: ModelConfig, spec: ArchSpec, layer: int, lw: LayerWeights, h, batch: Batch,
               cache: KVCache, inv_freq) -> np.ndarray:
     """Self-attention of one layer for the batch: h (T, dim) -> (T, dim)."""
@@ -239,6 +384,9 @@ def attention(kb, cfg: ModelConfig, spec: ArchSpec, layer: int, lw: LayerWeights
         kb.add_bias_(q2, lw.bq)
         kb.add_bias_(k2, lw.bk)
         kb.add_bias_(v2, lw.bv)
+    if spec.qk_norm_full:  # over each token's whole projection
+        kb.rmsnorm(q2, lw.q_norm, cfg.norm_eps, q2)
+        kb.rmsnorm(k2, lw.k_norm, cfg.norm_eps, k2)
     q = q2.reshape(t, cfg.n_head, cfg.head_dim)
     k = k2.reshape(t, cfg.n_kv_head, cfg.head_dim)
     v = v2.reshape(t, cfg.n_kv_head, cfg.v_head_dim)
@@ -247,12 +395,9 @@ def attention(kb, cfg: ModelConfig, spec: ArchSpec, layer: int, lw: LayerWeights
         kf = k.reshape(t * cfg.n_kv_head, cfg.head_dim)
         kb.rmsnorm(qf, lw.q_norm, cfg.norm_eps, qf)
         kb.rmsnorm(kf, lw.k_norm, cfg.norm_eps, kf)
-    if cfg.rope_dim < cfg.head_dim:
-        kb.rope(q[:, :, : cfg.rope_dim], batch.positions, inv_freq, cfg.rope_neox)
-        kb.rope(k[:, :, : cfg.rope_dim], batch.positions, inv_freq, cfg.rope_neox)
-    else:
-        kb.rope(q, batch.positions, inv_freq, cfg.rope_neox)
-        kb.rope(k, batch.positions, inv_freq, cfg.rope_neox)
+    qr, kr = (q[:, :, : cfg.rope_dim], k[:, :, : cfg.rope_dim]) if cfg.rope_dim < cfg.head_dim else (q, k)
+    kb.rope(qr, batch.positions, inv_freq, cfg.rope_neox, cfg.rope_mscale)
+    kb.rope(kr, batch.positions, inv_freq, cfg.rope_neox, cfg.rope_mscale)
     kc, vc = cache.k[layer], cache.v[layer]
     kb.write_kv(kb.kv_store(k, cache.dtype), kb.kv_store(v, cache.dtype), batch.slot_mapping, kc, vc)
     out = kb.empty((t, cfg.n_head, cfg.v_head_dim))
@@ -263,4 +408,5 @@ def attention(kb, cfg: ModelConfig, spec: ArchSpec, layer: int, lw: LayerWeights
     return kb.matmul(lw.wo, out.reshape(t, cfg.n_head * cfg.v_head_dim))
 
 
-__all__ = ["ArchSpec", "LayerWeights", "Model", "config_from_gguf", "layer_tensors", "load_layer"]
+__all__ = ["ArchSpec", "LayerWeights", "Model", "attention", "config_from_gguf", "dense_ffn", "layer_tensors",
+           "load_layer", "moe_ffn"]

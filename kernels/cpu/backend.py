@@ -6,7 +6,7 @@ import numba
 import numpy as np
 
 from .. import kinds
-from . import int8, quant, simd, units
+from . import int8, moe, quant, simd, units
 from .attention import paged_attention  # noqa: F401
 from .dense import dense, encoder_attention, layernorm, set_blas_threads, silu  # noqa: F401
 from .layout import INTERLEAVED, interleave8
@@ -110,15 +110,41 @@ def ready() -> None:
     parallel_compile.wait_all()
 
 
-def layer_stack(cfg, layers, inv_freqs, *, qk_norm=False, post_norms=False, gelu=False, qkv_bias=False):
+def layer_stack(cfg, layers, inv_freqs, **flags):
     """The model's layers as one compiled call (step.LayerStack), or None where that cannot run them.
-    inv_freqs: each layer's RoPE inverse frequencies."""
+    inv_freqs: each layer's RoPE inverse frequencies; flags: the architecture's (ArchSpec.stack_flags)."""
     from .step import LayerStack
 
-    quantized = {k for lw in layers for name in LayerStack.MATS
-                 if (k := getattr(getattr(lw, name), "kind", None)) is not None and kinds.is_quantized(k)}
-    return LayerStack.build(cfg, layers, inv_freqs, UNITS, quantized, qk_norm=qk_norm, post_norms=post_norms,
-                            gelu=gelu, qkv_bias=qkv_bias)
+    mats = [getattr(lw, name) for lw in layers for name in LayerStack.MATS]
+    mats += [w for lw in layers for name in ("exp_gate", "exp_up", "exp_down") for w in (getattr(lw, name) or ())]
+    quantized = {k for w in mats if (k := getattr(w, "kind", None)) is not None and kinds.is_quantized(k)}
+    return LayerStack.build(cfg, layers, inv_freqs, UNITS, quantized, **flags)
+
+
+# -- mixture of experts (moe.py) --------------------------------------------------------------------
+
+
+def moe_route(h, router, k: int, norm_w: bool, w_scale: float):
+    """h (T, D), router (E, D) float32 -> (ids (T, k) int64, weights (T, k) float32): each token's k experts."""
+    t = h.shape[0]
+    ids, wts = np.empty((t, k), np.int64), np.empty((t, k), np.float32)
+    moe.route(np.ascontiguousarray(h), router, np.int64(k), bool(norm_w), np.float32(w_scale), ids, wts)
+    return ids, wts
+
+
+def moe_plan(ids, n_expert: int):
+    """ids (T, k) -> (offsets (E + 1,), order (T * k,), pos (T, k)): the (token, slot) pairs sorted by expert."""
+    return moe.plan(ids, np.int64(n_expert))
+
+
+def moe_combine(y, pos, wts, out) -> None:
+    """out[t] = sum_j wts[t, j] * y[pos[t, j]], in slot order."""
+    moe.combine(np.ascontiguousarray(y), pos, wts, out)
+
+
+def moe_shared_add(out, s, h, w_gate) -> None:
+    """out += sigmoid(h . w_gate) * s, per token (qwen2moe's shared expert)."""
+    moe.shared_gate_add(out, np.ascontiguousarray(s), np.ascontiguousarray(h), w_gate)
 
 
 def embed(w, ids: np.ndarray) -> np.ndarray:

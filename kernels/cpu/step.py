@@ -12,6 +12,8 @@ each model: the per-op forward stays the reference, and the tests hold the two t
 
 A :class:`LayerStack` gathers a model's weights once, at load, into what the compiled function takes:
 the matrices in a typed list of (kind, qs, qh, sc, d, m) tuples, the norm weights stacked per layer.
+A mixture-of-experts layer (moe.py) has its experts' matrices in a second typed list and its router
+stacked with the others'; its FFN slots in the first list hold the shared expert, if any.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 from numba import njit, prange, typed
 
 from ..kinds import is_dense, uses_q8k
-from . import int8, ops, quant, units
+from . import int8, moe, ops, quant, units
 
 # per layer, in this order; MATS matrices follow each other in the typed list
 MATS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -40,24 +42,31 @@ class LayerStack:
 
     MATS = MATS
 
-    def __init__(self, cfg, layers, inv_freqs, table, kinds, qk_norm: bool, post_norms: bool, gelu: bool,
-                 qkv_bias: bool = False):
+    def __init__(self, cfg, layers, inv_freqs, table, kinds, qk_norm: int, post_norms: bool, gelu: bool,
+                 qkv_bias: bool = False, pre_norms: bool = True, moe: bool = False, shared_expert: bool = False):
         n, dim, hd = cfg.n_layer, cfg.dim, cfg.head_dim
         self.table = table  # the kernel units (units.Table) of this process's path
         self.kinds = tuple(sorted(kinds))
         self._tables = {}  # KV cache dtype -> the int64 table of unit addresses the step takes
         self.needs = np.zeros((n, 4), np.int64)
-        mats = []
+        mats, experts = [], []
         for i, lw in enumerate(layers):
             for j, name in enumerate(MATS):
                 w = getattr(lw, name)
+                if w is None:  # a MoE layer without a shared expert: a stand-in, never read
+                    w = lw.wo
+                else:
+                    self.needs[i, _INPUT_OF[j]] |= _needs(w.kind)
                 mats.append(int8.as_tuple(w))
-                self.needs[i, _INPUT_OF[j]] |= _needs(w.kind)
-        # a typed list built by cached compiled functions: typed.List's own methods, called from
+            if moe:
+                for e in range(cfg.n_expert):
+                    for j, w in enumerate((lw.exp_gate[e], lw.exp_up[e], lw.exp_down[e])):
+                        experts.append(int8.as_tuple(w))
+                        self.needs[i, IN_DOWN if j == 2 else IN_GATE_UP] |= _needs(w.kind)
+        # typed lists built by cached compiled functions: typed.List's own methods, called from
         # Python, compile afresh in every process (a second of start-up)
-        self.mats = _new_list(mats[0])
-        for w in mats[1:]:
-            _append(self.mats, w)
+        self.mats = _typed_list(mats)
+        self.experts = _typed_list(experts or mats[:1])  # a stand-in for a dense model: never read
 
         def stack(name, size, fill=1.0):
             rows = [getattr(lw, name, None) for lw in layers]
@@ -65,29 +74,40 @@ class LayerStack:
 
         self.attn_norm = stack("attn_norm", dim)
         self.ffn_norm = stack("ffn_norm", dim)
-        self.q_norm = stack("q_norm", hd)
-        self.k_norm = stack("k_norm", hd)
+        qn, kn = (cfg.n_head * hd, cfg.n_kv_head * hd) if qk_norm == 2 else (hd, hd)
+        self.q_norm = stack("q_norm", qn)
+        self.k_norm = stack("k_norm", kn)
         self.post_attn_norm = stack("post_attn_norm", dim)
         self.post_ffn_norm = stack("post_ffn_norm", dim)
         # q, k, v biases (qwen2); zeros, and skipped, elsewhere
         self.bias = (stack("bq", cfg.n_head * hd, 0.0), stack("bk", cfg.n_kv_head * hd, 0.0),
                      stack("bv", cfg.n_kv_head * cfg.v_head_dim, 0.0))
+        e = cfg.n_expert if moe else 0
+        self.router = np.stack([lw.router if moe else np.zeros((0, dim), np.float32) for lw in layers]).astype(np.float32)
+        self.sh_gate = stack("sh_gate", dim, 0.0)
         self.inv_freq = np.stack([np.asarray(f, np.float64) for f in inv_freqs])  # (n_layer, rope_dim / 2)
         self.window = np.array([cfg.sliding_window if cfg.is_sliding(i) else 0 for i in range(n)], np.int64)
         scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
         self.ints = (cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim, cfg.ffn_dim, cfg.rope_dim,
-                     int(cfg.rope_neox), int(qk_norm), int(post_norms), int(gelu), int(qkv_bias))
-        self.floats = (np.float32(cfg.norm_eps), np.float32(scale), np.float32(cfg.attn_softcap))
+                     int(cfg.rope_neox), int(qk_norm), int(post_norms), int(gelu), int(qkv_bias), int(pre_norms))
+        # mixture of experts: (experts, experts per token, expert FFN, renormalise, shared expert)
+        self.moe_ints = (e, cfg.n_expert_used, cfg.expert_ffn_dim, int(cfg.expert_norm), int(shared_expert))
+        self.floats = (np.float32(cfg.norm_eps), np.float32(scale), np.float32(cfg.attn_softcap),
+                       np.float32(cfg.rope_mscale), np.float32(cfg.expert_scale))
 
     @classmethod
-    def build(cls, cfg, layers, inv_freqs, table, kinds, *, qk_norm=False, post_norms=False, gelu=False,
-              qkv_bias=False):
+    def build(cls, cfg, layers, inv_freqs, table, kinds, *, qk_norm=0, post_norms=False, gelu=False,
+              qkv_bias=False, pre_norms=True, moe=False, shared_expert=False):
         # float matrices (F32, F16, BF16: rare in quantized models) go through the per-op path, which
         # keeps their float kernels out of this function's compile
-        if any(isinstance(getattr(lw, name), np.ndarray) or is_dense(getattr(lw, name).kind)
-               for lw in layers for name in MATS):
+        def is_float(w):
+            return isinstance(w, np.ndarray) or (w is not None and is_dense(w.kind))
+
+        if any(is_float(getattr(lw, name)) for lw in layers for name in MATS) or \
+                (moe and any(is_float(w) for lw in layers for w in (*lw.exp_gate, *lw.exp_up, *lw.exp_down))):
             return None
-        return cls(cfg, layers, inv_freqs, table, kinds, qk_norm, post_norms, gelu, qkv_bias)
+        return cls(cfg, layers, inv_freqs, table, kinds, int(qk_norm), post_norms, gelu, qkv_bias, pre_norms, moe,
+                   shared_expert)
 
     def units_for(self, kv_dtype) -> np.ndarray:
         """The unit addresses for a KV cache of this dtype: this model's matmul families and attention."""
@@ -101,10 +121,18 @@ class LayerStack:
         """x (T, dim) float32, the embedded tokens, through every layer (x is overwritten) -> the final
         hidden states of the rows batch.logits_idx selects, (L, dim)."""
         return forward_layers(x, batch.positions, batch.token_seq, batch.slot_mapping, batch.block_tables,
-                              batch.logits_idx, cache.block_size, cache.k, cache.v, self.mats, self.needs,
-                              self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self.post_attn_norm,
-                              self.post_ffn_norm, self.bias, self.inv_freq, self.window, self.ints, self.floats,
-                              quant.HALF_TO_F32, numba.get_num_threads(), self.units_for(cache.k.dtype))
+                              batch.logits_idx, cache.block_size, cache.k, cache.v, self.mats, self.experts,
+                              self.needs, self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm,
+                              self.post_attn_norm, self.post_ffn_norm, self.bias, self.router, self.sh_gate,
+                              self.inv_freq, self.window, self.ints, self.moe_ints, self.floats, quant.HALF_TO_F32,
+                              numba.get_num_threads(), self.units_for(cache.k.dtype))
+
+
+def _typed_list(items):
+    out = _new_list(items[0])
+    for w in items[1:]:
+        _append(out, w)
+    return out
 
 
 @njit(cache=True)
@@ -172,23 +200,23 @@ def _quantize(x, need):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _rope_kv_rows(q, k, v, positions, inv_freq, neox, rope_dim, slot_mapping, kc, vc):
+def _rope_kv_rows(q, k, v, positions, inv_freq, neox, rope_dim, mscale, slot_mapping, kc, vc):
     for t_ in prange(q.shape[0]):
         t = np.int64(t_)  # prange counts in uint64: one row function for both loops
-        ops.rope_row(q[:, :, :rope_dim], positions, inv_freq, neox, t)
-        ops.rope_row(k[:, :, :rope_dim], positions, inv_freq, neox, t)
+        ops.rope_row(q[:, :, :rope_dim], positions, inv_freq, neox, t, mscale)
+        ops.rope_row(k[:, :, :rope_dim], positions, inv_freq, neox, t, mscale)
         ops.write_kv_row(k, v, slot_mapping, kc, vc, t)
 
 
 @njit(nogil=True, cache=True)
-def _rope_kv(q, k, v, positions, inv_freq, neox, rope_dim, slot_mapping, kc, vc):
+def _rope_kv(q, k, v, positions, inv_freq, neox, rope_dim, mscale, slot_mapping, kc, vc):
     # RoPE on q and k, then k and v into their KV slots
     if q.shape[0] >= PAR_ROWS:
-        _rope_kv_rows(q, k, v, positions, inv_freq, neox, rope_dim, slot_mapping, kc, vc)
+        _rope_kv_rows(q, k, v, positions, inv_freq, neox, rope_dim, mscale, slot_mapping, kc, vc)
     else:
         for t in range(q.shape[0]):
-            ops.rope_row(q[:, :, :rope_dim], positions, inv_freq, neox, t)
-            ops.rope_row(k[:, :, :rope_dim], positions, inv_freq, neox, t)
+            ops.rope_row(q[:, :, :rope_dim], positions, inv_freq, neox, t, mscale)
+            ops.rope_row(k[:, :, :rope_dim], positions, inv_freq, neox, t, mscale)
             ops.write_kv_row(k, v, slot_mapping, kc, vc, t)
 
 
@@ -238,15 +266,16 @@ def _act_quantize(gate, up, gelu, need, a, b):
 
 @njit(nogil=True, cache=True)
 def forward_layers(x, positions, token_seq, slot_mapping, block_tables, keep, block_size, k_cache, v_cache, mats,
-                   needs, attn_norm, ffn_norm, q_norm, k_norm, post_attn_norm, post_ffn_norm, bias, inv_freq, window,
-                   ints, floats, luts, threads, table):
+                   experts, needs, attn_norm, ffn_norm, q_norm, k_norm, post_attn_norm, post_ffn_norm, bias, router,
+                   sh_gate, inv_freq, window, ints, moe_ints, floats, luts, threads, table):
     # x (T, dim) through every layer -> the rows `keep` (L,) of the result, (L, dim). k_cache/v_cache
     # (n_layer, n_slots, KVH, D|Dv) float32 or float16 bits; mats: typed list of (kind, qs, qh, sc, d, m),
-    # MATS order per layer; norms (n_layer, size). In the last layer only the kept rows go past the KV
-    # writes (attention, output projection, feed-forward), as llama.cpp does: no other row is read after.
-    # table: the kernel units' addresses (units.Table.for_kinds), through which matmuls and attention run.
-    n_head, n_kv, hd, vhd, ffn, rope_dim, neox, qk_norm, post_norms, gelu, qkv_bias = ints
-    eps, scale, softcap = floats
+    # MATS order per layer; experts: the same for MoE layers' experts (see _moe); norms (n_layer, size).
+    # In the last layer only the kept rows go past the KV writes (attention, output projection,
+    # feed-forward), as llama.cpp does: no other row is read after. table: the kernel units' addresses
+    # (units.Table.for_kinds), through which matmuls and attention run.
+    n_head, n_kv, hd, vhd, ffn, rope_dim, neox, qk_norm, post_norms, gelu, qkv_bias, pre_norms = ints
+    eps, scale, softcap, mscale, w_scale = floats
     T, dim = x.shape
     n_layer = k_cache.shape[0]
     h = np.empty((T, dim), np.float32)
@@ -260,38 +289,46 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, keep, bl
     kf = k.reshape(T * n_kv, hd)
     for layer in range(n_layer):
         wq, wk, wv = mats[layer * 7], mats[layer * 7 + 1], mats[layer * 7 + 2]
-        _norm(x, attn_norm[layer], eps, h)
+        if pre_norms:
+            _norm(x, attn_norm[layer], eps, h)
+        else:
+            h[:] = x
         a8, a8k = _quantize(h, needs[layer, 0])
         int8.matmuls(wq, wk, wv, np.int64(3), a8, a8k, luts, q2, k2, v2, threads, table)
         if qkv_bias:
             _add_bias(q2, bias[0][layer])
             _add_bias(k2, bias[1][layer])
             _add_bias(v2, bias[2][layer])
-        if qk_norm:
+        if qk_norm == 1:  # per head
             _norm(qf, q_norm[layer], eps, qf)
             _norm(kf, k_norm[layer], eps, kf)
+        elif qk_norm == 2:  # over each token's whole projection
+            _norm(q2, q_norm[layer], eps, q2)
+            _norm(k2, k_norm[layer], eps, k2)
         kc = k_cache[layer]
         vc = v_cache[layer]
-        _rope_kv(q, k, v, positions, inv_freq[layer], neox, rope_dim, slot_mapping, kc, vc)
+        _rope_kv(q, k, v, positions, inv_freq[layer], neox, rope_dim, mscale, slot_mapping, kc, vc)
         if layer < n_layer - 1:
-            _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, needs, layer, ffn_norm,
-                  post_attn_norm, post_ffn_norm, window, ints, floats, luts, threads, table)
+            _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, experts, needs, layer, ffn_norm,
+                  post_attn_norm, post_ffn_norm, router, sh_gate, window, ints, moe_ints, floats, luts, threads, table)
     xs = x[keep]
     _rest(xs, q[keep], positions[keep], token_seq[keep], block_tables, block_size, k_cache[n_layer - 1],
-          v_cache[n_layer - 1], mats, needs, n_layer - 1, ffn_norm, post_attn_norm, post_ffn_norm, window, ints,
-          floats, luts, threads, table)
+          v_cache[n_layer - 1], mats, experts, needs, n_layer - 1, ffn_norm, post_attn_norm, post_ffn_norm, router,
+          sh_gate, window, ints, moe_ints, floats, luts, threads, table)
     return xs
 
 
 @njit(nogil=True, cache=True)
-def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, needs, layer, ffn_norm,
-          post_attn_norm, post_ffn_norm, window, ints, floats, luts, threads, table):
+def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, experts, needs, layer, ffn_norm,
+          post_attn_norm, post_ffn_norm, router, sh_gate, window, ints, moe_ints, floats, luts, threads, table):
     # a layer after its KV writes: attention of q (T, H, D), output projection, residual, feed-forward,
     # residual, on x (T, dim) in place
-    n_head, n_kv, hd, vhd, ffn, rope_dim, neox, qk_norm, post_norms, gelu, qkv_bias = ints
-    eps, scale, softcap = floats
+    n_head, n_kv, hd, vhd, ffn, rope_dim, neox, qk_norm, post_norms, gelu, qkv_bias, pre_norms = ints
+    n_expert = moe_ints[0]
+    shared = moe_ints[4]
+    eps, scale, softcap, mscale, w_scale = floats
     T, dim = x.shape
-    wo, wg, wu, wd = mats[layer * 7 + 3], mats[layer * 7 + 4], mats[layer * 7 + 5], mats[layer * 7 + 6]
+    wo = mats[layer * 7 + 3]
     att = np.empty((T, n_head, vhd), np.float32)
     units.call_attention(table[units.ATTENTION], q, kc, vc, token_seq, positions, block_tables, block_size, scale,
                          window[layer], softcap, att)
@@ -302,14 +339,58 @@ def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, ne
         _norm(f, post_attn_norm[layer], eps, f)
     _add(x, f)
     h = np.empty((T, dim), np.float32)
-    _norm(x, ffn_norm[layer], eps, h)
+    if pre_norms:
+        _norm(x, ffn_norm[layer], eps, h)
+    else:
+        h[:] = x
+    if n_expert == 0:
+        _ffn(h, f, mats, layer, needs, ffn, gelu, luts, threads, table)
+    else:
+        _moe(h, f, experts, router[layer], needs, layer, moe_ints, w_scale, gelu, luts, threads, table)
+        if shared:
+            s = np.empty((T, dim), np.float32)
+            _ffn(h, s, mats, layer, needs, ffn, gelu, luts, threads, table)
+            moe.shared_gate_add(f, s, h, sh_gate[layer])
+    if post_norms:
+        _norm(f, post_ffn_norm[layer], eps, f)
+    _add(x, f)
+
+
+@njit(nogil=True, cache=True)
+def _ffn(h, out, mats, layer, needs, ffn, gelu, luts, threads, table):
+    # the gated FFN of h (T, dim) -> out (T, dim), with the layer's gate/up/down matrices
+    T = h.shape[0]
+    wg, wu, wd = mats[layer * 7 + 4], mats[layer * 7 + 5], mats[layer * 7 + 6]
     g8, g8k = _quantize(h, needs[layer, 2])
     gate = np.empty((T, ffn), np.float32)
     up = np.empty((T, ffn), np.float32)
     int8.matmuls(wg, wu, wu, np.int64(2), g8, g8k, luts, gate, up, up, threads, table)
     d8, d8k = _alloc_q(T, ffn, needs[layer, 3])
     _act_quantize(gate, up, gelu, needs[layer, 3], d8, d8k)
-    int8.matmuls(wd, wd, wd, np.int64(1), d8, d8k, luts, f, f, f, threads, table)
-    if post_norms:
-        _norm(f, post_ffn_norm[layer], eps, f)
-    _add(x, f)
+    int8.matmuls(wd, wd, wd, np.int64(1), d8, d8k, luts, out, out, out, threads, table)
+
+
+@njit(nogil=True, cache=True)
+def _moe(h, out, experts, router, needs, layer, moe_ints, w_scale, gelu, luts, threads, table):
+    # the mixture-of-experts FFN of h (T, dim) -> out (T, dim) (moe.py): route, sort the (token, slot)
+    # pairs by expert, every active expert's gate/up in one parallel region and its down in another,
+    # the weighted sum. Expert e of this layer: experts[(layer * E + e) * 3 + (0 gate, 1 up, 2 down)].
+    n_expert, k, fe, norm_w, shared = moe_ints
+    T, dim = h.shape
+    ids = np.empty((T, k), np.int64)
+    wts = np.empty((T, k), np.float32)
+    moe.route(h, router, k, norm_w != 0, w_scale, ids, wts)
+    offsets, order, pos = moe.plan(ids, n_expert)
+    hs = np.empty((T * k, dim), np.float32)
+    for r in range(T * k):
+        hs[r] = h[order[r]]
+    a8, a8k = _quantize(hs, needs[layer, 2])
+    gate = np.empty((T * k, fe), np.float32)
+    up = np.empty((T * k, fe), np.float32)
+    base = layer * n_expert * 3
+    moe.expert_matmuls(experts, base, 0, offsets, a8, a8k, luts, gate, up, threads, table)
+    d8, d8k = _alloc_q(T * k, fe, needs[layer, 3])
+    _act_quantize(gate, up, gelu, needs[layer, 3], d8, d8k)
+    y = np.empty((T * k, dim), np.float32)
+    moe.expert_matmuls(experts, base, 2, offsets, d8, d8k, luts, y, y, threads, table)
+    moe.combine(y, pos, wts, out)

@@ -1,0 +1,196 @@
+"""Mixture-of-experts kernels: the router's choice of experts, the experts' matmuls grouped by expert, and
+the weighted sum of their outputs.
+
+A layer's FFN becomes, for tokens h (T, D) and k experts per token out of E:
+
+1. `route`: router logits h @ R^T (R (E, D) float32), a softmax over the E experts, the k most probable
+   (highest first), their probabilities as weights (renormalised to sum 1 and scaled where the model
+   says so), as llama.cpp's build_moe_ffn with softmax gating;
+2. `plan`: the T * k (token, slot) pairs sorted by expert (stable: by token within an expert), so each
+   expert's tokens are one contiguous run of rows;
+3. the gathered rows through each expert's gate/up and down matrices: `expert_matmuls` runs every
+   active expert's row tasks in one parallel region (the compiled step; the per-op path calls the
+   ordinary matmul once per expert): an expert's weights stream once per batch, whatever its number of
+   tokens, and a decode step reads only the chosen experts' rows;
+4. `combine`: out[t] = sum over slots j, in slot order, of weight[t, j] * y[t's row for slot j].
+
+Each token's activation is quantized alone and each output element reduced in one fixed order, so a
+token's result does not depend on the batch it came in, nor on whether the compiled step or the per-op
+path computed it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from . import units
+from .int8.dispatch import rows_per_task
+
+
+@njit(nogil=True, cache=True)
+def _dot8(a, b):
+    # a (D,) . b (D,) in eight interleaved float32 partial sums, added pairwise: one fixed order (and no
+    # scratch array: this runs once per token and expert)
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
+    n = a.shape[0] // 8 * 8
+    for i in range(0, n, 8):
+        s0 += a[i] * b[i]
+        s1 += a[i + 1] * b[i + 1]
+        s2 += a[i + 2] * b[i + 2]
+        s3 += a[i + 3] * b[i + 3]
+        s4 += a[i + 4] * b[i + 4]
+        s5 += a[i + 5] * b[i + 5]
+        s6 += a[i + 6] * b[i + 6]
+        s7 += a[i + 7] * b[i + 7]
+    for i in range(n, a.shape[0]):
+        r = i % 8
+        if r == 0:
+            s0 += a[i] * b[i]
+        elif r == 1:
+            s1 += a[i] * b[i]
+        elif r == 2:
+            s2 += a[i] * b[i]
+        elif r == 3:
+            s3 += a[i] * b[i]
+        elif r == 4:
+            s4 += a[i] * b[i]
+        elif r == 5:
+            s5 += a[i] * b[i]
+        else:
+            s6 += a[i] * b[i]
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@njit(nogil=True, cache=True)
+def route(h, router, k, norm_w, w_scale, ids, wts):
+    """h (T, D) float32, router (E, D) float32 -> ids (T, k) int64: each token's k chosen experts, most
+    probable first (ties: the lower index); wts (T, k) float32: their softmax probabilities, divided by
+    their sum when norm_w, times w_scale when it is neither 0 nor 1."""
+    T = h.shape[0]
+    E = router.shape[0]
+    logits = np.empty(E, np.float32)
+    taken = np.zeros(E, np.bool_)
+    for t in range(T):
+        for e in range(E):
+            logits[e] = _dot8(h[t], router[e])
+        m = logits[0]
+        for e in range(1, E):
+            m = max(m, logits[e])
+        s = np.float32(0.0)
+        for e in range(E):
+            logits[e] = np.float32(math.exp(logits[e] - m))
+            s += logits[e]
+        for e in range(E):
+            logits[e] = logits[e] / s
+        taken[:] = False
+        for j in range(k):
+            best = -1
+            for e in range(E):
+                if not taken[e] and (best < 0 or logits[e] > logits[best]):
+                    best = e
+            taken[best] = True
+            ids[t, j] = best
+            wts[t, j] = logits[best]
+        if norm_w:
+            total = np.float32(0.0)
+            for j in range(k):
+                total += wts[t, j]
+            for j in range(k):
+                wts[t, j] = wts[t, j] / total
+        if w_scale != 0.0 and w_scale != 1.0:
+            for j in range(k):
+                wts[t, j] = wts[t, j] * np.float32(w_scale)
+
+
+@njit(nogil=True, cache=True)
+def plan(ids, n_expert):
+    """ids (T, k) -> offsets (E + 1,): expert e's rows are [offsets[e], offsets[e + 1]) of the sorted
+    pairs; order (T * k,): the token of each sorted row; pos (T, k): the sorted row of (t, j)."""
+    T, k = ids.shape
+    offsets = np.zeros(n_expert + 1, np.int64)
+    for t in range(T):
+        for j in range(k):
+            offsets[ids[t, j] + 1] += 1
+    for e in range(n_expert):
+        offsets[e + 1] += offsets[e]
+    fill = offsets[:n_expert].copy()
+    order = np.empty(T * k, np.int64)
+    pos = np.empty((T, k), np.int64)
+    for t in range(T):
+        for j in range(k):
+            e = ids[t, j]
+            order[fill[e]] = t
+            pos[t, j] = fill[e]
+            fill[e] += 1
+    return offsets, order, pos
+
+
+@njit(nogil=True, cache=True)
+def _rows(a, r0, r1):
+    # rows [r0, r1) of each array of a quantized activation (rows of a 0-row stand-in stay empty)
+    return a[0][r0:r1], a[1][r0:r1], a[2][r0:r1]
+
+
+@njit(nogil=True, cache=True)
+def _rows4(a, r0, r1):
+    return a[0][r0:r1], a[1][r0:r1], a[2][r0:r1], a[3][r0:r1]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def expert_matmuls(experts, base, which, offsets, q8, q8k, luts, o0, o1, threads, table):
+    """For every expert e with rows (offsets[e] < offsets[e + 1]): rows [offsets[e], offsets[e + 1]) of x
+    (q8/q8k: x quantized, (R, K)) times expert e's matrices, in one parallel region. experts: a typed list
+    of int8.as_tuple matrices, expert e's (gate, up, down) at base + 3 e + (0, 1, 2). which 0: gate -> o0
+    and up -> o1 (R, F); which 2: down -> o0 (R, D)."""
+    n_exp = offsets.shape[0] - 1
+    n_m = 2 if which == 0 else 1
+    first = np.zeros(n_exp + 1, np.int64)  # task ranges per expert
+    per = np.zeros(n_exp, np.int64)
+    n_out = o0.shape[1]
+    for e in range(n_exp):
+        first[e + 1] = first[e]
+        if offsets[e + 1] > offsets[e]:
+            per[e] = rows_per_task(n_out, threads)
+            first[e + 1] += n_m * (-(-n_out // per[e]))
+    for task in prange(first[n_exp]):
+        e = 0
+        while first[e + 1] <= task:
+            e += 1
+        i = task - first[e]
+        n_t = -(-n_out // per[e])
+        m = i // n_t
+        r = i % n_t
+        w = experts[base + 3 * e + which + m]
+        r0, r1 = offsets[e], offsets[e + 1]
+        out = o0[r0:r1] if m == 0 else o1[r0:r1]
+        units.call_rows(table[w[0]], w, _rows(q8, r0, r1), _rows4(q8k, r0, r1), luts, out, np.int64(r * per[e]),
+                        np.int64(min(n_out, (r + 1) * per[e])))
+
+
+@njit(nogil=True, cache=True)
+def combine(y, pos, wts, out):
+    """out[t] = sum_j wts[t, j] * y[pos[t, j]], j in order: y (T * k, D), pos and wts (T, k), out (T, D)."""
+    T, k = pos.shape
+    D = y.shape[1]
+    for t in range(T):
+        w0 = wts[t, 0]
+        p0 = pos[t, 0]
+        for i in range(D):
+            out[t, i] = w0 * y[p0, i]
+        for j in range(1, k):
+            w = wts[t, j]
+            p = pos[t, j]
+            for i in range(D):
+                out[t, i] += w * y[p, i]
+
+
+@njit(nogil=True, cache=True)
+def shared_gate_add(out, s, h, w_gate):
+    """out[t] += sigmoid(h[t] . w_gate) * s[t]: qwen2moe's shared expert s (T, D), gated per token."""
+    for t in range(out.shape[0]):
+        g = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-_dot8(h[t], w_gate))))
+        for i in range(out.shape[1]):
+            out[t, i] += s[t, i] * g
