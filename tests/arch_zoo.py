@@ -1,0 +1,654 @@
+"""A zoo of small random GGUF models, one per architecture edgeinfer should run, written with gguf.GGUFWriter.
+
+Every writer is deterministic (fixed numpy seed, no timestamps): the same bytes on every run, so the
+sha256 recorded in tests/golden/arch_zoo.json (made by benchmarks/make_arch_golden.py with llama.cpp)
+identifies the model the reference logits belong to.
+
+    from arch_zoo import ZOO, write
+    write("qwen3", tmp_path / "qwen3.gguf")
+
+Shapes keep every matrix's row length (its fan-in) a multiple of 256, so any of them can be a K-quant.
+Quantization types follow what real files use (Q4_K_M-style Q4_K/Q6_K mixes, Q5_K, Q8_0, F16), spread
+over the zoo. Notes on what llama.cpp (the build bundled with llama-cpp-python 0.3.36) does with each
+architecture are next to its writer; they were read from llama.cpp's src/models/<arch>.cpp and checked
+against the library's behaviour (benchmarks/make_arch_golden.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import gguf
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as T
+
+from edgeinfer.quant import kquants
+from edgeinfer.tokenizer import bytes_to_unicode
+
+GPT2_MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s"]  # write_tiny_llama's
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Qwen3's template, cut down: ChatML, reasoning of assistant turns after the last user turn rendered in a
+# <think> block (from reasoning_content or an inline <think>...</think>), earlier ones dropped, and with
+# enable_thinking false an empty think block opening the generation prompt.
+QWEN3_TEMPLATE = (
+    "{%- set ns = namespace(last_query=-1) %}"
+    "{%- for message in messages %}{%- if message['role'] == 'user' %}{%- set ns.last_query = loop.index0 %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{%- set content = message['content'] %}{%- set reasoning = '' %}"
+    "{%- if message.get('reasoning_content') %}{%- set reasoning = message['reasoning_content'] %}"
+    "{%- elif '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\n') %}{%- endif %}"
+    "{{- '<|im_start|>assistant\n' }}"
+    "{%- if loop.index0 > ns.last_query %}{{- '<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' }}{%- endif %}"
+    "{{- content + '<|im_end|>\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+LLAMA3_TEMPLATE = (
+    "{{- bos_token }}{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
+)
+PHI3_TEMPLATE = (
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' "
+    "else message['role'] %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+def _quantize(x: np.ndarray, qtype: T) -> np.ndarray:
+    """x (any rank >= 2) quantized row by row: uint8 of shape (*x.shape[:-1], bytes per row)."""
+    rows = x.reshape(-1, x.shape[-1]).astype(np.float32)
+    k_quant = {T.Q4_K: kquants.quantize_q4_k, T.Q5_K: kquants.quantize_q5_k, T.Q6_K: kquants.quantize_q6_k}
+    q = k_quant[qtype](rows) if qtype in k_quant else gguf.quants.quantize(rows, qtype)  # gguf has no K-quantizer
+    return q.reshape(*x.shape[:-1], q.shape[-1])
+
+
+def _add(w: gguf.GGUFWriter, name: str, x: np.ndarray, qtype: T = T.F32) -> None:
+    """numpy shape is GGUF's reversed: (rows, cols) for a matrix, (n_expert, rows, cols) for experts."""
+    x = np.asarray(x, dtype=np.float32)
+    if qtype == T.F32 or x.ndim == 1:
+        w.add_tensor(name, x)
+    elif qtype == T.F16:
+        w.add_tensor(name, x.astype(np.float16))
+    else:
+        q = _quantize(x, qtype)
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
+
+
+def _finish(w: gguf.GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _more_bits(i: int, n: int) -> bool:
+    """llama.cpp's use_more_bits (llama-quant.cpp): the layers Q4_K_M gives Q6_K attn_v / ffn_down."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _gpt2_vocab(w: gguf.GGUFWriter, specials: list[str], *, pre: str = "default", bos: int | None = None,
+                eos: int = 0, add_bos: bool = False, n_extra: int = 0, template: str | None = CHATML) -> int:
+    """write_tiny_llama's GPT-2 byte-level BPE vocabulary (specials first, 256 bytes, a few merges), plus
+    n_extra plain tokens for a realistic vocabulary size. Returns the vocabulary size."""
+    b2u = bytes_to_unicode()
+    tokens = list(specials) + [b2u[b] for b in range(256)] + [m.replace(" ", "") for m in GPT2_MERGES]
+    tokens += [f"Ġw{i:05d}" for i in range(n_extra)]
+    types = [3] * len(specials) + [1] * (len(tokens) - len(specials))
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(GPT2_MERGES)
+    if bos is not None:
+        w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(add_bos)
+    if template is not None:
+        w.add_chat_template(template)
+    return len(tokens)
+
+
+def _spm_vocab(w: gguf.GGUFWriter) -> int:
+    """tiny_models.spm_vocab (write_tiny_gemma3's SentencePiece vocabulary)."""
+    try:
+        from tiny_models import spm_vocab
+    except ImportError:  # imported as tests.arch_zoo
+        from .tiny_models import spm_vocab
+    tokens, scores, types = spm_vocab()
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
+    w.add_chat_template(GEMMA_TEMPLATE)
+    return len(tokens)
+
+
+def _hparams(w: gguf.GGUFWriter, name: str, *, n_layer: int, n_ctx: int, dim: int, ffn: int, n_head: int, n_kv: int,
+             head_dim: int | None = None, rope_dim: int | None = None, base: float = 10000.0, eps: float = 1e-6) -> None:
+    w.add_block_count(n_layer)
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    if head_dim is not None:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_rope_dimension_count(rope_dim if rope_dim is not None else (head_dim or dim // n_head))
+    w.add_rope_freq_base(base)
+    w.add_layer_norm_rms_eps(eps)
+
+
+class _Init:
+    """Random weights of sane size: ~N(0, 1)/sqrt(fan_in) times a multiplier; norms near 1. The multipliers
+    were tuned so the models are not chaotic: two correct engines' rounding (8-bit activations in the
+    quantized dot products, an f16 KV cache, summation order) moves the top-20 log-probabilities by well
+    under the real-model golden tolerance (0.6), and our own f32 and f16 KV caches differ about as much
+    from each other as from llama.cpp."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def mat(self, rows: int, cols: int, mult: float = 1.0) -> np.ndarray:
+        return self.rng.standard_normal((rows, cols)) * (mult / np.sqrt(cols))
+
+    def exps(self, n: int, rows: int, cols: int, mult: float = 1.0) -> np.ndarray:
+        return self.rng.standard_normal((n, rows, cols)) * (mult / np.sqrt(cols))
+
+    def norm(self, n: int) -> np.ndarray:
+        return 1 + 0.1 * self.rng.standard_normal(n)
+
+    def vec(self, n: int, s: float = 1.0) -> np.ndarray:
+        return s * self.rng.standard_normal(n)
+
+    def embd(self, vocab: int, dim: int, s: float = 0.5) -> np.ndarray:
+        return self.rng.standard_normal((vocab, dim)) * s
+
+
+def _q4km(kind: str, i: int, n: int) -> T:
+    """Q4_K_M-like: Q4_K everywhere, Q6_K for attn_v / ffn_down on llama.cpp's use_more_bits layers."""
+    return T.Q6_K if kind in ("attn_v", "ffn_down", "ffn_down_exps") and _more_bits(i, n) else T.Q4_K
+
+
+# ---------------------------------------------------------------------------------------------- writers
+
+def write_qwen3(path) -> None:
+    """qwen3: 3 layers, dim 256, 4 heads / 2 kv heads, head_dim 64 (attention.key_length), ffn 512, per-head
+    q/k RMS norms (size head_dim) applied before RoPE, no biases, NeoX RoPE (base 1e6), tied embedding.
+    Q4_K_M-like (Q6_K token_embd, as llama-quantize gives a tied one). A small embedding (0.12) and layer
+    outputs of x1.5 so the tied embedding of the current token does not dominate the last hidden state
+    (greedy would repeat it); q/k at x1 with norm weights 0.65, so attention is not so sharp that rounding
+    (8-bit activations, f16 KV) decides it. Vocabulary has <think> and </think> as special tokens; the chat template renders Qwen3-style think blocks."""
+    n_layer, dim, n_head, n_kv, hd, ffn = 3, 256, 4, 2, 64, 512
+    r = _Init(1)
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    _hparams(w, "qwen3", n_layer=n_layer, n_ctx=512, dim=dim, ffn=ffn, n_head=n_head, n_kv=n_kv, head_dim=hd,
+             base=1e6)
+    vocab = _gpt2_vocab(w, ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"], pre="qwen2",
+                        eos=2, template=QWEN3_TEMPLATE)
+    w.add_pad_token_id(0)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.12), T.Q6_K)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim), T.Q4_K)
+        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim), T.Q4_K)
+        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), _q4km("attn_v", i, n_layer))
+        _add(w, p + "attn_q_norm.weight", 0.65 * r.norm(hd))  # q.k/sqrt(head_dim) after the norms ~ N(0, 3.4^2)
+        _add(w, p + "attn_k_norm.weight", 0.65 * r.norm(hd))
+        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd, 1.5), T.Q4_K)
+        _add(w, p + "ffn_norm.weight", r.norm(dim))
+        _add(w, p + "ffn_gate.weight", r.mat(ffn, dim), T.Q4_K)
+        _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.Q4_K)
+        _add(w, p + "ffn_down.weight", r.mat(dim, ffn, 1.5), _q4km("ffn_down", i, n_layer))
+    _add(w, "output_norm.weight", 1.6 * r.norm(dim))
+    _finish(w)
+
+
+LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"]
+
+
+def llama3_rope_factors(head_dim: int, base: float, factor: float = 8.0, low_freq_factor: float = 1.0,
+                        high_freq_factor: float = 4.0, old_context_len: int = 8192) -> np.ndarray:
+    """rope_freqs.weight as convert_hf_to_gguf.py (LlamaModel.generate_extra_tensors, rope_type llama3)
+    computes it: one factor per rotated pair; llama.cpp divides each pair's frequency by it (ggml_rope_ext's
+    freq_factors: theta_i = pos * base^(-2i/n_rot) / factor_i)."""
+    freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            out.append(1.0)
+        elif wavelen > low_freq_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def write_llama3(path) -> None:
+    """llama (Llama 3.x style): 3 layers, dim 256, 4 heads / 1 kv head (head_dim 64), ffn 512, normal
+    (GPT-J, interleaved-pair) RoPE, base 500000, with Llama 3 RoPE scaling as a rope_freqs.weight F32 tensor
+    of head_dim/2 = 32 factors (factor 8, low 1, high 4, original context 64 instead of 8192 so that the
+    factors span 1 .. 8 for this head_dim/base: 3 pairs at 1, 3 smoothed, 26 at 8). llama.cpp applies
+    rope_freqs whenever the tensor is present (get_rope_factors returns it before looking at n_ctx);
+    there is no rope.scaling key. Untied output. tokenizer.ggml.pre llama-bpe, BOS added.
+    Types: Q4_K_M-like, token_embd Q4_K, output Q6_K."""
+    n_layer, dim, n_head, n_kv, ffn, base = 3, 256, 4, 1, 512, 500000.0
+    hd = dim // n_head
+    r = _Init(2)
+    w = gguf.GGUFWriter(str(path), "llama")
+    _hparams(w, "llama3", n_layer=n_layer, n_ctx=512, dim=dim, ffn=ffn, n_head=n_head, n_kv=n_kv, base=base,
+             eps=1e-5)
+    vocab = _gpt2_vocab(w, LLAMA3_SPECIALS, pre="llama-bpe", bos=0, eos=2, add_bos=True, template=LLAMA3_TEMPLATE)
+    _add(w, "rope_freqs.weight", llama3_rope_factors(hd, base, old_context_len=64))
+    _add(w, "token_embd.weight", r.embd(vocab, dim), T.Q4_K)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim, 1.2), T.Q4_K)
+        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim, 1.2), T.Q4_K)
+        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), _q4km("attn_v", i, n_layer))
+        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.Q4_K)
+        _add(w, p + "ffn_norm.weight", r.norm(dim))
+        _add(w, p + "ffn_gate.weight", r.mat(ffn, dim), T.Q4_K)
+        _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.Q4_K)
+        _add(w, p + "ffn_down.weight", r.mat(dim, ffn), _q4km("ffn_down", i, n_layer))
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 3), T.Q6_K)
+    _finish(w)
+
+
+def write_llama_swa(path) -> None:
+    """llama with llama.attention.sliding_window = 8 (Mistral-7B-v0.1 style; the window is small so it would
+    matter on the golden prompts of 24 and 40 tokens). llama.cpp IGNORES the key for arch llama:
+    llama_model_llama::load_arch_hparams never reads LLM_KV_ATTENTION_SLIDING_WINDOW, swa_type stays NONE
+    and the graph uses the plain (non-SWA) KV cache, so every layer attends to the whole causal prefix.
+    make_arch_golden.py checks this (the same model without the key gives the same logits).
+    2 layers, dim 256, 8 heads / 2 kv heads (head_dim 32), ffn 512, all Q8_0, untied output."""
+    n_layer, dim, n_head, n_kv, ffn = 2, 256, 8, 2, 512
+    hd = dim // n_head
+    r = _Init(3)
+    w = gguf.GGUFWriter(str(path), "llama")
+    _hparams(w, "llama_swa", n_layer=n_layer, n_ctx=512, dim=dim, ffn=ffn, n_head=n_head, n_kv=n_kv, eps=1e-5)
+    w.add_sliding_window(8)
+    vocab = _gpt2_vocab(w, ["<unk>", "<s>", "</s>"], bos=1, eos=2, add_bos=True, template=None)
+    _add(w, "token_embd.weight", r.embd(vocab, dim), T.Q8_0)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim, 1.2), T.Q8_0)
+        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim, 1.2), T.Q8_0)
+        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), T.Q8_0)
+        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.Q8_0)
+        _add(w, p + "ffn_norm.weight", r.norm(dim))
+        _add(w, p + "ffn_gate.weight", r.mat(ffn, dim), T.Q8_0)
+        _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.Q8_0)
+        _add(w, p + "ffn_down.weight", r.mat(dim, ffn), T.Q8_0)
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 3), T.Q8_0)
+    _finish(w)
+
+
+PHI3_ORIG_CTX = 256  # llama.cpp pads n_ctx up to a multiple of 256, so a smaller one could never pick rope_short
+PHI3_CTX = 1024
+
+
+def write_phi3(path) -> None:
+    """phi3 (Phi-3.5 / Phi-4-mini style): 2 layers, dim 256, 4 heads / 2 kv heads (head_dim 64), ffn 256.
+    - blk.N.attn_qkv.weight fused: rows q (256) then k (128) then v (128).
+    - blk.N.ffn_up.weight fused, 2*ffn rows: llama.cpp runs it through LLM_FFN_SWIGLU = ggml_swiglu (not
+      swapped), i.e. silu(first half) * second half: rows 0..ffn-1 are the GATE, rows ffn..2ffn-1 the UP
+      (HF Phi3MLP: gate, up = gate_up_proj(x).chunk(2); up * act(gate)).
+    - partial rotary: rope.dimension_count 48 of head_dim 64 (NeoX rotation of the first 48 dims of each
+      head, pairs (i, i+24); dims 48..63 pass through).
+    - LongRoPE: rope_factors_short.weight / rope_factors_long.weight, 24 F32 each; context_length 1024,
+      rope.scaling.original_context_length 256 and rope.scaling.attn_factor
+      sqrt(1 + ln(1024/256)/ln(256)) = 1.1180 as convert_hf_to_gguf.py (Phi3MiniModel) writes them. llama.cpp
+      picks rope_long when the context's n_ctx per sequence > original_context_length, else rope_short
+      (n_ctx is first padded up to a multiple of 256: n_ctx 256 -> short, 512 -> long),
+      for the whole context (not per position), and multiplies the RoPE mscale by attn_factor always
+      (cparams.yarn_attn_factor *= hparams.rope_attn_factor): rotated q and k components are scaled by
+      it, so rotated-part scores by attn_factor^2; the 16 non-rotated dims are not scaled.
+    - phi3.attention.sliding_window 16 as real files carry one (Phi-3-mini-4k: 2047): llama.cpp DISABLES
+      sliding-window attention for phi3 (load_arch_hparams: "Phi SWA is currently disabled", n_swa = 0).
+    - attention scale 1/sqrt(head_dim) (applied to q before attention). Untied output.
+    Types: Q5_K_M-like: Q5_K, with Q6_K ffn_down (more_bits layers) and output, token_embd Q5_K."""
+    n_layer, dim, n_head, n_kv, ffn, rope_dim = 2, 256, 4, 2, 256, 48
+    hd = dim // n_head
+    r = _Init(4)
+    w = gguf.GGUFWriter(str(path), "phi3")
+    _hparams(w, "phi3", n_layer=n_layer, n_ctx=PHI3_CTX, dim=dim, ffn=ffn, n_head=n_head, n_kv=n_kv,
+             rope_dim=rope_dim, eps=1e-5)
+    w.add_rope_scaling_orig_ctx_len(PHI3_ORIG_CTX)
+    w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(PHI3_CTX / PHI3_ORIG_CTX) / math.log(PHI3_ORIG_CTX)))
+    w.add_sliding_window(16)
+    vocab = _gpt2_vocab(w, ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"], bos=0, eos=4,
+                        template=PHI3_TEMPLATE)
+    half = rope_dim // 2
+    # LongRoPE factors divide the frequencies; short near 1, long ramping up to ~16 for the slow pairs
+    _add(w, "rope_factors_short.weight", 1.0 + 0.05 * np.arange(half) / half + 0.02 * r.vec(half))
+    _add(w, "rope_factors_long.weight", np.geomspace(1.0, 16.0, half) * (1 + 0.02 * r.vec(half)))
+    _add(w, "token_embd.weight", r.embd(vocab, dim), T.Q5_K)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        qkv = np.concatenate([r.mat(n_head * hd, dim, 1.5), r.mat(n_kv * hd, dim, 1.5), r.mat(n_kv * hd, dim)])
+        _add(w, p + "attn_qkv.weight", qkv, T.Q5_K)
+        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.Q5_K)
+        _add(w, p + "ffn_norm.weight", r.norm(dim))
+        gate_up = np.concatenate([r.mat(ffn, dim, 2), r.mat(ffn, dim)])  # gate rows first, then up
+        _add(w, p + "ffn_up.weight", gate_up, T.Q5_K)
+        _add(w, p + "ffn_down.weight", r.mat(dim, ffn), T.Q6_K if _more_bits(i, n_layer) else T.Q5_K)
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 2.5), T.Q6_K)
+    _finish(w)
+
+
+def write_gemma2(path) -> None:
+    """gemma2: 4 layers, dim 256, 4 heads / 2 kv heads, head_dim 128 (key_length; q is 512 wide, like
+    Gemma-2-2B's head_dim 256 > dim/n_head), ffn 512, SentencePiece vocabulary (tiny_models.spm_vocab).
+    llama.cpp's gemma2:
+    - embeddings scaled by sqrt(dim) = 16; tied output (token_embd; an output.weight would be rejected).
+    - sliding window: swa_type STANDARD, pattern 2 (attention.sliding_window_pattern not set): layer il is
+      sliding when il % 2 == 0, i.e. layers 0 and 2 sliding, 1 and 3 global. window = attention.sliding_window
+      = 8 here (default 4096): a query at position p sees keys at positions p-7 .. p (masked when p - p_k >= 8).
+    - attention scale: q scaled by 1/sqrt(head_dim) = 1/sqrt(128) for every size except 27B (n_layer 46:
+      1/sqrt(dim/n_head)). No GGUF key controls it (query_pre_attn_scalar is not stored).
+    - attn_logit_softcapping 50: scores = 50*tanh(scores/50) before the mask/softmax;
+      final_logit_softcapping 30: logits = 30*tanh(logits/30).
+    - norms: attn_norm, post_attention_norm (on the attention output, before the residual add), ffn_norm,
+      post_ffw_norm (on the FFN output, before the add); weights used as stored (the converter adds Gemma's
+      +1). FFN: gelu (tanh approximation, ggml_gelu)(gate) * up. NeoX RoPE, base 10000.
+    Post norms x3 (with a 0.06 embedding scale) so the layers outweigh the (sqrt(dim)-scaled, tied) embedding of the current token.
+    Types: Q4_K_M-like with Q6_K tied token_embd."""
+    n_layer, dim, n_head, n_kv, hd, ffn = 4, 256, 4, 2, 128, 512
+    r = _Init(5)
+    w = gguf.GGUFWriter(str(path), "gemma2")
+    _hparams(w, "gemma2", n_layer=n_layer, n_ctx=512, dim=dim, ffn=ffn, n_head=n_head, n_kv=n_kv, head_dim=hd)
+    w.add_sliding_window(8)
+    w.add_attn_logit_softcapping(50.0)
+    w.add_final_logit_softcapping(30.0)
+    vocab = _spm_vocab(w)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.06), T.Q6_K)  # x 16 at the input
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim, 1.5), T.Q4_K)
+        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim, 1.5), T.Q4_K)
+        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), _q4km("attn_v", i, n_layer))
+        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.Q4_K)
+        _add(w, p + "post_attention_norm.weight", 3 * r.norm(dim))
+        _add(w, p + "ffn_norm.weight", r.norm(dim))
+        _add(w, p + "ffn_gate.weight", r.mat(ffn, dim, 2), T.Q4_K)
+        _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.Q4_K)
+        _add(w, p + "ffn_down.weight", r.mat(dim, ffn), _q4km("ffn_down", i, n_layer))
+        _add(w, p + "post_ffw_norm.weight", 3 * r.norm(dim))
+    _add(w, "output_norm.weight", 2.5 * r.norm(dim))  # logits std ~2.4, under the final softcap 30
+    _finish(w)
+
+
+def write_olmo2(path) -> None:
+    """olmo2: 3 layers, dim 256, 4 heads / 2 kv heads (head_dim 64), ffn 512, all F16 (norms F32).
+    No pre-norms: the layer is  h = x + attn_post_norm(attn(x));  out = h + ffn_post_norm(ffn(h)).
+    Tensors blk.N.post_attention_norm.weight (ATTN_POST_NORM) and blk.N.post_ffw_norm.weight (FFN_POST_NORM).
+    q/k RMS norms over the whole projection, before the reshape to heads and before RoPE:
+    attn_q_norm size n_head*head_dim = 256, attn_k_norm size n_kv*head_dim = 128. NeoX RoPE.
+    Untied output (llama.cpp requires output.weight for olmo2). No sliding window key (OLMo 3 has one)."""
+    n_layer, dim, n_head, n_kv, ffn = 3, 256, 4, 2, 512
+    hd = dim // n_head
+    r = _Init(6)
+    w = gguf.GGUFWriter(str(path), "olmo2")
+    _hparams(w, "olmo2", n_layer=n_layer, n_ctx=512, dim=dim, ffn=ffn, n_head=n_head, n_kv=n_kv, base=500000.0)
+    vocab = _gpt2_vocab(w, ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"], bos=0, eos=0, pre="dbrx")
+    _add(w, "token_embd.weight", r.embd(vocab, dim), T.F16)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim, 2), T.F16)
+        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim, 2), T.F16)
+        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), T.F16)
+        _add(w, p + "attn_q_norm.weight", 1.5 * r.norm(n_head * hd))
+        _add(w, p + "attn_k_norm.weight", 1.5 * r.norm(n_kv * hd))
+        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.F16)
+        _add(w, p + "post_attention_norm.weight", 0.5 * r.norm(dim))
+        _add(w, p + "ffn_gate.weight", r.mat(ffn, dim), T.F16)
+        _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.F16)
+        _add(w, p + "ffn_down.weight", r.mat(dim, ffn), T.F16)
+        _add(w, p + "post_ffw_norm.weight", 0.5 * r.norm(dim))
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 4), T.F16)
+    _finish(w)
+
+
+def _moe_layer(w, r: _Init, p: str, i: int, n_layer: int, dim: int, n_expert: int, ffn_exp: int, types: dict,
+               router: float, down: float = 1.0) -> None:
+    _add(w, p + "ffn_gate_inp.weight", r.mat(n_expert, dim, router))  # router, F32 as llama-quantize leaves it
+    _add(w, p + "ffn_gate_exps.weight", r.exps(n_expert, ffn_exp, dim), types["gate"])
+    _add(w, p + "ffn_up_exps.weight", r.exps(n_expert, ffn_exp, dim), types["up"])
+    down_t = types["down"](i, n_layer) if callable(types["down"]) else types["down"]
+    _add(w, p + "ffn_down_exps.weight", r.exps(n_expert, dim, ffn_exp, down), down_t)
+
+
+def write_qwen3moe(path) -> None:
+    """qwen3moe: 3 layers, dim 256, 4 heads / 2 kv heads, head_dim 128 (q 512 wide, like Qwen3-30B-A3B),
+    per-head q/k norms (size 128), NeoX RoPE base 1e6; MoE in every layer: 8 experts, 2 used, expert FFN 256
+    (expert_feed_forward_length), router blk.N.ffn_gate_inp.weight F32 (n_expert, dim), experts 3-D
+    blk.N.ffn_{gate,up,down}_exps (numpy (n_expert, rows, cols)). No shared expert.
+    Routing in llama.cpp (build_moe_ffn, SOFTMAX gating): p = softmax(router logits over all 8 experts),
+    take the top 2, and RENORMALISE their weights to sum 1 (qwen3moe passes norm_w = true, hard-coded, no
+    GGUF key read); out = sum_k w_k * down_k(silu(gate_k x) * up_k x). Untied output.
+    Types: Q4_K_M-like: Q4_K, Q6_K attn_v/ffn_down_exps on more_bits layers, output Q6_K."""
+    n_layer, dim, n_head, n_kv, hd, n_expert, n_used, ffn_exp = 3, 256, 4, 2, 128, 8, 2, 256
+    r = _Init(7)
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    _hparams(w, "qwen3moe", n_layer=n_layer, n_ctx=512, dim=dim, ffn=768, n_head=n_head, n_kv=n_kv, head_dim=hd,
+             base=1e6)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_used)
+    w.add_expert_feed_forward_length(ffn_exp)
+    vocab = _gpt2_vocab(w, ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"], pre="qwen2",
+                        eos=2, template=QWEN3_TEMPLATE)
+    _add(w, "token_embd.weight", r.embd(vocab, dim), T.Q4_K)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim), T.Q4_K)
+        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim), T.Q4_K)
+        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), _q4km("attn_v", i, n_layer))
+        _add(w, p + "attn_q_norm.weight", 0.45 * r.norm(hd))
+        _add(w, p + "attn_k_norm.weight", 0.45 * r.norm(hd))
+        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.Q4_K)
+        _add(w, p + "ffn_norm.weight", r.norm(dim))
+        _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp,
+                   {"gate": T.Q4_K, "up": T.Q4_K, "down": lambda i, n: _q4km("ffn_down_exps", i, n)}, router=10, down=0.4)
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 3), T.Q6_K)
+    _finish(w)
+
+
+def write_olmoe(path) -> None:
+    """olmoe: 2 layers, dim 256, 4 heads / 4 kv heads (OLMoE has no GQA, and llama.cpp sizes attn_k_norm
+    n_embd), head_dim 64; pre-norms (attn_norm, ffn_norm) and q/k RMS norms over the WHOLE projection
+    (attn_q_norm and attn_k_norm both size 256), before the reshape to heads and RoPE. NeoX RoPE.
+    MoE: 8 experts, 2 used, expert FFN = feed_forward_length = 256 (olmoe reads n_ff for the experts).
+    Routing: softmax over all experts, top 2, NOT renormalised (olmoe passes norm_w = false; OLMoE's
+    norm_topk_prob is false). Untied output. All Q8_0."""
+    n_layer, dim, n_head, n_kv, n_expert, n_used, ffn_exp = 2, 256, 4, 4, 8, 2, 256
+    hd = dim // n_head
+    r = _Init(8)
+    w = gguf.GGUFWriter(str(path), "olmoe")
+    _hparams(w, "olmoe", n_layer=n_layer, n_ctx=512, dim=dim, ffn=ffn_exp, n_head=n_head, n_kv=n_kv, eps=1e-5)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_used)
+    vocab = _gpt2_vocab(w, ["<|endoftext|>", "<|padding|>", "<|im_start|>", "<|im_end|>"], bos=0, eos=0,
+                        pre="olmo")
+    _add(w, "token_embd.weight", r.embd(vocab, dim), T.Q8_0)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim), T.Q8_0)
+        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim), T.Q8_0)
+        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), T.Q8_0)
+        _add(w, p + "attn_q_norm.weight", 0.5 * r.norm(n_head * hd))
+        _add(w, p + "attn_k_norm.weight", 0.5 * r.norm(n_kv * hd))
+        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.Q8_0)
+        _add(w, p + "ffn_norm.weight", r.norm(dim))
+        _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp, {"gate": T.Q8_0, "up": T.Q8_0, "down": T.Q8_0},
+                   router=6)
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 3), T.Q8_0)
+    _finish(w)
+
+
+def write_qwen2moe(path) -> None:
+    """qwen2moe (Qwen1.5-MoE / Qwen2-57B-A14B): 2 layers, dim 256, 4 heads / 2 kv heads (head_dim 64), q/k/v
+    biases, NeoX RoPE base 1e6. MoE: 6 experts, 2 used, expert FFN 256 (expert_feed_forward_length), routing
+    softmax -> top 2, NOT renormalised (qwen2moe passes norm_w = false). Plus a shared expert of FFN 512
+    (expert_shared_feed_forward_length; ffn_gate_shexp/ffn_up_shexp/ffn_down_shexp) whose output is
+    multiplied by sigmoid(ffn_gate_inp_shexp . x) (ffn_gate_inp_shexp: F32 vector of size dim; x is the
+    ffn_norm output) and added to the routed experts' sum. Untied output.
+    Types: mixed: attention Q8_0, experts Q4_K with ffn_down_exps Q6_K, shared expert Q5_K, token_embd
+    Q8_0, output Q6_K."""
+    n_layer, dim, n_head, n_kv, n_expert, n_used, ffn_exp, ffn_sh = 2, 256, 4, 2, 6, 2, 256, 512
+    hd = dim // n_head
+    r = _Init(9)
+    w = gguf.GGUFWriter(str(path), "qwen2moe")
+    _hparams(w, "qwen2moe", n_layer=n_layer, n_ctx=512, dim=dim, ffn=ffn_sh, n_head=n_head, n_kv=n_kv, base=1e6)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_used)
+    w.add_expert_feed_forward_length(ffn_exp)
+    w.add_expert_shared_feed_forward_length(ffn_sh)
+    vocab = _gpt2_vocab(w, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], pre="qwen2", eos=2)
+    _add(w, "token_embd.weight", r.embd(vocab, dim), T.Q8_0)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim, 1.2), T.Q8_0)
+        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim, 1.2), T.Q8_0)
+        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), T.Q8_0)
+        _add(w, p + "attn_q.bias", r.vec(n_head * hd))
+        _add(w, p + "attn_k.bias", r.vec(n_kv * hd, 3))  # Qwen's k biases are large
+        _add(w, p + "attn_v.bias", r.vec(n_kv * hd, 0.3))
+        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.Q8_0)
+        _add(w, p + "ffn_norm.weight", r.norm(dim))
+        _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp, {"gate": T.Q4_K, "up": T.Q4_K, "down": T.Q6_K},
+                   router=6)
+        _add(w, p + "ffn_gate_inp_shexp.weight", r.vec(dim, 2 / np.sqrt(dim)))
+        _add(w, p + "ffn_gate_shexp.weight", r.mat(ffn_sh, dim), T.Q5_K)
+        _add(w, p + "ffn_up_shexp.weight", r.mat(ffn_sh, dim), T.Q5_K)
+        _add(w, p + "ffn_down_shexp.weight", r.mat(dim, ffn_sh), T.Q5_K)
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 3), T.Q6_K)
+    _finish(w)
+
+
+# ---------------------------------------------------------------------------------------------- benchmark
+
+def _random_blocks(rng: np.random.Generator, shape: tuple, qtype: T, sigma: float, pool: dict) -> np.ndarray:
+    """Quantized bytes for a tensor of (numpy) shape `shape`, built from a pool of genuinely quantized
+    random blocks (N(0, sigma^2) values), drawn at random: valid blocks with realistic scales, at memcpy
+    speed. Returns uint8 of shape (*shape[:-1], bytes per row)."""
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    key = (qtype, sigma)
+    if key not in pool:
+        x = np.random.default_rng(1234).standard_normal((64, block * 256)).astype(np.float32) * sigma
+        pool[key] = _quantize(x, qtype).reshape(-1, type_size)  # 16384 blocks
+    blocks = pool[key]
+    n_blocks = int(np.prod(shape)) // block
+    idx = rng.integers(0, len(blocks), size=n_blocks)
+    return blocks[idx].reshape(*shape[:-1], shape[-1] // block * type_size)
+
+
+def write_qwen3moe_bench(path) -> None:
+    """A realistic-shape random qwen3moe for benchmarks only (not in the golden file): 16 layers, dim 1024,
+    16 heads / 4 kv heads, head_dim 128 (q 2048 wide), 32 experts, 4 used, expert FFN 512, vocabulary
+    32768 (GPT-2 bytes plus filler tokens), untied output; Q4_K_M-like: Q4_K everywhere but Q6_K for
+    attn_v, ffn_down_exps and output. About 0.6 GB. The quantized blocks are drawn from a pool of real
+    quantized random blocks rather than quantizing every tensor, so writing takes seconds."""
+    n_layer, dim, n_head, n_kv, hd, n_expert, n_used, ffn_exp = 16, 1024, 16, 4, 128, 32, 4, 512
+    rng = np.random.default_rng(10)
+    pool: dict = {}
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    _hparams(w, "qwen3moe_bench", n_layer=n_layer, n_ctx=4096, dim=dim, ffn=3072, n_head=n_head, n_kv=n_kv,
+             head_dim=hd, base=1e6)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_used)
+    w.add_expert_feed_forward_length(ffn_exp)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+    vocab = _gpt2_vocab(w, specials, pre="qwen2", eos=2, template=QWEN3_TEMPLATE,
+                        n_extra=32768 - len(specials) - 256 - len(GPT2_MERGES))
+
+    def q(name: str, shape: tuple, qtype: T, mult: float = 1.0) -> None:
+        b = _random_blocks(rng, shape, qtype, round(mult / np.sqrt(shape[-1]), 6), pool)
+        w.add_tensor(name, b, raw_shape=b.shape, raw_dtype=qtype)
+
+    def f32(name: str, x: np.ndarray) -> None:
+        w.add_tensor(name, x.astype(np.float32))
+
+    q("token_embd.weight", (vocab, dim), T.Q4_K, 0.5 * np.sqrt(dim))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        f32(p + "attn_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+        q(p + "attn_q.weight", (n_head * hd, dim), T.Q4_K, 2)
+        q(p + "attn_k.weight", (n_kv * hd, dim), T.Q4_K, 2)
+        q(p + "attn_v.weight", (n_kv * hd, dim), T.Q6_K)
+        f32(p + "attn_q_norm.weight", 1 + 0.1 * rng.standard_normal(hd))
+        f32(p + "attn_k_norm.weight", 1 + 0.1 * rng.standard_normal(hd))
+        q(p + "attn_output.weight", (dim, n_head * hd), T.Q4_K)
+        f32(p + "ffn_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+        f32(p + "ffn_gate_inp.weight", rng.standard_normal((n_expert, dim)) * (3 / np.sqrt(dim)))
+        q(p + "ffn_gate_exps.weight", (n_expert, ffn_exp, dim), T.Q4_K)
+        q(p + "ffn_up_exps.weight", (n_expert, ffn_exp, dim), T.Q4_K)
+        q(p + "ffn_down_exps.weight", (n_expert, dim, ffn_exp), T.Q6_K)
+    f32("output_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+    q("output.weight", (vocab, dim), T.Q6_K, 4)
+    _finish(w)
+
+
+ZOO = {
+    "qwen3": write_qwen3,
+    "llama3": write_llama3,
+    "llama_swa": write_llama_swa,
+    "phi3": write_phi3,
+    "gemma2": write_gemma2,
+    "olmo2": write_olmo2,
+    "qwen3moe": write_qwen3moe,
+    "olmoe": write_olmoe,
+    "qwen2moe": write_qwen2moe,
+    "qwen3moe_bench": write_qwen3moe_bench,
+}
+GOLDEN = [n for n in ZOO if n != "qwen3moe_bench"]  # the models tests/golden/arch_zoo.json covers
+
+
+def write(name: str, path) -> None:
+    """Write zoo model `name` to `path`."""
+    ZOO[name](path)

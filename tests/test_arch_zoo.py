@@ -1,0 +1,253 @@
+"""The architectures with no real weights here (Qwen3, Llama 3.x RoPE scaling, a Mistral-style llama with a
+sliding window, Phi-3 with LongRoPE, Gemma 2, OLMo 2, and the mixture-of-experts Qwen3-MoE, OLMoE and
+Qwen2-MoE) on the small random models of tests/arch_zoo.py, against llama.cpp's own outputs on the same
+files (tests/golden/arch_zoo.json, made by benchmarks/make_arch_golden.py): the top-20 logits at every
+position of three prompts and 24 greedy tokens after each, with the tolerances of the real-model golden
+checks (test_golden.py). Then what must hold bit for bit: the compiled step against the per-op reference,
+chunked prefill against one pass, two sequences batched against each alone."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from arch_zoo import GOLDEN, write
+from conftest import golden_path
+from edgeinfer import LLM, SamplingParams
+from edgeinfer.engine.kv_cache import KVCache
+from edgeinfer.engine.model_runner import Batch
+from edgeinfer.gguf_file import GGUFFile
+from edgeinfer.kernels import get_backend
+from edgeinfer.models import load_model
+from test_golden import LOGIT_TOL, LOGPROB_TOL, LSE_TOL, TIE_MARGIN, compare_greedy
+
+with open(golden_path("arch_zoo.json")) as f:
+    GOLD = json.load(f)["models"]
+
+kb = get_backend("cpu")
+BS = 16  # KV block size
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    d = tmp_path_factory.mktemp("zoo")
+    paths = {}
+
+    def get(name):
+        if name not in paths:
+            p = d / f"{name}.gguf"
+            write(name, p)
+            paths[name] = p
+        return paths[name]
+
+    return get
+
+
+def _cache(m, n_blocks=8):
+    c = m.cfg
+    return KVCache(c.n_layer, n_blocks, BS, c.n_kv_head, c.head_dim, c.v_head_dim)
+
+
+def _all_logits(m, ids, per_op=False):
+    # logits at every position of one sequence's prompt, in one pass
+    t = len(ids)
+    pos = np.arange(t)
+    b = Batch(ids, pos, np.zeros(t), pos, np.arange(8)[None], pos)
+    return (m.forward_per_op if per_op else m.forward)(b, _cache(m))
+
+
+def _cases(name):
+    # (n_ctx, prompts) pairs llama.cpp answered for this model: phi3 also at a context that picks the
+    # short rope factors
+    g = GOLD[name]
+    out = [(g["n_ctx"], g["prompts"])]
+    if "short_context" in g:
+        out.append((g["short_context"]["n_ctx"], g["short_context"]["prompts"]))
+    return out
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_the_zoo_writes_the_file_llama_cpp_ran(zoo, name):
+    assert hashlib.sha256(zoo(name).read_bytes()).hexdigest() == GOLD[name]["sha256"]
+
+
+def check_top_logits(name, path):
+    """Every position's top 20 against llama.cpp's; returns the largest log-probability error."""
+    worst = 0.0
+    for n_ctx, prompts in _cases(name):
+        m = load_model(GGUFFile(path), kb, n_ctx=n_ctx)
+        for p in prompts:
+            logits = _all_logits(m, p["ids"])
+            for i, want in enumerate(p["positions"]):
+                row = logits[i].astype(np.float64)
+                top = np.array(want["top_logits"])
+                ours = row[want["top_ids"]]
+                lse = float(np.log(np.exp(row - row.max()).sum()) + row.max())
+                where = (name, n_ctx, len(p["ids"]), i)
+                assert np.abs(ours - top).max() < LOGIT_TOL, (where, np.abs(ours - top).max())
+                assert abs(lse - want["logsumexp"]) < LSE_TOL, (where, lse, want["logsumexp"])
+                err = np.abs((ours - lse) - (top - want["logsumexp"])).max()
+                assert err < LOGPROB_TOL, (where, err)
+                worst = max(worst, err)
+                ours_top2 = np.sort(row)[-2:]
+                if top[0] - top[1] >= TIE_MARGIN and ours_top2[1] - ours_top2[0] >= TIE_MARGIN:
+                    # the best token, where neither side's top two are within rounding (as compare_greedy)
+                    assert int(np.argmax(row)) == want["top_ids"][0], where
+    return worst
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_top_logits_match_llama_cpp(zoo, name):
+    check_top_logits(name, zoo(name))
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_greedy_continuations_match_llama_cpp(zoo, name):
+    for n_ctx, prompts in _cases(name):
+        llm = LLM(str(zoo(name)), max_context=n_ctx, progress=False)
+        gold = {"greedy": [{"prompt": p["ids"], "prompt_ids": p["ids"], **p["greedy"]} for p in prompts]}
+        compare_greedy(llm, gold)
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_compiled_step_equals_per_op_bit_for_bit(zoo, name):
+    m = load_model(GGUFFile(zoo(name)), kb)
+    if name == "olmo2":  # the F16 model: float matrices run the per-op path only
+        assert m.stack is None
+        return
+    assert m.stack is not None
+    ids = GOLD[name]["prompts"][2]["ids"]
+    assert np.array_equal(_all_logits(m, ids), _all_logits(m, ids, per_op=True))
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_chunked_prefill_and_decode_equal_one_pass_bit_for_bit(zoo, name):
+    m = load_model(GGUFFile(zoo(name)), kb)
+    ids = np.array(GOLD[name]["prompts"][2]["ids"])
+    full = _all_logits(m, ids)
+    cache = _cache(m)
+    table = np.arange(8)[None]
+    out, start = [], 0
+    for n in (5, 1, 17, 1, 1, 15):  # prefill chunks and single-token steps
+        pos = np.arange(start, start + n)
+        out.append(m.forward(Batch(ids[start:start + n], pos, np.zeros(n), pos, table, np.arange(n)), cache))
+        start += n
+    assert start == len(ids)
+    assert np.array_equal(np.concatenate(out), full)
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_two_sequences_batched_equal_each_alone_bit_for_bit(zoo, name):
+    m = load_model(GGUFFile(zoo(name)), kb)
+    a = np.array(GOLD[name]["prompts"][1]["ids"])
+    b = np.array(GOLD[name]["prompts"][2]["ids"][:13])
+    alone = [_all_logits(m, a), _all_logits(m, b)]
+    ids = np.concatenate([a, b])
+    pos = np.concatenate([np.arange(len(a)), np.arange(len(b))])
+    seq = np.repeat([0, 1], [len(a), len(b)])
+    tables = np.array([[0, 1, 2, 3], [4, 5, 6, 7]])
+    slots = tables[seq, pos // BS] * BS + pos % BS
+    both = m.forward(Batch(ids, pos, seq, slots, tables, np.arange(len(ids))), _cache(m))
+    assert np.array_equal(both[:len(a)], alone[0])
+    assert np.array_equal(both[len(a):], alone[1])
+
+
+def test_moe_router_picks_the_most_probable_experts():
+    """The router's choice against a plain numpy softmax and sort, renormalised and not."""
+    rng = np.random.default_rng(3)
+    h = rng.standard_normal((9, 64)).astype(np.float32)
+    r = rng.standard_normal((8, 64)).astype(np.float32)
+    logits = h.astype(np.float64) @ r.T.astype(np.float64)
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    want = np.argsort(-p, axis=1, kind="stable")[:, :3]
+    for norm in (False, True):
+        ids, wts = kb.moe_route(h, r, 3, norm, 0.0)
+        assert np.array_equal(ids, want)
+        w = np.take_along_axis(p, want, 1)
+        if norm:
+            w /= w.sum(1, keepdims=True)
+        assert np.allclose(wts, w, rtol=1e-5)
+    offsets, order, pos = kb.moe_plan(ids, 8)
+    assert offsets[-1] == 27 and np.all(np.diff(offsets) >= 0)
+    for t in range(9):
+        for j in range(3):
+            s = pos[t, j]
+            assert order[s] == t and offsets[ids[t, j]] <= s < offsets[ids[t, j] + 1]
+
+
+@pytest.mark.skipif(os.environ.get("EDGEINFER_KERNELS") == "portable", reason="this is the portable run")
+def test_top_logits_match_llama_cpp_on_the_portable_path():
+    """The same golden checks with the portable kernels (the ARM and fallback path), in a process of
+    their own (the kernel path is chosen once per process)."""
+    env = dict(os.environ, EDGEINFER_KERNELS="portable")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
+                        "-k", "test_top_logits_match_llama_cpp and not portable"],
+                       env=env, capture_output=True, text=True, timeout=1500)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert f"{len(GOLDEN)} passed" in p.stdout, p.stdout[-2000:]
+
+
+def _rewrite(src, dst, *, drop=(), meta=None, arch=None):
+    """A copy of the GGUF file src without the tensors in `drop`, with metadata values replaced by `meta`
+    ({key: value}, the value's type kept) and the architecture renamed to `arch`."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    old_arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    arch = arch or old_arch
+    w = gguf.GGUFWriter(str(dst), arch)
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            sub = f.types[1]
+            val = [bytes(f.parts[i]).decode() if sub == gguf.GGUFValueType.STRING else f.parts[i].tolist()[0]
+                   for i in f.data]
+            w.add_key_value(key.replace(old_arch + ".", arch + ".", 1), val, vt, sub_type=sub)
+            continue
+        val = bytes(f.parts[f.data[0]]).decode() if vt == gguf.GGUFValueType.STRING else f.parts[f.data[0]].tolist()[0]
+        val = (meta or {}).get(key, val)
+        w.add_key_value(key.replace(old_arch + ".", arch + ".", 1), val, vt)
+    for t in r.tensors:
+        if t.name not in drop:
+            w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("name, change, message", [
+    ("qwen3moe", {"drop": ["blk.1.ffn_up_exps.weight"]}, "missing tensor 'blk.1.ffn_up_exps.weight'"),
+    ("qwen3moe", {"meta": {"qwen3moe.expert_count": 6}}, "tensor 'blk.0.ffn_gate_inp.weight' has shape"),
+    ("qwen3moe", {"meta": {"qwen3moe.expert_used_count": 9}}, "asks for 9 experts per token out of 8"),
+    ("qwen2moe", {"drop": ["blk.0.ffn_gate_inp_shexp.weight"]}, "missing tensor 'blk.0.ffn_gate_inp_shexp.weight'"),
+    ("phi3", {"meta": {"phi3.attention.head_count_kv": 4}}, "tensor 'blk.0.attn_qkv.weight' has shape"),
+    ("olmo2", {"drop": ["blk.2.attn_k_norm.weight"]}, "missing tensor 'blk.2.attn_k_norm.weight'"),
+    ("gemma2", {"drop": ["blk.0.post_ffw_norm.weight"]}, "missing tensor 'blk.0.post_ffw_norm.weight'"),
+    ("qwen3", {"arch": "qwen9"}, "unsupported architecture 'qwen9'"),
+])
+def test_a_broken_file_of_a_new_architecture_is_a_one_line_error(zoo, tmp_path, name, change, message):
+    p = tmp_path / "broken.gguf"
+    _rewrite(zoo(name), p, **change)
+    r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "generate", str(p), "hi", "--max-tokens", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    err = r.stderr.split("\x1b[K")[-1].strip()  # after any compile progress line
+    assert len(err.splitlines()) == 1 and message in err, r.stderr[-2000:]
+
+
+def test_moe_on_the_cuda_backend_is_a_one_line_error(zoo):
+    pytest.importorskip("numba.cuda")
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        pytest.skip("the CUDA backend is tested on numba's simulator")
+    from edgeinfer.models.common import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="qwen3moe is a mixture-of-experts model: the cuda backend cannot run"):
+        load_model(GGUFFile(zoo("qwen3moe")), get_backend("cuda"))
