@@ -116,6 +116,8 @@ def inspect(model, as_json, memory, kv_type, max_context):
     for k, v in s.items():
         if k in ("tensor_types", "tensor_bytes", "memory"):
             continue
+        if k in ("parameters", "active_parameters"):
+            v = f"{v:,} ({_short_count(v)})"
         click.echo(f"{k:<{width}}  {v}")
     click.echo("tensors by type:")
     for t, n in s["tensor_types"].items():
@@ -127,9 +129,18 @@ def inspect(model, as_json, memory, kv_type, max_context):
         rows += [(f"KV per 1k tokens, {t}", v) for t, v in m["kv_mb_per_1k_tokens"].items()]
         rows += [("step buffers", m["buffers_mb"]), ("runtime (Python, Numba)", m["runtime_mb"]),
                  (f"KV pool: {m['max_context']} tokens, {m['default_kv_type']}", m["default_kv_pool_mb"])]
+        if "active_weights_mb" in m:  # MoE: what decoding one token reads, its experts' share of the weights
+            rows.insert(1, ("weights read per token (MoE)", m["active_weights_mb"]))
         for label, v in rows:
             click.echo(f"  {label:<32} {v:>8.1f} MB")
         click.echo(f"  {'total when all is resident':<32} {m['total_mb']:>8.1f} MB")
+
+
+def _short_count(n: int) -> str:
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
 
 
 # the commands that run or build models, one module each (their heavy imports wait until they run)

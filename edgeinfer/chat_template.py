@@ -1,5 +1,11 @@
 """Chat templates: the GGUF's `tokenizer.chat_template` rendered in a sandboxed jinja2 environment
-the way Hugging Face transformers renders it; ChatML (or Gemma's turns) when the file has none."""
+the way Hugging Face transformers renders it; ChatML (or Gemma's turns) when the file has none.
+
+As transformers' environment: trim_blocks and lstrip_blocks, the loop controls extension (`{% break %}`,
+`{% continue %}`), `{% generation %}` blocks (rendered as their body), `raise_exception`, `strftime_now`
+and a `tojson` that writes plain JSON and takes json.dumps' ensure_ascii, indent, separators and
+sort_keys. Templates' own switches (Qwen3's `enable_thinking`, Llama 3's `date_string`, ...) are
+`variables` of `render`."""
 
 from __future__ import annotations
 
@@ -25,6 +31,9 @@ GEMMA = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
 ROLES = ("system", "user", "assistant", "tool")
+# the variables render() sets itself; `variables` may not replace them
+RESERVED = frozenset(("messages", "add_generation_prompt", "bos_token", "eos_token", "tools",
+                      "raise_exception", "strftime_now", "namespace", "range"))
 
 
 class ChatTemplateError(EdgeInferError, ValueError):
@@ -127,7 +136,25 @@ def _bounded_join(seq) -> str:
     return "".join(out)
 
 
+def _generation_extension():
+    """transformers' `{% generation %}...{% endgeneration %}` (it marks the assistant's tokens for
+    training masks): here the body is rendered as it is, in a scope of its own as there."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body).set_lineno(lineno)
+
+    return Generation
+
+
 def _environment():
+    from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class Bounded(ImmutableSandboxedEnvironment):
@@ -161,9 +188,26 @@ def _environment():
                 _too_big("a value")
             return out
 
-    env = Bounded(trim_blocks=True, lstrip_blocks=True)
+    env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _generation_extension()])
     env.filters = {name: _bounded(name, f) for name, f in env.filters.items()}
     return env
+
+
+def _check_variables(variables) -> dict:
+    if variables is None:
+        return {}
+    if not isinstance(variables, dict):
+        raise ChatTemplateError(f"chat template variables must be an object of names to values, got "
+                                f"{type(variables).__name__}")
+    for name in variables:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ChatTemplateError(f"chat template variable name {name!r} is not an identifier")
+        if name in RESERVED:
+            raise ChatTemplateError(f"chat template variable {name!r} is set by edgeinfer itself; it cannot be "
+                                    "passed as a variable")
+        if _sized(variables[name]) > MAX_CHARS:
+            raise ChatTemplateError(f"chat template variable {name!r} is longer than {MAX_CHARS:,} characters")
+    return variables
 
 
 class _Deadline:
@@ -214,11 +258,16 @@ class ChatTemplate:
         """The template renders `tools` itself (otherwise edgeinfer.tools writes them into the prompt)."""
         return not self.is_fallback and "tools" in self.source
 
-    def render(self, messages, add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+    def render(self, messages, add_generation_prompt: bool = True, tools: list[dict] | None = None,
+               variables: dict | None = None) -> str:
+        """The prompt text. variables: more names for the template, e.g. {"enable_thinking": False}
+        (Qwen3: an empty think block, no reasoning) or {"date_string": "26 Jul 2024"} (Llama 3)."""
         from jinja2 import TemplateError
 
         messages = validate_messages(messages)
-        extra = {"tools": tools} if tools else {}
+        extra = dict(_check_variables(variables))
+        if tools:
+            extra["tools"] = tools
         previous = sys.gettrace()
         sys.settrace(_Deadline(RENDER_SECONDS))
         try:

@@ -9,6 +9,11 @@ context per sequence, and loading fails, naming the smallest budget that fits, i
 context fits.
 
 Figures are bytes unless a name says MB; an MB here is 2**20 bytes, in the flags as in the reports.
+
+A mixture-of-experts model's weights are all its experts (every expert is resident, whichever the router
+picks); its step buffers are sized for the experts a token uses (ModelConfig.n_expert_used). The KV per
+token is the cache's own figure: every layer holds K and V rows of head_dim (attention.key_length) and
+v_head_dim, a sliding-window layer (gemma2, gemma3) as much as a global one, as the pool allocates them.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Estimate:
     kv_per_token: dict  # kv type -> bytes per token (all layers, K and V)
     buffers: int  # the compiled step's activations for a full token budget, the logits, scratch
     max_context: int
+    active_weights: int = 0  # MoE: the weights one token reads (its experts' share); 0: all of them
 
     def kv(self, kv_type: str, tokens: int) -> int:
         return self.kv_per_token[kv_type] * tokens
@@ -52,28 +58,55 @@ def max_context(cfg: ModelConfig, config: EngineConfig) -> int:
     return config.max_context or min(cfg.context_length, DEFAULT_MAX_CONTEXT)
 
 
-def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig) -> Estimate:
+def _ffn_rows(cfg: ModelConfig) -> tuple[int, int]:
+    """(float32, int8) values per token of a layer's FFN: a dense FFN's gate, up and down input; an MoE
+    layer's router logits and, for each expert a token uses, its gate, up and output, plus the shared expert."""
+    n_expert = getattr(cfg, "n_expert", 0)
+    if not n_expert:
+        return 3 * cfg.ffn_dim, cfg.ffn_dim
+    used, fe, shared = cfg.n_expert_used, cfg.expert_ffn_dim, cfg.shared_ffn_dim
+    return n_expert + used * (2 * fe + cfg.dim) + 3 * shared, used * fe + shared
+
+
+def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig, active_weights: int = 0) -> Estimate:
     from .engine.kv_cache import KVCache
 
     T = config.max_num_batched_tokens
-    per_row = (4 * cfg.dim + 3 * cfg.ffn_dim + (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim
+    ffn_f32, ffn_q8 = _ffn_rows(cfg)
+    per_row = (4 * cfg.dim + ffn_f32 + (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim
                + cfg.n_head * cfg.v_head_dim)  # float32 activations alive at once in a layer
-    quantized = cfg.dim + cfg.ffn_dim + cfg.n_head * cfg.v_head_dim  # int8 copies, plus scales (~1/8)
+    quantized = cfg.dim + ffn_q8 + cfg.n_head * cfg.v_head_dim  # int8 copies, plus scales (~1/8)
     buffers = T * (4 * per_row + quantized * 9 // 8) + 2 * config.seqs_limit * cfg.vocab_size * 4
     return Estimate(weights=weight_bytes, kv_per_token={t: KVCache.bytes_per_token(cfg, t) for t in KV_TYPES},
-                    buffers=buffers, max_context=max_context(cfg, config))
+                    buffers=buffers, max_context=max_context(cfg, config), active_weights=active_weights)
+
+
+def is_expert_tensor(info) -> bool:
+    """An MoE layer's experts: one 3-D tensor (cols, rows, n_expert) per projection (ffn_{gate,up,down}_exps)."""
+    return len(info.shape) == 3 and "_exps." in info.name
 
 
 def weight_bytes(gf) -> int:
-    """Bytes the loaded weights occupy: the file's tensor data (repacking keeps the size)."""
+    """Bytes the loaded weights occupy: the file's tensor data, every expert of an MoE model included
+    (repacking keeps the size)."""
     return sum(info.n_bytes for info in gf.tensors.values())
+
+
+def active_weight_bytes(gf, n_expert: int, n_used: int) -> int:
+    """Bytes of weights one token reads: all but the experts, and n_used of n_expert of those."""
+    dense = sum(t.n_bytes for t in gf.tensors.values() if not is_expert_tensor(t))
+    experts = sum(t.n_bytes for t in gf.tensors.values() if is_expert_tensor(t))
+    return dense + experts * n_used // max(1, n_expert)
 
 
 def estimate_file(gf, config: EngineConfig) -> Estimate:
     """The estimate for the model in an open GGUFFile, without loading its weights."""
     from .models import model_config
 
-    return estimate(weight_bytes(gf), model_config(gf), config)
+    cfg = model_config(gf)
+    n_expert = getattr(cfg, "n_expert", 0)
+    active = active_weight_bytes(gf, n_expert, cfg.n_expert_used) if n_expert else 0
+    return estimate(weight_bytes(gf), cfg, config, active)
 
 
 def default_blocks(est: Estimate, config: EngineConfig) -> int:
@@ -118,7 +151,7 @@ def report(est: Estimate, config: EngineConfig) -> dict:
     """The estimate as `edgeinfer inspect --memory` prints it (MB)."""
     blocks = default_blocks(est, config)
     kv = blocks * config.block_size * est.kv_per_token[config.kv_dtype]
-    return {
+    out = {
         "weights_mb": round(est.weights / MB, 1),
         "kv_mb_per_1k_tokens": {t: round(est.kv_per_token[t] * 1000 / MB, 2) for t in KV_TYPES},
         "buffers_mb": round(est.buffers / MB, 1),
@@ -128,3 +161,6 @@ def report(est: Estimate, config: EngineConfig) -> dict:
         "default_kv_pool_mb": round(kv / MB, 1),
         "total_mb": round((RUNTIME_BYTES + est.weights + est.buffers + kv) / MB, 1),
     }
+    if est.active_weights:
+        out["active_weights_mb"] = round(est.active_weights / MB, 1)  # read per token (decode's memory traffic)
+    return out

@@ -1,8 +1,16 @@
-"""Which type each tensor gets: llama.cpp's per-tensor rules (llama-quantize) for the plain types and
-the K-quant mixes Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M and Q6_K."""
+"""Which type each tensor gets: llama.cpp's per-tensor rules (llama-quantize, src/llama-quant.cpp) for
+the plain types and the K-quant mixes Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M and Q6_K.
+
+Tensors take their rule from their role in the name, as llama.cpp's tensor categories: a fused attn_qkv
+(phi3) is an attn_v; an MoE layer's 3-D experts (ffn_{gate,up,down}_exps) and shared expert
+(ffn_*_shexp) are the FFN tensors they replace, an MoE ffn_down's layer read from its name; a model of
+exactly 8 experts gets Mixtral's bumps of attn_v/attn_k (Q8_0) and attn_output (Q5_K). Routers
+(ffn_gate_inp, ffn_gate_inp_shexp), RoPE factor tables (rope_freqs, rope_factors_*) and every norm
+(q/k norms, post-norms) are never quantized."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T, LlamaFileType as FT
@@ -55,9 +63,33 @@ class PlannedTensor:
         return n // block * size
 
 
+# never quantized whatever their shape (llama.cpp's tensor_allows_quantization, the parts that apply here):
+# the MoE routers (ffn_gate_inp, and qwen2moe's shared-expert gate ffn_gate_inp_shexp), the RoPE
+# frequency tables (rope_freqs: Llama 3.x; rope_factors_short/long: Phi-3), BERT's position and
+# token-type embeddings; norms (attn_q_norm, ffn_post_norm, ...) by their "_norm.weight" suffix
+_KEEP_PARTS = ("_norm.weight", "ffn_gate_inp", "rope_freqs", "rope_factors")
+_KEEP_NAMES = ("position_embd.weight", "token_types.weight")
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
 def _quantizable(name: str, n_dims: int) -> bool:
-    return (n_dims >= 2 and name.endswith("weight") and "_norm.weight" not in name
-            and "ffn_gate_inp.weight" not in name and name not in ("position_embd.weight", "token_types.weight"))
+    return (n_dims >= 2 and name.endswith("weight") and not any(p in name for p in _KEEP_PARTS)
+            and name not in _KEEP_NAMES)
+
+
+def _category(name: str) -> str:
+    """llama.cpp's tensor_get_category: broad roles by name. A fused attn_qkv (Phi-3) and an MLA attn_kv_b
+    count as attn_v; experts (ffn_*_exps) and shared experts (ffn_*_shexp) as their dense counterparts."""
+    if name == "output.weight":
+        return "output"
+    if name == "token_embd.weight":
+        return "token_embd"
+    for part, cat in (("attn_qkv.weight", "attn_v"), ("attn_kv_b.weight", "attn_v"), ("attn_v.weight", "attn_v"),
+                      ("attn_k.weight", "attn_k"), ("attn_q.weight", "attn_q"), ("attn_output.weight", "attn_output"),
+                      ("ffn_up", "ffn_up"), ("ffn_gate", "ffn_gate"), ("ffn_down", "ffn_down")):
+        if part in name:
+            return cat
+    return "other"
 
 
 def _more_bits(i: int, n: int) -> bool:
@@ -65,25 +97,33 @@ def _more_bits(i: int, n: int) -> bool:
 
 
 def plan(tensors: list[tuple[str, tuple[int, ...], T]], type_name: str, *, pure: bool = False,
-         output_type: T | None = None, token_embedding_type: T | None = None) -> list[PlannedTensor]:
-    """tensors: (name, ggml shape, source type) in file order. Returns each tensor's target type."""
+         output_type: T | None = None, token_embedding_type: T | None = None,
+         n_expert: int = 0) -> list[PlannedTensor]:
+    """tensors: (name, ggml shape, source type) in file order; n_expert: the model's expert count
+    (ARCH.expert_count; 0 for a dense model). Returns each tensor's target type.
+
+    A 3-D tensor (an MoE layer's experts, ggml shape (cols, rows, n_expert)) is n_expert matrices of
+    one type; the rules read its role from its name as for a 2-D one."""
     ftype, default, mixed = TYPES[type_name]
     mixed = mixed and not pure
     names = [t[0] for t in tensors]
     tied = "output.weight" not in names
-    n_attn_v = sum(1 for n in names if "attn_v.weight" in n)
+    n_attn_v = sum(1 for n in names if _category(n) == "attn_v")
     n_ffn_down = sum(1 for n in names if "ffn_down" in n)
+    blocks = [int(m.group(1)) for m in map(_BLOCK.match, names) if m]
+    n_layer = max(blocks) + 1 if blocks else n_ffn_down
     i_attn_v = i_ffn_down = 0
     out = []
     for name, shape, src in tensors:
         if not _quantizable(name, len(shape)):
             out.append(PlannedTensor(name, shape, src, src, "kept"))
             continue
-        is_output = name == "output.weight" or (tied and name == "token_embd.weight")
-        if token_embedding_type is not None and name == "token_embd.weight":
+        cat = _category(name)
+        is_output = cat == "output" or (tied and cat == "token_embd")
+        if token_embedding_type is not None and cat == "token_embd":
             out.append(PlannedTensor(name, shape, src, token_embedding_type, "--token-embedding-type"))
             continue
-        if output_type is not None and name == "output.weight":
+        if output_type is not None and cat == "output":
             out.append(PlannedTensor(name, shape, src, output_type, "--output-type"))
             continue
         new = default
@@ -98,19 +138,29 @@ def plan(tensors: list[tuple[str, tuple[int, ...], T]], type_name: str, *, pure:
                     elif new != T.Q8_0:
                         new = T.Q6_K
                     note = "output"
-                elif "attn_v.weight" in name or "attn_qkv.weight" in name:
-                    if "attn_qkv.weight" in name:
-                        new = {"Q4_K_M": T.Q5_K, "Q5_K_M": T.Q6_K}.get(type_name, new)
-                    elif type_name in ("Q4_K_M", "Q5_K_M") and _more_bits(i_attn_v, n_attn_v):
+                elif cat == "attn_v":
+                    # llama.cpp counts attn_qkv among the attn_v tensors: the same bumps, one counter
+                    if type_name in ("Q4_K_M", "Q5_K_M") and _more_bits(i_attn_v, n_attn_v):
                         new, note = T.Q6_K, "more bits"
                     elif type_name == "Q4_K_S" and i_attn_v < 4:
                         new, note = T.Q5_K, "first layers"
-                    if "attn_v.weight" in name:
-                        i_attn_v += 1
-                elif "ffn_down" in name:
-                    if type_name in ("Q4_K_M", "Q5_K_M") and _more_bits(i_ffn_down, n_ffn_down):
+                    if n_expert == 8:  # Mixtral-like: "bumping this to Q8_0 trades just ~128MB"
+                        new, note = T.Q8_0, "8 experts"
+                    i_attn_v += 1
+                elif cat == "attn_k" and n_expert == 8:
+                    new, note = T.Q8_0, "8 experts"
+                elif cat == "attn_output" and n_expert == 8 and type_name in ("Q4_K_S", "Q4_K_M"):
+                    new, note = T.Q5_K, "8 experts"
+                elif cat == "ffn_down":
+                    # a dense model's layer is the count of ffn_down tensors so far; an MoE model's is read
+                    # from the name (its experts and shared expert are more than one ffn_down per layer)
+                    i, n = i_ffn_down, n_ffn_down
+                    m = _BLOCK.match(name)
+                    if n_expert > 1 and m:
+                        i, n = int(m.group(1)), n_layer
+                    if type_name in ("Q4_K_M", "Q5_K_M") and _more_bits(i, n):
                         new, note = T.Q6_K, "more bits"
-                    elif type_name == "Q4_K_S" and i_ffn_down < n_ffn_down // 8:
+                    elif type_name == "Q4_K_S" and i < n // 8:
                         new, note = T.Q5_K, "first layers"
                     i_ffn_down += 1
             if shape[0] % GGML_QUANT_SIZES[new][0] != 0:

@@ -1,6 +1,7 @@
 """The quantize-model tool: GGUF in, GGUF out, tensor by tensor, through gguf.GGUFWriter.
 
-Metadata and tokenizer are copied; general.file_type and general.quantization_version are set. The
+Metadata and tokenizer are copied; general.file_type and general.quantization_version are set. A 3-D
+tensor (an MoE layer's experts) is converted expert by expert and written back with its own shape. The
 output is streamed into `.NAME.partial` beside the destination and renamed into place at the end, so an
 interrupted or failed run (a full disk, Ctrl-C) never leaves a partial file behind, and one killed
 outright leaves only that hidden file, which the next run replaces.
@@ -92,6 +93,15 @@ def _copy_metadata(src, writer: gguf.GGUFWriter) -> None:
             writer.add_key_value(key, value, vtype)
 
 
+def expert_count(src) -> int:
+    """The model's experts: ARCH.expert_count, else the last dimension of its 3-D expert tensors; 0 if dense."""
+    n = src.get(f"{src.get('general.architecture')}.expert_count")
+    if isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n > 0:
+        return int(n)
+    dims = {t.shape[2] for t in src.tensors.values() if len(t.shape) == 3 and "_exps." in t.name}
+    return max(dims) if dims else 0
+
+
 def make_plan(src, type_name: str, *, pure=False, output_type=None, token_embedding_type=None):
     if type_name not in TYPES:
         raise QuantizeError(f"unknown type {type_name!r} (choose from {', '.join(TYPES)})")
@@ -100,7 +110,27 @@ def make_plan(src, type_name: str, *, pure=False, output_type=None, token_embedd
     if unreadable:
         raise QuantizeError(f"unsupported source tensor type {', '.join(unreadable)} "
                             f"(readable: {', '.join(sorted(t.name for t in READABLE))})")
-    return plan(tensors, type_name, pure=pure, output_type=output_type, token_embedding_type=token_embedding_type)
+    return plan(tensors, type_name, pure=pure, output_type=output_type, token_embedding_type=token_embedding_type,
+                n_expert=expert_count(src))
+
+
+def convert(src, x: PlannedTensor, threads: int = 1) -> np.ndarray:
+    """Tensor x's data in its planned type. A tensor of more than two dimensions (an MoE layer's
+    experts: numpy shape (n_expert, rows, cols)) is converted one matrix at a time, so only one
+    expert is ever held as float32, and the results are stacked: the same rows in the same order, so
+    the output has the source's shape."""
+    if x.dst_type == x.src_type:  # kept as it is: copy the bytes
+        return np.array(src.tensor_bytes(x.name))
+    raw = src.tensor(x.name)
+    if len(x.shape) <= 2:
+        return _quantize_parallel(to_float32(raw, x.src_type, x.shape), x.dst_type, threads)
+    mats = raw.reshape((-1,) + raw.shape[-2:])  # (matrices, rows, cols or bytes per row)
+    rows = mats.shape[1]
+    parts = []
+    for e in range(mats.shape[0]):
+        parts.append(_quantize_parallel(to_float32(mats[e], x.src_type, x.shape[:2]), x.dst_type, threads))
+        src.release(x.name, e * rows, (e + 1) * rows)
+    return np.stack(parts)
 
 
 def quantize_model(src, dst_path, type_name: str, *, pure: bool = False, output_type: T | None = None,
@@ -150,11 +180,7 @@ def quantize_model(src, dst_path, type_name: str, *, pure: bool = False, output_
         bar = tqdm(p, desc="quantize", unit="tensor", disable=not progress, file=sys.stderr)
         for x in bar:
             bar.set_postfix_str(f"{x.name} -> {x.dst_type.name}", refresh=False)
-            if x.dst_type == x.src_type:  # kept as it is: copy the bytes
-                data = np.array(src.tensor_bytes(x.name))
-            else:
-                f32 = to_float32(src.tensor(x.name), x.src_type, x.shape)
-                data = _quantize_parallel(f32, x.dst_type, threads)
+            data = convert(src, x, threads)
             writer.write_tensor_data(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
             src.release(x.name)
         writer.close()

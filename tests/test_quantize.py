@@ -208,3 +208,99 @@ def test_q4_k_m_plan_on_gemma3_matches_the_real_file():
         actual = {t.name: t.ggml_type for t in gf.tensors.values()}
     planned = {x.name: x.dst_type for x in plan(tensors, "Q4_K_M")}
     assert planned == actual  # llama.cpp made this file: same rules, same types for all 236 tensors
+
+
+# -- the new architectures' tensors (llama.cpp's llama-quant.cpp: tensor_get_category, category_is_attn_v,
+# tensor_allows_quantization, layer_info) ------------------------------------------------------------
+
+MORE_BITS_16 = [0, 1, 4, 7, 10, 13, 14, 15]  # _more_bits(i, 16): i < 2, i >= 14, (i - 2) % 3 == 2
+
+
+def _phi3_like_tensors(n_layer=16):
+    """Phi-3.5-mini's layout at a smaller width: fused qkv, fused gate+up (2 * ffn rows), LongRoPE factors."""
+    ts = [("rope_factors_long.weight", (48,), T.F32), ("rope_factors_short.weight", (48,), T.F32),
+          ("token_embd.weight", (512, 1000), T.F16)]
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        ts += [(p + "attn_norm.weight", (512,), T.F32), (p + "attn_qkv.weight", (512, 1536), T.F16),
+               (p + "attn_output.weight", (512, 512), T.F16), (p + "ffn_norm.weight", (512,), T.F32),
+               (p + "ffn_up.weight", (512, 2048), T.F16), (p + "ffn_down.weight", (1024, 512), T.F16)]
+    return ts + [("output_norm.weight", (512,), T.F32), ("output.weight", (512, 1000), T.F16)]
+
+
+def test_fused_qkv_takes_the_attn_v_rules():
+    # current llama.cpp counts attn_qkv among the attn_v tensors (category_is_attn_v): the same
+    # use_more_bits bumps for Q4_K_M / Q5_K_M and first-4 bump for Q4_K_S, on attn_v's counter
+    ts = _phi3_like_tensors()
+    for mix, base, bumped in (("Q4_K_M", T.Q4_K, T.Q6_K), ("Q5_K_M", T.Q5_K, T.Q6_K)):
+        p = {x.name: x.dst_type for x in plan(ts, mix)}
+        for i in range(16):
+            assert p[f"blk.{i}.attn_qkv.weight"] == (bumped if i in MORE_BITS_16 else base), (mix, i)
+            assert p[f"blk.{i}.ffn_up.weight"] == p[f"blk.{i}.attn_output.weight"] == base  # fused gate+up: plain
+    q4ks = {x.name: x.dst_type for x in plan(ts, "Q4_K_S")}
+    assert [q4ks[f"blk.{i}.attn_qkv.weight"] for i in range(6)] == [T.Q5_K] * 4 + [T.Q4_K] * 2
+    for p in (plan(ts, "Q4_K_M"), plan(ts, "Q8_0"), plan(ts, "F16")):
+        kept = {x.name: x for x in p if "rope_factors" in x.name}
+        assert all(x.dst_type == T.F32 and x.note == "kept" for x in kept.values()) and len(kept) == 2
+
+
+def _moe_tensors(n_layer=16, n_expert=128, shared=False, router_2d_shexp=False):
+    """Qwen3-30B-A3B's layout (qwen2moe's with shared=True) at a smaller width: 3-D experts, an F32 router."""
+    d, fe = 256, 512
+    ts = [("token_embd.weight", (d, 1000), T.BF16)]
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        ts += [(p + "attn_norm.weight", (d,), T.F32), (p + "attn_q.weight", (d, 512), T.BF16),
+               (p + "attn_k.weight", (d, 256), T.BF16), (p + "attn_v.weight", (d, 256), T.BF16),
+               (p + "attn_q_norm.weight", (128,), T.F32), (p + "attn_k_norm.weight", (128,), T.F32),
+               (p + "attn_output.weight", (512, d), T.BF16), (p + "ffn_norm.weight", (d,), T.F32),
+               (p + "ffn_gate_inp.weight", (d, n_expert), T.F32),
+               (p + "ffn_gate_exps.weight", (d, fe, n_expert), T.BF16),
+               (p + "ffn_up_exps.weight", (d, fe, n_expert), T.BF16),
+               (p + "ffn_down_exps.weight", (fe, d, n_expert), T.BF16)]
+        if shared:
+            ts += [(p + "ffn_gate_inp_shexp.weight", (d, 1) if router_2d_shexp else (d,), T.F32),
+                   (p + "ffn_gate_shexp.weight", (d, 1024), T.BF16), (p + "ffn_up_shexp.weight", (d, 1024), T.BF16),
+                   (p + "ffn_down_shexp.weight", (1024, d), T.BF16)]
+    return ts + [("output_norm.weight", (d,), T.F32), ("output.weight", (d, 1000), T.BF16)]
+
+
+def test_moe_experts_routers_and_norms():
+    ts = _moe_tensors()
+    planned = {x.name: x for x in plan(ts, "Q4_K_M", n_expert=128)}
+    for i in range(16):
+        b = f"blk.{i}."
+        for name in ("ffn_gate_inp", "attn_q_norm", "attn_k_norm"):  # routers and q/k norms: never quantized
+            assert planned[b + name + ".weight"].dst_type == T.F32 and planned[b + name + ".weight"].note == "kept"
+        # ffn_down_exps: the layer read from the name, n = the block count (llama.cpp's layer_info for MoE)
+        assert planned[b + "ffn_down_exps.weight"].dst_type == (T.Q6_K if i in MORE_BITS_16 else T.Q4_K)
+        assert planned[b + "ffn_gate_exps.weight"].dst_type == planned[b + "ffn_up_exps.weight"].dst_type == T.Q4_K
+        assert planned[b + "attn_v.weight"].dst_type == (T.Q6_K if i in MORE_BITS_16 else T.Q4_K)
+        assert planned[b + "attn_k.weight"].dst_type == planned[b + "attn_output.weight"].dst_type == T.Q4_K
+    exps = planned["blk.0.ffn_up_exps.weight"]
+    assert exps.shape == (256, 512, 128) and exps.n_bytes == 128 * 512 * (256 // 256 * 144)  # every expert
+    assert planned["output.weight"].dst_type == T.Q6_K and planned["token_embd.weight"].dst_type == T.Q4_K
+
+
+def test_shared_expert_tensors_are_like_their_dense_counterparts():
+    for two_d in (False, True):  # the shared expert's gate is a vector; kept even if a file made it 2-D
+        ts = _moe_tensors(n_expert=60, shared=True, router_2d_shexp=two_d)
+        planned = {x.name: x.dst_type for x in plan(ts, "Q4_K_M", n_expert=60)}
+        for i in range(16):
+            b = f"blk.{i}."
+            assert planned[b + "ffn_gate_inp_shexp.weight"] == T.F32
+            assert planned[b + "ffn_down_shexp.weight"] == planned[b + "ffn_down_exps.weight"] \
+                == (T.Q6_K if i in MORE_BITS_16 else T.Q4_K)
+            assert planned[b + "ffn_gate_shexp.weight"] == planned[b + "ffn_up_shexp.weight"] == T.Q4_K
+
+
+def test_eight_experts_bump_attention_as_llama_cpp():
+    ts = _moe_tensors(n_layer=4, n_expert=8)
+    q4km = {x.name: x.dst_type for x in plan(ts, "Q4_K_M", n_expert=8)}
+    assert all(q4km[f"blk.{i}.attn_v.weight"] == q4km[f"blk.{i}.attn_k.weight"] == T.Q8_0 for i in range(4))
+    assert all(q4km[f"blk.{i}.attn_output.weight"] == T.Q5_K for i in range(4))
+    q5km = {x.name: x.dst_type for x in plan(ts, "Q5_K_M", n_expert=8)}
+    assert q5km["blk.1.attn_v.weight"] == T.Q8_0 and q5km["blk.1.attn_output.weight"] == T.Q5_K  # Q5_K_M: default
+    dense = {x.name: x.dst_type for x in plan(ts, "Q4_K_M", n_expert=0)}
+    assert dense["blk.1.attn_k.weight"] == dense["blk.1.attn_output.weight"] == T.Q4_K
+    assert {x.name: x.dst_type for x in plan(ts, "Q4_K_M", n_expert=8, pure=True)}["blk.1.attn_v.weight"] == T.Q4_K
