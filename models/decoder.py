@@ -164,7 +164,7 @@ class LayerWeights:
     bq: np.ndarray | None = None  # (n_head * head_dim,) qkv_bias
     bk: np.ndarray | None = None  # (n_kv_head * head_dim,)
     bv: np.ndarray | None = None  # (n_kv_head * v_head_dim,)
-    router: np.ndarray | None = None  # (n_expert, dim) float32: moe
+    router: np.ndarray | None = None  # (dim, n_expert) float32, the router matrix transposed: moe
     exp_gate: list | None = None  # n_expert matrices (expert_ffn, dim)
     exp_up: list | None = None  # n_expert matrices (expert_ffn, dim)
     exp_down: list | None = None  # n_expert matrices (dim, expert_ffn)
@@ -232,8 +232,8 @@ def load_layer(ld: WeightLoader, spec: ArchSpec, cfg: ModelConfig, i: int) -> La
         name = tensor_name(tensor, part, i)
         if rows == "experts":
             got[fields[0]] = ld.matrix_rows(name, shape, [shape[1]] * shape[0])
-        elif rows == "float":
-            got[fields[0]] = np.ascontiguousarray(ld.float_matrix(name, *shape), dtype=np.float32)
+        elif rows == "float":  # the router, transposed (kernels/cpu/moe.py's route)
+            got[fields[0]] = np.ascontiguousarray(ld.float_matrix(name, *shape).T, dtype=np.float32)
         elif rows is not None:
             got.update(zip(fields, ld.matrix_rows(name, shape, list(rows))))
         elif len(shape) == 1:

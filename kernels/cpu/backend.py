@@ -124,11 +124,12 @@ def layer_stack(cfg, layers, inv_freqs, **flags):
 # -- mixture of experts (moe.py) --------------------------------------------------------------------
 
 
-def moe_route(h, router, k: int, norm_w: bool, w_scale: float):
-    """h (T, D), router (E, D) float32 -> (ids (T, k) int64, weights (T, k) float32): each token's k experts."""
+def moe_route(h, router_t, k: int, norm_w: bool, w_scale: float):
+    """h (T, D), router_t (D, E) float32 (transposed) -> (ids (T, k) int64, weights (T, k) float32): each
+    token's k experts."""
     t = h.shape[0]
     ids, wts = np.empty((t, k), np.int64), np.empty((t, k), np.float32)
-    moe.route(np.ascontiguousarray(h), router, np.int64(k), bool(norm_w), np.float32(w_scale), ids, wts)
+    moe.route(np.ascontiguousarray(h), router_t, np.int64(k), bool(norm_w), np.float32(w_scale), ids, wts)
     return ids, wts
 
 

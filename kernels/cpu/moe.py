@@ -26,7 +26,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from . import units
+from . import simd, units
 from .int8.dispatch import rows_per_task
 
 
@@ -65,17 +65,18 @@ def _dot8(a, b):
 
 
 @njit(nogil=True, cache=True)
-def route(h, router, k, norm_w, w_scale, ids, wts):
-    """h (T, D) float32, router (E, D) float32 -> ids (T, k) int64: each token's k chosen experts, most
-    probable first (ties: the lower index); wts (T, k) float32: their softmax probabilities, divided by
-    their sum when norm_w, times w_scale when it is neither 0 nor 1."""
+def route(h, router_t, k, norm_w, w_scale, ids, wts):
+    """h (T, D) float32, router_t (D, E) float32 (the router matrix transposed: one row of E weights per
+    input element, so the E logits accumulate side by side in vectors, each over i in order) -> ids (T, k)
+    int64: each token's k chosen experts, most probable first (ties: the lower index); wts (T, k)
+    float32: their softmax probabilities, divided by their sum when norm_w, times w_scale when it is
+    neither 0 nor 1."""
     T = h.shape[0]
-    E = router.shape[0]
+    E = router_t.shape[1]
     logits = np.empty(E, np.float32)
     taken = np.zeros(E, np.bool_)
     for t in range(T):
-        for e in range(E):
-            logits[e] = _dot8(h[t], router[e])
+        _logits(h, router_t, t, logits)
         m = logits[0]
         for e in range(1, E):
             m = max(m, logits[e])
@@ -103,6 +104,40 @@ def route(h, router, k, norm_w, w_scale, ids, wts):
         if w_scale != 0.0 and w_scale != 1.0:
             for j in range(k):
                 wts[t, j] = wts[t, j] * np.float32(w_scale)
+
+
+@njit(nogil=True, cache=True)
+def _logits(h, router_t, t, logits):
+    # logits[e] = h[t] . router_t[:, e]: for each expert a chain of fused multiply-adds over i in order,
+    # 32 experts at a time in four f32x8 accumulators (the experts past a multiple of 8 one by one)
+    D = h.shape[1]
+    E = router_t.shape[1]
+    E8 = E // 8 * 8
+    for e0 in range(0, E8, 32):
+        n = min(4, (E8 - e0) // 8)
+        a0 = a1 = a2 = a3 = simd.zerof()
+        for i in range(D):
+            b = simd.splatf(h[t, i])
+            row = i * E + e0
+            a0 = simd.fma8(b, simd.loadf8(router_t, row), a0)
+            if n > 1:
+                a1 = simd.fma8(b, simd.loadf8(router_t, row + 8), a1)
+            if n > 2:
+                a2 = simd.fma8(b, simd.loadf8(router_t, row + 16), a2)
+            if n > 3:
+                a3 = simd.fma8(b, simd.loadf8(router_t, row + 24), a3)
+        simd.storef8(logits, e0, a0)
+        if n > 1:
+            simd.storef8(logits, e0 + 8, a1)
+        if n > 2:
+            simd.storef8(logits, e0 + 16, a2)
+        if n > 3:
+            simd.storef8(logits, e0 + 24, a3)
+    for e in range(E8, E):
+        acc = np.float32(0.0)
+        for i in range(D):
+            acc = simd.fma1(h[t, i], router_t[i, e], acc)
+        logits[e] = acc
 
 
 @njit(nogil=True, cache=True)
@@ -139,6 +174,9 @@ def _rows4(a, r0, r1):
     return a[0][r0:r1], a[1][r0:r1], a[2][r0:r1], a[3][r0:r1]
 
 
+TASKS_PER_THREAD = 2
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def expert_matmuls(experts, base, which, offsets, q8, q8k, luts, o0, o1, threads, table):
     """For every expert e with rows (offsets[e] < offsets[e + 1]): rows [offsets[e], offsets[e + 1]) of x
@@ -150,10 +188,17 @@ def expert_matmuls(experts, base, which, offsets, q8, q8k, luts, o0, o1, threads
     first = np.zeros(n_exp + 1, np.int64)  # task ranges per expert
     per = np.zeros(n_exp, np.int64)
     n_out = o0.shape[1]
+    active = 0
+    for e in range(n_exp):
+        if offsets[e + 1] > offsets[e]:
+            active += 1
+    # about TASKS_PER_THREAD tasks per thread over all the active experts' matrices (a multiple of 8 rows):
+    # each task starts new streams through memory, and an expert's matrix is small
+    per_all = min(n_out, max(8, -(-(-(-(n_out * n_m * active) // (TASKS_PER_THREAD * threads))) // 8) * 8))
     for e in range(n_exp):
         first[e + 1] = first[e]
         if offsets[e + 1] > offsets[e]:
-            per[e] = rows_per_task(n_out, threads)
+            per[e] = per_all
             first[e + 1] += n_m * (-(-n_out // per[e]))
     for task in prange(first[n_exp]):
         e = 0

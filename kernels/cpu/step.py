@@ -83,7 +83,7 @@ class LayerStack:
         self.bias = (stack("bq", cfg.n_head * hd, 0.0), stack("bk", cfg.n_kv_head * hd, 0.0),
                      stack("bv", cfg.n_kv_head * cfg.v_head_dim, 0.0))
         e = cfg.n_expert if moe else 0
-        self.router = np.stack([lw.router if moe else np.zeros((0, dim), np.float32) for lw in layers]).astype(np.float32)
+        self.router = np.stack([lw.router if moe else np.zeros((dim, 0), np.float32) for lw in layers]).astype(np.float32)
         self.sh_gate = stack("sh_gate", dim, 0.0)
         self.inv_freq = np.stack([np.asarray(f, np.float64) for f in inv_freqs])  # (n_layer, rope_dim / 2)
         self.window = np.array([cfg.sliding_window if cfg.is_sliding(i) else 0 for i in range(n)], np.int64)
@@ -245,23 +245,42 @@ def _add_bias(x, b):
             x[t, i] += b[i]
 
 
+@njit(nogil=True, cache=True)
+def _act_quantize_chunk(gate, up, gelu, need, a, b, chunk, per_row, i):
+    # chunk i (of per_row per row) of the gated activation and its quantization
+    t = i // per_row
+    c = i % per_row
+    ops.gated_act_range(gate, up, gate, gelu, t, c * chunk, (c + 1) * chunk)
+    if need & 1:
+        int8.quantize_q8_blocks(gate, a[0], a[1], a[2], t, c * chunk // 32, (c + 1) * chunk // 32)
+    if need & 2:
+        int8.quantize_q8k_blocks(gate, b[0], b[1], b[2], b[3], t, c * chunk // 256, (c + 1) * chunk // 256)
+
+
 @njit(parallel=True, nogil=True, cache=True)
+def _act_quantize_par(gate, up, gelu, need, a, b, chunk, per_row):
+    for i_ in prange(gate.shape[0] * per_row):
+        _act_quantize_chunk(gate, up, gelu, need, a, b, chunk, per_row, np.int64(i_))
+
+
+# below this many elements the gated activation runs in a plain loop (a decode step's few rows): a
+# parallel region's launch and wake-up cost more than the work
+PAR_ACT = 8192
+
+
+@njit(nogil=True, cache=True)
 def _act_quantize(gate, up, gelu, need, a, b):
-    # gate = act(gate) * up, then quantized into a (Q8) and/or b (Q8_K), in chunks of 256 elements run in
-    # parallel: the widest row-wise op of a layer, done where the work is (the same arithmetic, per element
-    # and per block, as gated_act_row followed by the quantize_*_row functions)
+    # gate = act(gate) * up, then quantized into a (Q8) and/or b (Q8_K), in chunks of 256 elements, in
+    # parallel for many: the widest row-wise op of a layer, done where the work is (the same arithmetic,
+    # per element and per block, as gated_act_row followed by the quantize_*_row functions)
     T, F = gate.shape
     chunk = 256 if F % 256 == 0 else 32
     per_row = F // chunk
-    for i_ in prange(T * per_row):
-        i = np.int64(i_)
-        t = i // per_row
-        c = i % per_row
-        ops.gated_act_range(gate, up, gate, gelu, t, c * chunk, (c + 1) * chunk)
-        if need & 1:
-            int8.quantize_q8_blocks(gate, a[0], a[1], a[2], t, c * chunk // 32, (c + 1) * chunk // 32)
-        if need & 2:
-            int8.quantize_q8k_blocks(gate, b[0], b[1], b[2], b[3], t, c * chunk // 256, (c + 1) * chunk // 256)
+    if T * F >= PAR_ACT:
+        _act_quantize_par(gate, up, gelu, need, a, b, chunk, per_row)
+    else:
+        for i in range(T * per_row):
+            _act_quantize_chunk(gate, up, gelu, need, a, b, chunk, per_row, i)
 
 
 @njit(nogil=True, cache=True)
@@ -381,10 +400,10 @@ def _moe(h, out, experts, router, needs, layer, moe_ints, w_scale, gelu, luts, t
     wts = np.empty((T, k), np.float32)
     moe.route(h, router, k, norm_w != 0, w_scale, ids, wts)
     offsets, order, pos = moe.plan(ids, n_expert)
-    hs = np.empty((T * k, dim), np.float32)
-    for r in range(T * k):
-        hs[r] = h[order[r]]
-    a8, a8k = _quantize(hs, needs[layer, 2])
+    # each token quantized once, its rows then gathered: the same bits as quantizing the gathered rows
+    q8, q8k = _quantize(h, needs[layer, 2])
+    a8 = (q8[0][order], q8[1][order], q8[2][order])
+    a8k = (q8k[0][order], q8k[1][order], q8k[2][order], q8k[3][order])
     gate = np.empty((T * k, fe), np.float32)
     up = np.empty((T * k, fe), np.float32)
     base = layer * n_expert * 3
