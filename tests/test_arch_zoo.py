@@ -251,3 +251,16 @@ def test_moe_on_the_cuda_backend_is_a_one_line_error(zoo):
 
     with pytest.raises(ModelLoadError, match="qwen3moe is a mixture-of-experts model: the cuda backend cannot run"):
         load_model(GGUFFile(zoo("qwen3moe")), get_backend("cuda"))
+
+
+def test_the_parallel_compile_plans_the_step_signature_models_run(zoo):
+    """The worker processes compile the step for the argument types LayerStack.run passes (a mismatch
+    makes a first run compile it again in the main process), dense and MoE models alike."""
+    from edgeinfer.kernels.cpu import parallel_compile, step
+
+    for name in ("qwen3", "qwen3moe"):
+        m = load_model(GGUFFile(zoo(name)), kb)
+        c = m.cfg
+        cache = KVCache(c.n_layer, 8, BS, c.n_kv_head, c.head_dim, c.v_head_dim, dtype="f16")
+        m.forward(Batch([5, 6], [0, 1], [0, 0], [0, 1], np.arange(8)[None], [1]), cache)
+    assert parallel_compile.step_sig("f16") in {tuple(s) for s in step.forward_layers.signatures}

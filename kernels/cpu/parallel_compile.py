@@ -45,10 +45,12 @@ class Job:
 def step_sig(kv: str) -> tuple:
     """step.forward_layers' argument types for a KV cache of type kv (what LayerStack.run passes)."""
     c = _A(from_dtype(np.dtype(units.KV_DTYPES[kv])), 4, "C")
+    mats = types.ListType(units.MAT)
     return (_F32_2, _I64_1, _I64_1, _I64_1, _A(types.int32, 2, "C"), _I64_1, types.int64, c, c,
-            types.ListType(units.MAT), _I64_2, _F32_2, _F32_2, _F32_2, _F32_2, _F32_2, _F32_2,
-            types.UniTuple(_F32_2, 3), _A(types.float64, 2, "C"), _I64_1, types.UniTuple(types.int64, 11),
-            types.UniTuple(types.float32, 3), units.LUTS, types.int64, _I64_1)
+            mats, mats, _I64_2, _F32_2, _F32_2, _F32_2, _F32_2, _F32_2, _F32_2,
+            types.UniTuple(_F32_2, 3), _A(types.float32, 3, "C"), _F32_2, _A(types.float64, 2, "C"), _I64_1,
+            types.UniTuple(types.int64, 12), types.UniTuple(types.int64, 5), types.UniTuple(types.float32, 5),
+            units.LUTS, types.int64, _I64_1)
 
 
 def resolve(ref: tuple):
