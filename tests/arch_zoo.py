@@ -23,8 +23,14 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as T
 
-from edgeinfer.quant import kquants
 from edgeinfer.tokenizer import bytes_to_unicode
+
+try:
+    from tiny_models import add_spm_vocab, finish as _finish, quantize_rows as _quantize
+    from tiny_models import add_tensor as _add
+except ImportError:  # imported as tests.arch_zoo
+    from .tiny_models import add_spm_vocab, finish as _finish, quantize_rows as _quantize
+    from .tiny_models import add_tensor as _add
 
 GPT2_MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s"]  # write_tiny_llama's
 CHATML = (
@@ -72,33 +78,6 @@ GEMMA_TEMPLATE = (
 
 # ---------------------------------------------------------------------------------------------- helpers
 
-def _quantize(x: np.ndarray, qtype: T) -> np.ndarray:
-    """x (any rank >= 2) quantized row by row: uint8 of shape (*x.shape[:-1], bytes per row)."""
-    rows = x.reshape(-1, x.shape[-1]).astype(np.float32)
-    k_quant = {T.Q4_K: kquants.quantize_q4_k, T.Q5_K: kquants.quantize_q5_k, T.Q6_K: kquants.quantize_q6_k}
-    q = k_quant[qtype](rows) if qtype in k_quant else gguf.quants.quantize(rows, qtype)  # gguf has no K-quantizer
-    return q.reshape(*x.shape[:-1], q.shape[-1])
-
-
-def _add(w: gguf.GGUFWriter, name: str, x: np.ndarray, qtype: T = T.F32) -> None:
-    """numpy shape is GGUF's reversed: (rows, cols) for a matrix, (n_expert, rows, cols) for experts."""
-    x = np.asarray(x, dtype=np.float32)
-    if qtype == T.F32 or x.ndim == 1:
-        w.add_tensor(name, x)
-    elif qtype == T.F16:
-        w.add_tensor(name, x.astype(np.float16))
-    else:
-        q = _quantize(x, qtype)
-        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
-
-
-def _finish(w: gguf.GGUFWriter) -> None:
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 def _more_bits(i: int, n: int) -> bool:
     """llama.cpp's use_more_bits (llama-quant.cpp): the layers Q4_K_M gives Q6_K attn_v / ffn_down."""
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
@@ -128,25 +107,10 @@ def _gpt2_vocab(w: gguf.GGUFWriter, specials: list[str], *, pre: str = "default"
 
 
 def _spm_vocab(w: gguf.GGUFWriter) -> int:
-    """tiny_models.spm_vocab (write_tiny_gemma3's SentencePiece vocabulary)."""
-    try:
-        from tiny_models import spm_vocab
-    except ImportError:  # imported as tests.arch_zoo
-        from .tiny_models import spm_vocab
-    tokens, scores, types = spm_vocab()
-    w.add_vocab_size(len(tokens))
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(1)
-    w.add_unk_token_id(3)
-    w.add_add_bos_token(True)
-    w.add_add_space_prefix(False)
+    """tiny_models.spm_vocab (write_tiny_gemma3's SentencePiece vocabulary) with Gemma's chat template."""
+    n = add_spm_vocab(w, with_size=True)
     w.add_chat_template(GEMMA_TEMPLATE)
-    return len(tokens)
+    return n
 
 
 def _hparams(w: gguf.GGUFWriter, name: str, *, n_layer: int, n_ctx: int, dim: int, ffn: int, n_head: int, n_kv: int,
@@ -191,6 +155,19 @@ class _Init:
         return self.rng.standard_normal((vocab, dim)) * s
 
 
+def _attention(w, r: "_Init", p: str, dim: int, n_head: int, n_kv: int, hd: int, qtype: T, *, qk: float = 1.0,
+               vtype: T | None = None, otype: T | None = None, o_mult: float = 1.0, between=()) -> None:
+    """A layer's attention tensors, in the order the writers add them (the random draws follow it): q and k
+    (times qk), v, then `between` ((name, make) pairs: q/k norms or biases, made in that order, F32), then
+    the output projection (times o_mult)."""
+    _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim, qk), qtype)
+    _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim, qk), qtype)
+    _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), vtype or qtype)
+    for name, make in between:
+        _add(w, p + name, make())
+    _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd, o_mult), otype or qtype)
+
+
 def _q4km(kind: str, i: int, n: int) -> T:
     """Q4_K_M-like: Q4_K everywhere, Q6_K for attn_v / ffn_down on llama.cpp's use_more_bits layers."""
     return T.Q6_K if kind in ("attn_v", "ffn_down", "ffn_down_exps") and _more_bits(i, n) else T.Q4_K
@@ -217,12 +194,10 @@ def write_qwen3(path) -> None:
     for i in range(n_layer):
         p = f"blk.{i}."
         _add(w, p + "attn_norm.weight", r.norm(dim))
-        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim), T.Q4_K)
-        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim), T.Q4_K)
-        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), _q4km("attn_v", i, n_layer))
-        _add(w, p + "attn_q_norm.weight", 0.65 * r.norm(hd))  # q.k/sqrt(head_dim) after the norms ~ N(0, 3.4^2)
-        _add(w, p + "attn_k_norm.weight", 0.65 * r.norm(hd))
-        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd, 1.5), T.Q4_K)
+        # q.k/sqrt(head_dim) after the norms ~ N(0, 3.4^2)
+        _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, vtype=_q4km("attn_v", i, n_layer), o_mult=1.5,
+                   between=[("attn_q_norm.weight", lambda: 0.65 * r.norm(hd)),
+                            ("attn_k_norm.weight", lambda: 0.65 * r.norm(hd))])
         _add(w, p + "ffn_norm.weight", r.norm(dim))
         _add(w, p + "ffn_gate.weight", r.mat(ffn, dim), T.Q4_K)
         _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.Q4_K)
@@ -275,10 +250,7 @@ def write_llama3(path) -> None:
     for i in range(n_layer):
         p = f"blk.{i}."
         _add(w, p + "attn_norm.weight", r.norm(dim))
-        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim, 1.2), T.Q4_K)
-        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim, 1.2), T.Q4_K)
-        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), _q4km("attn_v", i, n_layer))
-        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.Q4_K)
+        _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, qk=1.2, vtype=_q4km("attn_v", i, n_layer))
         _add(w, p + "ffn_norm.weight", r.norm(dim))
         _add(w, p + "ffn_gate.weight", r.mat(ffn, dim), T.Q4_K)
         _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.Q4_K)
@@ -306,10 +278,7 @@ def write_llama_swa(path) -> None:
     for i in range(n_layer):
         p = f"blk.{i}."
         _add(w, p + "attn_norm.weight", r.norm(dim))
-        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim, 1.2), T.Q8_0)
-        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim, 1.2), T.Q8_0)
-        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), T.Q8_0)
-        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.Q8_0)
+        _attention(w, r, p, dim, n_head, n_kv, hd, T.Q8_0, qk=1.2)
         _add(w, p + "ffn_norm.weight", r.norm(dim))
         _add(w, p + "ffn_gate.weight", r.mat(ffn, dim), T.Q8_0)
         _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.Q8_0)
@@ -403,10 +372,7 @@ def write_gemma2(path) -> None:
     for i in range(n_layer):
         p = f"blk.{i}."
         _add(w, p + "attn_norm.weight", r.norm(dim))
-        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim, 1.5), T.Q4_K)
-        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim, 1.5), T.Q4_K)
-        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), _q4km("attn_v", i, n_layer))
-        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.Q4_K)
+        _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, qk=1.5, vtype=_q4km("attn_v", i, n_layer))
         _add(w, p + "post_attention_norm.weight", 3 * r.norm(dim))
         _add(w, p + "ffn_norm.weight", r.norm(dim))
         _add(w, p + "ffn_gate.weight", r.mat(ffn, dim, 2), T.Q4_K)
@@ -433,12 +399,9 @@ def write_olmo2(path) -> None:
     _add(w, "token_embd.weight", r.embd(vocab, dim), T.F16)
     for i in range(n_layer):
         p = f"blk.{i}."
-        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim, 2), T.F16)
-        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim, 2), T.F16)
-        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), T.F16)
-        _add(w, p + "attn_q_norm.weight", 1.5 * r.norm(n_head * hd))
-        _add(w, p + "attn_k_norm.weight", 1.5 * r.norm(n_kv * hd))
-        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.F16)
+        _attention(w, r, p, dim, n_head, n_kv, hd, T.F16, qk=2,
+                   between=[("attn_q_norm.weight", lambda: 1.5 * r.norm(n_head * hd)),
+                            ("attn_k_norm.weight", lambda: 1.5 * r.norm(n_kv * hd))])
         _add(w, p + "post_attention_norm.weight", 0.5 * r.norm(dim))
         _add(w, p + "ffn_gate.weight", r.mat(ffn, dim), T.F16)
         _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.F16)
@@ -481,12 +444,9 @@ def write_qwen3moe(path) -> None:
     for i in range(n_layer):
         p = f"blk.{i}."
         _add(w, p + "attn_norm.weight", r.norm(dim))
-        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim), T.Q4_K)
-        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim), T.Q4_K)
-        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), _q4km("attn_v", i, n_layer))
-        _add(w, p + "attn_q_norm.weight", 0.45 * r.norm(hd))
-        _add(w, p + "attn_k_norm.weight", 0.45 * r.norm(hd))
-        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.Q4_K)
+        _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, vtype=_q4km("attn_v", i, n_layer),
+                   between=[("attn_q_norm.weight", lambda: 0.45 * r.norm(hd)),
+                            ("attn_k_norm.weight", lambda: 0.45 * r.norm(hd))])
         _add(w, p + "ffn_norm.weight", r.norm(dim))
         _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp,
                    {"gate": T.Q4_K, "up": T.Q4_K, "down": lambda i, n: _q4km("ffn_down_exps", i, n)}, router=10, down=0.4)
@@ -515,12 +475,9 @@ def write_olmoe(path) -> None:
     for i in range(n_layer):
         p = f"blk.{i}."
         _add(w, p + "attn_norm.weight", r.norm(dim))
-        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim), T.Q8_0)
-        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim), T.Q8_0)
-        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), T.Q8_0)
-        _add(w, p + "attn_q_norm.weight", 0.5 * r.norm(n_head * hd))
-        _add(w, p + "attn_k_norm.weight", 0.5 * r.norm(n_kv * hd))
-        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.Q8_0)
+        _attention(w, r, p, dim, n_head, n_kv, hd, T.Q8_0,
+                   between=[("attn_q_norm.weight", lambda: 0.5 * r.norm(n_head * hd)),
+                            ("attn_k_norm.weight", lambda: 0.5 * r.norm(n_kv * hd))])
         _add(w, p + "ffn_norm.weight", r.norm(dim))
         _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp, {"gate": T.Q8_0, "up": T.Q8_0, "down": T.Q8_0},
                    router=6)
@@ -552,13 +509,10 @@ def write_qwen2moe(path) -> None:
     for i in range(n_layer):
         p = f"blk.{i}."
         _add(w, p + "attn_norm.weight", r.norm(dim))
-        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim, 1.2), T.Q8_0)
-        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim, 1.2), T.Q8_0)
-        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), T.Q8_0)
-        _add(w, p + "attn_q.bias", r.vec(n_head * hd))
-        _add(w, p + "attn_k.bias", r.vec(n_kv * hd, 3))  # Qwen's k biases are large
-        _add(w, p + "attn_v.bias", r.vec(n_kv * hd, 0.3))
-        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.Q8_0)
+        _attention(w, r, p, dim, n_head, n_kv, hd, T.Q8_0, qk=1.2,
+                   between=[("attn_q.bias", lambda: r.vec(n_head * hd)),
+                            ("attn_k.bias", lambda: r.vec(n_kv * hd, 3)),  # Qwen's k biases are large
+                            ("attn_v.bias", lambda: r.vec(n_kv * hd, 0.3))])
         _add(w, p + "ffn_norm.weight", r.norm(dim))
         _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp, {"gate": T.Q4_K, "up": T.Q4_K, "down": T.Q6_K},
                    router=6)

@@ -40,6 +40,23 @@ def tiny_nomic_path(tmp_path_factory):
     return p
 
 
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory):
+    """zoo(name): the path of tests/arch_zoo.py's model `name`, written on first use (once a session)."""
+    from arch_zoo import write
+
+    d = tmp_path_factory.mktemp("zoo")
+    paths = {}
+
+    def get(name):
+        if name not in paths:
+            paths[name] = d / f"{name}.gguf"
+            write(name, paths[name])
+        return paths[name]
+
+    return get
+
+
 def real_model_path(name: str):
     """The cached real model, pulled on first use (CI pulls both before the tests)."""
     from edgeinfer import registry

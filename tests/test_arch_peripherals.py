@@ -9,7 +9,6 @@ import pytest
 from click.testing import CliRunner
 from gguf.constants import GGMLQuantizationType as T
 
-from arch_zoo import write
 from edgeinfer import memory
 from edgeinfer.cli.main import main
 from edgeinfer.config import EngineConfig
@@ -17,21 +16,6 @@ from edgeinfer.gguf_file import GGUFFile
 from edgeinfer.info import summarize
 from edgeinfer.quant.mixes import TYPES
 from edgeinfer.quant.tool import make_plan, quantize_model
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    """zoo(name): the zoo model's path, written once per module."""
-    d = tmp_path_factory.mktemp("zoo")
-    paths = {}
-
-    def get(name):
-        if name not in paths:
-            paths[name] = d / f"{name}.gguf"
-            write(name, paths[name])
-        return paths[name]
-
-    return get
 
 
 @pytest.fixture(scope="module")

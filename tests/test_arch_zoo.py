@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from arch_zoo import GOLDEN, write
+from arch_zoo import GOLDEN
 from conftest import golden_path
 from edgeinfer import LLM, SamplingParams
 from edgeinfer.engine.kv_cache import KVCache
@@ -30,21 +30,6 @@ with open(golden_path("arch_zoo.json")) as f:
 
 kb = get_backend("cpu")
 BS = 16  # KV block size
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    d = tmp_path_factory.mktemp("zoo")
-    paths = {}
-
-    def get(name):
-        if name not in paths:
-            p = d / f"{name}.gguf"
-            write(name, p)
-            paths[name] = p
-        return paths[name]
-
-    return get
 
 
 def _cache(m, n_blocks=8):

@@ -16,19 +16,28 @@ CHATML_TEMPLATE = (
 )
 
 
-def _add_tensor(w: gguf.GGUFWriter, name: str, x: np.ndarray, qtype: T) -> None:
-    x = x.astype(np.float32)
+def quantize_rows(x: np.ndarray, qtype: T) -> np.ndarray:
+    """x (any rank >= 2) quantized row by row: uint8 of shape (*x.shape[:-1], bytes per row)."""
+    rows = x.reshape(-1, x.shape[-1]).astype(np.float32)
+    k_quant = {T.Q4_K: kquants.quantize_q4_k, T.Q5_K: kquants.quantize_q5_k, T.Q6_K: kquants.quantize_q6_k}
+    q = k_quant[qtype](rows) if qtype in k_quant else gguf.quants.quantize(rows, qtype)  # gguf has no K-quantizer
+    return q.reshape(*x.shape[:-1], q.shape[-1])
+
+
+def add_tensor(w: gguf.GGUFWriter, name: str, x: np.ndarray, qtype: T = T.F32) -> None:
+    """x as a tensor of type qtype (vectors stay F32). numpy shape is GGUF's reversed: (rows, cols) for a
+    matrix, (n_expert, rows, cols) for a layer's experts."""
+    x = np.asarray(x, dtype=np.float32)
     if qtype == T.F32 or x.ndim == 1:
         w.add_tensor(name, x)
-    elif qtype in (T.F16,):
+    elif qtype == T.F16:
         w.add_tensor(name, x.astype(np.float16))
     else:
-        k_quant = {T.Q4_K: kquants.quantize_q4_k, T.Q5_K: kquants.quantize_q5_k, T.Q6_K: kquants.quantize_q6_k}
-        q = k_quant[qtype](x) if qtype in k_quant else gguf.quants.quantize(x, qtype)  # gguf has no K-quantizer
+        q = quantize_rows(x, qtype)
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
 
 
-def _finish(w: gguf.GGUFWriter) -> None:
+def finish(w: gguf.GGUFWriter) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -75,26 +84,26 @@ def write_tiny_llama(path, *, qtype: T = T.Q8_0, n_layer: int = 2, dim: int = 64
     s = 0.5
     if not isinstance(n_kv, int):  # per-layer head counts (a test of the error they give)
         n_kv = n_kv[0]
-    _add_tensor(w, "token_embd.weight", rng.standard_normal((vocab, dim)) * s, embd_type)
+    add_tensor(w, "token_embd.weight", rng.standard_normal((vocab, dim)) * s, embd_type)
     for i in range(n_layer):
         p = f"blk.{i}."
-        _add_tensor(w, p + "attn_norm.weight", 1 + 0.1 * rng.standard_normal(dim), T.F32)
-        _add_tensor(w, p + "attn_q.weight", rng.standard_normal((n_head * hd, dim)) * s / np.sqrt(dim) * 4, qtype)
-        _add_tensor(w, p + "attn_k.weight", rng.standard_normal((n_kv * hd, dim)) * s / np.sqrt(dim) * 4, qtype)
-        _add_tensor(w, p + "attn_v.weight", rng.standard_normal((n_kv * hd, dim)) / np.sqrt(dim), qtype)
+        add_tensor(w, p + "attn_norm.weight", 1 + 0.1 * rng.standard_normal(dim), T.F32)
+        add_tensor(w, p + "attn_q.weight", rng.standard_normal((n_head * hd, dim)) * s / np.sqrt(dim) * 4, qtype)
+        add_tensor(w, p + "attn_k.weight", rng.standard_normal((n_kv * hd, dim)) * s / np.sqrt(dim) * 4, qtype)
+        add_tensor(w, p + "attn_v.weight", rng.standard_normal((n_kv * hd, dim)) / np.sqrt(dim), qtype)
         if arch == "qwen2":  # biases big enough to matter (Qwen2.5's k biases run to tens)
-            _add_tensor(w, p + "attn_q.bias", rng.standard_normal(n_head * hd), T.F32)
-            _add_tensor(w, p + "attn_k.bias", 3 * rng.standard_normal(n_kv * hd), T.F32)
-            _add_tensor(w, p + "attn_v.bias", rng.standard_normal(n_kv * hd), T.F32)
-        _add_tensor(w, p + "attn_output.weight", rng.standard_normal((dim, n_head * hd)) / np.sqrt(dim), qtype)
-        _add_tensor(w, p + "ffn_norm.weight", 1 + 0.1 * rng.standard_normal(dim), T.F32)
-        _add_tensor(w, p + "ffn_gate.weight", rng.standard_normal((ffn, dim)) / np.sqrt(dim), qtype)
-        _add_tensor(w, p + "ffn_up.weight", rng.standard_normal((ffn, dim)) / np.sqrt(dim), qtype)
-        _add_tensor(w, p + "ffn_down.weight", rng.standard_normal((dim, ffn)) / np.sqrt(ffn), qtype)
-    _add_tensor(w, "output_norm.weight", 1 + 0.1 * rng.standard_normal(dim), T.F32)
+            add_tensor(w, p + "attn_q.bias", rng.standard_normal(n_head * hd), T.F32)
+            add_tensor(w, p + "attn_k.bias", 3 * rng.standard_normal(n_kv * hd), T.F32)
+            add_tensor(w, p + "attn_v.bias", rng.standard_normal(n_kv * hd), T.F32)
+        add_tensor(w, p + "attn_output.weight", rng.standard_normal((dim, n_head * hd)) / np.sqrt(dim), qtype)
+        add_tensor(w, p + "ffn_norm.weight", 1 + 0.1 * rng.standard_normal(dim), T.F32)
+        add_tensor(w, p + "ffn_gate.weight", rng.standard_normal((ffn, dim)) / np.sqrt(dim), qtype)
+        add_tensor(w, p + "ffn_up.weight", rng.standard_normal((ffn, dim)) / np.sqrt(dim), qtype)
+        add_tensor(w, p + "ffn_down.weight", rng.standard_normal((dim, ffn)) / np.sqrt(ffn), qtype)
+    add_tensor(w, "output_norm.weight", 1 + 0.1 * rng.standard_normal(dim), T.F32)
     if not tied:
-        _add_tensor(w, "output.weight", rng.standard_normal((vocab, dim)) / np.sqrt(dim) * 4, qtype)
-    _finish(w)
+        add_tensor(w, "output.weight", rng.standard_normal((vocab, dim)) / np.sqrt(dim) * 4, qtype)
+    finish(w)
 
 
 def spm_vocab() -> tuple[list[str], list[float], list[int]]:
@@ -111,6 +120,25 @@ def spm_vocab() -> tuple[list[str], list[float], list[int]]:
     types += [4, 4]
     scores = [0.0] * 262 + [-float(i) for i in range(len(words))] + [0.0, 0.0]
     return tokens, scores, types
+
+
+def add_spm_vocab(w: gguf.GGUFWriter, with_size: bool = False) -> int:
+    """spm_vocab's tokenizer keys (BOS 2 added, EOS 1, UNK 3, no space prefix) written to w, preceded by
+    the vocabulary size when with_size; returns the vocabulary size."""
+    tokens, scores, types = spm_vocab()
+    if with_size:
+        w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
+    return len(tokens)
 
 
 def write_tiny_qwen2(path, **kw) -> None:
@@ -137,35 +165,26 @@ def write_tiny_gemma3(path, *, qtype: T = T.Q8_0, n_layer: int = 7, dim: int = 6
     w.add_rope_freq_base(1e6)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_sliding_window(window)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(1)
-    w.add_unk_token_id(3)
-    w.add_add_bos_token(True)
-    w.add_add_space_prefix(False)
-    _add_tensor(w, "token_embd.weight", rng.standard_normal((vocab, dim)) * 0.5, embd_type)
+    add_spm_vocab(w)
+    add_tensor(w, "token_embd.weight", rng.standard_normal((vocab, dim)) * 0.5, embd_type)
     norm = lambda n: 1 + 0.1 * rng.standard_normal(n)  # noqa: E731
     for i in range(n_layer):
         p = f"blk.{i}."
-        _add_tensor(w, p + "attn_norm.weight", norm(dim), T.F32)
-        _add_tensor(w, p + "attn_q.weight", rng.standard_normal((n_head * head_dim, dim)) / np.sqrt(dim) * 3, qtype)
-        _add_tensor(w, p + "attn_k.weight", rng.standard_normal((n_kv * head_dim, dim)) / np.sqrt(dim) * 3, qtype)
-        _add_tensor(w, p + "attn_v.weight", rng.standard_normal((n_kv * head_dim, dim)) / np.sqrt(dim), qtype)
-        _add_tensor(w, p + "attn_q_norm.weight", norm(head_dim), T.F32)
-        _add_tensor(w, p + "attn_k_norm.weight", norm(head_dim), T.F32)
-        _add_tensor(w, p + "attn_output.weight", rng.standard_normal((dim, n_head * head_dim)) / np.sqrt(dim), qtype)
-        _add_tensor(w, p + "post_attention_norm.weight", norm(dim), T.F32)
-        _add_tensor(w, p + "ffn_norm.weight", norm(dim), T.F32)
-        _add_tensor(w, p + "ffn_gate.weight", rng.standard_normal((ffn, dim)) / np.sqrt(dim), qtype)
-        _add_tensor(w, p + "ffn_up.weight", rng.standard_normal((ffn, dim)) / np.sqrt(dim), qtype)
-        _add_tensor(w, p + "ffn_down.weight", rng.standard_normal((dim, ffn)) / np.sqrt(ffn), qtype)
-        _add_tensor(w, p + "post_ffw_norm.weight", norm(dim), T.F32)
-    _add_tensor(w, "output_norm.weight", norm(dim), T.F32)
-    _finish(w)
+        add_tensor(w, p + "attn_norm.weight", norm(dim), T.F32)
+        add_tensor(w, p + "attn_q.weight", rng.standard_normal((n_head * head_dim, dim)) / np.sqrt(dim) * 3, qtype)
+        add_tensor(w, p + "attn_k.weight", rng.standard_normal((n_kv * head_dim, dim)) / np.sqrt(dim) * 3, qtype)
+        add_tensor(w, p + "attn_v.weight", rng.standard_normal((n_kv * head_dim, dim)) / np.sqrt(dim), qtype)
+        add_tensor(w, p + "attn_q_norm.weight", norm(head_dim), T.F32)
+        add_tensor(w, p + "attn_k_norm.weight", norm(head_dim), T.F32)
+        add_tensor(w, p + "attn_output.weight", rng.standard_normal((dim, n_head * head_dim)) / np.sqrt(dim), qtype)
+        add_tensor(w, p + "post_attention_norm.weight", norm(dim), T.F32)
+        add_tensor(w, p + "ffn_norm.weight", norm(dim), T.F32)
+        add_tensor(w, p + "ffn_gate.weight", rng.standard_normal((ffn, dim)) / np.sqrt(dim), qtype)
+        add_tensor(w, p + "ffn_up.weight", rng.standard_normal((ffn, dim)) / np.sqrt(dim), qtype)
+        add_tensor(w, p + "ffn_down.weight", rng.standard_normal((dim, ffn)) / np.sqrt(ffn), qtype)
+        add_tensor(w, p + "post_ffw_norm.weight", norm(dim), T.F32)
+    add_tensor(w, "output_norm.weight", norm(dim), T.F32)
+    finish(w)
 
 
 def bert_vocab() -> list[str]:
@@ -202,19 +221,19 @@ def write_tiny_nomic_bert(path, *, n_layer: int = 2, dim: int = 64, n_head: int 
     w.add_pad_token_id(0)
     w.add_mask_token_id(4)
     s = 1 / np.sqrt(dim)
-    _add_tensor(w, "token_embd.weight", rng.standard_normal((vocab, dim)) * 0.5, wtype)
-    _add_tensor(w, "token_types.weight", rng.standard_normal((2, dim)) * 0.1, T.F32)
+    add_tensor(w, "token_embd.weight", rng.standard_normal((vocab, dim)) * 0.5, wtype)
+    add_tensor(w, "token_types.weight", rng.standard_normal((2, dim)) * 0.1, T.F32)
     w.add_tensor("token_embd_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
     w.add_tensor("token_embd_norm.bias", (0.1 * rng.standard_normal(dim)).astype(np.float32))
     for i in range(n_layer):
         p = f"blk.{i}."
-        _add_tensor(w, p + "attn_qkv.weight", rng.standard_normal((3 * dim, dim)) * s, wtype)
-        _add_tensor(w, p + "attn_output.weight", rng.standard_normal((dim, dim)) * s, wtype)
+        add_tensor(w, p + "attn_qkv.weight", rng.standard_normal((3 * dim, dim)) * s, wtype)
+        add_tensor(w, p + "attn_output.weight", rng.standard_normal((dim, dim)) * s, wtype)
         w.add_tensor(p + "attn_output_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
         w.add_tensor(p + "attn_output_norm.bias", (0.1 * rng.standard_normal(dim)).astype(np.float32))
-        _add_tensor(w, p + "ffn_up.weight", rng.standard_normal((ffn, dim)) * s, wtype)
-        _add_tensor(w, p + "ffn_gate.weight", rng.standard_normal((ffn, dim)) * s, wtype)
-        _add_tensor(w, p + "ffn_down.weight", rng.standard_normal((dim, ffn)) / np.sqrt(ffn), wtype)
+        add_tensor(w, p + "ffn_up.weight", rng.standard_normal((ffn, dim)) * s, wtype)
+        add_tensor(w, p + "ffn_gate.weight", rng.standard_normal((ffn, dim)) * s, wtype)
+        add_tensor(w, p + "ffn_down.weight", rng.standard_normal((dim, ffn)) / np.sqrt(ffn), wtype)
         w.add_tensor(p + "layer_output_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
         w.add_tensor(p + "layer_output_norm.bias", (0.1 * rng.standard_normal(dim)).astype(np.float32))
-    _finish(w)
+    finish(w)
