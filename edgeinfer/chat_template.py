@@ -5,7 +5,8 @@ As transformers' environment: trim_blocks and lstrip_blocks, the loop controls e
 `{% continue %}`), `{% generation %}` blocks (rendered as their body), `raise_exception`, `strftime_now`
 and a `tojson` that writes plain JSON and takes json.dumps' ensure_ascii, indent, separators and
 sort_keys. Templates' own switches (Qwen3's `enable_thinking`, Llama 3's `date_string`, ...) are
-`variables` of `render`."""
+`variables` of `render` (`LLM.render_chat(..., template_vars=...)` in the Python API; the server and
+the CLI do not pass any yet)."""
 
 from __future__ import annotations
 

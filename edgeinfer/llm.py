@@ -102,9 +102,9 @@ class LLM:
         mark("precompile_s")
         try:
             self.model = load_model(self.gguf, self.kernels, n_ctx=config.max_context or None)
-        except BaseException:
+        except Exception:
             # a file that cannot load: let the compile started above finish (its units are cached for
-            # the next model) rather than leave its worker processes behind
+            # the next model) rather than leave its worker processes behind (Ctrl-C does not wait)
             self.kernels.ready()
             raise
         self.config = self.model.cfg
@@ -327,16 +327,19 @@ class LLM:
         n = len(ids)
         return self.engine.runner.scratch(n).prefix(ids, [n - 1] if pooling == "last" else np.arange(n), hidden=True)
 
-    def render_chat(self, messages, add_generation_prompt: bool = True, tools=None) -> list[int]:
+    def render_chat(self, messages, add_generation_prompt: bool = True, tools=None,
+                    template_vars: dict | None = None) -> list[int]:
         """Token ids of a conversation through the chat template; `tools` (edgeinfer.tools.Tool) go
-        through the template's own tools support or the fallback format of edgeinfer.tools."""
+        through the template's own tools support or the fallback format of edgeinfer.tools;
+        template_vars: the template's own switches, e.g. {"enable_thinking": False} for Qwen3."""
         from .tools import prepare_messages
 
         tmpl = self.chat_template
         msgs = prepare_messages(list(messages), tools or [], tmpl.knows_tools) if isinstance(messages, (list, tuple)) \
             else messages
         text = tmpl.render(msgs, add_generation_prompt,
-                           tools=[t.openai() for t in tools] if tools and tmpl.knows_tools else None)
+                           tools=[t.openai() for t in tools] if tools and tmpl.knows_tools else None,
+                           variables=template_vars)
         ids = self.tokenizer.encode(text, add_bos=None, parse_special=True)
         bos = self.tokenizer.bos_id
         if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:

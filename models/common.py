@@ -54,6 +54,10 @@ class WeightLoader:
     def has(self, name: str) -> bool:
         return name in self.gf.tensors
 
+    def check(self, name: str, shape: tuple[int, ...]) -> None:
+        """A one-line error unless the file has tensor `name` of this (gguf-order) shape."""
+        self._info(name, shape)
+
     def vector(self, name: str, size: int) -> np.ndarray:
         info = self._info(name, (size,))
         if info.ggml_type not in (T.F32, T.F16):
@@ -105,9 +109,10 @@ class WeightLoader:
     def _build(self, name: str, info, r0: int, r1: int, cols: int, whole: bool):
         # rows [r0, r1) of the matrix repacked from the file's bytes, uploaded
         rows = r1 - r0
-        if info.ggml_type == T.F32:
-            w = np.array(self.gf.tensor(name), dtype=np.float32).reshape(-1, cols)[r0:r1].copy()
-            self.gf.release(name)
+        if info.ggml_type == T.F32:  # only this part's rows copied (a 3-D tensor is read once in all)
+            w = np.array(np.asarray(self.gf.tensor(name)).reshape(-1, cols)[r0:r1], dtype=np.float32)
+            if whole:
+                self.gf.release(name)
             return self.kb.upload(w)
         raw = self.gf.tensor_bytes(name)
         raw = raw.reshape(-1, raw.shape[-1])[r0:r1]

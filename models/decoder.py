@@ -60,6 +60,7 @@ class ArchSpec:
     moe: bool = False
     moe_norm_w: bool = False
     shared_expert: bool = False
+    moe_scale_w: bool = False  # the weights times the file's expert_weights_scale (llama.cpp: not these three)
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -134,14 +135,14 @@ def _moe_config(gf: GGUFFile, spec: ArchSpec, cfg: ModelConfig) -> ModelConfig:
     if not 0 < used <= n_expert:
         raise ModelLoadError(f"the file asks for {used} experts per token out of {n_expert}")
     ffn = meta(gf, a, "expert_feed_forward_length", None)
-    if ffn is None:  # olmoe: feed_forward_length; qwen2moe's llama.cpp default: ffn / used; else the tensor
+    if not ffn:  # olmoe: feed_forward_length; qwen2moe's llama.cpp default: ffn / used; else the tensor
         ffn = _tensor_rows(gf, "blk.0.ffn_gate_exps.weight", cfg.ffn_dim // used if cfg.ffn_dim else 0)
     shared = 0
     if spec.shared_expert:
         shared = meta(gf, a, "expert_shared_feed_forward_length", None) or cfg.ffn_dim
     return replace(cfg, n_expert=n_expert, n_expert_used=used, expert_ffn_dim=int(ffn), shared_ffn_dim=int(shared),
                    ffn_dim=int(shared or cfg.ffn_dim), expert_norm=spec.moe_norm_w,
-                   expert_scale=float(meta(gf, a, "expert_weights_scale", 0.0) or 0.0))
+                   expert_scale=float(meta(gf, a, "expert_weights_scale", 0.0) or 0.0) if spec.moe_scale_w else 0.0)
 
 
 @dataclass
@@ -223,6 +224,7 @@ def layer_tensors(spec: ArchSpec, cfg: ModelConfig, has=lambda name: False) -> l
 
 
 def tensor_name(tensor: TN, part: str, layer: int) -> str:
+    """gguf's name of a layer's tensor: tensor_name(TN.ATTN_Q, "weight", 3) is "blk.3.attn_q.weight"."""
     return f"{TENSOR_NAMES[tensor].format(bid=layer)}.{part}"
 
 
@@ -284,7 +286,8 @@ class Model:
             name = f"rope_factors_{self.rope_factors_used}.weight"
         if not ld.has(name):
             return None
-        return ld.vector(name, half)
+        ld.check(name, (half,))  # on the host: rope_inv_freq divides by them before the upload
+        return np.array(gf.tensor(name), np.float32)
 
     def layer_inv_freq(self, layer: int):
         return self.inv_freq_local if self.cfg.is_sliding(layer) and self.cfg.rope_base_local is not None \
@@ -363,10 +366,9 @@ def moe_ffn(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h):
     offsets, order, pos = kb.moe_plan(ids, cfg.n_expert)
     hs = kb.take_rows(h, order)  # (T * k, dim): each expert's tokens one run of rows
     y = kb.empty((t * k, cfg.dim))
-    for e in range(cfg.n_expert):
+    for e in np.flatnonzero(np.diff(offsets)):  # the experts some token chose
         r0, r1 = int(offsets[e]), int(offsets[e + 1])
-        if r1 > r0:
-            y[r0:r1] = dense_ffn(kb, cfg, spec, lw, hs[r0:r1], lw.exp_gate[e], lw.exp_up[e], lw.exp_down[e])
+        y[r0:r1] = dense_ffn(kb, cfg, spec, lw, hs[r0:r1], lw.exp_gate[e], lw.exp_up[e], lw.exp_down[e])
     out = kb.empty(h.shape)
     kb.moe_combine(y, pos, wts, out)
     if spec.shared_expert:

@@ -141,28 +141,51 @@ def test_two_sequences_batched_equal_each_alone_bit_for_bit(zoo, name):
     assert np.array_equal(both[len(a):], alone[1])
 
 
-def test_moe_router_picks_the_most_probable_experts():
-    """The router's choice against a plain numpy softmax and sort, renormalised and not."""
-    rng = np.random.default_rng(3)
-    h = rng.standard_normal((9, 64)).astype(np.float32)
-    r = rng.standard_normal((8, 64)).astype(np.float32)
-    logits = h.astype(np.float64) @ r.T.astype(np.float64)
-    p = np.exp(logits - logits.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    want = np.argsort(-p, axis=1, kind="stable")[:, :3]
-    for norm in (False, True):
-        ids, wts = kb.moe_route(h, np.ascontiguousarray(r.T), 3, norm, 0.0)
-        assert np.array_equal(ids, want)
-        w = np.take_along_axis(p, want, 1)
-        if norm:
-            w /= w.sum(1, keepdims=True)
-        assert np.allclose(wts, w, rtol=1e-5)
-    offsets, order, pos = kb.moe_plan(ids, 8)
-    assert offsets[-1] == 27 and np.all(np.diff(offsets) >= 0)
-    for t in range(9):
-        for j in range(3):
-            s = pos[t, j]
-            assert order[s] == t and offsets[ids[t, j]] <= s < offsets[ids[t, j] + 1]
+@pytest.mark.parametrize("n_expert", [6, 8, 12, 40, 60, 64, 128])
+def test_moe_router_picks_the_most_probable_experts(n_expert):
+    """The router's choice against a plain numpy softmax and sort, renormalised and not, for expert
+    counts that exercise every accumulator of its 32-expert blocks and the experts past a multiple of 8,
+    an input length that is not a multiple of 8, and a batch that takes the parallel path."""
+    rng = np.random.default_rng(n_expert)
+    for t in (9, 40):
+        h = rng.standard_normal((t, 67)).astype(np.float32)
+        r = rng.standard_normal((n_expert, 67)).astype(np.float32)
+        logits = h.astype(np.float64) @ r.T.astype(np.float64)
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        want = np.argsort(-p, axis=1, kind="stable")[:, :3]
+        for norm in (False, True):
+            ids, wts = kb.moe_route(h, np.ascontiguousarray(r.T), 3, norm, 0.0)
+            assert np.array_equal(ids, want)
+            w = np.take_along_axis(p, want, 1)
+            if norm:
+                w /= w.sum(1, keepdims=True)
+            assert np.allclose(wts, w, rtol=1e-4)
+        offsets, order, pos = kb.moe_plan(ids, n_expert)
+        assert offsets[-1] == 3 * t and np.all(np.diff(offsets) >= 0)
+        for i in range(t):
+            for j in range(3):
+                s = pos[i, j]
+                assert order[s] == i and offsets[ids[i, j]] <= s < offsets[ids[i, j] + 1]
+
+
+def test_moe_router_ties_go_to_the_lower_expert():
+    r = np.zeros((67, 12), np.float32)  # every expert the same logit
+    ids, wts = kb.moe_route(np.ones((2, 67), np.float32), r, 4, False, 0.0)
+    assert ids.tolist() == [[0, 1, 2, 3]] * 2 and np.allclose(wts, 1 / 12)
+
+
+def test_quantized_olmo2_runs_the_compiled_step_bit_for_bit(zoo, tmp_path):
+    """The zoo's olmo2 is F16 (per-op only); quantized, its layers (post-norms only, q/k norms over the
+    whole projection) run in the compiled step, which must agree with the per-op path."""
+    from edgeinfer.quant.tool import quantize_model
+
+    p = tmp_path / "olmo2-q8.gguf"
+    quantize_model(GGUFFile(zoo("olmo2")), p, "Q8_0", progress=False)
+    m = load_model(GGUFFile(p), kb)
+    assert m.stack is not None
+    ids = GOLD["olmo2"]["prompts"][2]["ids"]
+    assert np.array_equal(_all_logits(m, ids), _all_logits(m, ids, per_op=True))
 
 
 @pytest.mark.skipif(os.environ.get("EDGEINFER_KERNELS") == "portable", reason="this is the portable run")
@@ -238,6 +261,17 @@ def test_moe_on_the_cuda_backend_is_a_one_line_error(zoo):
         load_model(GGUFFile(zoo("qwen3moe")), get_backend("cuda"))
 
 
+@pytest.mark.parametrize("name", ["llama3", "phi3"])
+def test_rope_factor_models_load_on_the_cuda_backend(zoo, name):
+    """Llama 3's rope_freqs and LongRoPE's factors are read on the host and divide the frequencies before
+    their upload, on every backend."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        pytest.skip("the CUDA backend is tested on numba's simulator")
+    gpu = load_model(GGUFFile(zoo(name)), get_backend("cuda"))
+    cpu = load_model(GGUFFile(zoo(name)), kb)
+    assert np.allclose(gpu.inv_freq.copy_to_host(), cpu.inv_freq, rtol=1e-6)
+
+
 def test_the_parallel_compile_plans_the_step_signature_models_run(zoo):
     """The worker processes compile the step for the argument types LayerStack.run passes (a mismatch
     makes a first run compile it again in the main process), dense and MoE models alike."""
@@ -249,3 +283,11 @@ def test_the_parallel_compile_plans_the_step_signature_models_run(zoo):
         cache = KVCache(c.n_layer, 8, BS, c.n_kv_head, c.head_dim, c.v_head_dim, dtype="f16")
         m.forward(Batch([5, 6], [0, 1], [0, 0], [0, 1], np.arange(8)[None], [1]), cache)
     assert parallel_compile.step_sig("f16") in {tuple(s) for s in step.forward_layers.signatures}
+
+
+def test_qwen3_thinking_switch_reaches_the_template(zoo):
+    llm = LLM(str(zoo("qwen3")), progress=False)
+    msgs = [{"role": "user", "content": "hi"}]
+    on = llm.render_chat(msgs)
+    off = llm.render_chat(msgs, template_vars={"enable_thinking": False})
+    assert off == on + llm.tokenize("<think>\n\n</think>\n\n", parse_special=True)

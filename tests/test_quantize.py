@@ -300,7 +300,8 @@ def test_eight_experts_bump_attention_as_llama_cpp():
     assert all(q4km[f"blk.{i}.attn_v.weight"] == q4km[f"blk.{i}.attn_k.weight"] == T.Q8_0 for i in range(4))
     assert all(q4km[f"blk.{i}.attn_output.weight"] == T.Q5_K for i in range(4))
     q5km = {x.name: x.dst_type for x in plan(ts, "Q5_K_M", n_expert=8)}
-    assert q5km["blk.1.attn_v.weight"] == T.Q8_0 and q5km["blk.1.attn_output.weight"] == T.Q5_K  # Q5_K_M: default
+    assert q5km["blk.1.attn_v.weight"] == q5km["blk.1.attn_k.weight"] == T.Q8_0  # bumped under Q5_K_M too
+    assert {x.name: x.dst_type for x in plan(ts, "Q5_K_M", n_expert=0)}["blk.1.attn_k.weight"] == T.Q5_K
     dense = {x.name: x.dst_type for x in plan(ts, "Q4_K_M", n_expert=0)}
     assert dense["blk.1.attn_k.weight"] == dense["blk.1.attn_output.weight"] == T.Q4_K
     assert {x.name: x.dst_type for x in plan(ts, "Q4_K_M", n_expert=8, pure=True)}["blk.1.attn_v.weight"] == T.Q4_K

@@ -27,13 +27,12 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd, units
-from .int8.dispatch import rows_per_task
 
 
 @njit(nogil=True, cache=True)
 def _dot8(a, b):
     # a (D,) . b (D,) in eight interleaved float32 partial sums, added pairwise: one fixed order (and no
-    # scratch array: this runs once per token and expert)
+    # scratch array: it runs once per token, for the shared expert's gate)
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
     n = a.shape[0] // 8 * 8
     for i in range(0, n, 8):
@@ -64,6 +63,11 @@ def _dot8(a, b):
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
+# below this many tokens routing and combining run in a plain loop (a decode step), from it up in
+# parallel; each token's arithmetic is its own either way
+PAR_TOKENS = 16
+
+
 @njit(nogil=True, cache=True)
 def route(h, router_t, k, norm_w, w_scale, ids, wts):
     """h (T, D) float32, router_t (D, E) float32 (the router matrix transposed: one row of E weights per
@@ -72,38 +76,55 @@ def route(h, router_t, k, norm_w, w_scale, ids, wts):
     float32: their softmax probabilities, divided by their sum when norm_w, times w_scale when it is
     neither 0 nor 1."""
     T = h.shape[0]
-    E = router_t.shape[1]
-    logits = np.empty(E, np.float32)
-    taken = np.zeros(E, np.bool_)
+    if T >= PAR_TOKENS:
+        _route_par(h, router_t, k, norm_w, w_scale, ids, wts)
+        return
+    logits = np.empty(router_t.shape[1], np.float32)
+    taken = np.zeros(router_t.shape[1], np.bool_)
     for t in range(T):
-        _logits(h, router_t, t, logits)
-        m = logits[0]
-        for e in range(1, E):
-            m = max(m, logits[e])
-        s = np.float32(0.0)
+        _route_row(h, router_t, k, norm_w, w_scale, ids, wts, t, logits, taken)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _route_par(h, router_t, k, norm_w, w_scale, ids, wts):
+    for t_ in prange(h.shape[0]):
+        logits = np.empty(router_t.shape[1], np.float32)
+        taken = np.zeros(router_t.shape[1], np.bool_)
+        _route_row(h, router_t, k, norm_w, w_scale, ids, wts, np.int64(t_), logits, taken)
+
+
+@njit(nogil=True, cache=True)
+def _route_row(h, router_t, k, norm_w, w_scale, ids, wts, t, logits, taken):
+    # token t's experts and weights (see route); logits, taken: (E,) scratch
+    E = router_t.shape[1]
+    _logits(h, router_t, t, logits)
+    m = logits[0]
+    for e in range(1, E):
+        m = max(m, logits[e])
+    s = np.float32(0.0)
+    for e in range(E):
+        logits[e] = np.float32(math.exp(logits[e] - m))
+        s += logits[e]
+    for e in range(E):
+        logits[e] = logits[e] / s
+    taken[:] = False
+    for j in range(k):
+        best = -1
         for e in range(E):
-            logits[e] = np.float32(math.exp(logits[e] - m))
-            s += logits[e]
-        for e in range(E):
-            logits[e] = logits[e] / s
-        taken[:] = False
+            if not taken[e] and (best < 0 or logits[e] > logits[best]):
+                best = e
+        taken[best] = True
+        ids[t, j] = best
+        wts[t, j] = logits[best]
+    if norm_w:
+        total = np.float32(0.0)
         for j in range(k):
-            best = -1
-            for e in range(E):
-                if not taken[e] and (best < 0 or logits[e] > logits[best]):
-                    best = e
-            taken[best] = True
-            ids[t, j] = best
-            wts[t, j] = logits[best]
-        if norm_w:
-            total = np.float32(0.0)
-            for j in range(k):
-                total += wts[t, j]
-            for j in range(k):
-                wts[t, j] = wts[t, j] / total
-        if w_scale != 0.0 and w_scale != 1.0:
-            for j in range(k):
-                wts[t, j] = wts[t, j] * np.float32(w_scale)
+            total += wts[t, j]
+        for j in range(k):
+            wts[t, j] = wts[t, j] / total
+    if w_scale != 0.0 and w_scale != 1.0:
+        for j in range(k):
+            wts[t, j] = wts[t, j] * np.float32(w_scale)
 
 
 @njit(nogil=True, cache=True)
@@ -218,18 +239,32 @@ def expert_matmuls(experts, base, which, offsets, q8, q8k, luts, o0, o1, threads
 @njit(nogil=True, cache=True)
 def combine(y, pos, wts, out):
     """out[t] = sum_j wts[t, j] * y[pos[t, j]], j in order: y (T * k, D), pos and wts (T, k), out (T, D)."""
-    T, k = pos.shape
+    if pos.shape[0] >= PAR_TOKENS:
+        _combine_par(y, pos, wts, out)
+    else:
+        for t in range(pos.shape[0]):
+            _combine_row(y, pos, wts, out, t)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _combine_par(y, pos, wts, out):
+    for t_ in prange(pos.shape[0]):
+        _combine_row(y, pos, wts, out, np.int64(t_))
+
+
+@njit(nogil=True, cache=True)
+def _combine_row(y, pos, wts, out, t):
+    k = pos.shape[1]
     D = y.shape[1]
-    for t in range(T):
-        w0 = wts[t, 0]
-        p0 = pos[t, 0]
+    w0 = wts[t, 0]
+    p0 = pos[t, 0]
+    for i in range(D):
+        out[t, i] = w0 * y[p0, i]
+    for j in range(1, k):
+        w = wts[t, j]
+        p = pos[t, j]
         for i in range(D):
-            out[t, i] = w0 * y[p0, i]
-        for j in range(1, k):
-            w = wts[t, j]
-            p = pos[t, j]
-            for i in range(D):
-                out[t, i] += w * y[p, i]
+            out[t, i] += w * y[p, i]
 
 
 @njit(nogil=True, cache=True)

@@ -2,9 +2,10 @@
 
 The per-op forward (models/) makes about 20 Python-level kernel calls per layer; each costs
 argument unboxing and dispatch, and most launch a parallel region for a few rows of work. Here one
-compiled function walks all layers: six parallel regions per layer (q/k/v together, attention, the
-output projection, gate/up together, the gated activation with its quantization, down) and the small
-row-wise ops (norms, quantization, RoPE, KV writes, residuals) between them, in plain loops for a few
+compiled function walks all layers: up to six parallel regions per layer (q/k/v together, attention,
+the output projection, gate/up together, the gated activation with its quantization for more than a few
+rows, down; a mixture-of-experts layer: the router and the weighted sum, in parallel for many tokens,
+and every active expert's gate/up in one region, its down in another) and the small row-wise ops (norms, quantization, RoPE, KV writes, residuals) between them, in plain loops for a few
 rows and in parallel for many (PAR_ROWS), the same row functions the per-op kernels run. In the last
 layer only the rows that get logits go on past the KV writes. Which ops run is read from the architecture's
 config (q/k norms, post-norms, activation, NeoX RoPE, sliding windows), not from a second copy of
@@ -27,8 +28,9 @@ from . import int8, moe, ops, quant, units
 
 # per layer, in this order; MATS matrices follow each other in the typed list
 MATS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-# which quantization each matmul input needs, per layer: bit 0 Q8 (legacy types), bit 1 Q8_K (K-quants)
-IN_QKV, IN_O, IN_GATE_UP, IN_DOWN = range(4)
+# which quantization each matmul input needs, per layer: bit 0 Q8 (legacy types), bit 1 Q8_K (K-quants);
+# a MoE layer's experts apart from its shared expert (the dense slots)
+IN_QKV, IN_O, IN_GATE_UP, IN_DOWN, IN_EXP_GATE_UP, IN_EXP_DOWN = range(6)
 _INPUT_OF = (IN_QKV, IN_QKV, IN_QKV, IN_O, IN_GATE_UP, IN_GATE_UP, IN_DOWN)
 
 
@@ -48,7 +50,7 @@ class LayerStack:
         self.table = table  # the kernel units (units.Table) of this process's path
         self.kinds = tuple(sorted(kinds))
         self._tables = {}  # KV cache dtype -> the int64 table of unit addresses the step takes
-        self.needs = np.zeros((n, 4), np.int64)
+        self.needs = np.zeros((n, 6), np.int64)
         mats, experts = [], []
         for i, lw in enumerate(layers):
             for j, name in enumerate(MATS):
@@ -62,7 +64,7 @@ class LayerStack:
                 for e in range(cfg.n_expert):
                     for j, w in enumerate((lw.exp_gate[e], lw.exp_up[e], lw.exp_down[e])):
                         experts.append(int8.as_tuple(w))
-                        self.needs[i, IN_DOWN if j == 2 else IN_GATE_UP] |= _needs(w.kind)
+                        self.needs[i, IN_EXP_DOWN if j == 2 else IN_EXP_GATE_UP] |= _needs(w.kind)
         # typed lists built by cached compiled functions: typed.List's own methods, called from
         # Python, compile afresh in every process (a second of start-up)
         self.mats = _typed_list(mats)
@@ -98,8 +100,9 @@ class LayerStack:
     @classmethod
     def build(cls, cfg, layers, inv_freqs, table, kinds, *, qk_norm=0, post_norms=False, gelu=False,
               qkv_bias=False, pre_norms=True, moe=False, shared_expert=False):
-        # float matrices (F32, F16, BF16: rare in quantized models) go through the per-op path, which
-        # keeps their float kernels out of this function's compile
+        """The stack for these layers and the architecture's switches (ArchSpec.stack_flags), or None
+        where a matrix is a float one: float matrices (F32, F16, BF16: rare in quantized models) go
+        through the per-op path, which keeps their float kernels out of this function's compile."""
         def is_float(w):
             return isinstance(w, np.ndarray) or (w is not None and is_dense(w.kind))
 
@@ -401,15 +404,15 @@ def _moe(h, out, experts, router, needs, layer, moe_ints, w_scale, gelu, luts, t
     moe.route(h, router, k, norm_w != 0, w_scale, ids, wts)
     offsets, order, pos = moe.plan(ids, n_expert)
     # each token quantized once, its rows then gathered: the same bits as quantizing the gathered rows
-    q8, q8k = _quantize(h, needs[layer, 2])
+    q8, q8k = _quantize(h, needs[layer, IN_EXP_GATE_UP])
     a8 = (q8[0][order], q8[1][order], q8[2][order])
     a8k = (q8k[0][order], q8k[1][order], q8k[2][order], q8k[3][order])
     gate = np.empty((T * k, fe), np.float32)
     up = np.empty((T * k, fe), np.float32)
     base = layer * n_expert * 3
     moe.expert_matmuls(experts, base, 0, offsets, a8, a8k, luts, gate, up, threads, table)
-    d8, d8k = _alloc_q(T * k, fe, needs[layer, 3])
-    _act_quantize(gate, up, gelu, needs[layer, 3], d8, d8k)
+    d8, d8k = _alloc_q(T * k, fe, needs[layer, IN_EXP_DOWN])
+    _act_quantize(gate, up, gelu, needs[layer, IN_EXP_DOWN], d8, d8k)
     y = np.empty((T * k, dim), np.float32)
     moe.expert_matmuls(experts, base, 2, offsets, d8, d8k, luts, y, y, threads, table)
     moe.combine(y, pos, wts, out)
