@@ -178,9 +178,9 @@ class LayerWeights:
 LayerTensor = tuple
 
 
-def layer_tensors(spec: ArchSpec, cfg: ModelConfig, has=lambda name: False) -> list[LayerTensor]:
-    """The tensors a layer of this architecture has, in load order; has(name) says whether the file
-    holds a tensor (for the optional fused q/k/v projection)."""
+def layer_tensors(spec: ArchSpec, cfg: ModelConfig, has=lambda tensor: False) -> list[LayerTensor]:
+    """The tensors a layer of this architecture has, in load order; has(tensor) (a gguf MODEL_TENSOR) says
+    whether the file holds that tensor's weight for the layer (for the optional fused q/k/v projection)."""
     d, hq, hk, hv = cfg.dim, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim, cfg.n_kv_head * cfg.v_head_dim
     out = []
     if spec.pre_norms:
