@@ -28,6 +28,9 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     logprobs: int | None = None  # how many top log-probabilities to return per token
+    # added to the logits of these token ids before any other step (OpenAI's logit_bias: -100 bans a
+    # token, +100 all but forces it); a {token id: bias} dict or (id, bias) pairs, kept as sorted pairs
+    logit_bias: tuple = field(default=())
     # structured output: at most one constraint (edgeinfer.structured; the llguidance library)
     json_schema: str | dict | None = None  # a JSON schema (stored as compact JSON text)
     regex: str | None = None  # the whole output matches this regular expression
@@ -80,7 +83,22 @@ class SamplingParams:
             bad("logprobs", "must be an integer in [0, 20] or None")
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", "must be true or false")
+        self._check_logit_bias(bad)
         self._check_constraint(bad)
+
+    def _check_logit_bias(self, bad):
+        lb = self.logit_bias
+        pairs = list(lb.items()) if isinstance(lb, dict) else lb
+        try:
+            pairs = [(t, b) for t, b in pairs]
+        except (TypeError, ValueError):
+            bad("logit_bias", "must map token ids to biases")
+        for t, b in pairs:
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                bad("logit_bias", f"has key {t!r}: keys must be token ids >= 0")
+            if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or not -100 <= b <= 100:
+                bad("logit_bias", f"has bias {b!r} for token {t}: biases must be numbers in [-100, 100]")
+        object.__setattr__(self, "logit_bias", tuple(sorted((t, float(b)) for t, b in dict(pairs).items())))
 
     def _check_constraint(self, bad):
         given = [k for k in CONSTRAINTS if getattr(self, k) is not None]
@@ -127,6 +145,9 @@ def _last_tokens(prompt_ids, output_ids, n: int) -> list:
 
 
 def apply_penalties(logits, params: SamplingParams, prompt_ids, output_ids):
+    if params.logit_bias:
+        ids = np.fromiter((t for t, _ in params.logit_bias), np.int64, len(params.logit_bias))
+        logits[ids] += np.fromiter((b for _, b in params.logit_bias), np.float64, len(params.logit_bias))
     if params.repetition_penalty != 1.0 and params.repeat_last_n != 0:
         seen = np.unique(np.asarray(_last_tokens(prompt_ids, output_ids, params.repeat_last_n), np.int64))
         if seen.size:

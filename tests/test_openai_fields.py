@@ -66,6 +66,20 @@ def refusal(client, endpoint: str, stream: bool, **fields) -> dict:
     return e.value.response.json()["error"]
 
 
+# the tiny model's vocabulary: 3 specials, then the 256 bytes in order (tiny_models.write_tiny_llama)
+Z, Q = 3 + ord("z"), 3 + ord("q")
+
+
+@pytest.mark.parametrize("endpoint,stream", MODES)
+def test_logit_bias_forces_and_bans_tokens(api, endpoint, stream):
+    """OpenAI's logit_bias: +100 on two tokens leaves only those two; -100 on one of them then bans it."""
+    both = answer(api, endpoint, stream, temperature=1.5, seed=3, logit_bias={str(Z): 100, str(Q): 100})
+    assert set(both) <= {"z", "q"} and len(both) == N, both
+    only_q = answer(api, endpoint, stream, temperature=1.5, seed=3, logit_bias={str(Z): -100, str(Q): 100})
+    assert only_q == "q" * N
+    assert answer(api, endpoint, stream, temperature=0, logit_bias={}) == answer(api, endpoint, stream, temperature=0)
+
+
 @pytest.mark.parametrize("endpoint,stream", MODES)
 def test_top_k_1_and_min_p_1_at_a_high_temperature_are_the_greedy_answer(api, endpoint, stream):
     greedy = answer(api, endpoint, stream, temperature=0)
@@ -104,8 +118,10 @@ def test_repeat_last_n_limits_the_penalty_to_the_last_tokens(api):
 def test_unknown_and_refused_fields_are_a_400_naming_them(api, endpoint, stream):
     err = refusal(api, endpoint, stream, temperature=0, typical_p=0.9)  # llama.cpp's: not taken here
     assert err["param"] == "typical_p" and "unknown field 'typical_p'" in err["message"]
-    err = refusal(api, endpoint, stream, temperature=0, logit_bias={"65": 5})
-    assert err["param"] == "logit_bias" and "not supported" in err["message"]
+    for bias, why in (({"65": 500}, "between -100 and 100"), ({"sixty": 5}, "logit_bias.sixty"),
+                      ({"99999": 5}, "outside the vocabulary")):
+        err = refusal(api, endpoint, stream, temperature=0, logit_bias=bias)
+        assert err["param"].startswith("logit_bias") and why in err["message"], err
     if endpoint == "completions":
         err = refusal(api, endpoint, stream, temperature=0, suffix="the end")
         assert err["param"] == "suffix" and "not supported" in err["message"]
@@ -187,7 +203,7 @@ def test_a_batch_line_applies_and_refuses_the_same_fields(tiny_llama_path, tmp_p
         line("penalised", temperature=0, repetition_penalty=5.0), line("alias", temperature=0, repeat_penalty=5.0),
         line("window0", temperature=0, repetition_penalty=5.0, repeat_last_n=0),
         line("ignored", temperature=0, user="u", store=False, metadata={"a": "b"}),
-        line("unknown", temperature=0, mirostat=2), line("refused", temperature=0, logit_bias={"5": 1}),
+        line("unknown", temperature=0, mirostat=2), line("refused", temperature=0, logit_bias={"5": 101}),
     ]) + "\n")
     out = tmp_path / "out.jsonl"
     exclusive(run_batch, exclusive(LLM, str(tiny_llama_path), progress=False), src, out)
@@ -199,7 +215,7 @@ def test_a_batch_line_applies_and_refuses_the_same_fields(tiny_llama_path, tmp_p
     assert text["window0"] == text["ignored"] == text["greedy"]
     for cid, param in (("unknown", "mirostat"), ("refused", "logit_bias")):
         r = recs[cid]["response"]
-        assert r["status_code"] == 400 and r["body"]["error"]["param"] == param
+        assert r["status_code"] == 400 and r["body"]["error"]["param"].startswith(param)
 
 
 # -- the real model -------------------------------------------------------------------------------

@@ -78,6 +78,7 @@ def prepare_generation(llm, name: str, body: dict, req: P.ParsedRequest, chat: b
         if not prompt_ids:
             raise P.bad("prompt", "'prompt' is empty")
     params = P.sampling_params(req, budget(llm, prompt_ids, req, "messages" if chat else "prompt"), **extra)
+    P.check_token_ids([t for t, _ in params.logit_bias], tok.vocab_size, "logit_bias")
     guide = None
     if params.constrained:
         try:

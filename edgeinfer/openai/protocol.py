@@ -201,6 +201,7 @@ def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
         seed=seed,
         logprobs=top if logprobs else None,
         ignore_eos=_get(body, "ignore_eos", False),  # an extension (as vLLM): generate through EOS
+        logit_bias=tuple((int(t), float(b)) for t, b in (_get(body, "logit_bias", None) or {}).items()),
         **constraint,
     )
     # an extension (as vLLM): lower values are scheduled first; waiting long enough lifts a request

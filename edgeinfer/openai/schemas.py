@@ -17,6 +17,7 @@ from typing import Any
 MAX_EMBED_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
 PRIORITY_LIMIT = 1_000_000
 MAX_STOP = 4
+MAX_LOGIT_BIAS = 1024  # token ids one request may bias (OpenAI allows 300)
 
 
 def _opt(schema: dict) -> dict:
@@ -104,7 +105,12 @@ SAMPLING = {
     "service_tier": string("accepted and ignored"),
     "prompt_cache_key": string("accepted and ignored: shared prompt prefixes are always cached"),
     "safety_identifier": string("accepted and ignored"),
-    "logit_bias": refused("no per-token biases; {} is taken", {}),
+    "logit_bias": _opt({"type": "object", "maxProperties": MAX_LOGIT_BIAS,
+                        "patternProperties": {"^[0-9]{1,10}$": {"type": "number", "minimum": -100, "maximum": 100}},
+                        "additionalProperties": False,
+                        "description": "token id (a string) -> a bias in [-100, 100] added to its logit",
+                        "x-error": f"must map at most {MAX_LOGIT_BIAS} token ids (as strings) to numbers in "
+                                   "[-100, 100]"}),
     # structured output: OpenAI's response_format, vLLM's structured_outputs and guided_* fields
     "response_format": _opt({"type": "object", "required": ["type"], "properties": {
         "type": {"enum": ["text", "json_object", "json_schema"]},
