@@ -80,6 +80,28 @@ def pick_model(request: Request, name: str | None):
     return sm
 
 
+class Lease:
+    """A served model held for one request: `sm` is ready to use until `release()` (called once the
+    response, streamed or not, is done; calling it again does nothing). Models loaded on demand are not
+    unloaded while a lease on them is held."""
+
+    def __init__(self, sm, on_release=None):
+        self.sm = sm
+        self._on_release = on_release
+
+    def release(self) -> None:
+        cb, self._on_release = self._on_release, None
+        if cb is not None:
+            cb(self.sm)
+
+
+async def use_model(request: Request, name: str | None, keep_alive: float | None = None) -> Lease:
+    """The model a request names (None: the only one), ready, held until the lease is released.
+    keep_alive: seconds it stays loaded once idle (Ollama's; None: the server's default, 0: unload when
+    the last lease goes, negative: keep it). An APIError (404 unknown, 500 failed load, 503 loading)."""
+    return Lease(pick_model(request, name))
+
+
 # -- endpoints -----------------------------------------------------------------------------------
 
 
