@@ -119,20 +119,26 @@ async def generate(request: Request, chat: bool):
     endpoint = "chat" if chat else "completions"
     t0 = time.monotonic()
     labels = ("?", endpoint)
+    lease = None
     try:
         check_auth(request)
         body = await read_json(request)
         req = P.parse_common(body, chat=chat)
-        sm = pick_model(request, req.model)
+        lease = await use_model(request, req.model)
+        sm = lease.sm
         labels = (sm.name, endpoint)
         # the prompt through the chat template, the parameters, the compiled constraint: in a worker
         # thread, never on the event loop or the engine thread
         gen = await asyncio.to_thread(H.prepare_generation, sm.llm, sm.name, body, req, chat)
         rid, queue = submit(state, sm, gen.prompt_ids, gen.params, req.priority, gen.guide)
     except P.APIError as e:
+        if lease is not None:
+            lease.release()
         metrics.finish(labels, str(e.status), 0, 0)
         return error_response(e)
     except ClientDisconnect:
+        if lease is not None:
+            lease.release()
         return Response(status_code=499)
 
     cid = R.new_id("chatcmpl" if chat else "cmpl")
@@ -141,7 +147,7 @@ async def generate(request: Request, chat: bool):
     n_prompt = len(gen.prompt_ids)
     if req.stream:
         return stream(state, sm, rid, queue, t0, labels, R.Chunks(gen, sm.name, tok, cid, created),
-                      req.include_usage, n_prompt)
+                      req.include_usage, n_prompt, on_close=lease.release)
     try:
         text, ids, lps, reason = await collect(state, request, sm, rid, queue, t0, labels)
     except P.APIError as e:
@@ -150,6 +156,8 @@ async def generate(request: Request, chat: bool):
     except ClientDisconnect:
         metrics.finish(labels, "499", n_prompt, 0)
         return Response(status_code=499)
+    finally:
+        lease.release()
     metrics.finish(labels, "200", n_prompt, len(ids))
     return JSONResponse(R.completion_body(gen, sm.name, tok, text, ids, lps, reason, cid, created))
 
@@ -160,10 +168,14 @@ async def tokenize(request: Request):
         check_auth(request)
         body = await read_json(request)
         text, add_special = P.parse_tokenize(body)
-        sm = pick_model(request, P.parse_model(body))
+        lease = await use_model(request, P.parse_model(body))
     except P.APIError as e:
         return error_response(e)
-    ids = await asyncio.to_thread(sm.llm.tokenizer.encode, text, None if add_special else False, False)
+    sm = lease.sm
+    try:
+        ids = await asyncio.to_thread(sm.llm.tokenizer.encode, text, None if add_special else False, False)
+    finally:
+        lease.release()
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": sm.llm.embed_context if sm.llm.is_encoder
                          else sm.llm.engine.max_context})
 
@@ -174,11 +186,13 @@ async def embeddings(request: Request):
     state = _state(request)
     t0 = time.monotonic()
     labels = ("?", "embeddings")
+    lease = None
     try:
         check_auth(request)
         body = await read_json(request)
         inputs, fmt, dims, truncate = P.parse_embeddings(body)
-        sm = pick_model(request, P.parse_model(body))
+        lease = await use_model(request, P.parse_model(body))
+        sm = lease.sm
         labels = (sm.name, "embeddings")
         llm = sm.llm
         seqs = await asyncio.to_thread(H.embedding_inputs, llm, sm.name, inputs, dims, truncate)
@@ -190,6 +204,9 @@ async def embeddings(request: Request):
     except P.APIError as e:
         state.metrics.finish(labels, str(e.status), 0, 0)
         return error_response(e)
+    finally:
+        if lease is not None:
+            lease.release()
     n = sum(len(s) for s in seqs)
     state.metrics.finish(labels, "200", n, 0)
     state.metrics.token(labels, time.monotonic() - t0, True)
@@ -201,11 +218,16 @@ async def detokenize(request: Request):
         check_auth(request)
         body = await read_json(request)
         ids = P.parse_detokenize(body)
-        sm = pick_model(request, P.parse_model(body))
-        P.check_token_ids(ids, sm.llm.tokenizer.vocab_size, "tokens")
+        lease = await use_model(request, P.parse_model(body))
     except P.APIError as e:
         return error_response(e)
-    text = sm.llm.tokenizer.decode(ids)
+    try:
+        P.check_token_ids(ids, lease.sm.llm.tokenizer.vocab_size, "tokens")
+        text = lease.sm.llm.tokenizer.decode(ids)
+    except P.APIError as e:
+        return error_response(e)
+    finally:
+        lease.release()
     return JSONResponse({"content": text, "prompt": text})  # llama.cpp's key and vLLM's
 
 

@@ -74,9 +74,10 @@ def _event(obj: dict) -> str:
 
 
 def stream(state, sm, rid: str, queue: asyncio.Queue, t0: float, labels, chunks, include_usage: bool,
-           n_prompt: int) -> StreamingResponse:
+           n_prompt: int, on_close=None) -> StreamingResponse:
     """The generation as server-sent events: `chunks` (an openai.responses.Chunks) builds each event's
-    body; a last usage chunk when include_usage; then `data: [DONE]`."""
+    body; a last usage chunk when include_usage; then `data: [DONE]`. on_close() runs once the stream
+    ends, however it ends (the model's lease is released there)."""
 
     async def events():
         deadline = t0 + state.config.request_timeout
@@ -112,6 +113,8 @@ def stream(state, sm, rid: str, queue: asyncio.Queue, t0: float, labels, chunks,
             if not done:  # the client went away, or the timeout: free the request's blocks now
                 sm.loop.abort(rid)
                 state.metrics.finish(labels, "499", n_prompt, n_out)
+            if on_close is not None:
+                on_close()
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
