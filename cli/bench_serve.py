@@ -42,6 +42,8 @@ import click
               help="Requests sent first and not counted.")
 @click.option("--timeout", type=click.FloatRange(0, None, min_open=True), default=300.0, show_default=True,
               help="Seconds one request may take.")
+@click.option("--wait", type=click.FloatRange(0, None), default=300.0, show_default=True,
+              help="Seconds to wait for a server still loading its model (its /health answers 503); 0: do not wait.")
 @click.option("--slo-ttft-ms", type=click.FloatRange(0, None, min_open=True), default=None,
               help="Goodput counts requests with TTFT at most this.")
 @click.option("--slo-tpot-ms", type=click.FloatRange(0, None, min_open=True), default=None,
@@ -57,8 +59,8 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON object (a sweep: the last rate's).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def bench_serve(base_url, model, endpoint, workload, num_prompts, request_rate, burstiness, concurrency, sweep, input_len,
-                output_len, prefix_len, long_fraction, priority_fraction, high_priority, seed, warmup, timeout, slo_ttft_ms,
-                slo_tpot_ms, temperature, no_ignore_eos, api_key, tokenizer, out_dir, label, as_json, quiet):
+                output_len, prefix_len, long_fraction, priority_fraction, high_priority, seed, warmup, timeout, wait,
+                slo_ttft_ms, slo_tpot_ms, temperature, no_ignore_eos, api_key, tokenizer, out_dir, label, as_json, quiet):
     """Load-test an OpenAI-compatible server: TTFT, TPOT, ITL, latency percentiles, throughput, goodput."""
     try:
         import httpx  # noqa: F401
@@ -72,7 +74,8 @@ def bench_serve(base_url, model, endpoint, workload, num_prompts, request_rate, 
     cfg = bs.BenchConfig(base_url=base_url, model=model, endpoint=endpoint, workload=workload, num_prompts=num_prompts,
                          request_rate=rates[0], burstiness=burstiness, concurrency=concurrency, input_len=input_len,
                          output_len=output_len, prefix_len=prefix_len, long_fraction=long_fraction,
-                         priority_fraction=priority_fraction, high_priority=high_priority, seed=seed, warmup=warmup, timeout=timeout,
+                         priority_fraction=priority_fraction, high_priority=high_priority, seed=seed, warmup=warmup,
+                         timeout=timeout, wait=wait,
                          slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, temperature=temperature,
                          ignore_eos=not no_ignore_eos, api_key=api_key, tokenizer=tokenizer, progress=not quiet)
     runs, info = asyncio.run(bs.bench_serve(cfg, rates))

@@ -27,10 +27,13 @@ STEP = 0.01
 class FakeServer:
     """An OpenAI-style streaming server: words are tokens; the model name picks a behaviour:
     'ok', 'fail500' (HTTP 500), 'drop' (the stream stops after two tokens, no [DONE]), 'hang' (never
-    answers). It records every body and the most requests it had in flight at once."""
+    answers). It records every body and the most requests it had in flight at once. /health answers
+    from the queue `health` of (status, body), one a call, and 404 (no /health) once it is empty."""
 
     def __init__(self):
         self.bodies = []
+        self.health = []
+        self.health_calls = 0
         self.in_flight = 0
         self.max_in_flight = 0
         self.served = 0
@@ -38,7 +41,7 @@ class FakeServer:
                                 Route("/v1/chat/completions", self.completions, methods=["POST"]),
                                 Route("/v1/models", self.models), Route("/tokenize", self.tokenize, methods=["POST"]),
                                 Route("/detokenize", self.detokenize, methods=["POST"]),
-                                Route("/metrics", self.metrics)])
+                                Route("/metrics", self.metrics), Route("/health", self.health_route)])
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -55,6 +58,13 @@ class FakeServer:
     def stop(self):
         self.server.should_exit = True
         self.thread.join(5)
+
+    async def health_route(self, request):
+        self.health_calls += 1
+        if not self.health:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        status, body = self.health.pop(0)
+        return JSONResponse(body, status_code=status)
 
     async def models(self, request):
         return JSONResponse({"object": "list", "data": [{"id": "ok", "object": "model"}]})
@@ -269,6 +279,122 @@ def test_warmup_failure_and_unreachable_server_are_clear_errors(fake):
         port = s.getsockname()[1]
     with pytest.raises(bs.BenchServeError, match="cannot reach"):
         run(bs.BenchConfig(base_url=f"http://127.0.0.1:{port}", num_prompts=1, progress=False), [1.0])
+
+
+# -- a server still loading its model ---------------------------------------------------------------
+
+LOADING = (503, {"status": "loading", "loading": ["tiny-llama"]})
+
+
+def test_a_loading_server_is_waited_for_and_named_once(fake):
+    fake.health, fake.health_calls = [LOADING] * 3 + [(200, {"status": "ok", "models": ["ok"]})], 0
+    notes = []
+
+    async def go():
+        import httpx
+
+        async with httpx.AsyncClient() as client:
+            return await bs.wait_until_ready(client, fake.base, wait=10, notify=notes.append, interval=0.05)
+
+    t0 = time.perf_counter()
+    body = asyncio.run(go())
+    assert body == {"status": "ok", "models": ["ok"]} and fake.health_calls == 4
+    assert len(notes) == 1 and "still loading model tiny-llama" in notes[0] and fake.base in notes[0]
+    assert "10 s" in notes[0] and time.perf_counter() - t0 < 5
+
+
+def test_cli_runs_once_the_server_has_loaded(fake):
+    from edgeinfer.cli.main import main
+
+    fake.health = [LOADING] * 2 + [(200, {"status": "ok", "models": ["ok"]})]
+    res = CliRunner().invoke(main, ["bench-serve", "--base-url", fake.base, "--num-prompts", "2", "--input-len", "4",
+                                    "--output-len", "2", "--warmup", "0", "--quiet", "--json", "--wait", "20"])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("still loading model tiny-llama") == 1
+    assert json.loads(res.output.strip().splitlines()[-1])["completed"] == 2 and not fake.health
+
+
+def test_a_server_that_never_loads_fails_after_the_wait(fake):
+    fake.health = [LOADING] * 1000
+    t0 = time.perf_counter()
+    with pytest.raises(bs.BenchServeError) as e:
+        run(bs.BenchConfig(base_url=fake.base, num_prompts=1, wait=0.6, progress=False), [1.0])
+    took = time.perf_counter() - t0
+    msg = str(e.value)
+    assert f"the server at {fake.base} is not ready after 0.6 s (--wait)" in msg and "tiny-llama" in msg
+    assert 0.6 <= took < 4 and "\n" not in msg
+    fake.health = []
+
+
+def test_a_failed_load_and_a_dead_port_fail_at_once(fake):
+    from edgeinfer.cli.main import main
+
+    fake.health = [(500, {"status": "error", "errors": {"tiny-llama": "not a GGUF file: bad magic"}})]
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(main, ["bench-serve", "--base-url", fake.base, "--quiet", "--wait", "60"])
+    assert res.exit_code == 1 and time.perf_counter() - t0 < 5
+    assert f"error: the server at {fake.base} failed to load: tiny-llama: not a GGUF file: bad magic" in res.output
+    assert "Traceback" not in res.output and not fake.health
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(main, ["bench-serve", "--base-url", f"http://127.0.0.1:{port}/v1", "--quiet"])
+    assert res.exit_code == 1 and time.perf_counter() - t0 < 5  # the default --wait is 300 s: not waited
+    assert f"cannot reach http://127.0.0.1:{port}: nothing listens there" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_our_server_is_waited_for_while_it_loads(tiny_llama_path, monkeypatch):
+    """Against the real server app: its /health says loading (a load held back) until the model is in."""
+    import httpx
+
+    from edgeinfer.server import app as server_app
+
+    release = threading.Event()
+    original = server_app.ServedModel.load
+
+    def slow_load(self):
+        release.wait(30)
+        original(self)
+
+    monkeypatch.setattr(server_app.ServedModel, "load", slow_load)
+    app = server_app.create_app(server_app.ServerConfig(models=[str(tiny_llama_path)]))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    notes = []
+
+    def notify(line):
+        notes.append(line)
+        release.set()  # the load may finish once the wait has seen it loading
+
+    async def go():
+        async with httpx.AsyncClient() as client:
+            return await bs.wait_until_ready(client, f"http://127.0.0.1:{port}", wait=60, notify=notify,
+                                             interval=0.05)
+
+    try:
+        t0 = time.time()
+        while not server.started:
+            assert time.time() - t0 < 10
+            time.sleep(0.01)
+        body = asyncio.run(go())
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(10)
+    assert body["status"] == "ok" and body["models"] == ["tiny-llama"]
+    assert len(notes) == 1 and "still loading model tiny-llama" in notes[0]
+
+
+def test_wait_must_not_be_negative():
+    with pytest.raises(bs.BenchServeError, match="wait"):
+        bs.BenchConfig(base_url="http://x", wait=-1)
 
 
 def test_workloads_shape_the_requests(fake):

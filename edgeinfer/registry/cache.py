@@ -108,9 +108,35 @@ def _sha256(path: Path):
     return h
 
 
-def _progress_bar(total: int | None, desc: str, enabled: bool, initial: int = 0):
+class _CallbackBar:
+    """What a pull's progress bar is asked to do, reported to a callback instead of drawn:
+    callback(desc, bytes so far, total or None), on every update (the HTTP server's pull route)."""
+
+    def __init__(self, callback, total: int | None, desc: str, initial: int = 0):
+        self.callback, self.total, self.desc, self.n = callback, total, desc, initial
+        callback(desc, initial, total)
+
+    def update(self, n: int) -> None:
+        self.n += n
+        self.callback(self.desc, self.n, self.total)
+
+    def set_postfix_str(self, *args, **kwargs) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _progress_bar(total: int | None, desc: str, enabled, initial: int = 0):
+    """A tqdm bar on stderr when `enabled` is true; when it is a callable (pull(progress=callback)),
+    progress goes to it instead."""
     from tqdm import tqdm
 
+    if callable(enabled):
+        return _CallbackBar(enabled, total, desc, initial)
     return tqdm(total=total, initial=initial, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
                 disable=not enabled, file=sys.stderr, leave=True)
 
@@ -176,7 +202,10 @@ def list_local() -> list[LocalModel]:
 def remove(model: str, catalog: dict[str, CatalogEntry] | None = None) -> Path:
     catalog = CATALOG if catalog is None else catalog
     entry = lookup(model, catalog)
-    stem = entry.name if entry else _stem(model)
+    from .hf import parse_ref  # hf.py builds on this module
+
+    ref = None if entry else parse_ref(model)  # hf.co/ORG/REPO:QUANT: its cache name
+    stem = entry.name if entry else ref.name if ref else _stem(model)
     path = models_dir() / f"{check_name(stem)}.gguf"
     if not path.is_file() and not path.is_symlink():
         have = ", ".join(m.name for m in list_local()) or "none"

@@ -11,6 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from ..errors import EdgeInferError
 from .errors import InvalidNameError, ModelNotFoundError
 
 
@@ -134,6 +135,14 @@ def model_name(source: str) -> str:
     entry = lookup(source)
     if entry is not None:
         return entry.name
+    from .hf import parse_ref  # hf.py builds on this module
+
+    try:
+        ref = parse_ref(source)
+        if ref is not None:
+            return ref.name
+    except EdgeInferError:  # not a valid reference: named after its file, as any other source
+        pass
     base = os.path.basename(source)
     return _stem(base)
 

@@ -1,0 +1,273 @@
+"""Hugging Face pulls: `hf.co/ORG/REPO[:QUANT]` (as `ollama pull hf.co/...` and `llama-server -hf` take
+them; also `huggingface.co/...` and the repo's https page) and `hf://ORG/REPO/FILE.gguf` for one file.
+
+huggingface_hub (the `hf` extra) lists the repo's files with their sizes and LFS sha256, and gives the
+file's URL and the request headers (HF_ENDPOINT, HF_TOKEN or a `hf auth login` token). The bytes come
+through url.py's resumable download into a hidden .partial file named after the expected sha256, so an
+interrupted pull resumes on the next run (huggingface_hub itself drops a partial download); only a file
+whose size and sha256 match the Hub's listing is renamed into the cache.
+
+A QUANT picks the GGUF file whose path holds the tag, case-insensitively, followed by '.' or '-'
+(`Q4_K_M` matches `x-Q4_K_M.gguf`, `x.q4_k_m.gguf` and `Q4_K_M/x-00001-of-00002.gguf`), as llama.cpp
+does; projectors and importance matrices (mmproj, imatrix) are never the model. Without one (or with
+`:latest`), as llama.cpp's `-hf`: Q4_K_M, else Q8_0, else the first GGUF model file. Files split into
+parts (`-00001-of-00003.gguf`) are refused: edgeinfer reads one-file models.
+
+Names: a ref's model is cached as ORG--REPO--QUANT (QUANT upper-cased; ORG--REPO for the default
+choice) and hf://ORG/REPO/FILE.gguf as ORG--REPO--FILE. The Hub allows no `--` in its names, so a name
+reads back unambiguously; `run`, `chat`, `serve` and `resolve` take the ref itself, and a ref whose file
+is cached needs no network.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cache import _NO_SPACE, _cache_file, _check_gguf, _no_link, _sha256, _space_error, cache_lock, models_dir
+from .catalog import _NAME_RE, _stem
+from .errors import InvalidNameError, PullError
+from .url import _fetch_resumable
+
+_HOSTS = ("hf.co", "huggingface.co", "www.huggingface.co")
+_PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # an org or repo name on the Hub
+_REPO_RE = re.compile(rf"^({_PART})/({_PART})(?::([A-Za-z0-9][A-Za-z0-9._-]*))?$")
+_SPLIT_RE = re.compile(r"^(.+)-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+_NOT_MODEL = ("mmproj", "imatrix")  # GGUF files in model repos that are not the language model
+_DEFAULT_TAGS = ("Q4_K_M", "Q8_0")  # llama.cpp's -hf choice when no quant is given
+_INSTALL = "pip install 'edgeinfer[hf]'"
+
+
+@dataclass(frozen=True)
+class HFRef:
+    repo: str  # ORG/REPO
+    quant: str | None = None  # a quant tag (upper case); None: the default choice
+    filename: str | None = None  # one file in the repo (hf://); then quant is None
+    revision: str = "main"
+
+    @property
+    def name(self) -> str:
+        """The model's name in the cache."""
+        org, repo = self.repo.split("/")
+        if self.filename is not None:
+            tail = _stem(self.filename).replace("/", "--")
+            rev = "" if self.revision == "main" else f"--{self.revision[:12]}"
+            name = f"{org}--{repo}--{tail}{rev}"
+        else:
+            name = f"{org}--{repo}" + (f"--{self.quant}" if self.quant else "")
+        if not _NAME_RE.match(name):
+            raise InvalidNameError(f"{self} makes the cache name {name!r}, which is too long or not a valid name: "
+                                   "give one with --name")
+        return name
+
+    def __str__(self) -> str:
+        if self.filename is not None:
+            rev = "" if self.revision == "main" else f" (revision {self.revision})"
+            return f"hf://{self.repo}/{self.filename}{rev}"
+        return f"hf.co/{self.repo}" + (f":{self.quant}" if self.quant else "")
+
+
+def parse_ref(source: str) -> HFRef | None:
+    """The Hugging Face reference `source` is, or None when it is none (a catalog name, a path, another
+    URL, or a Hub URL of one file under /resolve/, which url.py downloads as any URL). A string that starts
+    like a reference but is not a valid one is a PullError."""
+    if not isinstance(source, str):
+        return None
+    if source.startswith("hf://"):
+        rest = source[len("hf://"):]
+        parts = rest.split("/")
+        if len(parts) >= 3 and parts[-1].lower().endswith(".gguf"):
+            return _file_ref(f"{parts[0]}/{parts[1]}", "/".join(parts[2:]), "main", source)
+        return _repo_ref(rest, source)
+    parsed = urllib.parse.urlparse(source)
+    if parsed.scheme in ("http", "https"):
+        if (parsed.hostname or "").lower() not in _HOSTS:
+            return None
+        parts = [urllib.parse.unquote(p) for p in parsed.path.strip("/").split("/")]
+        if len(parts) == 2:  # the repo's page
+            return _repo_ref("/".join(parts), source)
+        if len(parts) >= 5 and parts[2] == "blob" and parts[-1].lower().endswith(".gguf"):  # a file's page
+            return _file_ref(f"{parts[0]}/{parts[1]}", "/".join(parts[4:]), parts[3], source)
+        return None
+    for host in _HOSTS:
+        if source.lower().startswith(host + "/"):
+            return _repo_ref(source[len(host) + 1:], source)
+    return None
+
+
+def _repo_ref(text: str, source: str) -> HFRef:
+    m = _REPO_RE.match(text)
+    if not m or ".." in text or "--" in m.group(1) + m.group(2):
+        raise PullError(f"{source!r} is not a Hugging Face model reference: use hf.co/ORG/REPO[:QUANT] "
+                        "or hf://ORG/REPO/FILE.gguf")
+    quant = m.group(3)
+    quant = None if quant is None or quant.lower() == "latest" else quant.upper()
+    return HFRef(f"{m.group(1)}/{m.group(2)}", quant)
+
+
+def _file_ref(repo: str, filename: str, revision: str, source: str) -> HFRef:
+    if not re.match(rf"^{_PART}/{_PART}$", repo) or "--" in repo or any(
+            p in ("", ".", "..") for p in filename.split("/")) or not revision or "/" in revision:
+        raise PullError(f"{source!r} is not a Hugging Face file reference: use hf://ORG/REPO/FILE.gguf")
+    return HFRef(repo, None, filename, revision)
+
+
+# -- which file --------------------------------------------------------------------------------------
+
+
+def _is_model(path: str) -> bool:
+    base = path.rsplit("/", 1)[-1].lower()
+    return base.endswith(".gguf") and not any(k in base for k in _NOT_MODEL)
+
+
+def _tag_matches(path: str, tag: str) -> bool:
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(tag)}(?=[.-])", path, re.IGNORECASE) is not None
+
+
+def _refuse_split(repo: str, path: str, files: list[str]) -> None:
+    m = _SPLIT_RE.match(path)
+    if m:
+        parts = [f for f in files if (s := _SPLIT_RE.match(f)) and s.group(1) == m.group(1)]
+        raise PullError(f"{path} in {repo} is one of {int(m.group(3))} split parts ({', '.join(sorted(parts))}); "
+                        "edgeinfer reads one-file GGUF models: merge them with `llama-gguf-split --merge` and pull "
+                        "the merged file by its path")
+
+
+def choose_file(repo: str, files: list[str], quant: str | None) -> str:
+    """The repo's GGUF model file for `quant` (see the module's docstring); a one-line PullError listing
+    the repo's GGUF files when none or several match, or when the match is split into parts."""
+    ggufs = sorted(f for f in files if f.lower().endswith(".gguf"))
+    models = [f for f in ggufs if _is_model(f)]
+    have = ", ".join(ggufs) if ggufs else "none"
+    if not models:
+        raise PullError(f"{repo} has no GGUF model file (its GGUF files: {have})")
+    hits: list[str] = []
+    for tag in ([quant] if quant else _DEFAULT_TAGS):
+        hits = [f for f in models if _tag_matches(f, tag)]
+        if hits:
+            break
+    if not hits:
+        if quant:
+            raise PullError(f"{repo} has no GGUF file for quant {quant}; its GGUF files: {have}")
+        hits = models[:1]  # as llama.cpp: the first model file
+    firsts = [f for f in hits if not (m := _SPLIT_RE.match(f)) or int(m.group(2)) == 1]
+    if len(firsts) > 1:
+        raise PullError(f"{quant or hits[0]} matches several GGUF files in {repo}: {', '.join(firsts)}; "
+                        f"pull one with hf://{repo}/FILE.gguf")
+    chosen = (firsts or hits)[0]
+    _refuse_split(repo, chosen, models)
+    return chosen
+
+
+# -- the pull ----------------------------------------------------------------------------------------
+
+
+def _hub():
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise PullError(f"pulling from Hugging Face needs huggingface_hub: {_INSTALL}") from None
+    return huggingface_hub
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def _list_files(hub, ref: HFRef, endpoint: str) -> tuple[str, dict[str, tuple[int | None, str | None]]]:
+    """(the revision's commit, {file: (size, LFS sha256)}) of the repo, as the Hub lists them."""
+    from huggingface_hub import errors
+
+    where = f"{ref.repo} on {endpoint}"
+    try:
+        info = hub.HfApi(endpoint=endpoint).model_info(ref.repo, revision=ref.revision, files_metadata=True)
+    except errors.GatedRepoError:
+        raise PullError(f"{ref.repo} is gated: accept its terms on the Hub, then set HF_TOKEN to a token of that "
+                        "account") from None
+    except errors.RepositoryNotFoundError:
+        raise PullError(f"no model repository {where} (a private one needs HF_TOKEN)") from None
+    except errors.RevisionNotFoundError:
+        raise PullError(f"{ref.repo} has no revision {ref.revision!r}") from None
+    except errors.HfHubHTTPError as e:
+        raise PullError(f"listing {where} failed: {_first_line(e)}") from None
+    except Exception as e:  # the network, offline mode, an answer that is not the Hub's
+        raise PullError(f"cannot list {where}: {type(e).__name__}: {_first_line(e)}") from None
+    files = {}
+    for s in info.siblings or []:
+        lfs = s.lfs
+        files[s.rfilename] = (lfs.size if lfs else s.size, lfs.sha256 if lfs else None)
+    return info.sha or ref.revision, files
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def _partial_path(final: Path, key: str) -> Path:
+    """The download's hidden .partial file, named after what it is to become, so that a partial of an
+    older file is never resumed into a newer one; partials of other versions of this model are removed."""
+    partial = final.with_name(f".{final.stem}.{key[:16]}.partial")
+    pattern = re.compile(rf"^\.{re.escape(final.stem)}\.[0-9A-Za-z]{{1,16}}\.partial$")
+    for old in models_dir().glob(f".{final.stem}.*.partial"):
+        if old != partial and pattern.match(old.name):
+            old.unlink(missing_ok=True)
+    return _no_link(partial)
+
+
+def pull_hf(ref: HFRef, *, name: str | None, progress: bool, force: bool, timeout: float = 60.0) -> Path:
+    final = _cache_file(_stem(name) if name else ref.name, write=True)
+    if final.is_file() and not force:
+        return final
+    hub = _hub()
+    with cache_lock(final.stem, quiet=not progress):
+        if final.is_file() and not force:  # another process pulled it while this one waited
+            return final
+        try:
+            return _pull_hf_locked(hub, ref, final, progress, timeout)
+        except OSError as e:
+            if e.errno not in _NO_SPACE:
+                raise
+            for partial in models_dir().glob(f".{final.stem}.*.partial"):
+                partial.unlink(missing_ok=True)
+            raise _space_error(e, final.name) from None
+
+
+def _pull_hf_locked(hub, ref: HFRef, final: Path, progress: bool, timeout: float) -> Path:
+    from huggingface_hub.utils import build_hf_headers
+
+    endpoint = _endpoint()
+    commit, files = _list_files(hub, ref, endpoint)
+    if ref.filename is not None:
+        if ref.filename not in files:
+            have = ", ".join(sorted(f for f in files if f.lower().endswith(".gguf"))) or "none"
+            raise PullError(f"{ref.repo} has no file {ref.filename}; its GGUF files: {have}")
+        _refuse_split(ref.repo, ref.filename, list(files))
+        filename = ref.filename
+    else:
+        filename = choose_file(ref.repo, list(files), ref.quant)
+    size, sha256 = files[filename]
+    url = hub.hf_hub_url(ref.repo, filename, revision=commit, endpoint=endpoint)
+    headers = build_hf_headers(library_name="edgeinfer")  # the token, from HF_TOKEN or a login
+    partial = _partial_path(final, sha256 or commit)
+    got = _fetch_resumable(url, partial, filename.rsplit("/", 1)[-1], progress, timeout, headers=headers)
+    try:
+        if size is not None and got != size:
+            raise PullError(f"size mismatch for {filename} from {ref.repo}: got {got} bytes, the Hub lists {size}; "
+                            "nothing was saved")
+        if sha256 is not None:
+            digest = _sha256(partial).hexdigest()
+            if digest != sha256:
+                raise PullError(f"sha256 mismatch for {filename} from {ref.repo}: got {digest}, the Hub lists "
+                                f"{sha256}; nothing was saved")
+        _check_gguf(partial)
+    except PullError:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, final)
+    return final
