@@ -45,7 +45,8 @@ def _open_model_file(model: str):
 @click.option("--force", is_flag=True, help="Download again even if the model is already cached.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def pull(source, name, force, quiet):
-    """Fetch a model: a catalog name, an http(s) URL (resumable) or a local .gguf path."""
+    """Fetch a model: a catalog name, hf.co/ORG/REPO[:QUANT] or hf://ORG/REPO/FILE.gguf (Hugging Face), an
+    http(s) URL (resumable) or a local .gguf path."""
     path = registry.pull(source, progress=not quiet, force=force, name=name)
     click.echo(f"{path}")
 
@@ -149,12 +150,13 @@ from .chat import chat  # noqa: E402
 from .embed import embed  # noqa: E402
 from .generate import generate  # noqa: E402
 from .perplexity import perplexity  # noqa: E402
+from .ps import ps  # noqa: E402
 from .quantize_model import quantize_model_cmd  # noqa: E402
 from .serve import serve  # noqa: E402
 from .system import system  # noqa: E402
 from .warmup import warmup  # noqa: E402
 
-for _cmd in (generate, chat, embed, perplexity, warmup, bench, serve, system):
+for _cmd in (generate, chat, embed, perplexity, warmup, bench, serve, ps, system):
     main.add_command(_cmd)
 main.add_command(quantize_model_cmd, "quantize-model")
 main.add_command(quantize_model_cmd, "quantize")  # short alias

@@ -1,5 +1,5 @@
-"""`edgeinfer serve`: models over an OpenAI-compatible HTTP API, with a memory budget and speculation
-arranged here before the server starts."""
+"""`edgeinfer serve`: models over an OpenAI-compatible HTTP API, loaded at start or on demand, with a
+memory budget and speculation arranged here before the server starts."""
 
 from __future__ import annotations
 
@@ -39,10 +39,27 @@ from .common import engine_options
               help="lookup: prompt-lookup speculation for every served model without a draft model.")
 @click.option("--draft-tokens", type=click.IntRange(1, 32), default=None,
               help="Tokens proposed per step at most (default: 4 with a draft model, 8 with lookup).")
+@click.option("--reasoning-format", type=click.Choice(["auto", "none", "deepseek"]), default="auto", show_default=True,
+              help="Chat replies' <think> blocks as reasoning_content: auto (when the model's template thinks), "
+                   "deepseek (always), none (left in the text).")
+@click.option("--models-dir", "models_dirs", multiple=True,
+              type=click.Path(exists=True, file_okay=False, dir_okay=True, resolve_path=True),
+              help="A folder whose .gguf files requests may name, by file name or path (repeatable); nothing "
+                   "outside these folders is served.")
+@click.option("--keep-alive", "keep_alive", default=None, metavar="DURATION",
+              help="How long a model stays loaded once idle: seconds or a duration (30s, 5m, 1h; 0: unload at "
+                   "once; -1: forever). Default 5m; given, it applies to the MODELS named here too (else they "
+                   "stay loaded).")
+@click.option("--allow-pull", is_flag=True, default=False,
+              help="Let clients download catalog models into the model cache with Ollama's POST /api/pull.")
 @engine_options
 def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout, read_timeout, max_body_bytes, max_seqs, threads,
-          device, shutdown_timeout, drafts, speculate, draft_tokens, kv_type, max_context, memory_budget):
-    """Serve MODELS (default: smollm2-135m-instruct) over an OpenAI-compatible HTTP API."""
+          device, shutdown_timeout, drafts, speculate, draft_tokens, reasoning_format, models_dirs, keep_alive,
+          allow_pull, kv_type, max_context, memory_budget):
+    """Serve MODELS over an OpenAI-compatible HTTP API (and Ollama's /api/ps). MODELS load at start; any
+    other model that is downloaded (or under a --models-dir) loads when a request names it, and unloads
+    when idle for --keep-alive. With no MODELS, a request that names no model gets smollm2-135m-instruct.
+    --memory-budget: the loaded models together fit it (the least recently used idle ones are evicted)."""
     try:
         import prometheus_client  # noqa: F401
         import starlette  # noqa: F401
@@ -52,9 +69,15 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
                                    f"pip install 'edgeinfer[serve]'") from None
     from edgeinfer.config import EngineConfig
     from edgeinfer.server.app import ServerConfig
+    from edgeinfer.server.models import parse_keep_alive
     from edgeinfer.server.run import serve as run_server
 
-    models = list(models) or [registry.DEFAULT_MODEL]
+    if keep_alive is not None:
+        try:
+            keep_alive = parse_keep_alive(keep_alive)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="'--keep-alive'") from None
+    models = list(models)
     paths = [registry.resolve(m, progress=True) for m in models]  # fail fast on unknown names; pull now
     if device != "cpu":  # fail now, not in the loading thread
         from edgeinfer.kernels import get_backend
@@ -73,7 +96,10 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
                        max_queue=max_queue, request_timeout=request_timeout, read_timeout=read_timeout,
                        max_body_bytes=max_body_bytes,
                        max_seqs=max_seqs, backend=device, engine_config=base, model_configs=per_model,
-                       speculation=speculation)
+                       speculation=speculation, reasoning_format=reasoning_format, models_dirs=list(models_dirs),
+                       keep_alive=keep_alive, memory_budget_mb=memory_budget, allow_pull=allow_pull,
+                       on_demand_speculation=({"speculate": speculate, "draft_tokens": draft_tokens or 0}
+                                              if speculate else None))
     sys.exit(run_server(cfg, host=host, port=port, shutdown_timeout=shutdown_timeout))
 
 

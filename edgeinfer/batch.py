@@ -205,22 +205,21 @@ class BatchSummary:
 
 
 class Pending:
-    """A generation in the engine: its output gathered as steps produce it."""
+    """A generation in the engine: each of its choices' output gathered as steps produce it."""
 
-    __slots__ = ("item", "gen", "text", "ids", "lps", "reason")
+    __slots__ = ("item", "gen", "outputs", "left")
 
     def __init__(self, item: Item, gen):
-        self.item, self.gen = item, gen
-        self.text, self.ids, self.lps, self.reason = [], [], [], None
+        from .openai.handlers import Output
 
-    def add(self, out) -> bool:
-        """One step's output; True once the request is finished."""
-        self.text.append(out.delta_text)
-        self.ids += out.new_token_ids
-        self.lps += out.logprobs or []
-        if out.finished:
-            self.reason = out.finish_reason
-        return out.finished
+        self.item, self.gen = item, gen
+        self.outputs = [Output() for _ in range(gen.n)]
+        self.left = gen.n
+
+    def add(self, index: int, out) -> bool:
+        """One step's output of choice `index`; True once every choice is finished."""
+        self.left -= self.outputs[index].add(out)
+        return not self.left
 
 
 class Processor:
@@ -261,16 +260,21 @@ class Processor:
             gen = H.prepare_generation(self.llm, self.name, body, req, item.kind == "chat")
             pending = Pending(item, gen)
 
-            def on_output(out):
-                if pending.add(out):
+            def on_output(index, out):
+                if pending.add(index, out):
                     on_done(pending)
 
-            try:
+            def submit(prompt_ids, params, guide, callback):
                 if self.loop is not None:
-                    self.loop.submit(gen.prompt_ids, gen.params, on_output, req.priority, gen.guide)
-                else:
-                    rid = self._run.submit(gen.prompt_ids, gen.params, priority=req.priority, guide=gen.guide)
-                    self._callbacks[rid] = on_output
+                    return self.loop.submit(prompt_ids, params, callback, req.priority, guide)
+                rid = self._run.submit(prompt_ids, params, priority=req.priority, guide=guide)
+                self._callbacks[rid] = callback
+                return rid
+
+            # n choices (body "n"): the first now, the rest once the prompt's blocks are cached
+            abort = self.loop.abort if self.loop is not None else self.llm.engine.abort
+            try:
+                H.Choices(gen, self.llm.engine, submit, abort, on_output).start()
             except ValueError as e:  # does not fit the KV cache, however empty
                 raise P.bad("max_tokens", str(e)) from None
         except P.APIError as e:
@@ -279,9 +283,9 @@ class Processor:
 
     def finish(self, p: Pending) -> dict:
         """A finished generation's output line."""
-        if p.reason == "error":
+        if any(o.reason == "error" for o in p.outputs):
             return error_record(p.item, P.APIError(500, f"generation failed: {getattr(self.loop, 'last_error', None)}"))
-        body = R.completion_body(p.gen, self.name, self.llm.tokenizer, "".join(p.text), p.ids, p.lps, p.reason)
+        body = R.completion_response(p.gen, self.name, self.llm.tokenizer, p.outputs)
         return record(p.item, 200, body)
 
     def _check_model(self, model: str | None) -> None:

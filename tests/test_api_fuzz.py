@@ -20,15 +20,16 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 
-EXAMPLES = 220  # per operation and mode: 8 operations x 2 modes (the GETs take no body, so fewer distinct)
+EXAMPLES = 220  # per operation and mode: 9 operations x 2 modes (the GETs take no body, so fewer distinct)
 
 
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory):
-    from tiny_models import write_tiny_llama
+    from tiny_models import QWEN_FIM_SPECIALS, write_tiny_llama
 
     p = tmp_path_factory.mktemp("fuzz") / "tiny-fuzz.gguf"
-    write_tiny_llama(p, n_ctx=96, dim=64, n_head=2, n_kv=1, ffn=128, n_layer=2)
+    # with FIM tokens, so that /infill and a completion's suffix are answered too
+    write_tiny_llama(p, n_ctx=96, dim=64, n_head=2, n_kv=1, ffn=128, n_layer=2, extra_specials=QWEN_FIM_SPECIALS)
     # the request timeout is generous for the warm-up's compiles; the fuzzing holds each request to 25 s
     s = Server(p, "--request-timeout", "600", "--read-timeout", "2").wait_ready()
     warm_up(s)

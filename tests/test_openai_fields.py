@@ -123,8 +123,8 @@ def test_unknown_and_refused_fields_are_a_400_naming_them(api, endpoint, stream)
         err = refusal(api, endpoint, stream, temperature=0, logit_bias=bias)
         assert err["param"].startswith("logit_bias") and why in err["message"], err
     if endpoint == "completions":
-        err = refusal(api, endpoint, stream, temperature=0, suffix="the end")
-        assert err["param"] == "suffix" and "not supported" in err["message"]
+        err = refusal(api, endpoint, stream, temperature=0, suffix="the end")  # a model without FIM tokens
+        assert err["param"] == "suffix" and "no fill-in-the-middle tokens" in err["message"]
     else:
         err = refusal(api, endpoint, stream, temperature=0, modalities=["text", "audio"])
         assert err["param"] == "modalities"

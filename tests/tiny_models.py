@@ -47,15 +47,19 @@ def finish(w: gguf.GGUFWriter) -> None:
 def write_tiny_llama(path, *, qtype: T = T.Q8_0, n_layer: int = 2, dim: int = 64, n_head: int = 4,
                      n_kv: int | list = 2, ffn: int = 128, n_ctx: int = 256, seed: int = 0, tied: bool = True,
                      chat_template: str | None = CHATML_TEMPLATE, embd_type: T = T.Q8_0, arch: str = "llama",
-                     extra_merges: tuple = (), bos_id: int = 1, eos_id: int = 2, extra_ids: dict | None = None) -> None:
+                     extra_merges: tuple = (), bos_id: int = 1, eos_id: int = 2, extra_ids: dict | None = None,
+                     extra_specials: tuple = ()) -> None:
     """A `llama` model with a GPT-2 byte-level BPE vocabulary of 256 bytes, a few merges and specials.
     arch "qwen2": the same with biases on q, k and v. extra_merges (added after the vocabulary is built),
-    bos_id, eos_id and extra_ids ({"eot": id, ...}) make hostile vocabularies."""
+    bos_id, eos_id and extra_ids ({"eot": id, ...}) make hostile vocabularies; extra_specials are control
+    tokens added at the end of the vocabulary (FIM tokens, say)."""
     rng = np.random.default_rng(seed)
     b2u = bytes_to_unicode()
     merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s"]
     tokens = GPT2_SPECIALS + [b2u[b] for b in range(256)] + [m.replace(" ", "") for m in merges]
     ttype = [3] * len(GPT2_SPECIALS) + [1] * (len(tokens) - len(GPT2_SPECIALS))
+    tokens += list(extra_specials)
+    ttype += [3] * len(extra_specials)
     vocab = len(tokens)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
@@ -104,6 +108,15 @@ def write_tiny_llama(path, *, qtype: T = T.Q8_0, n_layer: int = 2, dim: int = 64
     if not tied:
         add_tensor(w, "output.weight", rng.standard_normal((vocab, dim)) / np.sqrt(dim) * 4, qtype)
     finish(w)
+
+
+QWEN_FIM_SPECIALS = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
+                     "<|file_sep|>")
+
+
+def write_tiny_fim(path, **kw) -> None:
+    """The tiny llama with Qwen2.5-Coder's six FIM tokens at the end of its vocabulary (ids 267..272)."""
+    write_tiny_llama(path, extra_specials=QWEN_FIM_SPECIALS, **kw)
 
 
 def spm_vocab() -> tuple[list[str], list[float], list[int]]:

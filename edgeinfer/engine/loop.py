@@ -88,6 +88,7 @@ class _ComputeThread:
                     except BaseException as e:
                         fut.set_exception(e)
                     self._threads_now = 0  # fn may have set numba's threads (a model load)
+                item = fut = fn = args = kwargs = None  # a loaded model is not kept alive by this frame
             with self._lock:
                 loops = list(self._loops)
             busy = False
@@ -98,6 +99,7 @@ class _ComputeThread:
                         loop.engine.model.kb.set_threads(loop.threads)
                         self._threads_now = loop.threads
                     loop._step()
+            loops = loop = None  # nor an engine stopped meanwhile (a model unloaded)
             if not busy:
                 self._wake.wait(0.05)
 

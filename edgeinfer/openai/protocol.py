@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..chat_template import RESERVED
 from ..sampling import CONSTRAINTS, SamplingParams
 from . import schemas as S
 
@@ -155,6 +156,8 @@ class ParsedRequest:
     top_logprobs: int
     priority: int = 0
     constraint_param: str | None = None  # the request field a structured-output constraint came from
+    n: int = 1  # choices for the one prompt
+    template_vars: dict | None = None  # chat_template_kwargs: the chat template's own switches
 
 
 def parse_model(body: dict) -> str | None:
@@ -169,8 +172,8 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
 
 
 def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
-    # types and bounds, unknown fields and the ones this server cannot apply (n and best_of are 1); then
-    # what a schema cannot say
+    # types and bounds, unknown fields and the ones this server cannot apply (best_of is 1); then what
+    # a schema cannot say
     validate("chat" if chat else "completions", body)
     model = parse_model(body)
     constraint, constraint_param = parse_constraint(body)
@@ -206,7 +209,18 @@ def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
     )
     # an extension (as vLLM): lower values are scheduled first; waiting long enough lifts a request
     priority = _integer(body, "priority", 0)
-    return ParsedRequest(model, stream, include_usage, max_tokens, kwargs, logprobs, top, priority, constraint_param)
+    return ParsedRequest(model, stream, include_usage, max_tokens, kwargs, logprobs, top, priority, constraint_param,
+                         _integer(body, "n", 1), _template_vars(body) if chat else None)
+
+
+def _template_vars(body: dict) -> dict | None:
+    """chat_template_kwargs (names checked by the schema), less the names the template gets from the
+    server itself."""
+    v = body.get("chat_template_kwargs")
+    taken = sorted(set(v or ()) & RESERVED)
+    if taken:
+        raise bad("chat_template_kwargs", f"'chat_template_kwargs' cannot set {taken[0]!r}: the server sets it itself")
+    return v or None
 
 
 # vLLM's structured-output fields: "structured_outputs": {json, regex, choice, grammar, json_object},
@@ -338,3 +352,35 @@ def sampling_params(req: ParsedRequest, max_tokens: int, **extra) -> SamplingPar
         if name in CONSTRAINTS and req.constraint_param:
             name = req.constraint_param
         raise bad(name, str(e)) from None
+
+
+@dataclass
+class InfillInput:
+    """What /infill fills: the text around the cursor, other files' chunks, and the prompt text."""
+
+    prefix: str
+    suffix: str
+    extra: list[dict]
+    prompt: str
+    return_tokens: bool
+
+
+# /infill's own fields: what is left of a body once they are taken out is read as a completion's
+_INFILL_ONLY = ("input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "return_tokens",
+                "cache_prompt", "id_slot", "response_fields", "samplers", "t_max_prompt_ms", "t_max_predict_ms",
+                "n_indent")
+
+
+def parse_infill(body: Any) -> tuple[ParsedRequest, InfillInput]:
+    """llama.cpp's /infill: the sampling fields as /v1/completions reads them (n_predict, llama.cpp's name
+    for max_tokens, wins over it as in llama.cpp; -1 is to the end of the context) and the infill input."""
+    validate("infill", body)
+    rest = {k: v for k, v in body.items() if k not in _INFILL_ONLY}
+    n_predict = _integer(body, "n_predict", None)
+    if n_predict is not None:
+        rest["max_tokens"] = None if n_predict == -1 else n_predict
+        rest.pop("max_completion_tokens", None)
+    req = parse_common({**rest, "prompt": "-"}, chat=False)  # the prompt is built from the input, not given
+    extra = [{"filename": c.get("filename"), "text": c["text"]} for c in _get(body, "input_extra", [])]
+    return req, InfillInput(body["input_prefix"], body["input_suffix"], extra, _get(body, "prompt", ""),
+                            _get(body, "return_tokens", False))

@@ -71,89 +71,151 @@ def token_text(tokenizer):
     return lambda t: tokenizer.token_bytes(t).decode("utf-8", errors="replace")
 
 
-def completion_body(gen, name: str, tokenizer, text: str, ids: list[int], lps: list[dict],
-                    reason: str, cid: str | None = None, created: int | None = None) -> dict:
-    """The whole (not streamed) response: a chat.completion (tool calls parsed out of the reply when
-    tools were shown) or a text_completion."""
+def chat_message(gen, text: str) -> tuple[dict, bool]:
+    """A whole reply as a chat message: the reasoning apart (a model that thinks), then tool calls
+    parsed out of the answer when tools were shown (never out of the reasoning); and whether it holds
+    calls."""
+    reasoning = None
+    if gen.reasoning:
+        from ..reasoning import split_reasoning
+
+        reasoning, text = split_reasoning(text, gen.reasoning_open)
+    message, calls = {"role": "assistant", "content": text}, []
+    if gen.shown:
+        from ..tools import parse_reply
+
+        content, calls = parse_reply(text, gen.tools)
+        if calls:
+            message["content"] = content
+    if gen.reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return message, bool(calls)
+
+
+def completion_response(gen, name: str, tokenizer, outputs: list, cid: str | None = None,
+                        created: int | None = None) -> dict:
+    """The whole (not streamed) response of a generation's choices (handlers.Output, in index order): a
+    chat.completion (each message through chat_message) or a text_completion; usage counts every
+    choice's tokens, the prompt once."""
     chat, req = gen.chat, gen.req
     tt = token_text(tokenizer)
-    if chat:
-        message = {"role": "assistant", "content": text}
-        if gen.shown:
-            from ..tools import parse_reply
-
-            content, calls = parse_reply(text, gen.tools)
-            if calls:
-                message = {"role": "assistant", "content": content, "tool_calls": calls}
-                reason = "tool_calls"
-        choice = {"index": 0, "message": message, "finish_reason": reason,
-                  "logprobs": chat_logprobs(lps, tt) if req.logprobs else None}
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": reason,
-                  "logprobs": completion_logprobs(lps, tt) if req.logprobs else None}
+    choices = []
+    for i, out in enumerate(outputs):
+        reason = out.reason
+        if chat:
+            message, called = chat_message(gen, out.text)
+            choice = {"index": i, "message": message, "finish_reason": "tool_calls" if called else reason,
+                      "logprobs": chat_logprobs(out.lps, tt) if req.logprobs else None}
+        else:
+            choice = {"index": i, "text": out.text, "finish_reason": reason,
+                      "logprobs": completion_logprobs(out.lps, tt) if req.logprobs else None}
+        choices.append(choice)
     return {"id": cid or new_id("chatcmpl" if chat else "cmpl"),
             "object": "chat.completion" if chat else "text_completion", "created": created or now(),
-            "model": name, "choices": [choice], "usage": usage(len(gen.prompt_ids), len(ids))}
+            "model": name, "choices": choices,
+            "usage": usage(len(gen.prompt_ids), sum(len(out.ids) for out in outputs))}
 
+
+def completion_body(gen, name: str, tokenizer, text: str, ids: list[int], lps: list[dict],
+                    reason: str, cid: str | None = None, created: int | None = None) -> dict:
+    """completion_response for one choice given as its text, token ids, logprobs and finish reason."""
+    from types import SimpleNamespace
+
+    return completion_response(gen, name, tokenizer, [SimpleNamespace(text=text, ids=ids, lps=lps, reason=reason)],
+                               cid, created)
+
+
+class _ChoiceStream:
+    """One choice's state in a stream: its reasoning splitter, its tool-call parser, its calls so far."""
+
+    def __init__(self, gen):
+        self.reasoning = None
+        if gen.chat and gen.reasoning:
+            from ..reasoning import ReasoningParser
+
+            self.reasoning = ReasoningParser(gen.reasoning_open)
+        self.tools = None
+        if gen.chat and gen.shown:
+            from ..tools import StreamParser  # imported only with tools: it brings in the kernels (Numba)
+
+            self.tools = StreamParser(gen.tools)
+        self.n_calls = 0
 
 
 class Chunks:
-    """The streamed chunks of one generation (a handlers.Generation): chat.completion.chunk objects (the
-    first one with the assistant's role; with tools shown, text as content and each complete
-    <tool_call> block as OpenAI's tool-call deltas) or text_completion ones."""
+    """The streamed chunks of one generation (a handlers.Generation) and its choices: chat.completion.chunk
+    objects (the first one of each choice with the assistant's role; a thinking model's reasoning as
+    reasoning_content deltas; with tools shown, text as content and each complete <tool_call> block
+    as OpenAI's tool-call deltas) or text_completion ones. Each choice has its own state."""
 
     def __init__(self, gen, name: str, tokenizer, cid: str, created: int):
         self.chat, self.req, self.name, self.cid, self.created = gen.chat, gen.req, name, cid, created
         self.object = "chat.completion.chunk" if gen.chat else "text_completion"
         self.token_text = token_text(tokenizer)
-        self.parser = None
-        if gen.shown:
-            from ..tools import StreamParser  # imported only with tools: it brings in the kernels (Numba)
-
-            self.parser = StreamParser(gen.tools)
-        self.n_calls = 0
+        self.choices = [_ChoiceStream(gen) for _ in range(gen.n)]
 
     def _chunk(self, choice: dict) -> dict:
         return {"id": self.cid, "object": self.object, "created": self.created, "model": self.name,
                 "choices": [choice]}
 
     def first(self) -> list[dict]:
-        """What goes out before any token: the assistant's role (chat), nothing (completions)."""
+        """What goes out before any token: each choice's assistant role (chat), nothing (completions)."""
         if not self.chat:
             return []
-        return [self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None,
-                             "logprobs": None})]
+        return [self._chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None,
+                             "logprobs": None}) for i in range(len(self.choices))]
 
-    def __call__(self, delta: str | None, finish: str | None, lps: list[dict]) -> list[dict]:
-        """The chunks for one engine output: its new text, its finish reason (once done), its logprobs."""
-        req, tt = self.req, self.token_text
+    def __call__(self, delta: str | None, finish: str | None, lps: list[dict], index: int = 0) -> list[dict]:
+        """The chunks for one engine output of choice `index`: its new text, its finish reason (once
+        done), its logprobs."""
+        req, tt, st = self.req, self.token_text, self.choices[index]
         if not self.chat:
-            return [self._chunk({"index": 0, "text": delta or "", "finish_reason": finish,
+            return [self._chunk({"index": index, "text": delta or "", "finish_reason": finish,
                                  "logprobs": completion_logprobs(lps, tt) if req.logprobs and lps else None})]
         lp_chat = chat_logprobs(lps, tt) if req.logprobs and lps else None
-        if self.parser is None:
-            return [self._chunk({"index": 0, "delta": {"content": delta} if delta else {}, "finish_reason": finish,
-                                 "logprobs": lp_chat})]
+        if st.tools is None and st.reasoning is None:
+            return [self._chunk({"index": index, "delta": {"content": delta} if delta else {},
+                                 "finish_reason": finish, "logprobs": lp_chat})]
+        pieces = [("content", delta or "")]
+        if st.reasoning is not None:
+            pieces = st.reasoning.feed(delta or "") + (st.reasoning.finish() if finish else [])
         deltas = []
-        for kind, value in self.parser.feed(delta or "") + (self.parser.finish() if finish else []):
+        for kind, text in pieces:
+            if kind == "reasoning":
+                deltas.append({"reasoning_content": text})
+            elif st.tools is None:
+                deltas.append({"content": text})
+            else:
+                deltas += self._tool_deltas(st, st.tools.feed(text))
+        if st.tools is not None and finish:
+            deltas += self._tool_deltas(st, st.tools.finish())
+        if lp_chat is not None and not deltas:
+            deltas.append({})
+        out = [self._chunk({"index": index, "delta": d, "finish_reason": None,
+                            "logprobs": lp_chat if k == 0 else None}) for k, d in enumerate(deltas)]
+        if finish:
+            out.append(self._chunk({"index": index, "delta": {}, "logprobs": None,
+                                    "finish_reason": "tool_calls" if st.n_calls else finish}))
+        return out
+
+    @staticmethod
+    def _tool_deltas(st: _ChoiceStream, events) -> list[dict]:
+        deltas = []
+        for kind, value in events:
             if kind == "text":
                 deltas.append({"content": value})
             else:
                 f = value["function"]
-                deltas.append({"tool_calls": [{"index": self.n_calls, "id": value["id"], "type": "function",
+                deltas.append({"tool_calls": [{"index": st.n_calls, "id": value["id"], "type": "function",
                                                "function": {"name": f["name"], "arguments": ""}}]})
-                deltas.append({"tool_calls": [{"index": self.n_calls, "function": {"arguments": f["arguments"]}}]})
-                self.n_calls += 1
-        if lp_chat is not None and not deltas:
-            deltas.append({})
-        out = [self._chunk({"index": 0, "delta": d, "finish_reason": None, "logprobs": lp_chat if k == 0 else None})
-               for k, d in enumerate(deltas)]
-        if finish:
-            out.append(self._chunk({"index": 0, "delta": {}, "logprobs": None,
-                                    "finish_reason": "tool_calls" if self.n_calls else finish}))
-        return out
+                deltas.append({"tool_calls": [{"index": st.n_calls, "function": {"arguments": f["arguments"]}}]})
+                st.n_calls += 1
+        return deltas
 
     def usage(self, n_prompt: int, n_out: int) -> dict:
-        """The last chunk when stream_options.include_usage: no choices, the token counts."""
+        """The last chunk when stream_options.include_usage: no choices, the token counts (n_out: every
+        choice's)."""
         return {"id": self.cid, "object": self.object, "created": self.created, "model": self.name, "choices": [],
                 "usage": usage(n_prompt, n_out)}

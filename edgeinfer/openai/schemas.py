@@ -18,6 +18,8 @@ MAX_EMBED_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
 PRIORITY_LIMIT = 1_000_000
 MAX_STOP = 4
 MAX_LOGIT_BIAS = 1024  # token ids one request may bias (OpenAI allows 300)
+MAX_N = 16  # choices one request may ask for (`n`); each is a sequence of its own in the engine
+MAX_TEMPLATE_KWARGS = 64  # chat_template_kwargs' names
 
 
 def _opt(schema: dict) -> dict:
@@ -78,8 +80,9 @@ SAMPLING = {
         "include_obfuscation": boolean("accepted and ignored (no padding is added)")}}),
     "max_tokens": integer(1, None, "most tokens to generate (default: to the end of the context)"),
     "max_completion_tokens": integer(1, None, "the same as max_tokens, OpenAI's newer name"),
-    "n": integer(1, 1, "choices per request: one"),
-    "best_of": integer(1, 1, "not supported beyond 1"),
+    "n": integer(1, MAX_N, f"choices for the one prompt, at most {MAX_N}: each sampled on its own (with a seed, "
+                          "choice i from a seed made of (seed, i)); they share the prompt's cached KV blocks"),
+    "best_of": integer(1, 1, "not supported beyond 1 (ask for n choices instead)"),
     "temperature": number(0.0, 2.0, "sampling temperature; 0 is greedy"),
     "top_p": _opt({"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0, "description": "nucleus sampling mass"}),
     "presence_penalty": number(-2.0, 2.0, "penalty on tokens already generated once"),
@@ -167,6 +170,12 @@ CHAT = {"type": "object", "required": ["messages"], "properties": {
     "tools": _opt({"type": "array", "items": TOOL}),
     "tool_choice": TOOL_CHOICE,
     "parallel_tool_calls": boolean("allow several calls in one reply"),
+    "chat_template_kwargs": _opt({"type": "object", "maxProperties": MAX_TEMPLATE_KWARGS,
+                                  "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]{0,63}$"},
+                                  "description": "the chat template's own switches, e.g. {\"enable_thinking\": false} "
+                                                 "for Qwen3 (vLLM's and llama.cpp's)",
+                                  "x-error": f"must be an object of at most {MAX_TEMPLATE_KWARGS} names (identifiers) "
+                                             "to values"}),
     # OpenAI's chat fields this server cannot apply
     "functions": refused_as_before(),
     "function_call": refused_as_before(),
@@ -186,7 +195,8 @@ COMPLETION = {"type": "object", "required": ["prompt"], "properties": {
     **SAMPLING,
     "logprobs": integer(0, 5, "alternatives per token; given, each token's log-probability is returned"),
     "echo": _opt({"const": False, "description": "not supported"}),
-    "suffix": refused_as_before(),
+    "suffix": string("text that comes after the completion: the model fills in the middle between the prompt "
+                     "and it (a model with fill-in-the-middle tokens; \"\" is a plain completion on others)"),
     "tools": refused_as_before(" (tools work on /v1/chat/completions)"),
     "tool_choice": refused_as_before(" (tools work on /v1/chat/completions)"),
 }}
@@ -219,10 +229,41 @@ DETOKENIZE = {"type": "object", "required": ["tokens"], "properties": {
     "model": SAMPLING["model"],
 }}
 
+# llama.cpp's /infill: its fields, and ours for sampling (llama.cpp's names where it has its own)
+_EXTRA_CHUNK = {"type": "object", "required": ["text"], "additionalProperties": False, "properties": {
+    "text": {"type": "string", "description": "the chunk's text"},
+    "filename": string("the file it comes from (default \"tmp\")"),
+    "time": {"type": "number", "description": "accepted and ignored (llama.vim's and llama.vscode's chunk age)"}}}
+INFILL = {"type": "object", "required": ["input_prefix", "input_suffix"], "properties": {
+    "input_prefix": {"type": "string", "description": "the text before the cursor"},
+    "input_suffix": {"type": "string", "description": "the text after the cursor"},
+    "input_extra": _opt({"type": "array", "items": _EXTRA_CHUNK, "maxItems": 1024,
+                         "description": "other files' text, put before the prefix as repository context",
+                         "x-error": "must be an array of {\"filename\": string, \"text\": string}"}),
+    "prompt": string("text put after the prefix, just before the suffix part (special tokens parsed)"),
+    "n_predict": _opt({"anyOf": [{"const": -1}, {"type": "integer", "minimum": 1}],
+                       "description": "most tokens to generate; -1: to the end of the context (llama.cpp's name)",
+                       "x-error": "must be -1 (to the end of the context) or an integer of at least 1"}),
+    **{k: v for k, v in SAMPLING.items() if k not in ("stream_options", "n", "best_of")},
+    "return_tokens": boolean("also return the generated token ids"),
+    # llama.cpp's fields that editor clients (llama.vscode, llama.vim) send; accepted, not applied
+    "cache_prompt": boolean("accepted and ignored: shared prompt prefixes are always cached"),
+    "id_slot": integer(-1, None, "accepted and ignored: there are no slots to pick"),
+    "response_fields": _opt({"type": "array", "items": {"type": "string"},
+                             "description": "accepted and ignored: every field is returned"}),
+    "samplers": _opt({"type": "array", "items": {"type": "string"},
+                      "description": "accepted and ignored: the sampler order is fixed (penalties, top-k, top-p, "
+                                     "min-p, temperature)"}),
+    "t_max_prompt_ms": integer(-1, None, "accepted and ignored: no time limit on the prompt"),
+    "t_max_predict_ms": integer(-1, None, "accepted and ignored: generation is bounded by n_predict and the "
+                                          "server's request timeout"),
+    "n_indent": integer(0, None, "accepted and ignored: generation is bounded by n_predict and stop"),
+}}
+
 REQUESTS = {"chat": CHAT, "completions": COMPLETION, "embeddings": EMBEDDINGS, "tokenize": TOKENIZE,
-            "detokenize": DETOKENIZE}
+            "detokenize": DETOKENIZE, "infill": INFILL}
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings",
-         "tokenize": "/tokenize", "detokenize": "/detokenize"}
+         "tokenize": "/tokenize", "detokenize": "/detokenize", "infill": "/infill"}
 for _schema in REQUESTS.values():  # a field no schema names is refused (a 400 naming it), as OpenAI's API does
     _schema["additionalProperties"] = False
 
@@ -250,7 +291,10 @@ def _completion_object(obj: str, choice: dict) -> dict:
 
 CHAT_RESPONSE = _completion_object("chat.completion", {"message": {
     "type": "object", "required": ["role", "content"], "properties": {
-        "role": {"const": "assistant"}, "content": _NULLABLE_STR, "tool_calls": {"type": "array", "items": _TOOL_CALL}}}})
+        "role": {"const": "assistant"}, "content": _NULLABLE_STR,
+        "reasoning_content": {"type": ["string", "null"], "description": "a thinking model's reasoning (the text of "
+                                                                         "its <think> block), apart from content"},
+        "tool_calls": {"type": "array", "items": _TOOL_CALL}}}})
 COMPLETION_RESPONSE = _completion_object("text_completion", {"text": {"type": "string"}})
 EMBEDDINGS_RESPONSE = {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
     "object": {"const": "list"}, "model": {"type": "string"}, "usage": USAGE,
@@ -262,6 +306,11 @@ TOKENIZE_RESPONSE = {"type": "object", "required": ["tokens", "count"], "propert
     "max_model_len": {"type": "integer"}}}
 DETOKENIZE_RESPONSE = {"type": "object", "required": ["content"], "properties": {
     "content": {"type": "string"}, "prompt": {"type": "string"}}}
+INFILL_RESPONSE = {"type": "object", "required": ["content", "stop"], "properties": {
+    "content": {"type": "string"}, "stop": {"type": "boolean"}, "model": {"type": "string"},
+    "tokens": {"type": "array", "items": {"type": "integer"}},
+    "stop_type": {"enum": ["none", "eos", "limit", "word"]}, "tokens_predicted": {"type": "integer"},
+    "tokens_evaluated": {"type": "integer"}, "timings": {"type": "object"}}}
 MODELS_RESPONSE = {"type": "object", "required": ["object", "data"], "properties": {
     "object": {"const": "list"}, "data": {"type": "array", "items": {
         "type": "object", "required": ["id", "object"], "properties": {
@@ -384,10 +433,13 @@ def validate(kind: str, body: Any) -> None:
 
 STATUS_TEXT = {400: "the request breaks its schema, or names something that does not fit (a field named in "
                     "error.param)",
-               401: "missing or wrong API key", 404: "unknown model or route", 408: "the body arrived too slowly",
+               401: "missing or wrong API key", 403: "the model is a path outside the server's --models-dir folders",
+               404: "unknown model or route", 408: "the body arrived too slowly",
+               409: "the model's name is taken by another loaded file",
                413: "the body is over the size limit", 415: "the body is not JSON",
                500: "the model failed to load", 503: "the server is busy or still loading (Retry-After)",
-               504: "the request took longer than the request timeout"}
+               504: "the request took longer than the request timeout",
+               507: "the model does not fit the server's --memory-budget"}
 
 
 def _errors(*codes: int) -> dict:
@@ -408,7 +460,15 @@ def _post(summary: str, kind: str, response: dict, stream: bool = False) -> dict
         "summary": summary, "operationId": kind,
         "requestBody": {"required": True, "content": {"application/json": {"schema": REQUESTS[kind]}}},
         "responses": {"200": {"description": "success", "content": ok},
-                      **_errors(400, 401, 404, 408, 413, 415, 500, 503, 504)}}}
+                      **_errors(400, 401, 403, 404, 408, 409, 413, 415, 500, 503, 504, 507)}}}
+
+
+def _infill_post() -> dict:
+    """/infill's operation: its stream is llama.cpp's, whose last event is the final result, not [DONE]."""
+    op = _post("fill in the middle (llama.cpp's /infill)", "infill", INFILL_RESPONSE, stream=True)
+    data = op["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]["properties"]["data"]
+    data["description"] = "a chunk's JSON ({content, stop: false}); the last one is the result, with stop: true"
+    return op
 
 
 def openapi(title: str = "edgeinfer", version: str = "0.1.0", api_key: bool = False) -> dict:
@@ -423,6 +483,7 @@ def openapi(title: str = "edgeinfer", version: str = "0.1.0", api_key: bool = Fa
             "/v1/embeddings": _post("embedding vectors", "embeddings", EMBEDDINGS_RESPONSE),
             "/tokenize": _post("text to token ids", "tokenize", TOKENIZE_RESPONSE),
             "/detokenize": _post("token ids to text", "detokenize", DETOKENIZE_RESPONSE),
+            "/infill": _infill_post(),
             "/v1/models": {"get": {"summary": "the served models", "operationId": "models", "responses": {
                 "200": {"description": "success", "content": {"application/json": {"schema": MODELS_RESPONSE}}},
                 **_errors(401)}}},

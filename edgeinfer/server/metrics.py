@@ -1,4 +1,5 @@
-"""Prometheus metrics: request and token counters, latency histograms, and engine gauges read at scrape."""
+"""Prometheus metrics: request and token counters, latency histograms, and engine and model gauges read at
+scrape (models come and go: each scrape reads the models in memory then)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 
 
 class _EngineCollector:
-    def __init__(self, served):
-        self.served = served
+    def __init__(self, served, budget: int = 0):
+        self.served = served  # name -> ServedModel, the server's live table (server.models)
+        self.budget = budget
 
     def collect(self):
         g = {name: GaugeMetricFamily(f"edgeinfer_{name}", doc, labels=["model"]) for name, doc in (
@@ -39,10 +41,24 @@ class _EngineCollector:
                                        "the model accepted", labels=["model"])
         rate = GaugeMetricFamily("edgeinfer_spec_acceptance_rate", "Speculative decoding: accepted / proposed "
                                  "tokens since start", labels=["model"])
-        for sm in self.served.values():
-            if not sm.ready or sm.llm.engine is None:  # an embedding model has no engine
+        loaded = [sm for sm in list(self.served.values()) if getattr(sm, "status", "loaded") == "loaded"]
+        n_loaded = GaugeMetricFamily("edgeinfer_models_loaded", "Models in memory, ready to serve")
+        n_loaded.add_metric([], len(loaded))
+        model_bytes = GaugeMetricFamily("edgeinfer_model_memory_bytes", "A loaded model's estimated memory: "
+                                        "weights, step buffers and KV pool", labels=["model"])
+        for sm in loaded:
+            model_bytes.add_metric([sm.name], getattr(sm, "size", 0))
+        extra = [n_loaded, model_bytes]
+        if self.budget:
+            budget = GaugeMetricFamily("edgeinfer_memory_budget_bytes", "--memory-budget: the runtime and the "
+                                       "loaded models together fit it")
+            budget.add_metric([], self.budget)
+            extra.append(budget)
+        for sm in loaded:
+            llm = sm.llm  # read once: an unload drops it
+            if llm is None or not sm.ready or llm.engine is None:  # an embedding model has no engine
                 continue
-            s = sm.llm.engine.stats()
+            s = llm.engine.stats()
             if s["spec_method"]:
                 proposed.add_metric([sm.name], s["spec_proposed_tokens"])
                 accepted.add_metric([sm.name], s["spec_accepted_tokens"])
@@ -60,11 +76,11 @@ class _EngineCollector:
             reuses.add_metric([sm.name], s["grammar_cache_hits"])
             compile_s.add_metric([sm.name], s["grammar_compile_seconds"])
         yield from g.values()
-        yield from (preempt, queries, hits, compiles, reuses, compile_s, proposed, accepted, rate)
+        yield from (preempt, queries, hits, compiles, reuses, compile_s, proposed, accepted, rate, *extra)
 
 
 class Metrics:
-    def __init__(self, served):
+    def __init__(self, served, budget: int = 0):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("edgeinfer_requests", "HTTP generation requests", ["model", "endpoint", "status"],
@@ -75,7 +91,7 @@ class Metrics:
                               buckets=LATENCY_BUCKETS, registry=r)
         self.tpot = Histogram("edgeinfer_time_per_output_token_seconds", "Time between output tokens", ["model"],
                               buckets=LATENCY_BUCKETS, registry=r)
-        r.register(_EngineCollector(served))
+        r.register(_EngineCollector(served, budget))
 
     def token(self, labels, seconds: float, first: bool) -> None:
         (self.ttft if first else self.tpot).labels(labels[0]).observe(seconds)

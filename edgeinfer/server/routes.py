@@ -15,7 +15,8 @@ from ..engine.loop import exclusive
 from ..openai import handlers as H
 from ..openai import protocol as P
 from ..openai import responses as R
-from .streaming import collect, stream, submit
+from .models import rfc3339
+from .streaming import collect, collect_choices, stream, submit, submit_choices
 
 
 def error_response(e: P.APIError) -> JSONResponse:
@@ -65,18 +66,20 @@ async def read_json(request: Request):
     return P.loads(raw)
 
 
+LEASES = "edgeinfer.leases"  # the scope key of a request's leases (app._ReleaseLeases releases what is left)
+
+
 def pick_model(request: Request, name: str | None):
-    served = _state(request).served
-    if name is None and len(served) == 1:
-        name = next(iter(served))
-    sm = served.get(name) if name is not None else None
+    """The named model (None: the server's default) if it is loaded now, without loading it: a 404
+    when it is not in memory, 503 while it loads. Routes take models through use_model instead."""
+    models = _state(request).models
+    sm = models.models.get(models.default_name() if name is None else name)
     if sm is None:
-        raise P.APIError(404, f"model {name!r} is not served here; served models: {', '.join(served)}",
-                         param="model", code="model_not_found")
-    if sm.error:
-        raise P.APIError(500, f"model {sm.name!r} failed to load: {sm.error}")
-    if not sm.ready:
-        raise P.APIError(503, f"model {sm.name!r} is still loading", headers={"Retry-After": "2"})
+        raise P.APIError(404, f"model {name!r} is not loaded; loaded models: "
+                         f"{', '.join(m.name for m in models.loaded()) or 'none'}", param="model",
+                         code="model_not_found")
+    if sm.status != "loaded":
+        raise P.APIError(503, f"model {sm.name!r} is {sm.status}", headers={"Retry-After": "2"})
     return sm
 
 
@@ -96,10 +99,17 @@ class Lease:
 
 
 async def use_model(request: Request, name: str | None, keep_alive: float | None = None) -> Lease:
-    """The model a request names (None: the only one), ready, held until the lease is released.
+    """The model a request names (None: the only command-line model, or the catalog's default when the
+    server was started with none), loaded if need be (server.models), held until the lease is released.
     keep_alive: seconds it stays loaded once idle (Ollama's; None: the server's default, 0: unload when
-    the last lease goes, negative: keep it). An APIError (404 unknown, 500 failed load, 503 loading)."""
-    return Lease(pick_model(request, name))
+    the last lease goes, negative: keep it). An APIError: 404 unknown (or a catalog model not downloaded),
+    403 a path outside --models-dir, 500 a failed load, 503/507 no room under the memory budget, 504 a
+    load that outlasts the request timeout."""
+    state = _state(request)
+    sm, release = await state.models.acquire(name, keep_alive, state.config.request_timeout)
+    lease = Lease(sm, release)
+    request.scope.setdefault(LEASES, []).append(lease)
+    return lease
 
 
 # -- endpoints -----------------------------------------------------------------------------------
@@ -129,8 +139,9 @@ async def generate(request: Request, chat: bool):
         labels = (sm.name, endpoint)
         # the prompt through the chat template, the parameters, the compiled constraint: in a worker
         # thread, never on the event loop or the engine thread
-        gen = await asyncio.to_thread(H.prepare_generation, sm.llm, sm.name, body, req, chat)
-        rid, queue = submit(state, sm, gen.prompt_ids, gen.params, req.priority, gen.guide)
+        gen = await asyncio.to_thread(H.prepare_generation, sm.llm, sm.name, body, req, chat,
+                                      state.config.reasoning_format)
+        choices, queue = submit_choices(state, sm, gen)  # n choices (req.n), sharing the prompt's KV blocks
     except P.APIError as e:
         if lease is not None:
             lease.release()
@@ -146,10 +157,10 @@ async def generate(request: Request, chat: bool):
     tok = sm.llm.tokenizer
     n_prompt = len(gen.prompt_ids)
     if req.stream:
-        return stream(state, sm, rid, queue, t0, labels, R.Chunks(gen, sm.name, tok, cid, created),
+        return stream(state, sm, choices, queue, t0, labels, R.Chunks(gen, sm.name, tok, cid, created),
                       req.include_usage, n_prompt, on_close=lease.release)
     try:
-        text, ids, lps, reason = await collect(state, request, sm, rid, queue, t0, labels)
+        outputs = await collect_choices(state, request, sm, choices, queue, t0, labels)
     except P.APIError as e:
         metrics.finish(labels, str(e.status), n_prompt, 0)
         return error_response(e)
@@ -158,8 +169,8 @@ async def generate(request: Request, chat: bool):
         return Response(status_code=499)
     finally:
         lease.release()
-    metrics.finish(labels, "200", n_prompt, len(ids))
-    return JSONResponse(R.completion_body(gen, sm.name, tok, text, ids, lps, reason, cid, created))
+    metrics.finish(labels, "200", n_prompt, sum(len(o.ids) for o in outputs))
+    return JSONResponse(R.completion_response(gen, sm.name, tok, outputs, cid, created))
 
 
 async def tokenize(request: Request):
@@ -232,24 +243,45 @@ async def detokenize(request: Request):
 
 
 async def list_models(request: Request):
+    """OpenAI's model list: the models in memory first (status "loaded", then "loading", with their
+    estimated memory and, once loaded, when they expire), then the ones loadable on demand ("available")."""
     try:
         check_auth(request)
     except P.APIError as e:
         return error_response(e)
-    return JSONResponse({"object": "list", "data": [
-        {"id": sm.name, "object": "model", "created": sm.created, "owned_by": "edgeinfer"}
-        for sm in _state(request).served.values()]})
+    models = _state(request).models
+    data = []
+    for sm in sorted((m for m in models.models.values() if m.status != "unloading"), key=lambda m: m.status != "loaded"):
+        entry = {"id": sm.name, "object": "model", "created": sm.created, "owned_by": "edgeinfer",
+                 "status": sm.status, "memory_bytes": sm.size}
+        if sm.status == "loaded":
+            entry["expires_at"] = rfc3339(models.expires(sm))
+        data.append(entry)
+    listed = {d["id"] for d in data}
+    data += [{"id": s.name, "object": "model", "created": int(s.modified), "owned_by": "edgeinfer",
+              "status": "available", "size_bytes": s.size} for s in models.available() if s.name not in listed]
+    return JSONResponse({"object": "list", "data": data})
 
 
 async def health(request: Request):
-    served = _state(request).served
-    failed = {sm.name: sm.error for sm in served.values() if sm.error}
-    if failed:
-        return JSONResponse({"status": "error", "errors": failed}, status_code=500)
-    loading = [sm.name for sm in served.values() if not sm.ready]
+    """ok once the command-line models are loaded (models loaded on demand never make it 503); 500
+    naming the command-line models whose load failed."""
+    models = _state(request).models
+    if models.startup_errors:
+        return JSONResponse({"status": "error", "errors": dict(models.startup_errors)}, status_code=500)
+    loading = [n for n in models.command_line if n in models.startup_pending]
     if loading:
         return JSONResponse({"status": "loading", "loading": loading}, status_code=503)
-    return JSONResponse({"status": "ok", "models": list(served)})
+    return JSONResponse({"status": "ok", "models": [sm.name for sm in models.loaded()]})
+
+
+async def ps(request: Request):
+    """Ollama's GET /api/ps: the models in memory, their estimated size and when each will be unloaded."""
+    try:
+        check_auth(request)
+    except P.APIError as e:
+        return error_response(e)
+    return JSONResponse(_state(request).models.ps())
 
 
 async def openapi(request: Request):
@@ -259,6 +291,58 @@ async def openapi(request: Request):
 async def metrics(request: Request):
     data, ctype = _state(request).metrics.render()
     return Response(data, media_type=ctype)
+
+
+async def infill(request: Request):
+    """llama.cpp's /infill: fill in between input_prefix and input_suffix (input_extra: other files as
+    context), answered in llama.cpp's /completion shape (`content`, `stop`, `stop_type`, `timings`), or
+    streamed as its `data: {"content", "stop"}` events (no [DONE])."""
+    from ..openai import fim as F
+
+    state = _state(request)
+    metrics = state.metrics
+    t0 = time.monotonic()
+    labels = ("?", "infill")
+    lease = None
+    try:
+        check_auth(request)
+        body = await read_json(request)
+        req, inp = P.parse_infill(body)
+        lease = await use_model(request, req.model)
+        sm = lease.sm
+        labels = (sm.name, "infill")
+        gen = await asyncio.to_thread(H.prepare_infill, sm.llm, sm.name, req, inp)
+        rid, queue = submit(state, sm, gen.prompt_ids, gen.params, req.priority, gen.guide)
+    except P.APIError as e:
+        if lease is not None:
+            lease.release()
+        metrics.finish(labels, str(e.status), 0, 0)
+        return error_response(e)
+    except ClientDisconnect:
+        if lease is not None:
+            lease.release()
+        return Response(status_code=499)
+
+    tracker = F.Tracker(queue, t0)
+    n_ctx = sm.llm.engine.max_context
+    stops = sm.llm.tokenizer.stop_ids | set(gen.params.stop_token_ids)
+    n_prompt = len(gen.prompt_ids)
+    if req.stream:
+        chunks = F.InfillChunks(sm.name, gen, tracker, n_ctx, stops, inp.return_tokens)
+        return stream(state, sm, rid, tracker, t0, labels, chunks, False, n_prompt, on_close=lease.release,
+                      done_event=False)
+    try:
+        text, ids, _, reason = await collect(state, request, sm, rid, tracker, t0, labels)
+    except P.APIError as e:
+        metrics.finish(labels, str(e.status), n_prompt, 0)
+        return error_response(e)
+    except ClientDisconnect:
+        metrics.finish(labels, "499", n_prompt, 0)
+        return Response(status_code=499)
+    finally:
+        lease.release()
+    metrics.finish(labels, "200", n_prompt, len(ids))
+    return JSONResponse(F.infill_body(sm.name, gen, text, ids, reason, tracker, n_ctx, stops, inp.return_tokens))
 
 
 # -- errors Starlette raises before a route runs --------------------------------------------------

@@ -41,8 +41,10 @@ def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8080, shutd
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
-        print(f"edgeinfer serving on http://{host}:{port} (models: {', '.join(app.state.served)}; "
-              "loading in the background, /health says when ready)", file=sys.stderr, flush=True)
+        names = ", ".join(app.state.served)
+        print(f"edgeinfer serving on http://{host}:{port} " + (f"(models: {names}; loading in the background, /health "
+              "says when ready)" if names else "(no model loaded yet: each loads when a request names it)"),
+              file=sys.stderr, flush=True)
         await server.serve()
 
     asyncio.run(main())

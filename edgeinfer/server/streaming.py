@@ -1,7 +1,8 @@
 """A generation between the engine and an HTTP response: submitted to the model's engine loop, its
 outputs come back through its own asyncio queue, gathered whole (collect) or sent as server-sent
 events (stream). Both watch the request timeout, and a client that goes away has its request aborted
-and its KV blocks freed."""
+and its KV blocks freed. A request for n choices (submit_choices) is n engine requests whose outputs
+come through one queue, each with its choice's index; a client gone aborts all n."""
 
 from __future__ import annotations
 
@@ -12,17 +13,23 @@ import time
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import StreamingResponse
 
+from ..openai import handlers as H
 from ..openai import protocol as P
 
 
-def submit(state, sm, prompt_ids, params, priority: int = 0, guide=None) -> tuple[str, asyncio.Queue]:
-    """Queue a generation on a served model's engine loop: its request id and the queue its outputs come
-    through. A 503 when more than --max-queue requests are already waiting."""
+def _check_queue(state, sm) -> None:
+    """A 503 when more than --max-queue requests are already waiting."""
     stats = sm.llm.engine.stats()
     must_wait = stats["waiting"] > 0 or stats["running"] >= sm.llm.engine.scheduler.max_seqs
     if must_wait and stats["waiting"] >= state.config.max_queue:
         raise P.APIError(503, f"the server is busy: {stats['waiting']} requests are waiting; try again shortly",
                          headers={"Retry-After": "1"})
+
+
+def submit(state, sm, prompt_ids, params, priority: int = 0, guide=None) -> tuple[str, asyncio.Queue]:
+    """Queue a generation on a served model's engine loop: its request id and the queue its outputs come
+    through. A 503 when more than --max-queue requests are already waiting."""
+    _check_queue(state, sm)
     queue: asyncio.Queue = asyncio.Queue()
     aloop = asyncio.get_running_loop()
     try:
@@ -33,21 +40,67 @@ def submit(state, sm, prompt_ids, params, priority: int = 0, guide=None) -> tupl
     return rid, queue
 
 
+def submit_choices(state, sm, gen: H.Generation) -> tuple[H.Choices, asyncio.Queue]:
+    """Queue a generation's n choices (handlers.Choices: the first now, the rest once the prompt's blocks
+    are cached): the Choices and the queue of their (index, output) pairs. A 503 as submit's."""
+    _check_queue(state, sm)
+    queue: asyncio.Queue = asyncio.Queue()
+    aloop = asyncio.get_running_loop()
+    priority = gen.req.priority
+
+    def engine_submit(prompt_ids, params, guide, on_output):
+        return sm.loop.submit(prompt_ids, params, on_output, priority=priority, guide=guide)
+
+    choices = H.Choices(gen, sm.llm.engine, engine_submit, sm.loop.abort,
+                        lambda i, out: aloop.call_soon_threadsafe(queue.put_nowait, (i, out)))
+    try:
+        choices.start()
+    except ValueError as e:
+        raise P.bad("prompt", str(e)) from None
+    return choices, queue
+
+
+class _One:
+    """A single request (submit's) seen as choices: one, index 0."""
+
+    n = 1
+
+    def __init__(self, sm, rid: str):
+        self._sm, self._rid = sm, rid
+
+    def abort(self) -> None:
+        self._sm.loop.abort(self._rid)
+
+
+def _as_choices(sm, rid):
+    return rid if isinstance(rid, H.Choices) else _One(sm, rid)
+
+
+async def _next(queue, choices):
+    """The next (index, output): submit's queue holds outputs, submit_choices' (index, output) pairs."""
+    item = await queue.get()
+    return item if isinstance(choices, H.Choices) else (0, item)
+
+
 def _timeout_error(state) -> P.APIError:
     return P.APIError(504, f"the request took longer than {state.config.request_timeout:g} s")
 
 
-async def collect(state, request: Request, sm, rid: str, queue: asyncio.Queue, t0: float, labels):
-    """Gather a whole generation, watching for a disconnect and the timeout: (text, ids, logprobs, reason)."""
+async def collect_choices(state, request: Request, sm, choices, queue, t0: float, labels) -> list[H.Output]:
+    """Gather every choice of a generation whole (choices: submit_choices' Choices, or submit's request
+    id), watching for a disconnect and the timeout: each choice's handlers.Output, in index order."""
+    choices = _as_choices(sm, choices)
     deadline = t0 + state.config.request_timeout
-    text, ids, lps, reason = [], [], [], None
+    outputs = [H.Output() for _ in range(choices.n)]
+    left = choices.n
     first = None
     try:
-        while reason is None:
+        while left:
             if time.monotonic() >= deadline:  # checked on every output: a busy stream must time out too
                 raise _timeout_error(state)
             try:
-                out = await asyncio.wait_for(queue.get(), timeout=min(0.5, max(0.01, deadline - time.monotonic())))
+                i, out = await asyncio.wait_for(_next(queue, choices),
+                                                timeout=min(0.5, max(0.01, deadline - time.monotonic())))
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
                     raise ClientDisconnect() from None
@@ -56,40 +109,46 @@ async def collect(state, request: Request, sm, rid: str, queue: asyncio.Queue, t
                 now = time.monotonic()
                 state.metrics.token(labels, now - (first or t0), first is None)
                 first = first or now
-            text.append(out.delta_text)
-            ids += out.new_token_ids
-            lps += out.logprobs or []
-            if out.finished:
-                reason = out.finish_reason
+            left -= outputs[i].add(out)
     except BaseException:
-        sm.loop.abort(rid)
+        choices.abort()
         raise
-    if reason == "error":
+    if any(o.reason == "error" for o in outputs):
         raise P.APIError(500, f"generation failed: {sm.loop.last_error}")
-    return "".join(text), ids, lps, reason
+    return outputs
+
+
+async def collect(state, request: Request, sm, rid: str, queue: asyncio.Queue, t0: float, labels):
+    """Gather a whole generation, watching for a disconnect and the timeout: (text, ids, logprobs, reason)."""
+    (out,) = await collect_choices(state, request, sm, rid, queue, t0, labels)
+    return out.text, out.ids, out.lps, out.reason
 
 
 def _event(obj: dict) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-def stream(state, sm, rid: str, queue: asyncio.Queue, t0: float, labels, chunks, include_usage: bool,
-           n_prompt: int, on_close=None) -> StreamingResponse:
+def stream(state, sm, rid, queue: asyncio.Queue, t0: float, labels, chunks, include_usage: bool,
+           n_prompt: int, on_close=None, done_event: bool = True) -> StreamingResponse:
     """The generation as server-sent events: `chunks` (an openai.responses.Chunks) builds each event's
-    body; a last usage chunk when include_usage; then `data: [DONE]`. on_close() runs once the stream
-    ends, however it ends (the model's lease is released there)."""
+    body, each choice's with its index (rid: submit's request id, or submit_choices' Choices); a last
+    usage chunk when include_usage (every choice's tokens); then `data: [DONE]`, once every choice is
+    done. on_close() runs once the stream ends, however it ends (the model's lease is released there).
+    done_event False: no `data: [DONE]` (llama.cpp's own endpoints, /infill, end with their last chunk)."""
+    choices = _as_choices(sm, rid)
 
     async def events():
         deadline = t0 + state.config.request_timeout
-        n_out, first, done = 0, None, False
+        n_out, first, left = 0, None, choices.n
         try:
             for chunk in chunks.first():
                 yield _event(chunk)
-            while not done:
+            while left:
                 try:
                     if time.monotonic() >= deadline:
                         raise asyncio.TimeoutError
-                    out = await asyncio.wait_for(queue.get(), timeout=max(0.01, deadline - time.monotonic()))
+                    i, out = await asyncio.wait_for(_next(queue, choices),
+                                                    timeout=max(0.01, deadline - time.monotonic()))
                 except asyncio.TimeoutError:
                     yield _event(_timeout_error(state).body())
                     break
@@ -98,20 +157,22 @@ def stream(state, sm, rid: str, queue: asyncio.Queue, t0: float, labels, chunks,
                     state.metrics.token(labels, now - (first or t0), first is None)
                     first = first or now
                 n_out += len(out.new_token_ids)
-                done = out.finished
+                left -= out.finished
                 if out.finish_reason == "error":
                     yield _event(P.APIError(500, f"generation failed: {sm.loop.last_error}").body())
                     break
-                if out.delta_text or out.logprobs or done:
-                    for chunk in chunks(out.delta_text, out.finish_reason if done else None, out.logprobs or []):
+                if out.delta_text or out.logprobs or out.finished:
+                    args = (out.delta_text, out.finish_reason if out.finished else None, out.logprobs or [])
+                    for chunk in chunks(*args, index=i) if isinstance(choices, H.Choices) else chunks(*args):
                         yield _event(chunk)
-            if done and include_usage:
+            if not left and include_usage:
                 yield _event(chunks.usage(n_prompt, n_out))
-            yield "data: [DONE]\n\n"
+            if done_event:
+                yield "data: [DONE]\n\n"
             state.metrics.finish(labels, "200", n_prompt, n_out)
         finally:
-            if not done:  # the client went away, or the timeout: free the request's blocks now
-                sm.loop.abort(rid)
+            if left:  # the client went away, an error or the timeout: free every choice's blocks now
+                choices.abort()
                 state.metrics.finish(labels, "499", n_prompt, n_out)
             if on_close is not None:
                 on_close()
