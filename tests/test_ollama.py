@@ -425,14 +425,14 @@ def test_replies_split_thinking_and_tool_calls():
 
 @pytest.mark.model
 def test_real_model_through_the_ollama_client():
-    """SmolLM2 (a catalog model): /api/tags gives the catalog's sha256 and Ollama's details, /api/show its
+    """SmolLM2 served by its catalog name: /api/tags gives the catalog's sha256 and Ollama's details, /api/show its
     chat template and GGUF metadata, and a greedy chat answers as /v1/chat does."""
     from conftest import real_model_path
 
     from edgeinfer import registry
 
     path = real_model_path("smollm2-135m-instruct")
-    s = Server(path).wait_ready(timeout=180)
+    s = Server("smollm2-135m-instruct").wait_ready(timeout=180)  # by catalog name, as users start it
     try:
         c = ollama.Client(host=s.base)
         m = {x.model: x for x in c.list().models}["smollm2-135m-instruct:latest"]

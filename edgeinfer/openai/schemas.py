@@ -1,4 +1,7 @@
-"""The OpenAI API's request and response schemas (JSON Schema 2020-12), the one definition of what the
+"""Over the layout's 450 lines, kept as one file for now: the OpenAPI document builder at its end should
+move to openapi.py next.
+
+The OpenAI API's request and response schemas (JSON Schema 2020-12), the one definition of what the
 server and batch jobs accept: every request body is validated against them before it is read,
 `protocol`'s readers take their bounds from them, and `/openapi.json` is built from them.
 

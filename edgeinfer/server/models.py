@@ -1,4 +1,7 @@
-"""The served models: which models can be served, which are in memory, and when each is loaded and freed.
+"""Over the layout's 450 lines, kept as one file for now: what can be served (lookup, paths, estimates)
+and the in-memory lifecycle are the two modules it should become next.
+
+The served models: which models can be served, which are in memory, and when each is loaded and freed.
 
 A model is loaded when a request first names it (or at start, for the models named on the command
 line), and unloaded once it has been idle for its keep-alive, Ollama's way. Idle means no lease held:
