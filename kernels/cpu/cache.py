@@ -8,7 +8,8 @@ serves another of the same ISA. Here:
 - the **ISA tier** pins the CPU name and features the code is generated for (``NUMBA_CPU_NAME`` /
   ``NUMBA_CPU_FEATURES``, set before the first compile), named after the psABI levels: ``x86-64-v3`` for
   the avx2 path, ``x86-64-v4-vnni`` (AVX-512 VNNI) or ``x86-64-v3-avxvnni`` for the vnni path,
-  ``x86-64-v2`` for the portable path. Every machine of a tier generates and accepts the same code; a CPU
+  ``x86-64-v2`` for the portable path; on aarch64 ``armv8-a`` (neon, portable), ``armv8.2-a-dotprod`` and
+  ``armv8.6-a-i8mm``. Every machine of a tier generates and accepts the same code; a CPU
   that lacks a feature of the tier gets a tier of its own (``host-CPU``), which never travels;
 - a **locator** (numba's ``_CacheLocator``) files the kernels of this package under
   ``ROOT/TIER/numba-V-llvmlite-V-pyXY/SOURCE`` and stamps them with SOURCE, a hash of every kernel
@@ -76,15 +77,23 @@ TIERS = {
     "vnni": [Tier("x86-64-v4-vnni", "x86-64-v4", "+avx512vnni", _V4 | {"avx512vnni"}),
              Tier("x86-64-v3-avxvnni", "x86-64-v3", "+avxvnni", _V3 | {"avxvnni"})],
 }
+# aarch64: LLVM's generic ARMv8-A core plus the extensions each path's kernels are written in
+_A8 = frozenset({"neon"})
+ARM_TIERS = {
+    "portable": [Tier("armv8-a", "generic", "+neon", _A8)],
+    "neon": [Tier("armv8-a", "generic", "+neon", _A8)],
+    "dotprod": [Tier("armv8.2-a-dotprod", "generic", "+neon,+dotprod", _A8 | {"dotprod"})],
+    "i8mm": [Tier("armv8.6-a-i8mm", "generic", "+neon,+dotprod,+i8mm", _A8 | {"dotprod", "i8mm"})],
+}
 
 
 def tier_for(path: str, host: set[str], machine: str | None = None) -> Tier:
     """The ISA tier the kernels of `path` are generated for on a host with these features."""
     machine = machine or platform.machine()
-    if machine in ("x86_64", "AMD64"):
-        for t in TIERS.get(path, ()):
-            if t.needs <= host:
-                return t
+    tiers = TIERS if machine in ("x86_64", "AMD64") else ARM_TIERS if machine in ("aarch64", "arm64") else {}
+    for t in tiers.get(path, ()):
+        if t.needs <= host:
+            return t
     import llvmlite.binding as llvm
 
     cpu = llvm.get_host_cpu_name()

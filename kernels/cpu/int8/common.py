@@ -19,12 +19,12 @@ def i8(v):
     return (np.int32(v) ^ 128) - 128
 
 
-def by_path(portable, simd_impl, avx2=None):
-    # an @overload body: the portable or the SIMD implementation, by the type of `isa`; `avx2`, where given,
-    # replaces simd_impl on the avx2 path
+def by_path(portable, simd_impl, **paths):
+    # an @overload body: the portable or the SIMD implementation, by the type of `isa`; a path named in
+    # `paths` (avx2=..., i8mm=...) takes its own implementation instead of simd_impl
     def pick(isa, *args):
         path = path_of(isa)
-        impl = portable if path == "portable" else avx2 if path == "avx2" and avx2 is not None else simd_impl
+        impl = portable if path == "portable" else paths.get(path, simd_impl)
         return lambda isa, *args: impl(isa, *args)
     return pick
 
@@ -46,15 +46,32 @@ def by_path(portable, simd_impl, avx2=None):
 # scratch (1 KiB) in L1 and the tokens' activation rows (32 K bytes) in L1 or L2 while a group's blocks
 # stream past.
 X8_TOKENS = 32
+# the aarch64 paths with sdot (simd/neon.py): i8mm cores have dotprod too
+SDOT_PATHS = ("dotprod", "i8mm")
 
 
 def dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
-    """sum_v u8x32 w_v . s8x32 x_v -> s32x8 (exact): vpdpbusd chains on vnni; vpmaddubsw pairs summed in
-    16 bits (at most 4 x 2 x 31 x 127 < 2**15) then vpmaddwd on avx2."""
+    """sum_v u8x32 w_v . s8x32 x_v -> s32x8 (exact) for weights up to 31: vpdpbusd chains on vnni; vpmaddubsw
+    pairs summed in 16 bits (at most 4 x 2 x 31 x 127 < 2**15) then vpmaddwd on avx2; sdot chains on
+    dotprod and i8mm; 16-bit products summed over the eight vectors, then widened, on neon."""
 
 
 @overload(dot8, inline="always")
 def _dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
+    if path_of(isa) in SDOT_PATHS:
+        def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
+            a = simd.sdot(simd.sdot(simd.sdot(simd.sdot(simd.zero32(), w0, x0), w1, x1), w2, x2), w3, x3)
+            b = simd.sdot(simd.sdot(simd.sdot(simd.sdot(simd.zero32(), w4, x4), w5, x5), w6, x6), w7, x7)
+            return simd.add32(a, b)
+        return impl
+    if path_of(isa) == "neon":  # eight products per 16-bit lane: at most 8 x 31 x 127 = 31496 < 2**15
+        def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
+            a = simd.add16x32(simd.add16x32(simd.mull16(w0, x0), simd.mull16(w1, x1)),
+                              simd.add16x32(simd.mull16(w2, x2), simd.mull16(w3, x3)))
+            b = simd.add16x32(simd.add16x32(simd.mull16(w4, x4), simd.mull16(w5, x5)),
+                              simd.add16x32(simd.mull16(w6, x6), simd.mull16(w7, x7)))
+            return simd.sum4x16(simd.zero32(), simd.add16x32(a, b))
+        return impl
     if path_of(isa) == "vnni":
         def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
             a = simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.zero32(), w0, x0), w1, x1), w2, x2), w3, x3)

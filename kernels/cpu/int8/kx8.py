@@ -7,7 +7,7 @@ from numba.extending import overload
 from ... import kinds
 from .. import simd
 from ..simd import path_of
-from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8, dot8
+from .common import EXACT, PREFETCH, SDOT_PATHS, X8_TOKENS, by_path, i8, dot8
 
 has_qh = kinds.predicate("has_qh", within="kx8")    # Q5_K
 has_min = kinds.predicate("has_min", within="kx8")  # Q4_K, Q5_K: packed nibbles and a min; Q6_K: neither
@@ -20,10 +20,11 @@ is_q6_k = kinds.predicate("ggml:Q6_K", within="kx8")  # Q6_K: unsigned bytes, no
 # float FMA per 256 elements per eight rows:
 #   Q4_K/Q5_K  acc = fma(float(sum_j sc_j dot_j), d d_x, acc), mo = fma(float(sum_j min_j xsum_j), dmin d_x, mo)
 #   Q6_K       acc = fma(float(sum_j sc_j (dot_j - 32 xsum16_j)), d d_x, acc)   (q stored unsigned, 0..63)
-# Three implementations compute the same integers and the same FMAs, so the same bits for every batch:
+# Four implementations compute the same integers and the same FMAs, so the same bits for every batch:
 # _kx8_portable lane by lane; _kx8_avx2 (weights unpacked once into registers for a tile of tokens, scales
-# on the vpmaddwd: see there); _kx8_simd on the vnni path (vpdpbusd sums times the scales by vpmulld, Q4_K
-# and Q5_K weights unpacked once per row group into a byte scratch that every token reads).
+# on the vpmaddwd: see there); _kx8_simd on the vnni and aarch64 paths (vpdpbusd or sdot sums times the
+# scales by vpmulld/mul, Q4_K and Q5_K weights unpacked once per row group into a byte scratch that every
+# token reads); _kx8_mmla on i8mm (_kx8_simd with two tokens per smmla).
 
 
 def rows_kx8(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
@@ -32,11 +33,21 @@ def rows_kx8(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
 
 def dot4(isa, w0, w1, w2, w3, x0, x1, x2, x3):
     """sum_v u8x32 w_v . s8x32 x_v -> s32x8 (exact) for weights up to 63: vpdpbusd chain on vnni; on avx2
-    vpmaddubsw pairs summed in 16 bits (at most 2 x 2 x 63 x 127 < 2**15), then vpmaddwd."""
+    vpmaddubsw pairs summed in 16 bits (at most 2 x 2 x 63 x 127 < 2**15), then vpmaddwd; sdot chain on
+    dotprod and i8mm; 16-bit products summed over the four vectors, then widened, on neon."""
 
 
 @overload(dot4, inline="always")
 def _dot4(isa, w0, w1, w2, w3, x0, x1, x2, x3):
+    if path_of(isa) in SDOT_PATHS:
+        def impl(isa, w0, w1, w2, w3, x0, x1, x2, x3):
+            return simd.sdot(simd.sdot(simd.sdot(simd.sdot(simd.zero32(), w0, x0), w1, x1), w2, x2), w3, x3)
+        return impl
+    if path_of(isa) == "neon":  # four products per 16-bit lane: at most 4 x 63 x 127 = 32004 < 2**15
+        def impl(isa, w0, w1, w2, w3, x0, x1, x2, x3):
+            return simd.sum4x16(simd.zero32(), simd.add16x32(simd.add16x32(simd.mull16(w0, x0), simd.mull16(w1, x1)),
+                                                             simd.add16x32(simd.mull16(w2, x2), simd.mull16(w3, x3))))
+        return impl
     if path_of(isa) == "vnni":
         def impl(isa, w0, w1, w2, w3, x0, x1, x2, x3):
             return simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.zero32(), w0, x0), w1, x1), w2, x2), w3, x3)
@@ -88,6 +99,25 @@ def _kx8_portable(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, 
             out[t, n] = acc - mo if has_min(kind) else acc
 
 
+@njit(inline="always", cache=True)
+def _unpack45(five, qs, qh, ws, grp, nsb):
+    # row group grp's Q4_K/Q5_K weights as bytes into ws: sub-block j's vector v at ((sb * 8 + j) * 8 + v) * 32
+    for sb in range(nsb):
+        for p in range(4):
+            for v in range(8):
+                o = (((grp * nsb + sb) * 4 + p) * 8 + v) * 32
+                simd.prefetch(qs, o + PREFETCH)
+                b = simd.load32(qs, o)
+                lo = simd.low4(b)
+                hi = simd.shr4(b)
+                if five:
+                    hv = simd.load32(qh, ((grp * nsb + sb) * 8 + v) * 32)
+                    lo = simd.or_(lo, simd.bit_to_16(hv, 2 * p))
+                    hi = simd.or_(hi, simd.bit_to_16(hv, 2 * p + 1))
+                simd.store32(ws, ((sb * 8 + 2 * p) * 8 + v) * 32, lo)
+                simd.store32(ws, ((sb * 8 + 2 * p + 1) * 8 + v) * 32, hi)
+
+
 @njit(cache=True, fastmath=EXACT)
 def _kx8_simd(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
     T, K = xq.shape
@@ -95,21 +125,8 @@ def _kx8_simd(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
     nsb = K // 256
     ws = np.empty(8 * K if has_min(kind) else 0, np.uint8)  # a row group's Q4_K/Q5_K weights as bytes
     for grp in range(n0 // 8, (n1 + 7) // 8):
-        if has_min(kind):  # Q4_K/Q5_K: unpack: sub-block j, vector v at ((sb * 8 + j) * 8 + v) * 32
-            for sb in range(nsb):
-                for p in range(4):
-                    for v in range(8):
-                        o = (((grp * nsb + sb) * 4 + p) * 8 + v) * 32
-                        simd.prefetch(qs, o + PREFETCH)
-                        b = simd.load32(qs, o)
-                        lo = simd.low4(b)
-                        hi = simd.shr4(b)
-                        if has_qh(kind):
-                            hv = simd.load32(qh, ((grp * nsb + sb) * 8 + v) * 32)
-                            lo = simd.or_(lo, simd.bit_to_16(hv, 2 * p))
-                            hi = simd.or_(hi, simd.bit_to_16(hv, 2 * p + 1))
-                        simd.store32(ws, ((sb * 8 + 2 * p) * 8 + v) * 32, lo)
-                        simd.store32(ws, ((sb * 8 + 2 * p + 1) * 8 + v) * 32, hi)
+        if has_min(kind):
+            _unpack45(has_qh(kind), qs, qh, ws, grp, nsb)
         for t in range(T):
             acc = simd.zerof()
             mo = simd.zerof()
@@ -367,6 +384,68 @@ def _kx8_avx2(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
         _q45_avx2(False, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1, acc, mos, isums)
 
 
+@njit(cache=True, fastmath=EXACT)
+def _kx8_mmla(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
+    # the i8mm path: one token as _kx8_simd (sdot); a batch two tokens at a time, each sub-block's weight
+    # vectors (Q4_K/Q5_K: from the byte scratch) against both tokens in smmla (simd.mmla8, Q6_K's 16-element
+    # groups simd.mmla4), then _kx8_simd's integer scales and float FMAs for each token: the same bits
+    T, K = xq.shape
+    if T == 1:
+        _kx8_simd(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1)
+        return
+    N = out.shape[1]
+    nsb = K // 256
+    ws = np.empty(8 * K if has_min(kind) else 0, np.uint8)
+    for grp in range(n0 // 8, (n1 + 7) // 8):
+        if has_min(kind):
+            _unpack45(has_qh(kind), qs, qh, ws, grp, nsb)
+        for t in range(0, T, 2):
+            u = min(t + 1, T - 1)  # the pair's second token (t itself when t is the last)
+            acc_a = simd.zerof()
+            acc_b = simd.zerof()
+            mo_a = simd.zerof()
+            mo_b = simd.zerof()
+            for sb in range(nsb):
+                so = (grp * nsb + sb) * 128
+                ia = simd.zero32()
+                ib = simd.zero32()
+                if is_q6_k(kind):
+                    for j in range(16):
+                        o = ((grp * nsb + sb) * 64 + j * 4) * 32
+                        s2 = simd.mmla4(simd.load32(qs, o), simd.load32(qs, o + 32), simd.load32(qs, o + 64),
+                                        simd.load32(qs, o + 96), xq, t * K + sb * 256 + j * 16, u * K + sb * 256 + j * 16)
+                        scale = simd.widen8s(sc, so + j * 8)
+                        da = simd.sub32(simd.token_a(s2), simd.splat32(32 * simd.ld(xb16, t * nsb * 16 + sb * 16 + j)))
+                        db = simd.sub32(simd.token_b(s2), simd.splat32(32 * simd.ld(xb16, u * nsb * 16 + sb * 16 + j)))
+                        ia = simd.add32(ia, simd.mul32(da, scale))
+                        ib = simd.add32(ib, simd.mul32(db, scale))
+                else:
+                    ma = simd.zero32()
+                    mb = simd.zero32()
+                    for j in range(8):
+                        o = (sb * 8 + j) * 256
+                        s2 = simd.mmla8(simd.load32(ws, o), simd.load32(ws, o + 32), simd.load32(ws, o + 64),
+                                        simd.load32(ws, o + 96), simd.load32(ws, o + 128), simd.load32(ws, o + 160),
+                                        simd.load32(ws, o + 192), simd.load32(ws, o + 224),
+                                        xq, t * K + sb * 256 + j * 32, u * K + sb * 256 + j * 32)
+                        scale = simd.widen8(sc, so + j * 8)
+                        ia = simd.add32(ia, simd.mul32(simd.token_a(s2), scale))
+                        ib = simd.add32(ib, simd.mul32(simd.token_b(s2), scale))
+                        mins = simd.widen8(sc, so + 64 + j * 8)
+                        ma = simd.add32(ma, simd.mul32(mins, simd.splat32(simd.ld(xb, t * nsb * 8 + sb * 8 + j))))
+                        mb = simd.add32(mb, simd.mul32(mins, simd.splat32(simd.ld(xb, u * nsb * 8 + sb * 8 + j))))
+                    dm = simd.loadf8(m, (grp * nsb + sb) * 8)
+                    mo_a = simd.fma8(simd.cvt8(ma), simd.mul8(dm, simd.splatf(simd.ld(xd, t * nsb + sb))), mo_a)
+                    mo_b = simd.fma8(simd.cvt8(mb), simd.mul8(dm, simd.splatf(simd.ld(xd, u * nsb + sb))), mo_b)
+                dd = simd.loadf8(d, (grp * nsb + sb) * 8)
+                acc_a = simd.fma8(simd.cvt8(ia), simd.mul8(dd, simd.splatf(simd.ld(xd, t * nsb + sb))), acc_a)
+                acc_b = simd.fma8(simd.cvt8(ib), simd.mul8(dd, simd.splatf(simd.ld(xd, u * nsb + sb))), acc_b)
+            simd.storef8_first(out, t * N + grp * 8, simd.sub8(acc_a, mo_a) if has_min(kind) else acc_a, N - grp * 8)
+            if u > t:
+                simd.storef8_first(out, u * N + grp * 8, simd.sub8(acc_b, mo_b) if has_min(kind) else acc_b, N - grp * 8)
+
+
 # vnni keeps _kx8_simd's vpdpbusd chains: the avx2 kernel runs there too, but which is faster on an
-# AVX-512 VNNI host has not been measured
-overload(rows_kx8)(by_path(_kx8_portable, _kx8_simd, avx2=_kx8_avx2))
+# AVX-512 VNNI host has not been measured. The aarch64 paths run _kx8_simd (sdot, or neon's widening
+# products), i8mm its two-token twin.
+overload(rows_kx8)(by_path(_kx8_portable, _kx8_simd, avx2=_kx8_avx2, i8mm=_kx8_mmla))

@@ -6,7 +6,7 @@ from numba.extending import overload
 
 from .. import simd
 from ..simd import path_of
-from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8
+from .common import EXACT, PREFETCH, SDOT_PATHS, X8_TOKENS, by_path, i8
 
 def rows_q8x8(isa, qs, d, luts, xq, xd, out, n0, n1):
     """Rows [n0, n1) (n0 a multiple of 8) of a matmul of interleaved Q8_0, every token."""
@@ -14,11 +14,26 @@ def rows_q8x8(isa, qs, d, luts, xq, xd, out, n0, n1):
 
 def dot8s(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
     """sum_v s8x32 w_v . s8x32 x_v -> s32x8 (exact), as |w| . (x with the sign of w): vpdpbusd chains on
-    vnni; on avx2 each vpmaddubsw widened by vpmaddwd at once (two of them can pass 2**15)."""
+    vnni; on avx2 each vpmaddubsw widened by vpmaddwd at once (two of them can pass 2**15). On aarch64 as
+    it is: sdot chains on dotprod and i8mm, 16-bit products widened every two vectors on neon."""
 
 
 @overload(dot8s, inline="always")
 def _dot8s(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
+    if path_of(isa) in SDOT_PATHS:  # signed x signed as it is
+        def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
+            a = simd.sdot(simd.sdot(simd.sdot(simd.sdot(simd.zero32(), w0, x0), w1, x1), w2, x2), w3, x3)
+            b = simd.sdot(simd.sdot(simd.sdot(simd.sdot(simd.zero32(), w4, x4), w5, x5), w6, x6), w7, x7)
+            return simd.add32(a, b)
+        return impl
+    if path_of(isa) == "neon":  # two products per 16-bit lane: at most 2 x 128 x 127 = 32512 < 2**15
+        def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
+            a = simd.sum4x16(simd.sum4x16(simd.zero32(), simd.add16x32(simd.mull16(w0, x0), simd.mull16(w1, x1))),
+                             simd.add16x32(simd.mull16(w2, x2), simd.mull16(w3, x3)))
+            b = simd.sum4x16(simd.sum4x16(simd.zero32(), simd.add16x32(simd.mull16(w4, x4), simd.mull16(w5, x5))),
+                             simd.add16x32(simd.mull16(w6, x6), simd.mull16(w7, x7)))
+            return simd.add32(a, b)
+        return impl
     if path_of(isa) == "vnni":
         def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
             a = simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(
@@ -100,4 +115,42 @@ def _q8x8_simd(isa, qs, d, luts, xq, xd, out, n0, n1):
                 simd.storef8_first(out, t * N + grp * 8, simd.loadf8(acc, (t - t0) * 8), N - grp * 8)
 
 
-overload(rows_q8x8)(by_path(_q8x8_portable, _q8x8_simd))
+@njit(cache=True, fastmath=EXACT)
+def _q8x8_mmla(isa, qs, d, luts, xq, xd, out, n0, n1):
+    # the i8mm path: one token as _q8x8_simd (sdot); a batch two tokens at a time in smmla, as x8._x8_mmla
+    T, K = xq.shape
+    if T == 1:
+        _q8x8_simd(isa, qs, d, luts, xq, xd, out, n0, n1)
+        return
+    N = out.shape[1]
+    nb = K // 32
+    acc = np.empty(X8_TOKENS * 8, np.float32)
+    for grp in range(n0 // 8, (n1 + 7) // 8):
+        for t0 in range(0, T, X8_TOKENS):
+            t1 = min(T, t0 + X8_TOKENS)
+            acc[: (t1 - t0) * 8] = 0
+            for b in range(nb):
+                o = (grp * nb + b) * 256
+                w0 = simd.load32(qs, o)
+                w1 = simd.load32(qs, o + 32)
+                w2 = simd.load32(qs, o + 64)
+                w3 = simd.load32(qs, o + 96)
+                w4 = simd.load32(qs, o + 128)
+                w5 = simd.load32(qs, o + 160)
+                w6 = simd.load32(qs, o + 192)
+                w7 = simd.load32(qs, o + 224)
+                dw = simd.loadf8(d, (grp * nb + b) * 8)
+                for t in range(t0, t1, 2):
+                    u = min(t + 1, t1 - 1)  # the pair's second token (t itself when t is the tile's last)
+                    s2 = simd.mmla8(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, u * K + b * 32)
+                    j = (t - t0) * 8
+                    simd.storef8(acc, j, simd.fma8(simd.cvt8(simd.token_a(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
+                                                   simd.loadf8(acc, j)))
+                    if u > t:
+                        simd.storef8(acc, j + 8, simd.fma8(simd.cvt8(simd.token_b(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, u * nb + b))),
+                                                           simd.loadf8(acc, j + 8)))
+            for t in range(t0, t1):
+                simd.storef8_first(out, t * N + grp * 8, simd.loadf8(acc, (t - t0) * 8), N - grp * 8)
+
+
+overload(rows_q8x8)(by_path(_q8x8_portable, _q8x8_simd, i8mm=_q8x8_mmla))

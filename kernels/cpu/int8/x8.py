@@ -131,4 +131,59 @@ def _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
                 simd.storef8_first(out, t * N + grp * 8, simd.add8(simd.loadf8(acc, j), simd.loadf8(mos, j)), N - grp * 8)
 
 
-overload(rows_x8)(by_path(_x8_portable, _x8_simd))
+@njit(cache=True, fastmath=EXACT)
+def _x8_mmla(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
+    # the i8mm path: one token as _x8_simd (sdot); a batch two tokens at a time, each block's eight weight
+    # vectors against both tokens' activations in 16 smmla (simd.mmla8; the weights' zips, which do not
+    # depend on the token, are left to the compiler to hoist). The same integer sums as sdot, so the same
+    # bits: a token's result does not depend on its partner.
+    T, K = xq.shape
+    if T == 1:
+        _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1)
+        return
+    N = out.shape[1]
+    nb = K // 32
+    five = has_qh(kind)
+    has_m = has_min(kind)
+    offk = simd.splatf(np.float32(-16.0 if five else -8.0))
+    acc = np.empty(X8_TOKENS * 8, np.float32)
+    mos = np.empty(X8_TOKENS * 8, np.float32)
+    for grp in range(n0 // 8, (n1 + 7) // 8):
+        for t0 in range(0, T, X8_TOKENS):
+            t1 = min(T, t0 + X8_TOKENS)
+            acc[:] = 0
+            mos[:] = 0
+            for b in range(nb):
+                o = grp * nb + b
+                v0 = simd.load32(qs, o * 128)
+                v1 = simd.load32(qs, o * 128 + 32)
+                v2 = simd.load32(qs, o * 128 + 64)
+                v3 = simd.load32(qs, o * 128 + 96)
+                h = simd.load32(qh, o * 32) if five else v3
+                w0 = _x8_high(five, simd.low4(v0), h, 0)
+                w1 = _x8_high(five, simd.low4(v1), h, 1)
+                w2 = _x8_high(five, simd.low4(v2), h, 2)
+                w3 = _x8_high(five, simd.low4(v3), h, 3)
+                w4 = _x8_high(five, simd.shr4(v0), h, 4)
+                w5 = _x8_high(five, simd.shr4(v1), h, 5)
+                w6 = _x8_high(five, simd.shr4(v2), h, 6)
+                w7 = _x8_high(five, simd.shr4(v3), h, 7)
+                dw = simd.loadf8(d, o * 8)
+                off = simd.loadf8(m, o * 8) if has_m else simd.mul8(dw, offk)
+                for t in range(t0, t1, 2):
+                    u = min(t + 1, t1 - 1)  # the pair's second token (t itself when t is the tile's last)
+                    s2 = simd.mmla8(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, u * K + b * 32)
+                    j = (t - t0) * 8
+                    simd.storef8(acc, j, simd.fma8(simd.cvt8(simd.token_a(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
+                                                   simd.loadf8(acc, j)))
+                    simd.storef8(mos, j, simd.fma8(off, simd.splatf(simd.ld(xs, t * nb + b)), simd.loadf8(mos, j)))
+                    if u > t:
+                        simd.storef8(acc, j + 8, simd.fma8(simd.cvt8(simd.token_b(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, u * nb + b))),
+                                                           simd.loadf8(acc, j + 8)))
+                        simd.storef8(mos, j + 8, simd.fma8(off, simd.splatf(simd.ld(xs, u * nb + b)), simd.loadf8(mos, j + 8)))
+            for t in range(t0, t1):
+                j = (t - t0) * 8
+                simd.storef8_first(out, t * N + grp * 8, simd.add8(simd.loadf8(acc, j), simd.loadf8(mos, j)), N - grp * 8)
+
+
+overload(rows_x8)(by_path(_x8_portable, _x8_simd, i8mm=_x8_mmla))

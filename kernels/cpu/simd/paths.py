@@ -4,26 +4,54 @@ compiled function handles) in its type. See the package docstring."""
 from __future__ import annotations
 
 import os
+import platform
 
 import numpy as np
 
 from ... import kinds as _kinds
 
-PATHS = ("portable", "avx2", "vnni")
+X86_PATHS = ("avx2", "vnni")
+ARM_PATHS = ("neon", "dotprod", "i8mm")  # aarch64 (see simd/neon.py)
+PATHS = ("portable",) + X86_PATHS + ARM_PATHS
 
 
 ALL_KINDS = _kinds.QUANTIZED  # the quantized matrix kinds (kinds.py: row-major and interleaved)
 
 
 def host_features() -> set[str]:
+    """The host CPU's features in LLVM's names. On aarch64 Linux the kernel's hardware capabilities
+    (AT_HWCAP, AT_HWCAP2 in /proc/self/auxv) add `neon`, `dotprod` and `i8mm`: they are what the
+    kernel lets user code execute, and they are right under qemu-user too, where /proc/cpuinfo (which
+    LLVM reads) may describe the machine qemu runs on."""
     import llvmlite.binding as llvm
 
     try:
         llvm.initialize_native_target()
     except RuntimeError:
         pass
-    feats = llvm.get_host_cpu_features()
-    return {name for name, on in feats.items() if on}
+    feats = {name for name, on in llvm.get_host_cpu_features().items() if on}
+    if platform.machine() in ("aarch64", "arm64"):
+        feats |= arm_hwcaps()
+    return feats
+
+
+# AT_HWCAP / AT_HWCAP2 bits of arm64 Linux (arch/arm64/include/uapi/asm/hwcap.h)
+_AT_HWCAP, _AT_HWCAP2 = 16, 26
+_HWCAP = {"neon": (_AT_HWCAP, 1 << 1), "dotprod": (_AT_HWCAP, 1 << 20), "i8mm": (_AT_HWCAP2, 1 << 13)}
+
+
+def arm_hwcaps(auxv: bytes | None = None) -> set[str]:
+    """`neon` (ASIMD), `dotprod` (ASIMDDP) and `i8mm` from an aarch64 Linux process's auxiliary vector
+    (pairs of native-endian uint64: type, value); empty where it cannot be read."""
+    if auxv is None:
+        try:
+            with open("/proc/self/auxv", "rb") as f:
+                auxv = f.read()
+        except OSError:
+            return set()
+    words = np.frombuffer(auxv[: len(auxv) // 16 * 16], np.uint64).reshape(-1, 2)
+    caps = {int(t): int(v) for t, v in words}
+    return {name for name, (at, bit) in _HWCAP.items() if caps.get(at, 0) & bit}
 
 
 def available_paths() -> list[str]:
@@ -34,6 +62,12 @@ def available_paths() -> list[str]:
         paths.append("avx2")
         if "avxvnni" in f or ("avx512vnni" in f and "avx512vl" in f):
             paths.append("vnni")
+    if "neon" in f:  # aarch64's Advanced SIMD, in every ARMv8-A core
+        paths.append("neon")
+        if "dotprod" in f:  # sdot/udot: ARMv8.2 (Cortex-A55/A76, Raspberry Pi 5, Apple M1, Graviton 2)
+            paths.append("dotprod")
+            if "i8mm" in f:  # smmla: ARMv8.6 (Cortex-A510/A710/X2, Apple M2, Graviton 3)
+                paths.append("i8mm")
     return paths
 
 
