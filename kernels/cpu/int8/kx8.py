@@ -1,4 +1,8 @@
-"""Interleaved Q4_K, Q5_K, Q6_K (layout._k8): eight rows per vector."""
+"""Interleaved Q4_K, Q5_K, Q6_K (layout._k8): eight rows per vector.
+
+One file over 450 lines: the family's implementations (portable, avx2, vnni, aarch64) compute the same
+integers in the same order and change together; the next split moves the avx2 kernel (_q45_avx2, _q6_avx2,
+_kx8_avx2) into a module of its own."""
 
 import numpy as np
 from numba import njit
@@ -24,7 +28,8 @@ is_q6_k = kinds.predicate("ggml:Q6_K", within="kx8")  # Q6_K: unsigned bytes, no
 # _kx8_portable lane by lane; _kx8_avx2 (weights unpacked once into registers for a tile of tokens, scales
 # on the vpmaddwd: see there); _kx8_simd on the vnni and aarch64 paths (vpdpbusd or sdot sums times the
 # scales by vpmulld/mul, Q4_K and Q5_K weights unpacked once per row group into a byte scratch that every
-# token reads); _kx8_mmla on i8mm (_kx8_simd with two tokens per smmla).
+# token reads; on aarch64 a decode step reads the packed weights directly, _kx8_arm); _kx8_mmla on i8mm
+# (_kx8_simd with two tokens per smmla).
 
 
 def rows_kx8(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
@@ -384,14 +389,70 @@ def _kx8_avx2(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
         _q45_avx2(False, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1, acc, mos, isums)
 
 
+@njit(inline="always", cache=True)
+def _q45_decode(isa, five, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1):
+    # one token of Q4_K (five False) or Q5_K (True) straight from the packed nibbles, with _kx8_simd's
+    # integers and FMAs (the same bits): each pair's eight vectors are unpacked in registers into the two
+    # sub-blocks' weights, where _kx8_simd writes them to its byte scratch first for a batch to reuse
+    K = xq.shape[1]
+    N = out.shape[1]
+    nsb = K // 256
+    for grp in range(n0 // 8, (n1 + 7) // 8):
+        acc = simd.zerof()
+        mo = simd.zerof()
+        for sb in range(nsb):
+            g = grp * nsb + sb
+            isum = simd.zero32()
+            msum = simd.zero32()
+            for p in range(4):
+                o = (g * 4 + p) * 256
+                ho = g * 256 if five else o
+                hq = qh if five else qs
+                simd.prefetch256(qs, o + PREFETCH)
+                for half in range(2):
+                    j = 2 * p + half
+                    xo = sb * 256 + j * 32
+                    dot = dot8(isa, _q45w(five, half, simd.load32(qs, o), simd.load32(hq, ho), j),
+                               _q45w(five, half, simd.load32(qs, o + 32), simd.load32(hq, ho + 32), j),
+                               _q45w(five, half, simd.load32(qs, o + 64), simd.load32(hq, ho + 64), j),
+                               _q45w(five, half, simd.load32(qs, o + 96), simd.load32(hq, ho + 96), j),
+                               _q45w(five, half, simd.load32(qs, o + 128), simd.load32(hq, ho + 128), j),
+                               _q45w(five, half, simd.load32(qs, o + 160), simd.load32(hq, ho + 160), j),
+                               _q45w(five, half, simd.load32(qs, o + 192), simd.load32(hq, ho + 192), j),
+                               _q45w(five, half, simd.load32(qs, o + 224), simd.load32(hq, ho + 224), j),
+                               simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4), simd.bcast4(xq, xo + 8),
+                               simd.bcast4(xq, xo + 12), simd.bcast4(xq, xo + 16), simd.bcast4(xq, xo + 20),
+                               simd.bcast4(xq, xo + 24), simd.bcast4(xq, xo + 28))
+                    isum = simd.add32(isum, simd.mul32(dot, simd.widen8(sc, g * 128 + j * 8)))
+                    msum = simd.add32(msum, simd.mul32(simd.widen8(sc, g * 128 + 64 + j * 8),
+                                                       simd.splat32(simd.ld(xb, sb * 8 + j))))
+            dx = simd.splatf(simd.ld(xd, sb))
+            mo = simd.fma8(simd.cvt8(msum), simd.mul8(simd.loadf8(m, g * 8), dx), mo)
+            acc = simd.fma8(simd.cvt8(isum), simd.mul8(simd.loadf8(d, g * 8), dx), acc)
+        simd.storef8_first(out, grp * 8, simd.sub8(acc, mo), N - grp * 8)
+
+
+@njit(cache=True, fastmath=EXACT)
+def _kx8_arm(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
+    # the aarch64 paths: _kx8_simd (sdot chains on dotprod, widening products on neon), but a Q4_K/Q5_K
+    # decode step reads the packed weights directly (_q45_decode)
+    if xq.shape[0] == 1 and has_min(kind):
+        if has_qh(kind):
+            _q45_decode(isa, True, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1)
+        else:
+            _q45_decode(isa, False, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1)
+        return
+    _kx8_simd(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1)
+
+
 @njit(cache=True, fastmath=EXACT)
 def _kx8_mmla(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
-    # the i8mm path: one token as _kx8_simd (sdot); a batch two tokens at a time, each sub-block's weight
+    # the i8mm path: one token as _kx8_arm (sdot); a batch two tokens at a time, each sub-block's weight
     # vectors (Q4_K/Q5_K: from the byte scratch) against both tokens in smmla (simd.mmla8, Q6_K's 16-element
     # groups simd.mmla4), then _kx8_simd's integer scales and float FMAs for each token: the same bits
     T, K = xq.shape
     if T == 1:
-        _kx8_simd(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1)
+        _kx8_arm(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1)
         return
     N = out.shape[1]
     nsb = K // 256
@@ -446,6 +507,6 @@ def _kx8_mmla(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
 
 
 # vnni keeps _kx8_simd's vpdpbusd chains: the avx2 kernel runs there too, but which is faster on an
-# AVX-512 VNNI host has not been measured. The aarch64 paths run _kx8_simd (sdot, or neon's widening
-# products), i8mm its two-token twin.
-overload(rows_kx8)(by_path(_kx8_portable, _kx8_simd, avx2=_kx8_avx2, i8mm=_kx8_mmla))
+# AVX-512 VNNI host has not been measured. The aarch64 paths run _kx8_arm (sdot, or neon's widening
+# products), i8mm its two-token twin for batches.
+overload(rows_kx8)(by_path(_kx8_portable, _kx8_simd, avx2=_kx8_avx2, neon=_kx8_arm, dotprod=_kx8_arm, i8mm=_kx8_mmla))
