@@ -6,7 +6,7 @@ import os
 import platform
 
 ISA_FEATURES = ("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni",
-                "amx-int8", "neon")
+                "amx-int8", "neon", "dotprod", "i8mm")
 
 
 def cpu_name() -> str:

@@ -10,7 +10,8 @@ from . import simd
 from .simd import f32_bits
 
 # float16 bit pattern -> float32, for KV caches stored as float16 bits (uint16)
-F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+with np.errstate(invalid="ignore"):  # signalling NaNs set the invalid flag on aarch64 (numpy warns); kept as NaNs
+    F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 # KV cache storage, per layer (n_slots, KVH, row), one of:

@@ -15,8 +15,9 @@ _x8_has_min = kinds.predicate("has_min", within="x8")  # Q4_1_X8, Q5_1_X8
 # 16-bit pattern -> float32 value: row 0 reads it as float16 (the block scales, F16 weights),
 # row 1 as bfloat16 (BF16 weights). 512 KiB, shared by every kernel.
 _bits = np.arange(65536, dtype=np.uint32)
-HALF_TO_F32 = np.stack([_bits.astype(np.uint16).view(np.float16).astype(np.float32),
-                        (_bits << 16).view(np.float32)])
+with np.errstate(invalid="ignore"):  # signalling NaNs set the invalid flag on aarch64 (numpy warns); kept as NaNs
+    HALF_TO_F32 = np.stack([_bits.astype(np.uint16).view(np.float16).astype(np.float32),
+                            (_bits << 16).view(np.float32)])
 del _bits
 
 ROWS_PER_TASK = 16  # rows handed to a thread at a time; each task owns one row buffer
