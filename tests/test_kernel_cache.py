@@ -62,6 +62,18 @@ def test_tiers_follow_the_psabi_levels_and_never_a_feature_the_host_lacks():
     assert cache.tier_for("portable", V3, "aarch64").name.startswith("host-aarch64-")
 
 
+def test_aarch64_tiers_pin_the_extensions_of_each_path():
+    arm = {"neon", "dotprod", "i8mm"}
+    assert cache.tier_for("portable", arm, "aarch64").name == "armv8-a"
+    assert cache.tier_for("neon", {"neon"}, "aarch64").name == "armv8-a"
+    t = cache.tier_for("dotprod", arm, "aarch64")
+    assert (t.name, t.cpu, t.features) == ("armv8.2-a-dotprod", "generic", "+neon,+dotprod")
+    t = cache.tier_for("i8mm", arm, "aarch64")
+    assert (t.name, t.cpu, t.features) == ("armv8.6-a-i8mm", "generic", "+neon,+dotprod,+i8mm")
+    # a core the tier's extensions are not all on gets a tier of its own, as on x86
+    assert cache.tier_for("i8mm", {"neon", "i8mm"}, "aarch64").name.startswith("host-aarch64-")
+
+
 def test_the_kernel_cache_lives_in_the_registry_home(monkeypatch, tmp_path):
     from edgeinfer import registry
 

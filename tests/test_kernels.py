@@ -118,7 +118,7 @@ def test_int8_matmul_matches_integer_reference(t, path):
     rng = np.random.default_rng(100 + KIND[t])
     for n, k in shapes_for(t, rng):
         raw, ref = random_tensor(t, n, k, rng)
-        for w in layouts(repack(raw, t, (k, n))):
+        for w in layouts(repack(raw, t, (k, n)), path):
             for tokens in (1, 3, 17, 40):
                 x = rng.standard_normal((tokens, k)).astype(np.float32)
                 got = np.empty((tokens, n), np.float32)
@@ -144,7 +144,7 @@ def test_int8_matmul_at_the_extremes_of_its_ranges(t, path):
         raw[:, :, off:off + 2] = np.array([0.01], np.float16).view(np.uint8)
     raw = raw.reshape(n, -1)
     ref = gguf.quants.dequantize(raw, t).reshape(n, k).astype(np.float32)
-    for w in layouts(repack(raw, t, (k, n))):
+    for w in layouts(repack(raw, t, (k, n)), path):
         for sign, tokens in ((1, 1), (-1, 1), (1, 3), (-1, 3)):  # the one-token path and a tile
             x = np.full((tokens, k), sign, np.float32)
             got = np.empty((tokens, n), np.float32)
@@ -185,7 +185,7 @@ def test_batched_rows_equal_single_token_bit_for_bit(t, path):
     n, k = 33, GGML_QUANT_SIZES[t][0] * 3
     raw, _ = random_tensor(t, n, k, rng)
     x = rng.standard_normal((37, k)).astype(np.float32)
-    for w in layouts(repack(raw, t, (k, n))):
+    for w in layouts(repack(raw, t, (k, n)), path):
         isa = unit_table(path, w.kind)
         single = np.empty((37, n), np.float32)
         for i in range(37):
@@ -207,9 +207,12 @@ def unit_table(path, kind):
     return table.for_kinds((kind,))
 
 
-def layouts(w):
-    """A repacked matrix, and for a quantized type also its eight-row interleaved form."""
-    return (w, interleave8(w)) if w.kind in INTERLEAVED else (w,)
+def layouts(w, path=None):
+    """A repacked matrix, and for a quantized type also its eight-row interleaved form; for a SIMD `path` the
+    interleaved form alone (the row-major kernels take no path: the portable run covers them)."""
+    if w.kind not in INTERLEAVED:
+        return (w,)
+    return (interleave8(w),) if path not in (None, "portable") else (w, interleave8(w))
 
 
 @pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
@@ -280,8 +283,33 @@ def test_kernel_path_choice(monkeypatch):
     monkeypatch.setenv("EDGEINFER_KERNELS", "portable")
     assert simd.choose_path() == "portable"
     monkeypatch.setenv("EDGEINFER_KERNELS", "sse9")
-    with pytest.raises(ValueError, match="EDGEINFER_KERNELS must be one of portable, avx2, vnni"):
+    with pytest.raises(ValueError, match="EDGEINFER_KERNELS must be one of portable, avx2, vnni, neon, dotprod, i8mm"):
         simd.choose_path()
+
+
+@pytest.mark.parametrize("caps, paths", [
+    ({}, ["portable"]),
+    ({16: 1 << 1}, ["portable", "neon"]),                                    # Cortex-A72 (Raspberry Pi 4)
+    ({16: (1 << 1) | (1 << 20)}, ["portable", "neon", "dotprod"]),           # Cortex-A76 (Raspberry Pi 5)
+    ({16: (1 << 1) | (1 << 20), 26: 1 << 13}, ["portable", "neon", "dotprod", "i8mm"]),  # Neoverse V1
+    ({16: (1 << 1) | (1 << 20) | (1 << 13)}, ["portable", "neon", "dotprod"]),  # i8mm's bit is HWCAP2's
+])
+def test_aarch64_paths_follow_the_kernels_hardware_capabilities(monkeypatch, caps, paths):
+    """On aarch64 the paths come from AT_HWCAP/AT_HWCAP2 in the auxiliary vector (/proc/self/auxv), read here
+    from bytes as the kernel lays them out, then chosen as on a board."""
+    from edgeinfer.kernels.cpu.simd import paths as paths_module
+
+    words = [w for at, val in caps.items() for w in (at, val)] + [6, 4096, 0, 0]  # AT_PAGESZ, AT_NULL
+    auxv = np.array(words, np.uint64).tobytes()
+    feats = simd.arm_hwcaps(auxv)
+    monkeypatch.setattr(paths_module, "host_features", lambda: feats)
+    monkeypatch.delenv("EDGEINFER_KERNELS", raising=False)
+    assert simd.available_paths() == paths
+    assert simd.choose_path() == paths[-1]
+    if "dotprod" not in paths:
+        monkeypatch.setenv("EDGEINFER_KERNELS", "dotprod")
+        with pytest.raises(ValueError, match="this CPU cannot run that path"):
+            simd.choose_path()
 
 
 def test_repacked_weights_take_the_files_bytes():

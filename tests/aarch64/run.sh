@@ -139,7 +139,7 @@ make_root
 make_site
 make_proj
 make_bin
-export PATH="$DIR/bin:$PATH"
+export PATH="$DIR/bin:$PATH" EDGEINFER_AARCH64_EMULATED=1
 unset PYTHONHOME VIRTUAL_ENV
 if [ $# -eq 0 ]; then
     cd "$REPO"
