@@ -214,7 +214,10 @@ def llama3_rope_factors(head_dim: int, base: float, factor: float = 8.0, low_fre
     """rope_freqs.weight as convert_hf_to_gguf.py (LlamaModel.generate_extra_tensors, rope_type llama3)
     computes it: one factor per rotated pair; llama.cpp divides each pair's frequency by it (ggml_rope_ext's
     freq_factors: theta_i = pos * base^(-2i/n_rot) / factor_i)."""
-    freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    # base ** (2i / head_dim) by the C library's pow, rounded to float32: numpy's float32 power gives other
+    # roundings where it has SIMD code of its own (AVX-512 hosts: 7 of these 32), which changed the file
+    exps = np.arange(0, head_dim, 2, dtype=np.float32) / head_dim
+    freqs = 1.0 / np.array([base ** float(e) for e in exps], np.float32)
     low_freq_wavelen = old_context_len / low_freq_factor
     high_freq_wavelen = old_context_len / high_freq_factor
     out = []
