@@ -6,7 +6,7 @@ from numba.extending import overload
 
 from .. import simd
 from ..simd import path_of
-from .common import EXACT, PREFETCH, SDOT_PATHS, X8_TOKENS, by_path, i8
+from .common import EXACT, PREFETCH, SDOT_PATHS, X8_TOKENS, by_path, dot8, i8
 
 def rows_q8x8(isa, qs, d, luts, xq, xd, out, n0, n1):
     """Rows [n0, n1) (n0 a multiple of 8) of a matmul of interleaved Q8_0, every token."""
@@ -20,11 +20,9 @@ def dot8s(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
 
 @overload(dot8s, inline="always")
 def _dot8s(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
-    if path_of(isa) in SDOT_PATHS:  # signed x signed as it is
+    if path_of(isa) in SDOT_PATHS:  # sdot is signed x signed: dot8 as it is (any weights there)
         def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
-            a = simd.sdot(simd.sdot(simd.sdot(simd.sdot(simd.zero32(), w0, x0), w1, x1), w2, x2), w3, x3)
-            b = simd.sdot(simd.sdot(simd.sdot(simd.sdot(simd.zero32(), w4, x4), w5, x5), w6, x6), w7, x7)
-            return simd.add32(a, b)
+            return dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7)
         return impl
     if path_of(isa) == "neon":  # two products per 16-bit lane: at most 2 x 128 x 127 = 32512 < 2**15
         def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):

@@ -54,6 +54,16 @@ def _x8_high(five, w, h, v):
     return w
 
 
+@njit(inline="always", cache=True)
+def _x8_weights(five, v0, v1, v2, v3, h):
+    # a block's eight weight vectors (elements 4v .. 4v + 3 of eight rows) from its four packed vectors: low
+    # nibbles are elements 0-15, high ones 16-31, with a Q5 type's fifth bits from h
+    return (_x8_high(five, simd.low4(v0), h, 0), _x8_high(five, simd.low4(v1), h, 1),
+            _x8_high(five, simd.low4(v2), h, 2), _x8_high(five, simd.low4(v3), h, 3),
+            _x8_high(five, simd.shr4(v0), h, 4), _x8_high(five, simd.shr4(v1), h, 5),
+            _x8_high(five, simd.shr4(v2), h, 6), _x8_high(five, simd.shr4(v3), h, 7))
+
+
 @njit(cache=True, fastmath=EXACT)
 def _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
     T, K = xq.shape
@@ -106,14 +116,7 @@ def _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
                 v2 = simd.load32(qs, o * 128 + 64)
                 v3 = simd.load32(qs, o * 128 + 96)
                 h = simd.load32(qh, o * 32) if five else v3
-                w0 = _x8_high(five, simd.low4(v0), h, 0)
-                w1 = _x8_high(five, simd.low4(v1), h, 1)
-                w2 = _x8_high(five, simd.low4(v2), h, 2)
-                w3 = _x8_high(five, simd.low4(v3), h, 3)
-                w4 = _x8_high(five, simd.shr4(v0), h, 4)
-                w5 = _x8_high(five, simd.shr4(v1), h, 5)
-                w6 = _x8_high(five, simd.shr4(v2), h, 6)
-                w7 = _x8_high(five, simd.shr4(v3), h, 7)
+                w0, w1, w2, w3, w4, w5, w6, w7 = _x8_weights(five, v0, v1, v2, v3, h)
                 dw = simd.loadf8(d, o * 8)
                 off = simd.loadf8(m, o * 8) if has_m else simd.mul8(dw, offk)
                 for t in range(t0, t1):
@@ -160,14 +163,7 @@ def _x8_mmla(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
                 v2 = simd.load32(qs, o * 128 + 64)
                 v3 = simd.load32(qs, o * 128 + 96)
                 h = simd.load32(qh, o * 32) if five else v3
-                w0 = _x8_high(five, simd.low4(v0), h, 0)
-                w1 = _x8_high(five, simd.low4(v1), h, 1)
-                w2 = _x8_high(five, simd.low4(v2), h, 2)
-                w3 = _x8_high(five, simd.low4(v3), h, 3)
-                w4 = _x8_high(five, simd.shr4(v0), h, 4)
-                w5 = _x8_high(five, simd.shr4(v1), h, 5)
-                w6 = _x8_high(five, simd.shr4(v2), h, 6)
-                w7 = _x8_high(five, simd.shr4(v3), h, 7)
+                w0, w1, w2, w3, w4, w5, w6, w7 = _x8_weights(five, v0, v1, v2, v3, h)
                 dw = simd.loadf8(d, o * 8)
                 off = simd.loadf8(m, o * 8) if has_m else simd.mul8(dw, offk)
                 for t in range(t0, t1, 2):
