@@ -9,14 +9,23 @@ ISA_FEATURES = ("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "
                 "amx-int8", "neon", "dotprod", "i8mm")
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The CPU's name from /proc/cpuinfo: x86's "model name"; on ARM boards, whose cpuinfo has none, the
+    board's "Model" (Raspberry Pi) or "Hardware" line."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and value.strip():
+            fields.setdefault(key.strip(), value.strip())
+    for key in ("model name", "Model", "Hardware"):
+        if key in fields:
+            return fields[key]
     return platform.processor() or platform.machine()
 
 

@@ -82,6 +82,18 @@ def test_system_reports_the_kernel_path():
     assert run("system").output.startswith("CPU")
 
 
+def test_system_names_the_cpu_of_an_x86_machine_and_of_an_arm_board():
+    from edgeinfer.system import cpu_name
+
+    x86 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2\n"
+    pi5 = ("processor\t: 0\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd asimddp\nCPU part\t: 0xd0b\n\n"
+           "Revision\t: d04170\nModel\t\t: Raspberry Pi 5 Model B Rev 1.0\n")
+    jetson = "processor\t: 0\nFeatures\t: fp asimd\nCPU part\t: 0xd07\nHardware\t: NVIDIA Jetson Nano\n"
+    assert cpu_name(x86) == "AMD EPYC 7B13"
+    assert cpu_name(pi5) == "Raspberry Pi 5 Model B Rev 1.0"
+    assert cpu_name(jetson) == "NVIDIA Jetson Nano"
+
+
 def test_bad_kernel_path_is_a_one_line_error():
     import subprocess
     import sys
