@@ -1,14 +1,14 @@
-"""What the aarch64 kernels compile to: the instructions of each path's innermost dot-product loop, per
-32-element block of one row and one token. Run it on aarch64 (or emulated, from the repository root):
+"""What the aarch64 kernels compile to: each path's dot-product loops and their instructions per 32-element
+block of one row and one token. Run it on aarch64, or emulated from the repository root:
 
     tests/aarch64/run.sh python benchmarks/arm_instructions.py [--json FILE]
 
-For each path (neon, dotprod, i8mm) and interleaved family (x8: Q4_0/Q4_1/Q5_0/Q5_1, kx8: Q4_K/Q5_K/Q6_K,
-q8x8: Q8_0) it finds the basic blocks holding the path's dot-product instruction, and for each such loop
-prints its instruction count, its dot-product instructions, and what a loop iteration covers (rows x tokens
-x elements, read from the count of dot-product instructions: sdot 8 rows x 4 elements... ) so that counts
-compare with llama.cpp's NEON kernels per 32-element block. The loops are reported as found, largest first;
-the kernel (decode or batch) each belongs to is told by its instruction mix (smmla only in batches).
+For each path (neon, dotprod, i8mm) and interleaved family (x8: Q4_0/Q4_1/Q5_0/Q5_1; kx8: Q4_K/Q5_K/Q6_K;
+q8x8: Q8_0) it finds the basic blocks that hold the path's dot-product instructions (the kernel unit's
+assembly, as tests/aarch64/test_arm_kernels.py reads it) and prints, for the largest of them, the block's
+instruction count, its dot-product instructions and their byte multiply-accumulates (sdot 16, smmla 32,
+smull/smlal 8), and the instructions per 32 MACs: per 32-element block of one row and one token, the unit
+llama.cpp's NEON kernels can be counted in. A family has several such loops (decode, batch, each type).
 """
 
 from __future__ import annotations
