@@ -5,7 +5,7 @@
 # running the aarch64 Python in it under qemu-user (`qemu-aarch64-static -cpu max`: every Armv8/v9
 # feature, dotprod and i8mm included), in the caller's working directory and environment
 # (EDGEINFER_HOME and the rest pass through). With no COMMAND it runs the suite's aarch64 part,
-# tests/aarch64/. Examples:
+# tests/aarch64/. On an aarch64 machine it runs the suite or COMMAND natively. Examples:
 #   tests/aarch64/run.sh edgeinfer system
 #   tests/aarch64/run.sh python script.py
 #   EDGEINFER_QEMU_CPU=cortex-a72 tests/aarch64/run.sh edgeinfer system   # a core without dotprod
@@ -133,6 +133,10 @@ EOF
     ln -sf python3 "$DIR/bin/python3.11"
 }
 
+if [ "$(uname -m)" = aarch64 ]; then  # a real ARM machine: the same suite or command, natively
+    if [ $# -eq 0 ]; then cd "$REPO" && exec python3 -m pytest -q -p no:cacheprovider tests/aarch64; fi
+    exec "$@"
+fi
 mkdir -p "$DIR"
 need_tools
 make_root
