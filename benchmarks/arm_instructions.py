@@ -34,7 +34,7 @@ OPS = {"neon": ("smull", "smull2", "smlal", "smlal2"), "dotprod": ("sdot",), "i8
 def loops(asm: str, path: str):
     for b in blocks(asm):
         ops = [i.split()[0] for i in b]
-        dots = [o for o in ops if o in OPS[path] and not (o.startswith("sm") and path != "neon" and o != "smmla")]
+        dots = [o for o in ops if o in OPS[path]]
         if not dots:
             continue
         macs = sum(MACS[o] for o in dots)

@@ -14,11 +14,10 @@ from edgeinfer.engine.kv_cache import KVCache
 from edgeinfer.engine.model_runner import Batch
 from edgeinfer.gguf_file import GGUFFile
 from edgeinfer.kernels import get_backend
-from edgeinfer.kernels.cpu import backend, simd, units
+from edgeinfer.kernels.cpu import backend, units
 from edgeinfer.models import load_model
+from test_arm_kernels import ARM
 from test_golden import compare_greedy
-
-ARM = [p for p in simd.available_paths() if p in simd.ARM_PATHS]
 
 with open(golden_path("arch_zoo.json")) as f:
     GOLD = json.load(f)["models"]
