@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import lowbit
+
 QK_K = 256
 F32 = np.float32
 
@@ -114,20 +116,27 @@ def _nibbles(L: np.ndarray) -> np.ndarray:
     return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(-1, 128).astype(np.uint8)
 
 
-def quantize_q4_k(x: np.ndarray) -> np.ndarray:
-    """x (rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 144) uint8 Q4_K blocks."""
+def quantize_q4_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """x (rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 144) uint8 Q4_K blocks. weights: an
+    imatrix row (k,), llama.cpp's weighted search (lowbit.k45_weighted)."""
     rows = x.shape[0]
     xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
-    d, dmin, sc, L = _quantize_k45(xb, 15, -1.0, 20)
+    if weights is not None:
+        d, dmin, sc, L = lowbit.k45_weighted(xb, weights, rows, 15)
+    else:
+        d, dmin, sc, L = _quantize_k45(xb, 15, -1.0, 20)
     out = np.concatenate([_f16_bytes(d), _f16_bytes(dmin), sc, _nibbles(L)], axis=1)
     return out.reshape(rows, -1)
 
 
-def quantize_q5_k(x: np.ndarray) -> np.ndarray:
-    """x (rows, k) float32 -> (rows, k / 256 * 176) uint8 Q5_K blocks."""
+def quantize_q5_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """x (rows, k) float32 -> (rows, k / 256 * 176) uint8 Q5_K blocks (weights: as quantize_q4_k)."""
     rows = x.shape[0]
     xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
-    d, dmin, sc, L = _quantize_k45(xb, 31, -0.5, 15)
+    if weights is not None:
+        d, dmin, sc, L = lowbit.k45_weighted(xb, weights, rows, 31)
+    else:
+        d, dmin, sc, L = _quantize_k45(xb, 31, -0.5, 15)
     hi = (L >> 4).reshape(-1, 8, 32)  # group i's fifth bit goes to bit i of qh[l]
     qh = np.zeros((L.shape[0], 32), np.uint8)
     for i in range(8):
@@ -165,12 +174,15 @@ def _fit_symmetric(x: np.ndarray, nmax: int):
     return np.where(zero, F32(0), scale).astype(F32)
 
 
-def quantize_q6_k(x: np.ndarray) -> np.ndarray:
-    """x (rows, k) float32 -> (rows, k / 256 * 210) uint8 Q6_K blocks."""
+def quantize_q6_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """x (rows, k) float32 -> (rows, k / 256 * 210) uint8 Q6_K blocks (weights: an imatrix row (k,))."""
     rows = x.shape[0]
     xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
     nb = xb.shape[0]
-    scales = _fit_symmetric(xb.reshape(nb * 16, 16), 32).reshape(nb, 16)
+    if weights is not None:
+        scales = lowbit.q6_k_scales(xb.reshape(nb * 16, 16), weights, rows).reshape(nb, 16)
+    else:
+        scales = _fit_symmetric(xb.reshape(nb * 16, 16), 32).reshape(nb, 16)
     pick = np.abs(scales).argmax(axis=1)
     max_scale = scales[np.arange(nb), pick]
     zero = np.abs(max_scale) < F32(1e-15)

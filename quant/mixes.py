@@ -1,18 +1,27 @@
 """Which type each tensor gets: llama.cpp's per-tensor rules (llama-quantize, src/llama-quant.cpp) for
-the plain types and the K-quant mixes Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M and Q6_K.
+the plain types, the K-quant mixes Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M and Q6_K,
+and the 4-bit non-linear mixes IQ4_NL and IQ4_XS.
 
 Tensors take their rule from their role in the name, as llama.cpp's tensor categories: a fused attn_qkv
 (phi3) is an attn_v; an MoE layer's 3-D experts (ffn_{gate,up,down}_exps) and shared expert
 (ffn_*_shexp) are the FFN tensors they replace, an MoE ffn_down's layer read from its name; a model of
 exactly 8 experts gets Mixtral's bumps of attn_v/attn_k (Q8_0) and attn_output (Q5_K). Routers
 (ffn_gate_inp, ffn_gate_inp_shexp), RoPE factor tables (rope_freqs, rope_factors_*) and every norm
-(q/k norms, post-norms) are never quantized."""
+(q/k norms, post-norms) are never quantized. Some low-bit rules read the model's GQA ratio (n_head /
+n_head_kv of the first layer, as llama.cpp's hparams.n_gqa()): Q2_K's and IQ4_*'s attn_v get more bits
+when 4 or more query heads share each KV head.
+
+Not expressed: the Falcon-only rules (no Falcon models here) and the "70B" bump of attn_v from Q3_K/Q4_K
+to Q5_K (llama.cpp's LLM_TYPE_70B: an 80-layer Llama with GQA, Qwen2-72B, ...), which needs the model's
+size class; and the rules that depend on an importance matrix (none is taken here: llama.cpp without one
+makes the same choices as below)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
+import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T, LlamaFileType as FT
 
 # --type NAME -> (file type written to general.file_type, default tensor type, mix rules apply)
@@ -25,18 +34,26 @@ TYPES: dict[str, tuple[FT, T, bool]] = {
     "Q4_1": (FT.MOSTLY_Q4_1, T.Q4_1, True),
     "Q5_0": (FT.MOSTLY_Q5_0, T.Q5_0, True),
     "Q5_1": (FT.MOSTLY_Q5_1, T.Q5_1, True),
+    "Q3_K": (FT.MOSTLY_Q3_K_S, T.Q3_K, False),  # every tensor Q3_K (as --pure)
     "Q4_K": (FT.MOSTLY_Q4_K_S, T.Q4_K, False),  # every tensor Q4_K (as --pure)
     "Q5_K": (FT.MOSTLY_Q5_K_S, T.Q5_K, False),
+    "Q2_K": (FT.MOSTLY_Q2_K, T.Q2_K, True),
+    "Q3_K_S": (FT.MOSTLY_Q3_K_S, T.Q3_K, True),
+    "Q3_K_M": (FT.MOSTLY_Q3_K_M, T.Q3_K, True),
+    "Q3_K_L": (FT.MOSTLY_Q3_K_L, T.Q3_K, True),
     "Q4_K_S": (FT.MOSTLY_Q4_K_S, T.Q4_K, True),
     "Q4_K_M": (FT.MOSTLY_Q4_K_M, T.Q4_K, True),
     "Q5_K_S": (FT.MOSTLY_Q5_K_S, T.Q5_K, True),
     "Q5_K_M": (FT.MOSTLY_Q5_K_M, T.Q5_K, True),
     "Q6_K": (FT.MOSTLY_Q6_K, T.Q6_K, True),
+    "IQ4_NL": (FT.MOSTLY_IQ4_NL, T.IQ4_NL, True),
+    "IQ4_XS": (FT.MOSTLY_IQ4_XS, T.IQ4_XS, True),
 }
-QUANTIZED = {T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K}
+QUANTIZED = {T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS}
 TENSOR_TYPES = {t.name: t for t in (T.F32, T.F16, T.BF16, *sorted(QUANTIZED, key=lambda t: t.value))}
-# rows whose length is not a multiple of a K-quant's 256 fall back to a 32-block type
-FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+# rows whose length is not a multiple of a 256-block type's fall back to a 32-block type (llama.cpp's
+# tensor_type_fallback); a row that is not a multiple of 32 either, or of a 32-block type's, takes F16
+FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.IQ4_XS: T.IQ4_NL, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
 
 
 def parse_type(name: str, table: dict) -> object:
@@ -96,11 +113,71 @@ def _more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
+def _head_count(v) -> int:
+    """ARCH.attention.head_count(_kv) as one number: a per-layer array gives its first layer's (as
+    llama.cpp's n_gqa(0)); missing or not a count: 0."""
+    if isinstance(v, np.ndarray):
+        v = v.tolist()
+    if isinstance(v, (list, tuple)):
+        v = v[0] if v else 0
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0:
+        return int(v)
+    return 0
+
+
+def _attn_v_type(mix: str, default: T, i: int, n: int, n_gqa: int) -> tuple[T, str]:
+    """An attn_v-like tensor's type (the i-th of n) before the 8-expert bump."""
+    if mix == "Q2_K":
+        return (T.Q4_K, "GQA >= 4") if n_gqa >= 4 else (T.Q3_K, "attn_v")
+    if mix == "Q3_K_M":
+        return (T.Q5_K, "first layers") if i < 2 else (T.Q4_K, "attn_v")
+    if mix == "Q3_K_L":
+        return T.Q5_K, "attn_v"
+    if mix in ("IQ4_NL", "IQ4_XS") and n_gqa >= 4:
+        return T.Q5_K, "GQA >= 4"
+    if mix in ("Q4_K_M", "Q5_K_M") and _more_bits(i, n):
+        return T.Q6_K, "more bits"
+    if mix == "Q4_K_S" and i < 4:
+        return T.Q5_K, "first layers"
+    return default, ""
+
+
+def _ffn_down_type(mix: str, default: T, i: int, n: int) -> tuple[T, str]:
+    """ffn_down's type in layer i of n (no imatrix, not Falcon)."""
+    if mix == "Q2_K":
+        return T.Q3_K, "ffn_down"
+    if mix == "Q3_K_M":
+        return (T.Q5_K, "first layers") if i < n // 16 else (T.Q4_K, "ffn_down")
+    if mix == "Q3_K_L":
+        return T.Q5_K, "ffn_down"
+    if mix in ("Q4_K_M", "Q5_K_M") and _more_bits(i, n):
+        return T.Q6_K, "more bits"
+    if mix in ("IQ4_NL", "IQ4_XS", "Q4_K_S") and i < n // 8:
+        return T.Q5_K, "first layers"
+    return default, ""
+
+
+def _attn_output_type(mix: str, default: T, n_expert: int) -> tuple[T, str]:
+    if n_expert == 8:  # Q3_K_L is not among the mixes that take this bump
+        if mix in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS"):
+            return T.Q5_K, "8 experts"
+        return default, ""
+    if mix == "Q2_K":
+        return T.Q3_K, "attn_output"
+    if mix == "Q3_K_M":
+        return T.Q4_K, "attn_output"
+    if mix == "Q3_K_L":
+        return T.Q5_K, "attn_output"
+    return default, ""
+
+
 def plan(tensors: list[tuple[str, tuple[int, ...], T]], type_name: str, *, pure: bool = False,
          output_type: T | None = None, token_embedding_type: T | None = None,
-         n_expert: int = 0) -> list[PlannedTensor]:
+         n_expert: int = 0, n_head=0, n_head_kv=None) -> list[PlannedTensor]:
     """tensors: (name, ggml shape, source type) in file order; n_expert: the model's expert count
-    (ARCH.expert_count; 0 for a dense model). Returns each tensor's target type.
+    (ARCH.expert_count; 0 for a dense model); n_head, n_head_kv: ARCH.attention.head_count and
+    head_count_kv (a number or a per-layer array; n_head_kv None: as n_head, llama.cpp's default), whose
+    ratio (0 when unknown) some low-bit mixes read. Returns each tensor's target type.
 
     A 3-D tensor (an MoE layer's experts, ggml shape (cols, rows, n_expert)) is n_expert matrices of
     one type; the rules read its role from its name as for a 2-D one."""
@@ -112,6 +189,8 @@ def plan(tensors: list[tuple[str, tuple[int, ...], T]], type_name: str, *, pure:
     n_ffn_down = sum(1 for n in names if "ffn_down" in n)
     blocks = [int(m.group(1)) for m in map(_BLOCK.match, names) if m]
     n_layer = max(blocks) + 1 if blocks else n_ffn_down
+    heads, heads_kv = _head_count(n_head), _head_count(n_head if n_head_kv is None else n_head_kv)
+    n_gqa = heads // heads_kv if heads_kv else 0
     i_attn_v = i_ffn_down = 0
     out = []
     for name, shape, src in tensors:
@@ -140,17 +219,14 @@ def plan(tensors: list[tuple[str, tuple[int, ...], T]], type_name: str, *, pure:
                     note = "output"
                 elif cat == "attn_v":
                     # llama.cpp counts attn_qkv among the attn_v tensors: the same bumps, one counter
-                    if type_name in ("Q4_K_M", "Q5_K_M") and _more_bits(i_attn_v, n_attn_v):
-                        new, note = T.Q6_K, "more bits"
-                    elif type_name == "Q4_K_S" and i_attn_v < 4:
-                        new, note = T.Q5_K, "first layers"
+                    new, note = _attn_v_type(type_name, new, i_attn_v, n_attn_v, n_gqa)
                     if n_expert == 8:  # Mixtral-like: "bumping this to Q8_0 trades just ~128MB"
                         new, note = T.Q8_0, "8 experts"
                     i_attn_v += 1
                 elif cat == "attn_k" and n_expert == 8:
                     new, note = T.Q8_0, "8 experts"
-                elif cat == "attn_output" and n_expert == 8 and type_name in ("Q4_K_S", "Q4_K_M"):
-                    new, note = T.Q5_K, "8 experts"
+                elif cat == "attn_output":
+                    new, note = _attn_output_type(type_name, new, n_expert)
                 elif cat == "ffn_down":
                     # a dense model's layer is the count of ffn_down tensors so far; an MoE model's is read
                     # from the name (its experts and shared expert are more than one ffn_down per layer)
@@ -158,10 +234,7 @@ def plan(tensors: list[tuple[str, tuple[int, ...], T]], type_name: str, *, pure:
                     m = _BLOCK.match(name)
                     if n_expert > 1 and m:
                         i, n = int(m.group(1)), n_layer
-                    if type_name in ("Q4_K_M", "Q5_K_M") and _more_bits(i, n):
-                        new, note = T.Q6_K, "more bits"
-                    elif type_name == "Q4_K_S" and i < n // 8:
-                        new, note = T.Q5_K, "first layers"
+                    new, note = _ffn_down_type(type_name, new, i, n)
                     i_ffn_down += 1
             if shape[0] % GGML_QUANT_SIZES[new][0] != 0:
                 fb = FALLBACK.get(new, T.F16)

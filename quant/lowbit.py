@@ -1,0 +1,448 @@
+"""Quantizers for the types below 4.5 bits: Q2_K, Q3_K, IQ4_NL and IQ4_XS, with or without an importance
+matrix, vectorised over all blocks at once in numpy.
+
+Written from llama.cpp's reference quantizers (ggml-quants.c: quantize_row_q2_K_ref and _impl,
+quantize_row_q3_K_ref and _impl, quantize_row_iq4_nl_impl with make_qkx2/qkx3/qx/q3/qp_quants): the same
+scale searches, the same candidates, the same requantization against the scales as stored. Each
+per-element loop of the C code becomes one numpy operation over every (sub-)block, and sums run over a
+block's elements in the C code's order (`_ssum`), so the result is llama.cpp's block for block but for
+the rare ties that its compiler's fused multiply-adds round the other way.
+
+`weights`, when given, is the importance of each column (an imatrix row: the mean squared activation the
+matrix's input had in that column, (k,) float32); llama.cpp's `_impl` quantizers then weight each
+element's error by it. Without it they weight as llama.cpp's reference quantizers do (|x| for Q2_K,
+x^2 for Q3_K and the IQ4 types).
+
+Block byte layouts are ggml's; gguf.quants.dequantize reads them back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+QK_K = 256
+F32 = np.float32
+EPS = F32(1e-15)  # llama.cpp's GROUP_MAX_EPS: a group whose largest |x| is below it is all zero
+# IQ4_NL's and IQ4_XS's 16 values (ggml-common.h kvalues_iq4nl; gguf.quants.IQ4_NL.kvalues)
+from gguf.quants import IQ4_NL as _IQ4  # noqa: E402
+
+KVALUES = np.array(_IQ4.kvalues, np.int8)
+_KV = KVALUES.astype(F32)
+
+
+def _f16(x) -> np.ndarray:
+    return np.asarray(x, F32).astype(np.float16).astype(F32)
+
+
+def _f16_bytes(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, F32).astype(np.float16).view(np.uint8).reshape(np.shape(x) + (2,))
+
+
+def _rint(x) -> np.ndarray:
+    return np.rint(x).astype(np.int32)  # nearest, ties to even: llama.cpp's nearest_int
+
+
+def _ssum(a: np.ndarray) -> np.ndarray:
+    """Sum over the last axis in element order (as a C loop accumulates), float32."""
+    s = a[..., 0].astype(F32)
+    for j in range(1, a.shape[-1]):
+        s = (s + a[..., j]).astype(F32)
+    return s
+
+
+def _safe(x, zero):
+    return np.where(zero, F32(1), x).astype(F32)
+
+
+def _amax_signed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The largest |x| of each row and the signed value where it first occurs."""
+    ax = np.abs(x)
+    i = ax.argmax(axis=-1)
+    amax = np.take_along_axis(ax, i[..., None], -1)[..., 0]
+    return amax, np.take_along_axis(x, i[..., None], -1)[..., 0]
+
+
+# -- llama.cpp's scale searches, each over rows of n elements -------------------------------------
+
+
+def make_qkx(x, w, nmax: int, rmin: float, rdelta: float, nstep: int, mad: bool):
+    """make_qkx2_quants / make_qkx3_quants: levels L in [0, nmax], scale and min (>= 0) so that
+    x ~ scale * L - min, the w-weighted |error| (mad) or error^2 least over nstep + 1 candidate
+    inverse scales and their least-squares refits. -> (scale (R,), min (R,), L (R, n) int32)."""
+    x = x.astype(F32)
+    w = w.astype(F32)
+    xmin = np.minimum(x.min(axis=-1), F32(0))
+    xmax = x.max(axis=-1)
+    sum_w = _ssum(w)
+    sum_x = _ssum(w * x)
+    flat = xmax <= xmin
+    span = _safe(xmax - xmin, flat)
+    iscale = (F32(nmax) / span).astype(F32)
+    scale = (F32(1) / iscale).astype(F32)
+
+    def err(s, m, lv):
+        diff = (s[:, None] * lv + m[:, None] - x).astype(F32)
+        return _ssum(w * (np.abs(diff) if mad else diff * diff))
+
+    L = np.clip(_rint(iscale[:, None] * (x - xmin[:, None])), 0, nmax)
+    best = err(scale, xmin, L.astype(F32))
+    mn = xmin.copy()
+    for step in range(nstep + 1):
+        # as in the C loop, a better fit's min becomes the origin of the later candidates
+        span = _safe(xmax - mn, flat | (xmax - mn == 0))
+        isc = ((F32(rmin) + F32(rdelta) * F32(step) + F32(nmax)) / span).astype(F32)
+        la = np.clip(_rint(isc[:, None] * (x - mn[:, None])), 0, nmax)
+        lf = la.astype(F32)
+        wl = (w * lf).astype(F32)
+        sum_l, sum_l2, sum_xl = _ssum(wl), _ssum(wl * lf), _ssum(wl * x)
+        D = (sum_w * sum_l2 - sum_l * sum_l).astype(F32)
+        ok = D > 0
+        Dz = _safe(D, ~ok)
+        ts = ((sum_w * sum_xl - sum_x * sum_l) / Dz).astype(F32)
+        tm = ((sum_l2 * sum_x - sum_l * sum_xl) / Dz).astype(F32)
+        pos = tm > 0
+        ts = np.where(pos, sum_xl / _safe(sum_l2, sum_l2 == 0), ts).astype(F32)
+        tm = np.where(pos, F32(0), tm).astype(F32)
+        cur = err(ts, tm, lf)
+        better = ok & (cur < best) & ~flat
+        L = np.where(better[:, None], la, L)
+        best = np.where(better, cur, best)
+        scale = np.where(better, ts, scale)
+        mn = np.where(better, tm, mn)
+    scale = np.where(flat, F32(0), scale).astype(F32)
+    L = np.where(flat[:, None], 0, L)
+    return scale, (-mn).astype(F32), L
+
+
+def make_qx(x, nmax: int, w):
+    """make_qx_quants with rmse_type 1: symmetric levels l in [-nmax, nmax - 1] (returned as l + nmax)
+    and the scale maximising the w-weighted fit over 19 candidates. -> (scale (R,), L (R, n))."""
+    x = x.astype(F32)
+    w = w.astype(F32)
+    amax, mx = _amax_signed(x)
+    zero = amax < EPS
+    mx = _safe(mx, zero)
+
+    def fit(isc):
+        l = np.clip(_rint(isc[:, None] * x), -nmax, nmax - 1)
+        lf = l.astype(F32)
+        return l, _ssum(w * x * lf), _ssum(w * lf * lf)
+
+    L, sumlx, suml2 = fit((F32(-nmax) / mx).astype(F32))
+    scale = np.where(suml2 > 0, sumlx / _safe(suml2, suml2 == 0), F32(0)).astype(F32)
+    best = (scale * sumlx).astype(F32)
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        l, sx, s2 = fit((-(F32(nmax) + F32(0.1) * F32(step)) / mx).astype(F32))
+        better = (s2 > 0) & (sx * sx > best * s2)
+        new = (sx / _safe(s2, s2 == 0)).astype(F32)
+        L = np.where(better[:, None], l, L)
+        scale = np.where(better, new, scale)
+        best = np.where(better, (new * sx).astype(F32), best)
+    L = np.where(zero[:, None], 0, L + nmax)
+    return np.where(zero, F32(0), scale).astype(F32), L
+
+
+def _descend(x, w, L, sumlx, suml2, lo: int, hi: int, need_sl2: bool):
+    """The five rounds of per-element coordinate descent of make_q3_quants and make_qp_quants: each
+    element in turn takes the level that the others' fit asks for, if that improves sumlx^2 / suml2. L
+    holds signed levels; rows stop once a round changes nothing (as the C loop breaks)."""
+    active = np.ones(x.shape[0], bool)
+    for _ in range(5):
+        changed = np.zeros(x.shape[0], bool)
+        for i in range(x.shape[1]):
+            xi, wi, li = x[:, i], w[:, i], L[:, i].astype(F32)
+            slx = (sumlx - wi * xi * li).astype(F32)
+            sl2 = (suml2 - wi * li * li).astype(F32)
+            ok = active & (slx > 0) & ((sl2 > 0) if need_sl2 else True)
+            new = np.clip(_rint(xi * sl2 / _safe(slx, ~ok)), lo, hi)
+            nf = new.astype(F32)
+            slx2 = (slx + wi * xi * nf).astype(F32)
+            sl22 = (sl2 + wi * nf * nf).astype(F32)
+            take = ok & (new != L[:, i]) & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
+            L[:, i] = np.where(take, new, L[:, i])
+            sumlx = np.where(take, slx2, sumlx)
+            suml2 = np.where(take, sl22, suml2)
+            changed |= take
+        active &= changed
+        if not active.any():
+            break
+    return L, sumlx, suml2
+
+
+def make_q3(x, nmax: int):
+    """make_q3_quants with do_rmse: levels in [-nmax, nmax - 1] (returned + nmax), x^2-weighted, refined
+    by coordinate descent. -> (scale (R,), L (R, n))."""
+    x = x.astype(F32)
+    amax, mx = _amax_signed(x)
+    zero = amax < EPS
+    iscale = (F32(-nmax) / _safe(mx, zero)).astype(F32)
+    L = np.clip(_rint(iscale[:, None] * x), -nmax, nmax - 1)
+    w = (x * x).astype(F32)
+    lf = L.astype(F32)
+    sumlx, suml2 = _ssum(w * x * lf), _ssum(w * lf * lf)
+    L, sumlx, suml2 = _descend(x, w, L, sumlx, suml2, -nmax, nmax - 1, False)
+    scale = np.where(suml2 > 0, sumlx / _safe(suml2, suml2 <= 0), F32(0)).astype(F32)
+    return np.where(zero, F32(0), scale), np.where(zero[:, None], 0, L + nmax)
+
+
+def make_qp(x, nmax: int, w):
+    """make_qp_quants: non-negative x (R, n) on levels [0, nmax] with weights w, for the scales of the
+    scales (Q2_K with an imatrix). -> (scale (R,), L (R, n))."""
+    x = x.astype(F32)
+    w = w.astype(F32)
+    mx = x.max(axis=-1)
+    zero = mx < EPS
+    mxs = _safe(mx, zero)
+    iscale = (F32(nmax) / mxs).astype(F32)
+    L0 = _rint(iscale[:, None] * x)
+    sc0 = (F32(1) / iscale).astype(F32)
+    d = (x - sc0[:, None] * L0.astype(F32)).astype(F32)
+    best = _ssum(w * d * d)
+    for step in range(-4, 5):
+        if step == 0:
+            continue
+        isi = ((F32(0.1) * F32(step) + F32(nmax)) / mxs).astype(F32)
+        si = (F32(1) / isi).astype(F32)
+        l = np.minimum(nmax, _rint(isi[:, None] * x))
+        d = (x - si[:, None] * l.astype(F32)).astype(F32)
+        mse = _ssum(w * d * d)
+        better = mse < best
+        best = np.where(better, mse, best)
+        iscale = np.where(better, isi, iscale)
+    L = np.minimum(nmax, _rint(iscale[:, None] * x))
+    lf = L.astype(F32)
+    sumlx, suml2 = _ssum(w * x * lf), _ssum(w * lf * lf)
+    L, sumlx, suml2 = _descend(x, w, L, sumlx, suml2, -(2 ** 30), nmax, True)
+    scale = np.where(suml2 > 0, sumlx / _safe(suml2, suml2 <= 0), F32(0)).astype(F32)
+    return np.where(zero, F32(0), scale).astype(F32), np.where(zero[:, None], 0, L)
+
+
+def best_index(values: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """best_index_int8: the index of the nearest of the sorted values (the upper one on a tie)."""
+    mu = np.clip(np.searchsorted(values, x, side="right"), 1, len(values) - 1)
+    lo = values[mu - 1]
+    hi = values[mu]
+    i = np.where(x - lo < hi - x, mu - 1, mu)
+    return np.where(x <= values[0], 0, np.where(x >= values[-1], len(values) - 1, i))
+
+
+# -- the block packings ----------------------------------------------------------------------------
+
+
+def _pack2(L: np.ndarray) -> np.ndarray:
+    """(nb, 256) levels 0..3 -> (nb, 64) qs: per 128 elements, byte l holds elements l, l+32, l+64, l+96."""
+    g = L.reshape(-1, 2, 4, 32).astype(np.uint8)
+    return (g[:, :, 0] | (g[:, :, 1] << 2) | (g[:, :, 2] << 4) | (g[:, :, 3] << 6)).reshape(-1, 64)
+
+
+def _importance(weights, rows: int, k: int, block: int) -> np.ndarray:
+    """An imatrix row (k,) as per-block weights (rows * k / block, block), float32."""
+    qw = np.asarray(weights, F32).reshape(-1)
+    if qw.size != k:
+        raise ValueError(f"importance has {qw.size} columns, the matrix {k}")
+    return np.broadcast_to(qw.reshape(1, k // block, block), (rows, k // block, block)).reshape(-1, block)
+
+
+def quantize_q2_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """x (rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 84) uint8 Q2_K blocks."""
+    rows, k = x.shape
+    xb = np.ascontiguousarray(x, F32).reshape(-1, QK_K)
+    nb = xb.shape[0]
+    sub = xb.reshape(nb * 16, 16)
+    if weights is None:
+        scales, mins, L = make_qkx(sub, np.abs(sub), 3, -0.5, 0.1, 15, True)
+        scales, mins = scales.reshape(nb, 16), mins.reshape(nb, 16)
+        max_scale, max_min = scales.max(axis=1), mins.max(axis=1)
+        zs, zm = ~(max_scale > 0), ~(max_min > 0)
+        ls = np.where(zs[:, None], 0, _rint((F32(15) / _safe(max_scale, zs))[:, None] * scales))
+        lm = np.where(zm[:, None], 0, _rint((F32(15) / _safe(max_min, zm))[:, None] * mins))
+        d = np.where(zs, F32(0), _f16(max_scale / F32(15)))
+        dmin = np.where(zm, F32(0), _f16(max_min / F32(15)))
+    else:
+        qw = _importance(weights, rows, k, 16)
+        sigma2 = (_ssum(xb * xb) / F32(QK_K)).astype(F32)
+        w = (qw * np.sqrt(np.repeat(sigma2, 16)[:, None] + sub * sub)).astype(F32)
+        scales, mins, L = make_qkx(sub, w, 3, -0.9, 0.05, 36, False)
+        sw = _ssum(w).reshape(nb, 16)
+        dm, ls = make_qp(scales.reshape(nb, 16), 15, sw)
+        mm, lm = make_qp(mins.reshape(nb, 16), 15, sw)
+        d, dmin = _f16(dm), _f16(mm)
+    packed = ((ls & 0xF) | ((lm & 0xF) << 4)).astype(np.uint8)  # C stores the uint8 of Ls | Lm << 4
+    dl = (d[:, None] * (packed & 0xF).astype(F32)).astype(F32)
+    ml = (dmin[:, None] * (packed >> 4).astype(F32)).astype(F32)
+    nz = dl != 0
+    req = np.clip(_rint((xb.reshape(nb, 16, 16) + ml[:, :, None]) / _safe(dl, ~nz)[:, :, None]), 0, 3)
+    L = np.where(nz[:, :, None], req, L.reshape(nb, 16, 16)).reshape(nb, QK_K)
+    out = np.concatenate([packed, _pack2(L), _f16_bytes(d).reshape(nb, 2), _f16_bytes(dmin).reshape(nb, 2)], axis=1)
+    return out.reshape(rows, -1)
+
+
+def _pack_q3_scales(l: np.ndarray) -> np.ndarray:
+    """(nb, 16) six-bit scales (value + 32) -> ggml's 12-byte packing (gguf.quants.Q3_K's diagram)."""
+    l = l.astype(np.uint8)
+    out = np.zeros((l.shape[0], 12), np.uint8)
+    out[:, 0:8] = (l[:, 0:8] & 0xF) | ((l[:, 8:16] & 0xF) << 4)
+    hi = l >> 4
+    out[:, 8:12] = hi[:, 0:4] | (hi[:, 4:8] << 2) | (hi[:, 8:12] << 4) | (hi[:, 12:16] << 6)
+    return out
+
+
+def quantize_q3_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """x (rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 110) uint8 Q3_K blocks."""
+    rows, k = x.shape
+    xb = np.ascontiguousarray(x, F32).reshape(-1, QK_K)
+    nb = xb.shape[0]
+    sub = xb.reshape(nb * 16, 16)
+    if weights is None:
+        scales, L = make_q3(sub, 4)
+        scales = scales.reshape(nb, 16)
+        amax, max_scale = _amax_signed(scales)
+        z = max_scale == 0
+        iscale = (F32(-32) / _safe(max_scale, z)).astype(F32)
+        ls = np.clip(_rint(iscale[:, None] * scales), -32, 31) + 32
+        ls = np.where(z[:, None], 0, ls)  # the C code leaves the scales bytes zero: every scale -32, times d = 0
+        d = np.where(z, F32(0), _f16(F32(1) / iscale))
+    else:
+        qw = _importance(weights, rows, k, 16)
+        sigma2 = (F32(2) * _ssum(xb * xb) / F32(QK_K)).astype(F32)
+        w = (qw * np.sqrt(np.repeat(sigma2, 16)[:, None] + sub * sub)).astype(F32)
+        scales, L = make_qx(sub, 4, w)
+        sw = _ssum(w).reshape(nb, 16)
+        dblock, ls = make_qx(scales.reshape(nb, 16), 32, sw)
+        d = _f16(dblock)
+    packed = _pack_q3_scales(ls)
+    sc = (ls.astype(np.int32) & 63) - 32  # as stored: six bits
+    dl = (d[:, None] * sc.astype(F32)).astype(F32)
+    nz = dl != 0
+    req = np.clip(_rint(xb.reshape(nb, 16, 16) / _safe(dl, ~nz)[:, :, None]), -4, 3) + 4
+    L = np.where(nz[:, :, None], req, L.reshape(nb, 16, 16)).reshape(nb, QK_K)
+    high = L > 3
+    hmask = np.zeros((nb, 32), np.uint8)
+    hb = high.reshape(nb, 8, 32)
+    for b in range(8):
+        hmask |= (hb[:, b, :].astype(np.uint8) << b)
+    L = np.where(high, L - 4, L)
+    out = np.concatenate([hmask, _pack2(L), packed, _f16_bytes(d).reshape(nb, 2)], axis=1)
+    return out.reshape(rows, -1)
+
+
+def _iq4_blocks(xb: np.ndarray, qw: np.ndarray | None, super_size: int, ntry: int = 7):
+    """quantize_row_iq4_nl_impl's per-32 search: xb (B, 32) blocks of super-blocks of super_size elements
+    -> (scale (B,), weights (B, 32)). qw: the blocks' importance (B, 32) or None."""
+    nsub = super_size // 32
+    B = xb.shape[0]
+    sup = xb.reshape(B // nsub, super_size)
+    sigma2 = (_ssum(sup * sup) * (F32(2) / F32(super_size))).astype(F32)  # C: the sum, then *= 2 / size
+    if qw is not None:
+        w = (qw * np.sqrt(np.repeat(sigma2, nsub)[:, None] + xb * xb)).astype(F32)
+    else:
+        w = (xb * xb).astype(F32)
+    amax, mx = _amax_signed(xb)
+    zero = amax < EPS
+    mx = _safe(mx, zero)
+    v0 = F32(KVALUES[0])
+    d = (-mx / v0).astype(F32)
+    idd = (F32(1) / d).astype(F32)
+
+    def sums(i):
+        q = _KV[best_index(_KV, (i[:, None] * xb).astype(F32))]
+        wq = (w * q).astype(F32)
+        return _ssum(wq * xb), _ssum(wq * q)
+
+    sumqx, sumq2 = sums(idd)
+    d = np.where(sumq2 > 0, sumqx / _safe(sumq2, sumq2 <= 0), F32(0)).astype(F32)
+    best = (d * sumqx).astype(F32)
+    for t in range(-ntry, ntry + 1):
+        sx, s2 = sums(((F32(t) + v0) / mx).astype(F32))
+        better = (s2 > 0) & (sx * sx > best * s2)
+        nd = (sx / _safe(s2, s2 <= 0)).astype(F32)
+        d = np.where(better, nd, d)
+        best = np.where(better, (nd * sx).astype(F32), best)
+    return np.where(zero, F32(0), d).astype(F32), w
+
+
+def _nibbles(L: np.ndarray) -> np.ndarray:
+    """(B, 32) indices -> (B, 16) bytes: element j in the low nibble of byte j, element 16 + j in the high."""
+    L = L.astype(np.uint8)
+    return L[:, :16] | (L[:, 16:] << 4)
+
+
+def quantize_iq4_nl(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """x (rows, k) float32, k a multiple of 32 -> (rows, k / 32 * 18) uint8 IQ4_NL blocks."""
+    rows, k = x.shape
+    xb = np.ascontiguousarray(x, F32).reshape(-1, 32)
+    qw = None if weights is None else _importance(weights, rows, k, 32)
+    d, _ = _iq4_blocks(xb, qw, 32)
+    idd = np.where(d != 0, F32(1) / _safe(d, d == 0), F32(0)).astype(F32)
+    L = best_index(_KV, (idd[:, None] * xb).astype(F32))
+    out = np.concatenate([_f16_bytes(d), _nibbles(L)], axis=1)
+    return out.reshape(rows, -1)
+
+
+def quantize_iq4_xs(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """x (rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 136) uint8 IQ4_XS blocks."""
+    rows, k = x.shape
+    xb = np.ascontiguousarray(x, F32).reshape(-1, 32)
+    nb = xb.shape[0] // 8
+    qw = None if weights is None else _importance(weights, rows, k, 32)
+    scales, _ = _iq4_blocks(xb, qw, QK_K)
+    scales = scales.reshape(nb, 8)
+    _, max_scale = _amax_signed(scales)
+    d = (-max_scale / F32(32)).astype(F32)
+    idd = np.where(d != 0, F32(1) / _safe(d, d == 0), F32(0)).astype(F32)
+    l = np.clip(_rint(idd[:, None] * scales), -32, 31)
+    dl = (d[:, None] * l.astype(F32)).astype(F32)
+    idl = np.where(dl != 0, F32(1) / _safe(dl, dl == 0), F32(0)).astype(F32)
+    L = best_index(_KV, (idl.reshape(-1, 1) * xb).astype(F32))
+    u = (l + 32).astype(np.uint16)
+    scales_l = ((u[:, 0::2] & 0xF) | ((u[:, 1::2] & 0xF) << 4)).astype(np.uint8)
+    scales_h = np.zeros(nb, np.uint16)
+    for ib in range(8):
+        scales_h |= ((u[:, ib] >> 4) << (2 * ib)).astype(np.uint16)
+    out = np.concatenate([_f16_bytes(d).reshape(nb, 2), scales_h.view(np.uint8).reshape(nb, 2), scales_l,
+                          _nibbles(L).reshape(nb, 128)], axis=1)
+    return out.reshape(rows, -1)
+
+
+QUANTIZERS = {"Q2_K": quantize_q2_k, "Q3_K": quantize_q3_k, "IQ4_NL": quantize_iq4_nl, "IQ4_XS": quantize_iq4_xs}
+
+
+# -- the K-quants of 4 to 6 bits with an importance matrix (quantize_row_q4_K/q5_K/q6_K_impl) --------
+
+
+def k45_weighted(x: np.ndarray, weights: np.ndarray, rows: int, nmax: int):
+    """Q4_K (nmax 15) or Q5_K (31) super-blocks x (nb, 256) weighted by an imatrix row: per 32-element
+    sub-block a make_qkx3 fit with weights qw * sqrt(sigma2 + x^2), the eight scales and mins on six bits by
+    make_qp against the sub-blocks' total weights, the values requantized against them as stored.
+    -> (d, dmin (nb,), packed scales (nb, 12), levels (nb, 256)), as kquants._quantize_k45."""
+    from .kquants import _pack_k_scales
+
+    nb = x.shape[0]
+    k = nb // rows * QK_K
+    qw = _importance(weights, rows, k, 32)
+    sub = x.reshape(nb * 8, 32)
+    sigma2 = (F32(2) * _ssum(x * x) / F32(QK_K)).astype(F32)
+    w = (qw * np.sqrt(np.repeat(sigma2, 8)[:, None] + sub * sub)).astype(F32)
+    scales, mins, _ = make_qkx(sub, w, nmax, -0.9, 0.05, 36, False)
+    sw = _ssum(w).reshape(nb, 8)
+    dblock, ls = make_qp(scales.reshape(nb, 8), 63, sw)
+    mblock, lm = make_qp(mins.reshape(nb, 8), 63, sw)
+    ls, lm = np.minimum(63, ls).astype(np.uint8), np.minimum(63, lm).astype(np.uint8)
+    d, dmin = _f16(dblock), _f16(mblock)
+    sd = (d[:, None] * ls.astype(F32)).astype(F32)
+    sm = (dmin[:, None] * lm.astype(F32)).astype(F32)
+    nz = sd != 0
+    req = np.clip(_rint((x.reshape(nb, 8, 32) + sm[:, :, None]) / _safe(sd, ~nz)[:, :, None]), 0, nmax)
+    # a zero scale keeps the fit's levels in the C code; they multiply 0, so any level gives the same values
+    L = np.where(nz[:, :, None], req, 0).reshape(nb, QK_K).astype(np.uint8)
+    return d, dmin, _pack_k_scales(ls, lm), L
+
+
+def q6_k_scales(sub: np.ndarray, weights: np.ndarray, rows: int) -> np.ndarray:
+    """Q6_K's 16-element sub-block scales (nb * 16,) by make_qx with the imatrix as the weights (llama.cpp's
+    quantize_row_q6_K_impl passes them straight, unlike the other types)."""
+    k = sub.shape[0] * 16 // rows
+    scale, _ = make_qx(sub, 32, _importance(weights, rows, k, 16))
+    return scale
