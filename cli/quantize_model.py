@@ -10,14 +10,18 @@ import numpy as np
 @click.argument("src", type=click.Path(exists=True, dir_okay=False))
 @click.argument("dst", type=click.Path(dir_okay=False))
 @click.option("--type", "type_name", required=True,
-              help="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K, or the mixes Q4_K_S Q4_K_M Q5_K_S Q5_K_M.")
+              help="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL, or the mixes Q2_K Q3_K_S "
+                   "Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M IQ4_XS.")
+@click.option("--imatrix", "imatrix_path", type=click.Path(dir_okay=False), default=None,
+              help="An importance matrix (edgeinfer imatrix or llama-imatrix: GGUF or .dat) for the types that use one.")
 @click.option("--output-type", default=None, help="Type for output.weight (a tensor type, e.g. Q8_0).")
 @click.option("--token-embedding-type", default=None, help="Type for token_embd.weight.")
 @click.option("--pure", is_flag=True, help="Every quantizable tensor gets --type: no per-tensor mix rules.")
 @click.option("--threads", type=click.IntRange(0, None), default=0, help="Threads (default: all cores).")
 @click.option("--dry-run", is_flag=True, help="Print the per-tensor plan and the estimated size; write nothing.")
 @click.option("--force", is_flag=True, help="Overwrite DST if it exists.")
-def quantize_model_cmd(src, dst, type_name, output_type, token_embedding_type, pure, threads, dry_run, force):
+def quantize_model_cmd(src, dst, type_name, imatrix_path, output_type, token_embedding_type, pure, threads, dry_run,
+                       force):
     """Quantize the GGUF model SRC into DST (llama.cpp's per-tensor rules for the mixes)."""
     from edgeinfer.gguf_file import GGUFFile
     from edgeinfer.quant import mixes, tool
@@ -28,8 +32,10 @@ def quantize_model_cmd(src, dst, type_name, output_type, token_embedding_type, p
     out_t = mixes.parse_type(output_type, mixes.TENSOR_TYPES) if output_type else None
     emb_t = mixes.parse_type(token_embedding_type, mixes.TENSOR_TYPES) if token_embedding_type else None
     with GGUFFile(src) as gf:
+        imatrix = _load_imatrix(imatrix_path, gf) if imatrix_path else None
         if dry_run:
-            p = tool.make_plan(gf, type_name, pure=pure, output_type=out_t, token_embedding_type=emb_t)
+            p = tool.make_plan(gf, type_name, pure=pure, output_type=out_t, token_embedding_type=emb_t,
+                               has_imatrix=imatrix is not None)
             width = max(len(x.name) for x in p)
             for x in p:
                 click.echo(f"{x.name:<{width}}  {'x'.join(map(str, x.shape)):>14}  {x.src_type.name:>5} -> "
@@ -40,7 +46,7 @@ def quantize_model_cmd(src, dst, type_name, output_type, token_embedding_type, p
                        f"source file {gf.file_size / 1e6:.1f} MB")
             return
         s = tool.quantize_model(gf, dst, type_name, pure=pure, output_type=out_t, token_embedding_type=emb_t,
-                                threads=threads, force=force,
+                                threads=threads, force=force, imatrix=imatrix,
                                 warn=lambda m: click.echo(f"warning: {m}", err=True))
     counts = {}
     for x in s.plan:
@@ -48,3 +54,15 @@ def quantize_model_cmd(src, dst, type_name, output_type, token_embedding_type, p
     click.echo(f"{src} ({s.src_bytes / 1e6:.1f} MB) -> {dst} ({s.dst_bytes / 1e6:.1f} MB), "
                f"{s.bits_per_weight:.2f} bits per weight, {s.seconds:.1f} s; tensors: "
                + " ".join(f"{k}:{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])))
+
+
+def _load_imatrix(path, gf):
+    """The importance matrix at path, checked against the model's tensors: a one-line error otherwise."""
+    from edgeinfer.quant.imatrix import Imatrix
+
+    try:
+        m = Imatrix.load(path)
+        m.check(gf)
+    except (OSError, ValueError) as e:
+        raise click.ClickException(f"imatrix {path}: {e}") from None
+    return m

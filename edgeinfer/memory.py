@@ -86,16 +86,26 @@ def is_expert_tensor(info) -> bool:
     return len(info.shape) == 3 and "_exps." in info.name
 
 
+def _loaded(info) -> int:
+    from .quant.repack import loaded_bytes
+
+    n = 1
+    for d in info.shape:
+        n *= int(d)
+    return loaded_bytes(info.ggml_type, n, info.n_bytes)
+
+
 def weight_bytes(gf) -> int:
     """Bytes the loaded weights occupy: the file's tensor data, every expert of an MoE model included
-    (repacking keeps the size)."""
-    return sum(info.n_bytes for info in gf.tensors.values())
+    (repacking keeps the size, but for the types below 4.5 bits, which load as a byte per value:
+    quant/repack.py's WIDENED)."""
+    return sum(_loaded(info) for info in gf.tensors.values())
 
 
 def active_weight_bytes(gf, n_expert: int, n_used: int) -> int:
     """Bytes of weights one token reads: all but the experts, and n_used of n_expert of those."""
-    dense = sum(t.n_bytes for t in gf.tensors.values() if not is_expert_tensor(t))
-    experts = sum(t.n_bytes for t in gf.tensors.values() if is_expert_tensor(t))
+    dense = sum(_loaded(t) for t in gf.tensors.values() if not is_expert_tensor(t))
+    experts = sum(_loaded(t) for t in gf.tensors.values() if is_expert_tensor(t))
     return dense + experts * n_used // max(1, n_expert)
 
 

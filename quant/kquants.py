@@ -180,7 +180,8 @@ def quantize_q6_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
     xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
     nb = xb.shape[0]
     if weights is not None:
-        scales = lowbit.q6_k_scales(xb.reshape(nb * 16, 16), weights, rows).reshape(nb, 16)
+        scales, fit_levels = lowbit.q6_k_scales(xb.reshape(nb * 16, 16), weights, rows)
+        scales = scales.reshape(nb, 16)
     else:
         scales = _fit_symmetric(xb.reshape(nb * 16, 16), 32).reshape(nb, 16)
     pick = np.abs(scales).argmax(axis=1)
@@ -192,7 +193,11 @@ def quantize_q6_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
     dd = (d[:, None] * sc.astype(F32)).astype(F32)
     safe = np.where(dd == 0, F32(1), dd)
     L = np.clip(_rint(xb.reshape(nb, 16, 16) / safe[:, :, None]), -32, 31) + 32
-    L = np.where((dd == 0)[:, :, None], 32, L).reshape(nb, 256).astype(np.uint8)
+    if weights is not None:  # as llama.cpp: a zero scale keeps the fit's levels, a zero super-block is all zero bytes
+        L = np.where((dd == 0)[:, :, None], fit_levels.reshape(nb, 16, 16), L)
+        L = np.where(zero[:, None, None], 0, L).reshape(nb, 256).astype(np.uint8)
+    else:
+        L = np.where((dd == 0)[:, :, None], 32, L).reshape(nb, 256).astype(np.uint8)
     # pack: per half of 128, element 32 r + l -> low nibble in ql[l + 32 (r % 2)] (high nibble
     # for r >= 2), high 2 bits at shift 2 r of qh[l]
     h = L.reshape(nb, 2, 4, 32)

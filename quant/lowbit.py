@@ -440,9 +440,9 @@ def k45_weighted(x: np.ndarray, weights: np.ndarray, rows: int, nmax: int):
     return d, dmin, _pack_k_scales(ls, lm), L
 
 
-def q6_k_scales(sub: np.ndarray, weights: np.ndarray, rows: int) -> np.ndarray:
+def q6_k_scales(sub: np.ndarray, weights: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Q6_K's 16-element sub-block scales (nb * 16,) by make_qx with the imatrix as the weights (llama.cpp's
-    quantize_row_q6_K_impl passes them straight, unlike the other types)."""
+    quantize_row_q6_K_impl passes them straight, unlike the other types), and the fit's levels (nb * 16, 16),
+    which a sub-block whose scale rounds to zero keeps."""
     k = sub.shape[0] * 16 // rows
-    scale, _ = make_qx(sub, 32, _importance(weights, rows, k, 16))
-    return scale
+    return make_qx(sub, 32, _importance(weights, rows, k, 16))

@@ -142,8 +142,8 @@ def _attn_v_type(mix: str, default: T, i: int, n: int, n_gqa: int) -> tuple[T, s
     return default, ""
 
 
-def _ffn_down_type(mix: str, default: T, i: int, n: int) -> tuple[T, str]:
-    """ffn_down's type in layer i of n (no imatrix, not Falcon)."""
+def _ffn_down_type(mix: str, default: T, i: int, n: int, has_imatrix: bool = False) -> tuple[T, str]:
+    """ffn_down's type in layer i of n (not Falcon); some rules apply only with (or without) an imatrix."""
     if mix == "Q2_K":
         return T.Q3_K, "ffn_down"
     if mix == "Q3_K_M":
@@ -152,8 +152,12 @@ def _ffn_down_type(mix: str, default: T, i: int, n: int) -> tuple[T, str]:
         return T.Q5_K, "ffn_down"
     if mix in ("Q4_K_M", "Q5_K_M") and _more_bits(i, n):
         return T.Q6_K, "more bits"
-    if mix in ("IQ4_NL", "IQ4_XS", "Q4_K_S") and i < n // 8:
+    if mix in ("IQ4_NL", "IQ4_XS") and i < n // 8 and not has_imatrix:
         return T.Q5_K, "first layers"
+    if mix == "Q4_K_S" and i < n // 8:
+        return T.Q5_K, "first layers"
+    if mix in ("Q4_0", "Q5_0") and i < n // 8 and has_imatrix:  # llama.cpp's guard for the first ffn_down layers
+        return (T.Q4_1 if mix == "Q4_0" else T.Q5_1), "first layers, imatrix"
     return default, ""
 
 
@@ -173,11 +177,12 @@ def _attn_output_type(mix: str, default: T, n_expert: int) -> tuple[T, str]:
 
 def plan(tensors: list[tuple[str, tuple[int, ...], T]], type_name: str, *, pure: bool = False,
          output_type: T | None = None, token_embedding_type: T | None = None,
-         n_expert: int = 0, n_head=0, n_head_kv=None) -> list[PlannedTensor]:
+         n_expert: int = 0, n_head=0, n_head_kv=None, has_imatrix: bool = False) -> list[PlannedTensor]:
     """tensors: (name, ggml shape, source type) in file order; n_expert: the model's expert count
     (ARCH.expert_count; 0 for a dense model); n_head, n_head_kv: ARCH.attention.head_count and
     head_count_kv (a number or a per-layer array; n_head_kv None: as n_head, llama.cpp's default), whose
-    ratio (0 when unknown) some low-bit mixes read. Returns each tensor's target type.
+    ratio (0 when unknown) some low-bit mixes read; has_imatrix: quantizing with an importance matrix (a
+    few of llama.cpp's rules depend on it). Returns each tensor's target type.
 
     A 3-D tensor (an MoE layer's experts, ggml shape (cols, rows, n_expert)) is n_expert matrices of
     one type; the rules read its role from its name as for a 2-D one."""
@@ -234,7 +239,7 @@ def plan(tensors: list[tuple[str, tuple[int, ...], T]], type_name: str, *, pure:
                     m = _BLOCK.match(name)
                     if n_expert > 1 and m:
                         i, n = int(m.group(1)), n_layer
-                    new, note = _ffn_down_type(type_name, new, i, n)
+                    new, note = _ffn_down_type(type_name, new, i, n, has_imatrix)
                     i_ffn_down += 1
             if shape[0] % GGML_QUANT_SIZES[new][0] != 0:
                 fb = FALLBACK.get(new, T.F16)

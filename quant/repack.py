@@ -29,7 +29,25 @@ from ..pages import MADV_HUGEPAGE, MADV_POPULATE_READ, madvise
 
 # The row-major kind of each GGML type the loader takes (kernels/kinds.py; their interleaved twins are the
 # CPU SIMD kernels' own layout: kernels/cpu/layout.py). F32 weights are not a QTensor: they stay float32 arrays.
-KIND = kinds.OF_GGML
+# The types below 4.5 bits run on the kernels of a wider kind, their values unpacked to one byte each:
+# Q3_K on Q6_K's (signed bytes q - 4, the same int8 scale per 16 and float16 d per 256: exact), IQ4_NL on
+# Q8_0's (the 16-value grid's bytes, the block's d: exact), IQ4_XS on Q8_0's (each 32-block's scale
+# d * (ls - 32) rounded to float16: within 2^-11 of it), Q2_K on Q8_0's (each 32-block of the dequantized
+# values quantized again to 8 bits, within 1/254 of the block's largest). Their matrices take 8.5 bits per
+# weight in memory rather than the file's 2.6-4.5 (inspect --memory counts this).
+WIDENED = {T.Q3_K: kinds.Q6_K, T.IQ4_NL: kinds.Q8_0, T.IQ4_XS: kinds.Q8_0, T.Q2_K: kinds.Q8_0}
+KIND = {**kinds.OF_GGML, **WIDENED}
+# bytes per weight of a widened type once loaded: a byte per value, plus Q6_K's int8 scale per 16 and float16
+# d per 256, or Q8_0's float16 d per 32
+_WIDE_BYTES = {kinds.Q6_K: 1 + 1 / 16 + 2 / 256, kinds.Q8_0: 1 + 2 / 32}
+
+
+def loaded_bytes(ggml_type: T, n_elements: int, file_bytes: int) -> int:
+    """The bytes a tensor's repacked arrays take in memory: the file's for the types the kernels read in
+    their own packing, a byte per value and the scales for the widened ones (WIDENED)."""
+    if ggml_type in WIDENED:
+        return int(n_elements * _WIDE_BYTES[WIDENED[ggml_type]])
+    return file_bytes
 SUPPORTED_TYPES = (T.F32,) + tuple(KIND)
 
 
@@ -78,6 +96,38 @@ def decode_k_scales(packed: np.ndarray) -> np.ndarray:
     sc[..., 4:8] = (q[..., 8:12] & 0xF) | ((q[..., 0:4] >> 6) << 4)
     sc[..., 12:16] = (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)
     return sc
+
+
+def unpack_q3_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(..., 110) Q3_K super-blocks -> ((..., 256) int8 values q - 4 as uint8, (..., 16) int8 scales as uint8).
+
+    Element e takes two bits from qs[32 (e // 128) + e % 32] at shift 2 ((e % 128) // 32) and its high bit
+    from hmask[e % 32] bit e // 32 (a set bit means no -4); scale j is six bits, a nibble of byte j % 8
+    (the high one for j >= 8) and two bits of byte 8 + j % 4 at shift 2 (j // 4), minus 32."""
+    hmask = blocks[..., 0:32].astype(np.int16)
+    qs = blocks[..., 32:96].astype(np.int16)
+    raw = blocks[..., 96:108].astype(np.int16)
+    lead = blocks.shape[:-1]
+    ql = np.empty(lead + (2, 4, 32), np.int16)
+    for j in range(4):
+        ql[..., :, j, :] = ((qs.reshape(lead + (2, 32)) >> (2 * j)) & 3)
+    ql = ql.reshape(lead + (256,))
+    hb = np.stack([(hmask >> b) & 1 for b in range(8)], axis=-2).reshape(lead + (256,))
+    vals = (ql - 4 * (1 - hb)).astype(np.int8).view(np.uint8)
+    low = np.concatenate([raw[..., 0:8] & 0xF, raw[..., 0:8] >> 4], axis=-1)
+    high = np.stack([(raw[..., 8:12] >> (2 * i)) & 3 for i in range(4)], axis=-2).reshape(lead + (16,))
+    sc = ((low | (high << 4)) - 32).astype(np.int8).view(np.uint8)
+    return vals, sc
+
+
+def _iq4_values(nibbles: np.ndarray) -> np.ndarray:
+    """(..., 16 m) IQ4 bytes -> (..., 32 m) int8 grid values as uint8: per 16 bytes, the low nibbles are
+    elements 0-15 of the 32-block, the high ones 16-31."""
+    from gguf.quants import IQ4_NL
+    kv = np.array(IQ4_NL.kvalues, np.int8).view(np.uint8)
+    q = nibbles.reshape(nibbles.shape[:-1] + (-1, 16))
+    idx = np.concatenate([q & 15, q >> 4], axis=-1)
+    return kv[idx].reshape(nibbles.shape[:-1] + (-1,))
 
 
 def unpack_q6_k(ql: np.ndarray, qh: np.ndarray) -> np.ndarray:
@@ -239,4 +289,23 @@ def repack(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> QTensor:
     if t == T.Q6_K:  # ql[128] | qh[64] | scales int8[16] | d
         return QTensor(t, KIND[t], n, k, unpack_q6_k(b[:, :, 0:128], b[:, :, 128:192]).reshape(n, k), empty,
                        _flat(b, 192, 208), _u16(b, 208), none16)
+    if t == T.Q3_K:  # hmask[32] | qs[64] | scales[12] | d
+        vals, sc = unpack_q3_k(b)
+        return QTensor(t, KIND[t], n, k, vals.reshape(n, k), empty, sc.reshape(n, -1), _u16(b, 108), none16)
+    if t == T.IQ4_NL:  # d | qs[16]
+        return QTensor(t, KIND[t], n, k, _iq4_values(b[:, :, 2:18]).reshape(n, k), empty, empty, _u16(b, 0), none16)
+    if t == T.IQ4_XS:  # d | scales_h u16 | scales_l[4] | qs[128]
+        d = _u16(b, 0).view(np.float16).astype(np.float32)
+        sh = _u16(b, 2).astype(np.int32)
+        sl = b[:, :, 4:8].astype(np.int32)
+        ib = np.arange(8)
+        ls = ((sl[:, :, ib // 2] >> (4 * (ib % 2))) & 15) | (((sh[:, :, None] >> (2 * ib)) & 3) << 4)
+        dl = (d[:, :, None] * (ls - 32).astype(np.float32)).astype(np.float16).view(np.uint16).reshape(n, -1)
+        return QTensor(t, KIND[t], n, k, _iq4_values(b[:, :, 8:136]).reshape(n, k), empty, empty, dl.copy(), none16)
+    if t == T.Q2_K:  # dequantized, then quantized again as Q8_0 (gguf's rounding, llama.cpp's reference)
+        import gguf
+
+        y = gguf.quants.dequantize(b.reshape(n, -1), T.Q2_K).reshape(n, k)
+        q8 = repack(gguf.quants.quantize(y, T.Q8_0), T.Q8_0, shape)
+        return QTensor(t, KIND[t], n, k, q8.qs, empty, empty, q8.d, none16)
     raise AssertionError(t)

@@ -22,7 +22,7 @@ import gguf
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFValueType as VT
 
-from . import kquants
+from . import kquants, lowbit
 from .mixes import QUANTIZED, TYPES, PlannedTensor, plan
 
 READABLE = {T.F32, T.F16, T.BF16} | QUANTIZED  # source tensor types we can turn into float32
@@ -56,28 +56,31 @@ def to_float32(raw: np.ndarray, src: T, shape: tuple[int, ...]) -> np.ndarray:
     return gguf.quants.dequantize(np.asarray(raw, np.uint8).reshape(-1, np.asarray(raw).shape[-1]), src).reshape(-1, k)
 
 
-def quantize_rows(x: np.ndarray, dst: T) -> np.ndarray:
-    """x (rows, k) float32 -> the tensor's data in type dst: uint8 blocks, or float16/float32/bf16 bits."""
+# the quantizers that take an importance matrix row (llama.cpp's `_impl` quantizers with quant_weights)
+WEIGHTED = {T.Q2_K: lowbit.quantize_q2_k, T.Q3_K: lowbit.quantize_q3_k, T.IQ4_NL: lowbit.quantize_iq4_nl,
+            T.IQ4_XS: lowbit.quantize_iq4_xs, T.Q4_K: kquants.quantize_q4_k, T.Q5_K: kquants.quantize_q5_k,
+            T.Q6_K: kquants.quantize_q6_k}
+
+
+def quantize_rows(x: np.ndarray, dst: T, weights: np.ndarray | None = None) -> np.ndarray:
+    """x (rows, k) float32 -> the tensor's data in type dst: uint8 blocks, or float16/float32/bf16 bits.
+    weights: the columns' importance (an imatrix row, (k,)), for the types in WEIGHTED; ignored by the others."""
     if dst == T.F32:
         return np.ascontiguousarray(x, np.float32)
     if dst == T.F16:
         return x.astype(np.float16)
-    if dst == T.Q4_K:
-        return kquants.quantize_q4_k(x)
-    if dst == T.Q5_K:
-        return kquants.quantize_q5_k(x)
-    if dst == T.Q6_K:
-        return kquants.quantize_q6_k(x)
+    if dst in WEIGHTED:
+        return WEIGHTED[dst](x, weights)
     # BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: gguf's own quantizers, so the output is bit-exact with them
     return gguf.quants.quantize(np.ascontiguousarray(x, np.float32), dst)
 
 
-def _quantize_parallel(x: np.ndarray, dst: T, threads: int) -> np.ndarray:
+def _quantize_parallel(x: np.ndarray, dst: T, threads: int, weights: np.ndarray | None = None) -> np.ndarray:
     if threads <= 1 or x.shape[0] < 64:
-        return quantize_rows(x, dst)
+        return quantize_rows(x, dst, weights)
     chunks = np.array_split(x, threads)
     with ThreadPoolExecutor(threads) as pool:  # numpy releases the GIL in its array work
-        parts = list(pool.map(lambda c: quantize_rows(c, dst), chunks))
+        parts = list(pool.map(lambda c: quantize_rows(c, dst, weights), chunks))
     return np.concatenate(parts, axis=0)
 
 
@@ -102,7 +105,7 @@ def expert_count(src) -> int:
     return max(dims) if dims else 0
 
 
-def make_plan(src, type_name: str, *, pure=False, output_type=None, token_embedding_type=None):
+def make_plan(src, type_name: str, *, pure=False, output_type=None, token_embedding_type=None, has_imatrix=False):
     if type_name not in TYPES:
         raise QuantizeError(f"unknown type {type_name!r} (choose from {', '.join(TYPES)})")
     tensors = [(t.name, tuple(t.shape), t.ggml_type) for t in src.tensors.values()]
@@ -110,33 +113,41 @@ def make_plan(src, type_name: str, *, pure=False, output_type=None, token_embedd
     if unreadable:
         raise QuantizeError(f"unsupported source tensor type {', '.join(unreadable)} "
                             f"(readable: {', '.join(sorted(t.name for t in READABLE))})")
+    arch = src.get("general.architecture")
     return plan(tensors, type_name, pure=pure, output_type=output_type, token_embedding_type=token_embedding_type,
-                n_expert=expert_count(src))
+                n_expert=expert_count(src), n_head=src.get(f"{arch}.attention.head_count"),
+                n_head_kv=src.get(f"{arch}.attention.head_count_kv"), has_imatrix=has_imatrix)
 
 
-def convert(src, x: PlannedTensor, threads: int = 1) -> np.ndarray:
+def convert(src, x: PlannedTensor, threads: int = 1, importance: np.ndarray | None = None) -> np.ndarray:
     """Tensor x's data in its planned type. A tensor of more than two dimensions (an MoE layer's
     experts: numpy shape (n_expert, rows, cols)) is converted one matrix at a time, so only one
     expert is ever held as float32, and the results are stacked: the same rows in the same order, so
-    the output has the source's shape."""
+    the output has the source's shape. importance: the tensor's imatrix, (matrices, cols) float32."""
     if x.dst_type == x.src_type:  # kept as it is: copy the bytes
         return np.array(src.tensor_bytes(x.name))
     raw = src.tensor(x.name)
+    if importance is not None:
+        importance = np.asarray(importance, np.float32).reshape(-1, x.shape[0])
     if len(x.shape) <= 2:
-        return _quantize_parallel(to_float32(raw, x.src_type, x.shape), x.dst_type, threads)
+        w = None if importance is None else importance[0]
+        return _quantize_parallel(to_float32(raw, x.src_type, x.shape), x.dst_type, threads, w)
     mats = raw.reshape((-1,) + raw.shape[-2:])  # (matrices, rows, cols or bytes per row)
     rows = mats.shape[1]
     parts = []
     for e in range(mats.shape[0]):
-        parts.append(_quantize_parallel(to_float32(mats[e], x.src_type, x.shape[:2]), x.dst_type, threads))
+        w = None if importance is None else importance[e if importance.shape[0] > 1 else 0]
+        parts.append(_quantize_parallel(to_float32(mats[e], x.src_type, x.shape[:2]), x.dst_type, threads, w))
         src.release(x.name, e * rows, (e + 1) * rows)
     return np.stack(parts)
 
 
 def quantize_model(src, dst_path, type_name: str, *, pure: bool = False, output_type: T | None = None,
                    token_embedding_type: T | None = None, threads: int = 0, force: bool = False,
-                   progress: bool = True, warn: Callable[[str], None] | None = None) -> Summary:
-    """src: an opened, validated GGUF reader (edgeinfer's GGUFFile); the file goes to dst_path."""
+                   progress: bool = True, warn: Callable[[str], None] | None = None, imatrix=None) -> Summary:
+    """src: an opened, validated GGUF reader (edgeinfer's GGUFFile); the file goes to dst_path. imatrix: an
+    importance matrix (quant/imatrix.py's Imatrix, checked against src), used for every tensor whose type
+    takes one (WEIGHTED), as llama-quantize does; the output records it under quantize.imatrix.*."""
     warn = warn or (lambda m: print(f"warning: {m}", file=sys.stderr))
     t0 = time.perf_counter()
     src_path, dst_path = Path(src.path), Path(dst_path)
@@ -146,7 +157,8 @@ def quantize_model(src, dst_path, type_name: str, *, pure: bool = False, output_
         raise QuantizeError("the output must be a different file from the input")
     if not dst_path.parent.is_dir():
         raise QuantizeError(f"the output folder {dst_path.parent} does not exist")
-    p = make_plan(src, type_name, pure=pure, output_type=output_type, token_embedding_type=token_embedding_type)
+    p = make_plan(src, type_name, pure=pure, output_type=output_type, token_embedding_type=token_embedding_type,
+                  has_imatrix=imatrix is not None)
     requant = sorted({x.src_type.name for x in p if x.src_type in QUANTIZED and x.dst_type != x.src_type})
     if requant:
         warn(f"the source is already quantized ({', '.join(requant)}): re-quantizing loses quality; "
@@ -163,6 +175,8 @@ def quantize_model(src, dst_path, type_name: str, *, pure: bool = False, output_
         _copy_metadata(src, writer)
         writer.add_file_type(int(TYPES[type_name][0]))
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        if imatrix is not None:
+            _add_imatrix_keys(writer, imatrix)
         for x in p:
             rows = x.shape[1:][::-1]
             if x.dst_type == T.F32:
@@ -180,7 +194,8 @@ def quantize_model(src, dst_path, type_name: str, *, pure: bool = False, output_
         bar = tqdm(p, desc="quantize", unit="tensor", disable=not progress, file=sys.stderr)
         for x in bar:
             bar.set_postfix_str(f"{x.name} -> {x.dst_type.name}", refresh=False)
-            data = convert(src, x, threads)
+            importance = imatrix.importance(x.name) if imatrix is not None and x.dst_type in WEIGHTED else None
+            data = convert(src, x, threads, importance)
             writer.write_tensor_data(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
             src.release(x.name)
         writer.close()
@@ -196,6 +211,16 @@ def quantize_model(src, dst_path, type_name: str, *, pure: bool = False, output_
         lock.close()
     n_params = sum(int(np.prod(x.shape)) for x in p)
     return Summary(src_path.stat().st_size, dst_path.stat().st_size, n_params, time.perf_counter() - t0, p)
+
+
+def _add_imatrix_keys(writer, imatrix) -> None:
+    # llama-quantize's record of the matrix it used (LLM_KV_QUANTIZE_IMATRIX_*)
+    writer.add_string("quantize.imatrix.file", str(imatrix.path))
+    if imatrix.datasets:
+        writer.add_string("quantize.imatrix.dataset", imatrix.datasets[0])
+    writer.add_int32("quantize.imatrix.entries_count", len(imatrix.names))
+    if imatrix.chunk_count:
+        writer.add_int32("quantize.imatrix.chunks_count", int(imatrix.chunk_count))
 
 
 def _lock_partial(tmp: Path, dst_path: Path):
