@@ -149,6 +149,7 @@ from .bench import bench  # noqa: E402
 from .chat import chat  # noqa: E402
 from .embed import embed  # noqa: E402
 from .generate import generate  # noqa: E402
+from .imatrix import imatrix  # noqa: E402
 from .perplexity import perplexity  # noqa: E402
 from .ps import ps  # noqa: E402
 from .quantize_model import quantize_model_cmd  # noqa: E402
@@ -156,7 +157,7 @@ from .serve import serve  # noqa: E402
 from .system import system  # noqa: E402
 from .warmup import warmup  # noqa: E402
 
-for _cmd in (generate, chat, embed, perplexity, warmup, bench, serve, ps, system):
+for _cmd in (generate, chat, embed, perplexity, imatrix, warmup, bench, serve, ps, system):
     main.add_command(_cmd)
 main.add_command(quantize_model_cmd, "quantize-model")
 main.add_command(quantize_model_cmd, "quantize")  # short alias
