@@ -220,12 +220,22 @@ def make_qp(x, nmax: int, w):
 
 
 def best_index(values: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """best_index_int8: the index of the nearest of the sorted values (the upper one on a tie)."""
+    """best_index_int8: the index of the nearest of the sorted values (the upper one on a tie), for the
+    IQ4 grid (KVALUES, as float32) by a table: every midpoint between neighbours is a multiple of 1/2, so the
+    index is the count of midpoints m <= x, which floor(2 x) tells exactly; other grids by binary search."""
+    if values is _KV:
+        c = np.clip(np.floor(x * F32(2)), -_MID_SPAN, _MID_SPAN).astype(np.int32)
+        return _MID_TABLE[c + _MID_SPAN]
     mu = np.clip(np.searchsorted(values, x, side="right"), 1, len(values) - 1)
     lo = values[mu - 1]
     hi = values[mu]
     i = np.where(x - lo < hi - x, mu - 1, mu)
     return np.where(x <= values[0], 0, np.where(x >= values[-1], len(values) - 1, i))
+
+
+_MID_SPAN = 512  # |2 x| beyond 2 * 127: the ends of the grid either way
+_MIDS2 = (KVALUES[:-1].astype(np.int32) + KVALUES[1:].astype(np.int32))  # twice each midpoint, integers
+_MID_TABLE = np.searchsorted(_MIDS2, np.arange(-_MID_SPAN, _MID_SPAN + 1), side="right").astype(np.intp)
 
 
 # -- the block packings ----------------------------------------------------------------------------
