@@ -98,48 +98,6 @@ def test_gguf_file_has_llama_cpp_names_keys_and_shapes(tmp_path):
         assert gf.get("general.type") == "imatrix" and "general.architecture" not in gf.metadata
 
 
-def test_llama_cpp_gguf_reader_takes_our_file(tmp_path):
-    # ggml's own GGUF reader (libggml-base, as llama-quantize's loader calls it): the keys' types, the tensors
-    llama_cpp = pytest.importorskip("llama_cpp")  # a tool here, not a test dependency: skipped without it
-    import ctypes
-    import os
-
-    lib = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
-
-    class Params(ctypes.Structure):
-        _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.POINTER(ctypes.c_void_p))]
-
-    fn = lambda name, res, *args: setattr(getattr(lib, name), "restype", res) or setattr(  # noqa: E731
-        getattr(lib, name), "argtypes", list(args)) or getattr(lib, name)
-    init = fn("gguf_init_from_file", ctypes.c_void_p, ctypes.c_char_p, Params)
-    find = fn("gguf_find_key", ctypes.c_int64, ctypes.c_void_p, ctypes.c_char_p)
-    kv_type = fn("gguf_get_kv_type", ctypes.c_int, ctypes.c_void_p, ctypes.c_int64)
-    arr_type = fn("gguf_get_arr_type", ctypes.c_int, ctypes.c_void_p, ctypes.c_int64)
-    u32 = fn("gguf_get_val_u32", ctypes.c_uint32, ctypes.c_void_p, ctypes.c_int64)
-    n_tensors = fn("gguf_get_n_tensors", ctypes.c_int64, ctypes.c_void_p)
-    t_name = fn("gguf_get_tensor_name", ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64)
-    t_type = fn("gguf_get_tensor_type", ctypes.c_int, ctypes.c_void_p, ctypes.c_int64)
-    free = fn("gguf_free", None, ctypes.c_void_p)
-    free_ctx = fn("ggml_free", None, ctypes.c_void_p)
-    for datasets in (["calib.txt"], []):  # llama.cpp writes an empty datasets array when it has none
-        im = sample()
-        im.datasets = datasets
-        p = tmp_path / "im.gguf"
-        im.save(p)
-        ctx = ctypes.c_void_p()
-        g = init(str(p).encode(), Params(False, ctypes.pointer(ctx)))
-        assert g, "ggml could not read the file"
-        k = find(g, b"imatrix.datasets")
-        assert kv_type(g, k) == gguf.GGUFValueType.ARRAY and arr_type(g, k) == gguf.GGUFValueType.STRING
-        assert kv_type(g, find(g, b"imatrix.chunk_count")) == gguf.GGUFValueType.UINT32
-        assert u32(g, find(g, b"imatrix.chunk_size")) == 64
-        names = [t_name(g, i).decode() for i in range(n_tensors(g))]
-        assert "blk.0.ffn_gate_exps.weight.in_sum2" in names and "blk.0.ffn_gate_exps.weight.counts" in names
-        assert all(t_type(g, i) == T.F32 for i in range(n_tensors(g)))
-        free(g)
-        free_ctx(ctx)
-
-
 def write_like_llama_cpp(path, entries, datasets=("wiki.train.raw",), chunks=10, chunk_size=512):
     """An imatrix written with plain gguf.GGUFWriter, 2-D tensors as ggml_new_tensor_2d makes them, no in_sum
     (llama.cpp before in_sum): our reader must take what llama-imatrix wrote."""

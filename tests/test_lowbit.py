@@ -162,3 +162,79 @@ def test_matmul_of_a_widened_type_matches_its_dequantized_weights(name):
     assert np.all(np.abs(got - want) <= bound)
     one = kb.matmul(w, a[4:5])
     np.testing.assert_array_equal(one[0], got[4])
+
+
+# -- quantize-model with the new types and an importance matrix ---------------------------------------
+
+
+def _tiny_f32(path):
+    from tiny_models import write_tiny_llama
+
+    # rows of 256 columns, so the K-quant mixes apply as they would to a real model (no fallbacks but the
+    # 64-wide attention rows)
+    write_tiny_llama(path, qtype=T.F32, embd_type=T.F32, dim=256, ffn=512, n_head=4, n_kv=1, n_layer=2)
+
+
+def test_quantize_model_with_an_imatrix_weights_every_tensor_it_covers(tmp_path):
+    from click.testing import CliRunner
+
+    from edgeinfer.cli.main import main
+    from edgeinfer.gguf_file import GGUFFile
+    from edgeinfer.quant.imatrix import Imatrix
+
+    src = tmp_path / "f32.gguf"
+    _tiny_f32(src)
+    rng = np.random.default_rng(3)
+    im = Imatrix(datasets=["calib.txt"], chunk_size=64, chunk_count=2)
+    with GGUFFile(src) as gf:
+        covered = [n for n, t in gf.tensors.items() if n.startswith("blk.") and len(t.shape) == 2]
+        for n in covered:
+            im.accumulate(n, rng.standard_normal((64, gf.tensors[n].shape[0])) * rng.uniform(0.1, 4, gf.tensors[n].shape[0]))
+    imx = tmp_path / "imatrix.gguf"
+    im.save(imx)
+    out = {}
+    for tag, extra in (("plain", []), ("imatrix", ["--imatrix", imx])):
+        out[tag] = tmp_path / f"q3_k_m-{tag}.gguf"
+        r = CliRunner().invoke(main, ["quantize-model", str(src), str(out[tag]), "--type", "Q3_K_M", *map(str, extra)])
+        assert r.exit_code == 0, r.output
+    im = Imatrix.load(imx)
+    with GGUFFile(src) as gf, GGUFFile(out["plain"]) as a, GGUFFile(out["imatrix"]) as b:
+        assert b.get("quantize.imatrix.entries_count") == len(covered)
+        assert b.get("quantize.imatrix.dataset") == "calib.txt"
+        assert a.get("quantize.imatrix.file") is None
+        for n in covered:
+            t = b.tensors[n]
+            assert t.ggml_type == a.tensors[n].ggml_type
+            x = np.asarray(gf.tensor(n), np.float32).reshape(-1, t.shape[0])
+            if t.ggml_type in WEIGHTED:  # the bytes of the weighted quantizer with this tensor's importance
+                want = quantize_rows(x, t.ggml_type, im.importance(n)[0])
+                np.testing.assert_array_equal(np.asarray(b.tensor_bytes(n)).reshape(want.shape), want)
+                assert not np.array_equal(b.tensor_bytes(n), a.tensor_bytes(n))
+    from edgeinfer import LLM, SamplingParams
+
+    llm = LLM(str(out["imatrix"]), progress=False)
+    assert len(llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4))[0].token_ids) == 4
+
+
+def test_an_imatrix_that_does_not_fit_the_model_is_a_one_line_error(tmp_path):
+    from click.testing import CliRunner
+
+    from edgeinfer.cli.main import main
+    from edgeinfer.quant.imatrix import Imatrix
+
+    src = tmp_path / "f32.gguf"
+    _tiny_f32(src)
+    im = Imatrix(datasets=["x"], chunk_size=64, chunk_count=1)
+    im.accumulate("blk.0.attn_q.weight", np.ones((8, 128), np.float32))  # the model's rows have 256 columns
+    bad = tmp_path / "bad.gguf"
+    im.save(bad)
+    r = CliRunner().invoke(main, ["quantize-model", str(src), str(tmp_path / "o.gguf"), "--type", "IQ4_XS",
+                                  "--imatrix", str(bad)])
+    assert r.exit_code != 0
+    assert "blk.0.attn_q.weight" in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o.gguf").exists()
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 20)
+    r = CliRunner().invoke(main, ["quantize-model", str(src), str(tmp_path / "o.gguf"), "--type", "Q2_K",
+                                  "--imatrix", str(tmp_path / "junk.gguf")])
+    assert r.exit_code != 0 and "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
