@@ -15,7 +15,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from test_lowbit import IMATRIX_TYPES, PLAIN_TYPES, sample  # noqa: E402
+from test_lowbit import IMATRIX_TYPES, K_TYPES, PLAIN_TYPES, sample  # noqa: E402
 
 import llama_cpp  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
@@ -41,7 +41,7 @@ def ggml_quantize(x, t, imatrix=None):
 
 x, imp = sample()
 arrays = {}
-for name in PLAIN_TYPES:
+for name in PLAIN_TYPES + K_TYPES:
     arrays[f"{name}_plain"] = ggml_quantize(x, T[name])
 for name in IMATRIX_TYPES:
     arrays[f"{name}_imatrix"] = ggml_quantize(x, T[name], imp)

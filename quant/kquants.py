@@ -1,11 +1,14 @@
 """K-quant quantizers (Q4_K, Q5_K, Q6_K), vectorised over all blocks at once in numpy.
 
-They search scales the way llama.cpp's reference quantizers do, rather than taking a naive min/max:
+They search scales as llama.cpp's reference quantizers do (quantize_row_q4_K_ref, q5_K_ref, q6_K_ref, through
+lowbit.py's make_qkx and make_qx, which follow the C code step for step), so their blocks are llama.cpp's:
 - Q4_K/Q5_K: for each 32-element sub-block, a weighted least-squares fit of (scale, min) over a
   sweep of candidate inverse scales (weights |x| + rms of the sub-block), then the 8 scales and
   8 mins are themselves quantized to 6 bits against the super-block's largest;
 - Q6_K: for each 16-element sub-block, the scale maximising the x^2-weighted fit over 19 candidates,
   then the 16 scales quantized to int8.
+With an importance matrix row they run llama.cpp's `_impl` searches instead (lowbit.k45_weighted,
+lowbit.q6_k_scales).
 Block byte layouts are ggml's (the output is an ordinary GGUF tensor); gguf.quants.dequantize reads
 them back. Arithmetic is float32, as in llama.cpp; rounding is to nearest even (its nearest_int).
 """
@@ -33,47 +36,6 @@ def _rint(x):
     return np.rint(x).astype(np.int32)
 
 
-def _fit_scale_min(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
-    """Per row of x (R, n): levels L in [0, nmax], scale and min so that x ~ scale * L - min.
-
-    Returns (scale (R,), min (R,) >= 0, L (R, n)). llama.cpp's make_qkx2_quants, vectorised."""
-    xmin = np.minimum(x.min(axis=1), 0).astype(F32)
-    xmax = x.max(axis=1).astype(F32)
-    sum_w = w.sum(axis=1, dtype=F32)
-    sum_x = (w * x).sum(axis=1, dtype=F32)
-    flat = xmax == xmin
-    span = np.where(flat, F32(1), xmax - xmin)
-    iscale = (F32(nmax) / span).astype(F32)
-    scale = (F32(1) / iscale).astype(F32)
-    L = np.clip(_rint(iscale[:, None] * (x - xmin[:, None])), 0, nmax)
-    best = (w * (scale[:, None] * L + xmin[:, None] - x) ** 2).sum(axis=1, dtype=F32)
-    mn = xmin.copy()
-    for step in range(nstep):
-        isc = ((F32(rmin) + F32(rdelta) * F32(step) + F32(nmax)) / span).astype(F32)
-        la = np.clip(_rint(isc[:, None] * (x - xmin[:, None])), 0, nmax)
-        lf = la.astype(F32)
-        sum_l = (w * lf).sum(axis=1, dtype=F32)
-        sum_l2 = (w * lf * lf).sum(axis=1, dtype=F32)
-        sum_xl = (w * lf * x).sum(axis=1, dtype=F32)
-        D = sum_w * sum_l2 - sum_l * sum_l
-        ok = D > 0
-        Dz = np.where(ok, D, F32(1))
-        this_scale = (sum_w * sum_xl - sum_x * sum_l) / Dz
-        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / Dz
-        pos = this_min > 0
-        this_scale = np.where(pos, sum_xl / np.where(sum_l2 > 0, sum_l2, F32(1)), this_scale).astype(F32)
-        this_min = np.where(pos, F32(0), this_min).astype(F32)
-        err = (w * (this_scale[:, None] * lf + this_min[:, None] - x) ** 2).sum(axis=1, dtype=F32)
-        better = ok & (err < best)
-        L = np.where(better[:, None], la, L)
-        best = np.where(better, err, best)
-        scale = np.where(better, this_scale, scale)
-        mn = np.where(better, this_min, mn)
-    scale = np.where(flat, F32(0), scale)
-    L = np.where(flat[:, None], 0, L)
-    return scale.astype(F32), (-mn).astype(F32), L
-
-
 def _pack_k_scales(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
     """(nb, 8) six-bit scales and mins -> ggml's (nb, 12) packing."""
     out = np.zeros(ls.shape[:-1] + (12,), np.uint8)
@@ -84,29 +46,31 @@ def _pack_k_scales(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
 
 
 def _quantize_k45(x: np.ndarray, nmax: int, rmin: float, nstep: int):
-    """Shared Q4_K/Q5_K path: x (nb, 256) -> d, dmin (nb,), packed scales (nb, 12), levels (nb, 256)."""
+    """Shared Q4_K/Q5_K path (quantize_row_q4_K_ref / q5_K_ref): x (nb, 256) -> d, dmin (nb,), packed scales
+    (nb, 12), levels (nb, 256). Per 32-element sub-block make_qkx2_quants with weights rms + |x|, then the 8
+    scales and 8 mins on 6 bits against the super-block's largest, the values requantized against them."""
     nb = x.shape[0]
     sub = x.reshape(nb * 8, 32)
-    av = np.sqrt((sub * sub).sum(axis=1, dtype=F32) / F32(32)).astype(F32)
+    av = np.sqrt(lowbit._ssum(sub * sub) / F32(32)).astype(F32)
     w = (av[:, None] + np.abs(sub)).astype(F32)
-    scales, mins, _ = _fit_scale_min(sub, w, nmax, rmin, 0.1, nstep)
+    scales, mins, fit = lowbit.make_qkx(sub, w, nmax, rmin, 0.1, nstep, False)
     scales = scales.reshape(nb, 8)
     mins = mins.reshape(nb, 8)
-    max_scale = scales.max(axis=1)
-    max_min = mins.max(axis=1)
+    max_scale = np.maximum(scales.max(axis=1), F32(0))
+    max_min = np.maximum(mins.max(axis=1), F32(0))
     inv_scale = np.where(max_scale > 0, F32(63) / np.where(max_scale > 0, max_scale, 1), F32(0)).astype(F32)
     inv_min = np.where(max_min > 0, F32(63) / np.where(max_min > 0, max_min, 1), F32(0)).astype(F32)
     ls = np.minimum(63, _rint(inv_scale[:, None] * scales)).astype(np.uint8)
     lm = np.minimum(63, _rint(inv_min[:, None] * mins)).astype(np.uint8)
     d = _f16((max_scale / F32(63)).astype(F32))
     dmin = _f16((max_min / F32(63)).astype(F32))
-    # requantize every value against the scales as they will be stored
+    # requantize every value against the scales as they will be stored; a zero scale keeps the fit's levels
     sd = (d[:, None] * ls.astype(F32)).astype(F32)
     sm = (dmin[:, None] * lm.astype(F32)).astype(F32)
     xs = x.reshape(nb, 8, 32)
     safe = np.where(sd == 0, F32(1), sd)
     L = np.clip(_rint((xs + sm[:, :, None]) / safe[:, :, None]), 0, nmax)
-    L = np.where((sd == 0)[:, :, None], 0, L).reshape(nb, 256).astype(np.uint8)
+    L = np.where((sd == 0)[:, :, None], fit.reshape(nb, 8, 32), L).reshape(nb, 256).astype(np.uint8)
     return d, dmin, _pack_k_scales(ls, lm), L
 
 
@@ -145,35 +109,6 @@ def quantize_q5_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
     return out.reshape(rows, -1)
 
 
-def _fit_symmetric(x: np.ndarray, nmax: int):
-    """Per row of x (R, n): scale for levels in [-nmax, nmax - 1] maximising the x^2-weighted fit
-    over 19 candidate inverse scales (llama.cpp's make_qx_quants with rmse_type 1)."""
-    ax = np.abs(x)
-    idx = ax.argmax(axis=1)
-    amax = ax[np.arange(x.shape[0]), idx]
-    xmax = x[np.arange(x.shape[0]), idx]
-    zero = amax < F32(1e-15)
-    safe = np.where(zero, F32(1), xmax)
-    w = x * x
-
-    def fit(isc):
-        l = np.clip(_rint(isc[:, None] * x), -nmax, nmax - 1).astype(F32)
-        return (w * x * l).sum(axis=1, dtype=F32), (w * l * l).sum(axis=1, dtype=F32)
-
-    sumlx, suml2 = fit((F32(-nmax) / safe).astype(F32))
-    scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, 1), F32(0)).astype(F32)
-    best = scale * sumlx
-    for step in range(-9, 10):
-        if step == 0:
-            continue
-        sx, s2 = fit((-(F32(nmax) + F32(0.1) * F32(step)) / safe).astype(F32))
-        better = (s2 > 0) & (sx * sx > best * s2)
-        new_scale = np.where(s2 > 0, sx / np.where(s2 > 0, s2, 1), F32(0)).astype(F32)
-        scale = np.where(better, new_scale, scale)
-        best = np.where(better, new_scale * sx, best)
-    return np.where(zero, F32(0), scale).astype(F32)
-
-
 def quantize_q6_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32 -> (rows, k / 256 * 210) uint8 Q6_K blocks (weights: an imatrix row (k,))."""
     rows = x.shape[0]
@@ -183,7 +118,9 @@ def quantize_q6_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
         scales, fit_levels = lowbit.q6_k_scales(xb.reshape(nb * 16, 16), weights, rows)
         scales = scales.reshape(nb, 16)
     else:
-        scales = _fit_symmetric(xb.reshape(nb * 16, 16), 32).reshape(nb, 16)
+        sub = xb.reshape(nb * 16, 16)
+        scales, fit_levels = lowbit.make_qx(sub, 32, sub * sub)
+        scales = scales.reshape(nb, 16)
     pick = np.abs(scales).argmax(axis=1)
     max_scale = scales[np.arange(nb), pick]
     zero = np.abs(max_scale) < F32(1e-15)
@@ -193,11 +130,9 @@ def quantize_q6_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
     dd = (d[:, None] * sc.astype(F32)).astype(F32)
     safe = np.where(dd == 0, F32(1), dd)
     L = np.clip(_rint(xb.reshape(nb, 16, 16) / safe[:, :, None]), -32, 31) + 32
-    if weights is not None:  # as llama.cpp: a zero scale keeps the fit's levels, a zero super-block is all zero bytes
-        L = np.where((dd == 0)[:, :, None], fit_levels.reshape(nb, 16, 16), L)
-        L = np.where(zero[:, None, None], 0, L).reshape(nb, 256).astype(np.uint8)
-    else:
-        L = np.where((dd == 0)[:, :, None], 32, L).reshape(nb, 256).astype(np.uint8)
+    # as llama.cpp: a zero scale keeps the fit's levels, a zero super-block is all zero bytes
+    L = np.where((dd == 0)[:, :, None], fit_levels.reshape(nb, 16, 16), L)
+    L = np.where(zero[:, None, None], 0, L).reshape(nb, 256).astype(np.uint8)
     # pack: per half of 128, element 32 r + l -> low nibble in ql[l + 32 (r % 2)] (high nibble
     # for r >= 2), high 2 bits at shift 2 r of qh[l]
     h = L.reshape(nb, 2, 4, 32)

@@ -16,6 +16,7 @@ from edgeinfer.quant.tool import WEIGHTED, quantize_rows
 
 GOLDEN = Path(__file__).parent / "golden" / "lowbit_blocks.npz"  # benchmarks/make_lowbit_golden.py
 PLAIN_TYPES = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K")  # the older K-quants' reference quantizers, held to llama.cpp's blocks too
 IMATRIX_TYPES = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K")
 kb = get_backend("cpu")
 
@@ -39,7 +40,7 @@ def _quantize(name, x, w=None):
     return quantize_rows(x, T[name], w)
 
 
-@pytest.mark.parametrize("name", PLAIN_TYPES)
+@pytest.mark.parametrize("name", PLAIN_TYPES + K_TYPES)
 def test_quantizer_equals_llama_cpp_reference_block_for_block(name):
     x, _ = sample()
     want = np.load(GOLDEN)[f"{name}_plain"]
