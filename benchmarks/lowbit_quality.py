@@ -10,7 +10,9 @@ quantizations of one F16 file, with and without an importance matrix.
    same F16; with the imatrix, edgeinfer's quantize-model --imatrix and llama.cpp's llama_model_quantize with
    the same matrix (passed as llama-quantize passes it: llama_model_imatrix_data, name and in_sum2 / counts).
 3. Each file's share of tensors whose bytes equal llama.cpp's file's, its size, and its perplexity measured by
-   llama.cpp (llama-perplexity's method: chunks of --ctx tokens, the second half of each scored) and by edgeinfer.
+   llama.cpp (llama-perplexity's method: chunks of --ctx tokens, the second half of each scored; a file whose
+   tensors are all llama.cpp's file's, byte for byte, takes that file's figure) and, for the files made without
+   an imatrix, by edgeinfer. The JSON is rewritten after every file.
 Prints a table and writes JSON to benchmarks/results/.
 """
 
@@ -109,6 +111,10 @@ def main():
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--imatrix-chunks", type=int, default=16)
     ap.add_argument("--no-imatrix", action="store_true")
+    ap.add_argument("--imatrix-model", default=None,
+                    help="the model the imatrix is computed on (default: the F16; a Q8_0 of it is as llama.cpp's docs "
+                         "allow and many times faster on the CPU)")
+    ap.add_argument("--first", default="Q3_K_M,IQ4_XS,Q2_K", help="types whose imatrix runs come first")
     ap.add_argument("--workdir", default="/tmp/edgeinfer-lowbit")
     args = ap.parse_args()
 
@@ -127,50 +133,71 @@ def main():
         (work / "calib.txt").write_text(calib, encoding="utf-8")
         imx = work / "imatrix.gguf"
         if not imx.exists():
-            subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "imatrix", str(f16), str(work / "calib.txt"),
+            subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "imatrix", args.imatrix_model or str(f16),
+                            str(work / "calib.txt"),
                             "-o", str(imx), "--chunks", str(args.imatrix_chunks), "--ctx", str(args.ctx)], check=True)
     rows = {}
 
-    def measure(name, path, ref=None):
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"lowbit-quality-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+    def save():
+        out.write_text(json.dumps({"source": str(f16), "text": args.text, "ctx": args.ctx, "chunks": args.chunks,
+                                   "rows": rows}, indent=1))
+
+    def measure(name, path, ref=None, ours_ppl=True):
         t0 = time.perf_counter()
         r = {"file": str(path), "mb": round(path.stat().st_size / 1e6, 2)}
         if ref is not None:
             r["same_tensors_as_llama_cpp"] = round(same_tensors(path, ref), 4)
-        r["ppl_llama_cpp"] = round(llama_perplexity(path, held_out, args.ctx, args.chunks), 4)
-        llm = LLM(str(path), progress=False)
-        r["ppl_edgeinfer"] = round(llm.perplexity(held_out, n_ctx=args.ctx, chunks=args.chunks), 4)
-        del llm
+        if ref is not None and r["same_tensors_as_llama_cpp"] == 1.0:
+            # byte for byte llama.cpp's tensors (and types): its measurements are this file's
+            r["ppl_llama_cpp"] = rows[ref_name[ref]]["ppl_llama_cpp"]
+            r["identical"] = True
+        else:
+            r["ppl_llama_cpp"] = round(llama_perplexity(path, held_out, args.ctx, args.chunks), 4)
+        if ours_ppl:
+            llm = LLM(str(path), progress=False)
+            r["ppl_edgeinfer"] = round(llm.perplexity(held_out, n_ctx=args.ctx, chunks=args.chunks), 4)
+            del llm
         r["seconds"] = round(time.perf_counter() - t0, 1)
         rows[name] = r
+        save()
         print(name, r, flush=True)
 
+    ref_name = {}
     measure("F16", f16)
     from edgeinfer.quant.imatrix import Imatrix
 
-    matrix = Imatrix.load(imx) if imx else None
-    for t in args.types.split(","):
-        for with_imx in ([False, True] if imx else [False]):
-            tag = f"{t}{' imatrix' if with_imx else ''}"
-            ours, theirs = work / f"ei-{t}{'-imx' if with_imx else ''}.gguf", work / f"lc-{t}{'-imx' if with_imx else ''}.gguf"
-            t0 = time.perf_counter()
-            with GGUFFile(f16) as gf:
-                quantize_model(gf, ours, t, force=True, progress=False, imatrix=matrix if with_imx else None)
-            t_ours = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            llama_quantize(f16, theirs, t, matrix if with_imx else None)
-            t_theirs = time.perf_counter() - t0
-            measure(f"llama.cpp {tag}", theirs)
-            measure(f"edgeinfer {tag}", ours, theirs)
-            rows[f"edgeinfer {tag}"]["quantize_s"] = round(t_ours, 1)
-            rows[f"llama.cpp {tag}"]["quantize_s"] = round(t_theirs, 1)
+    matrix = None
+    if imx:
+        matrix = Imatrix.load(imx)
+        with GGUFFile(f16) as gf:
+            matrix.check(gf)
+    types = args.types.split(",")
+    runs = [(t, False) for t in types] + ([(t, True) for t in sorted(types, key=lambda t: t not in args.first.split(","))]
+                                           if imx else [])
+    for t, with_imx in runs:
+        tag = f"{t}{' imatrix' if with_imx else ''}"
+        ours, theirs = work / f"ei-{t}{'-imx' if with_imx else ''}.gguf", work / f"lc-{t}{'-imx' if with_imx else ''}.gguf"
+        t0 = time.perf_counter()
+        llama_quantize(f16, theirs, t, matrix if with_imx else None)
+        t_theirs = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with GGUFFile(f16) as gf:
+            quantize_model(gf, ours, t, force=True, progress=False, imatrix=matrix if with_imx else None)
+        t_ours = time.perf_counter() - t0
+        ref_name[theirs] = f"llama.cpp {tag}"
+        measure(f"llama.cpp {tag}", theirs, ours_ppl=not with_imx)
+        measure(f"edgeinfer {tag}", ours, theirs, ours_ppl=not with_imx)
+        rows[f"edgeinfer {tag}"]["quantize_s"] = round(t_ours, 1)
+        rows[f"llama.cpp {tag}"]["quantize_s"] = round(t_theirs, 1)
+        save()
     print(f"\n{'file':<28}{'MB':>9}{'same':>7}{'ppl llama.cpp':>15}{'ppl edgeinfer':>15}")
     for name, r in rows.items():
         same = f"{r['same_tensors_as_llama_cpp']:.2f}" if "same_tensors_as_llama_cpp" in r else ""
-        print(f"{name:<28}{r['mb']:>9.1f}{same:>7}{r['ppl_llama_cpp']:>15.4f}{r['ppl_edgeinfer']:>15.4f}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"lowbit-quality-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"source": str(f16), "text": args.text, "ctx": args.ctx, "chunks": args.chunks,
-                               "rows": rows}, indent=1))
+        ours_ppl = f"{r['ppl_edgeinfer']:>15.4f}" if "ppl_edgeinfer" in r else f"{'':>15}"
+        print(f"{name:<28}{r['mb']:>9.1f}{same:>7}{r['ppl_llama_cpp']:>15.4f}{ours_ppl}")
     print(f"JSON: {out}")
 
 

@@ -121,8 +121,12 @@ def inspect(model, as_json, memory, kv_type, max_context):
             v = f"{v:,} ({_short_count(v)})"
         click.echo(f"{k:<{width}}  {v}")
     click.echo("tensors by type:")
+    from edgeinfer.quant.repack import WIDENED
+
+    widened = {t.name for t in WIDENED}
     for t, n in s["tensor_types"].items():
-        click.echo(f"  {t:<6} {n:>5} tensors  {s['tensor_bytes'][t] / 1e6:>9.2f} MB")
+        note = "  (loaded as a byte a weight: see inspect --memory)" if t in widened else ""
+        click.echo(f"  {t:<6} {n:>5} tensors  {s['tensor_bytes'][t] / 1e6:>9.2f} MB{note}")
     if memory:
         m = s["memory"]
         click.echo("memory estimate (MB = 2**20 bytes):")

@@ -46,6 +46,26 @@ def test_matmul_embed_dequantize(t):
     np.testing.assert_array_equal(gpu.to_host(gpu.embed(wd, ids)), cpu.embed(w, ids))
 
 
+@pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS], ids=lambda t: t.name)
+def test_the_widened_low_bit_types_run_on_the_host_kinds_kernels(t):
+    import gguf
+
+    from edgeinfer.quant.tool import quantize_rows
+
+    n, k = 5, 512
+    x32 = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    raw = quantize_rows(x32, t)
+    ref = gguf.quants.dequantize(raw, t).reshape(n, k)
+    w = repack(raw, t, (k, n))
+    wd = gpu.upload(w)
+    got = gpu.dequantize(wd)
+    np.testing.assert_array_equal(got, cpu.dequantize(w))  # the host kind's values, on both backends
+    tol = {T.Q3_K: 0, T.IQ4_NL: 0, T.IQ4_XS: 2.0 ** -11, T.Q2_K: 1 / 200}[t]
+    assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    np.testing.assert_allclose(gpu.to_host(gpu.matmul(wd, dev(x))), x @ got.T, rtol=RTOL, atol=ATOL * 10)
+
+
 def test_float32_matrix():
     w = rng.standard_normal((7, 32)).astype(np.float32)
     x = rng.standard_normal((3, 32)).astype(np.float32)
