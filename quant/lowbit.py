@@ -456,3 +456,35 @@ def q6_k_scales(sub: np.ndarray, weights: np.ndarray, rows: int) -> tuple[np.nda
     which a sub-block whose scale rounds to zero keeps."""
     k = sub.shape[0] * 16 // rows
     return make_qx(sub, 32, _importance(weights, rows, k, 16))
+
+
+# -- the 32-element types with an importance matrix (quantize_row_q4_0/q4_1/q5_0/q5_1_impl) -------------
+
+
+def quantize_legacy_weighted(x: np.ndarray, type_name: str, weights: np.ndarray) -> np.ndarray:
+    """Q4_0, Q4_1, Q5_0 or Q5_1 blocks of x (rows, k) weighted by an imatrix row, llama.cpp's `_impl` searches:
+    weights qw * sqrt(sigma2 + x^2) with sigma2 the row's mean square; make_qx for the symmetric types (the
+    fit's levels kept as they are), make_qkx3 for the ones with a min. Without weights llama.cpp (and gguf)
+    use the plain reference quantizers instead."""
+    rows, k = x.shape
+    x = np.ascontiguousarray(x, F32)
+    xb = x.reshape(-1, 32)
+    sigma2 = (_ssum(x * x) / F32(k)).astype(F32)
+    qw = _importance(weights, rows, k, 32)
+    w = (qw * np.sqrt(np.repeat(sigma2, k // 32)[:, None] + xb * xb)).astype(F32)
+    five = type_name in ("Q5_0", "Q5_1")
+    if type_name in ("Q4_0", "Q5_0"):
+        d, L = make_qx(xb, 16 if five else 8, w)
+        head = [_f16_bytes(d)]
+    else:
+        d, the_min, L = make_qkx(xb, w, 31 if five else 15, -0.9, 0.05, 36, False)
+        head = [_f16_bytes(d), _f16_bytes(-the_min)]
+    L = L.astype(np.uint32)
+    qs = ((L[:, :16] & 0xF) | ((L[:, 16:] & 0xF) << 4)).astype(np.uint8)
+    if five:
+        hb = (L >> 4) & 1
+        qh = np.zeros(L.shape[0], np.uint32)
+        for j in range(32):
+            qh |= hb[:, j] << j
+        head.append(qh.view(np.uint8).reshape(-1, 4))
+    return np.concatenate(head + [qs], axis=1).reshape(rows, -1)

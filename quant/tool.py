@@ -60,6 +60,8 @@ def to_float32(raw: np.ndarray, src: T, shape: tuple[int, ...]) -> np.ndarray:
 WEIGHTED = {T.Q2_K: lowbit.quantize_q2_k, T.Q3_K: lowbit.quantize_q3_k, T.IQ4_NL: lowbit.quantize_iq4_nl,
             T.IQ4_XS: lowbit.quantize_iq4_xs, T.Q4_K: kquants.quantize_q4_k, T.Q5_K: kquants.quantize_q5_k,
             T.Q6_K: kquants.quantize_q6_k}
+# the 32-element types whose llama.cpp quantizers take one too (without it: gguf's, the reference ones)
+LEGACY_WEIGHTED = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
 
 
 def quantize_rows(x: np.ndarray, dst: T, weights: np.ndarray | None = None) -> np.ndarray:
@@ -71,6 +73,8 @@ def quantize_rows(x: np.ndarray, dst: T, weights: np.ndarray | None = None) -> n
         return x.astype(np.float16)
     if dst in WEIGHTED:
         return WEIGHTED[dst](x, weights)
+    if dst in LEGACY_WEIGHTED and weights is not None:
+        return lowbit.quantize_legacy_weighted(x, dst.name, weights)
     # BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: gguf's own quantizers, so the output is bit-exact with them
     return gguf.quants.quantize(np.ascontiguousarray(x, np.float32), dst)
 
@@ -194,7 +198,8 @@ def quantize_model(src, dst_path, type_name: str, *, pure: bool = False, output_
         bar = tqdm(p, desc="quantize", unit="tensor", disable=not progress, file=sys.stderr)
         for x in bar:
             bar.set_postfix_str(f"{x.name} -> {x.dst_type.name}", refresh=False)
-            importance = imatrix.importance(x.name) if imatrix is not None and x.dst_type in WEIGHTED else None
+            takes = x.dst_type in WEIGHTED or x.dst_type in LEGACY_WEIGHTED
+            importance = imatrix.importance(x.name) if imatrix is not None and takes else None
             data = convert(src, x, threads, importance)
             writer.write_tensor_data(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
             src.release(x.name)

@@ -12,12 +12,12 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from edgeinfer.kernels import get_backend, kinds
 from edgeinfer.quant import kquants, lowbit
 from edgeinfer.quant.repack import WIDENED, loaded_bytes, repack
-from edgeinfer.quant.tool import WEIGHTED, quantize_rows
+from edgeinfer.quant.tool import LEGACY_WEIGHTED, WEIGHTED, quantize_rows
 
 GOLDEN = Path(__file__).parent / "golden" / "lowbit_blocks.npz"  # benchmarks/make_lowbit_golden.py
 PLAIN_TYPES = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")  # the older K-quants' reference quantizers, held to llama.cpp's blocks too
-IMATRIX_TYPES = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K")
+IMATRIX_TYPES = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 kb = get_backend("cpu")
 
 
@@ -101,7 +101,7 @@ def test_a_row_length_the_type_cannot_take_or_a_wrong_importance_is_an_error():
 
 
 def test_every_quantizer_with_an_importance_is_in_the_tool():
-    assert {t.name for t in WEIGHTED} == set(IMATRIX_TYPES)
+    assert {t.name for t in (*WEIGHTED, *LEGACY_WEIGHTED)} == set(IMATRIX_TYPES)
 
 
 # -- loading: the widened kinds --------------------------------------------------------------------
@@ -207,7 +207,7 @@ def test_quantize_model_with_an_imatrix_weights_every_tensor_it_covers(tmp_path)
             t = b.tensors[n]
             assert t.ggml_type == a.tensors[n].ggml_type
             x = np.asarray(gf.tensor(n), np.float32).reshape(-1, t.shape[0])
-            if t.ggml_type in WEIGHTED:  # the bytes of the weighted quantizer with this tensor's importance
+            if t.ggml_type in WEIGHTED or t.ggml_type in LEGACY_WEIGHTED:  # the bytes of the weighted quantizer with this tensor's importance
                 want = quantize_rows(x, t.ggml_type, im.importance(n)[0])
                 np.testing.assert_array_equal(np.asarray(b.tensor_bytes(n)).reshape(want.shape), want)
                 assert not np.array_equal(b.tensor_bytes(n), a.tensor_bytes(n))

@@ -311,3 +311,20 @@ def test_cli_dry_run_accepts_the_new_mixes(gqa_models, tmp_path):
     r = CliRunner().invoke(main, ["quantize-model", str(gqa_models["gqa4"]), str(tmp_path / "o.gguf"),
                                   "--type", "Q3_K_M", "--output-type", "iq4_xs", "--dry-run"])
     assert r.exit_code == 0 and "IQ4_XS" in r.output
+
+
+def test_an_imatrix_changes_the_ffn_down_rules_as_in_llama_cpp():
+    # IQ4_NL/IQ4_XS raise the first n/8 ffn_down layers to Q5_K only without an imatrix; Q4_0/Q5_0 raise
+    # them to Q4_1/Q5_1 only with one (llama.cpp's guard for those layers); n = 28: layers 0-2
+    ts = qwen2_1_5b()
+    n = 28
+    for mix in ("IQ4_XS", "IQ4_NL"):
+        plain = layer_table(types(ts, mix, **QWEN), n)["ffn_down"]
+        weighted = layer_table(types(ts, mix, has_imatrix=True, **QWEN), n)["ffn_down"]
+        assert plain[:4] == [T.Q5_K] * 3 + [T[mix]]
+        assert weighted == [T[mix]] * n
+    for mix, up in (("Q4_0", T.Q4_1), ("Q5_0", T.Q5_1)):
+        plain = layer_table(types(ts, mix, **QWEN), n)["ffn_down"]
+        weighted = layer_table(types(ts, mix, has_imatrix=True, **QWEN), n)["ffn_down"]
+        assert plain == [T[mix]] * n
+        assert weighted[:4] == [up] * 3 + [T[mix]]
