@@ -2,7 +2,8 @@
 usage: python benchmarks/make_lowbit_golden.py [OUT.npz]      (default tests/golden/lowbit_blocks.npz)
 
 The input is tests/test_lowbit.py's: a fixed-seed (48, 1024) float32 matrix with heavy columns, an all-zero row,
-a constant row and a row that is zero but for one block, and a fixed-seed importance row. Each type is
+a constant row, a row that is zero but for one block, sparse, heavy-tailed and -0.0 rows, a fixed-seed importance
+row and a sparse one. Each type is
 quantized by ggml_quantize_chunk (libggml-base from llama-cpp-python, through ctypes: what
 llama_model_quantize calls for every tensor) without an importance matrix (the reference quantizers) and with
 it (the `_impl` ones). Needs llama-cpp-python; not a test dependency."""
@@ -15,7 +16,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from test_lowbit import IMATRIX_TYPES, K_TYPES, PLAIN_TYPES, sample  # noqa: E402
+from test_lowbit import IMATRIX_TYPES, K_TYPES, PLAIN_TYPES, sample, sparse_importance  # noqa: E402
 
 import llama_cpp  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
@@ -45,5 +46,6 @@ for name in PLAIN_TYPES + K_TYPES:
     arrays[f"{name}_plain"] = ggml_quantize(x, T[name])
 for name in IMATRIX_TYPES:
     arrays[f"{name}_imatrix"] = ggml_quantize(x, T[name], imp)
+    arrays[f"{name}_sparse_imatrix"] = ggml_quantize(x, T[name], sparse_importance())
 np.savez_compressed(OUT, **arrays)
 print(f"{OUT}: {', '.join(arrays)} (llama-cpp-python {llama_cpp.__version__})")

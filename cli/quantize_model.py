@@ -10,8 +10,8 @@ import numpy as np
 @click.argument("src", type=click.Path(exists=True, dir_okay=False))
 @click.argument("dst", type=click.Path(dir_okay=False))
 @click.option("--type", "type_name", required=True,
-              help="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL, or the mixes Q2_K Q3_K_S "
-                   "Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M IQ4_XS.")
+              help="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q3_K Q4_K Q5_K Q6_K, or the mixes Q2_K Q3_K_S "
+                   "Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M IQ4_NL IQ4_XS.")
 @click.option("--imatrix", "imatrix_path", type=click.Path(dir_okay=False), default=None,
               help="An importance matrix (edgeinfer imatrix or llama-imatrix: GGUF or .dat) for the types that use one.")
 @click.option("--output-type", default=None, help="Type for output.weight (a tensor type, e.g. Q8_0).")
@@ -63,6 +63,7 @@ def _load_imatrix(path, gf):
     try:
         m = Imatrix.load(path)
         m.check(gf)
-    except (OSError, ValueError) as e:
-        raise click.ClickException(f"imatrix {path}: {e}") from None
+    except (OSError, ValueError) as e:  # one line, as the command's other errors ("error: ...")
+        msg = str(e)
+        raise ValueError(msg if str(path) in msg else f"imatrix {path}: {msg}") from None
     return m

@@ -60,8 +60,9 @@ def _quantize_k45(x: np.ndarray, nmax: int, rmin: float, nstep: int):
     max_min = np.maximum(mins.max(axis=1), F32(0))
     inv_scale = np.where(max_scale > 0, F32(63) / np.where(max_scale > 0, max_scale, 1), F32(0)).astype(F32)
     inv_min = np.where(max_min > 0, F32(63) / np.where(max_min > 0, max_min, 1), F32(0)).astype(F32)
-    ls = np.minimum(63, _rint(inv_scale[:, None] * scales)).astype(np.uint8)
-    lm = np.minimum(63, _rint(inv_min[:, None] * mins)).astype(np.uint8)
+    # uint8_t ls = nearest_int(...) (a negative level wraps), then MIN(63, ls), as the C code
+    ls = np.minimum(63, _rint(inv_scale[:, None] * scales) & 0xFF).astype(np.uint8)
+    lm = np.minimum(63, _rint(inv_min[:, None] * mins) & 0xFF).astype(np.uint8)
     d = _f16((max_scale / F32(63)).astype(F32))
     dmin = _f16((max_min / F32(63)).astype(F32))
     # requantize every value against the scales as they will be stored; a zero scale keeps the fit's levels
@@ -83,7 +84,7 @@ def _nibbles(L: np.ndarray) -> np.ndarray:
 def quantize_q4_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 144) uint8 Q4_K blocks. weights: an
     imatrix row (k,), llama.cpp's weighted search (lowbit.k45_weighted)."""
-    rows = x.shape[0]
+    rows = lowbit._rows(x, QK_K)[0]
     xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
     if weights is not None:
         d, dmin, sc, L = lowbit.k45_weighted(xb, weights, rows, 15)
@@ -95,7 +96,7 @@ def quantize_q4_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
 
 def quantize_q5_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32 -> (rows, k / 256 * 176) uint8 Q5_K blocks (weights: as quantize_q4_k)."""
-    rows = x.shape[0]
+    rows = lowbit._rows(x, QK_K)[0]
     xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
     if weights is not None:
         d, dmin, sc, L = lowbit.k45_weighted(xb, weights, rows, 31)
@@ -111,7 +112,7 @@ def quantize_q5_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
 
 def quantize_q6_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32 -> (rows, k / 256 * 210) uint8 Q6_K blocks (weights: an imatrix row (k,))."""
-    rows = x.shape[0]
+    rows = lowbit._rows(x, QK_K)[0]
     xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
     nb = xb.shape[0]
     if weights is not None:

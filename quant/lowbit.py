@@ -71,8 +71,10 @@ def make_qkx(x, w, nmax: int, rmin: float, rdelta: float, nstep: int, mad: bool)
     inverse scales and their least-squares refits. -> (scale (R,), min (R,), L (R, n) int32)."""
     x = x.astype(F32)
     w = w.astype(F32)
-    xmin = np.minimum(x.min(axis=-1), F32(0))
-    xmax = x.max(axis=-1)
+    # the first least and greatest values, as the C loops find them (a -0.0 before a 0.0 is kept)
+    xmin = np.take_along_axis(x, x.argmin(axis=-1)[:, None], -1)[:, 0]
+    xmin = np.where(xmin > 0, F32(0), xmin).astype(F32)
+    xmax = np.take_along_axis(x, x.argmax(axis=-1)[:, None], -1)[:, 0]
     sum_w = _ssum(w)
     sum_x = _ssum(w * x)
     flat = xmax <= xmin
@@ -144,8 +146,8 @@ def make_qx(x, nmax: int, w):
     return np.where(zero, F32(0), scale).astype(F32), L
 
 
-def _descend(x, w, L, sumlx, suml2, lo: int, hi: int, need_sl2: bool):
-    """The five rounds of per-element coordinate descent of make_q3_quants and make_qp_quants: each
+def _descend(x, w, L, sumlx, suml2, lo: int, hi: int):
+    """The five rounds of per-element coordinate descent of make_q3_quants (make_qp_quants has its own): each
     element in turn takes the level that the others' fit asks for, if that improves sumlx^2 / suml2. L
     holds signed levels; rows stop once a round changes nothing (as the C loop breaks)."""
     active = np.ones(x.shape[0], bool)
@@ -155,7 +157,7 @@ def _descend(x, w, L, sumlx, suml2, lo: int, hi: int, need_sl2: bool):
             xi, wi, li = x[:, i], w[:, i], L[:, i].astype(F32)
             slx = (sumlx - wi * xi * li).astype(F32)
             sl2 = (suml2 - wi * li * li).astype(F32)
-            ok = active & (slx > 0) & ((sl2 > 0) if need_sl2 else True)
+            ok = active & (slx > 0)
             new = np.clip(_rint(xi * sl2 / _safe(slx, ~ok)), lo, hi)
             nf = new.astype(F32)
             slx2 = (slx + wi * xi * nf).astype(F32)
@@ -182,23 +184,24 @@ def make_q3(x, nmax: int):
     w = (x * x).astype(F32)
     lf = L.astype(F32)
     sumlx, suml2 = _ssum(w * x * lf), _ssum(w * lf * lf)
-    L, sumlx, suml2 = _descend(x, w, L, sumlx, suml2, -nmax, nmax - 1, False)
+    L, sumlx, suml2 = _descend(x, w, L, sumlx, suml2, -nmax, nmax - 1)
     scale = np.where(suml2 > 0, sumlx / _safe(suml2, suml2 <= 0), F32(0)).astype(F32)
     return np.where(zero, F32(0), scale), np.where(zero[:, None], 0, L + nmax)
 
 
 def make_qp(x, nmax: int, w):
-    """make_qp_quants: non-negative x (R, n) on levels [0, nmax] with weights w, for the scales of the
-    scales (Q2_K with an imatrix). -> (scale (R,), L (R, n))."""
+    """make_qp_quants: the scales of the scales (Q2_K, Q4_K, Q5_K with an imatrix): x (R, n) on levels up to
+    nmax with weights w. The C code keeps its levels in uint8_t, so a negative level (a negative scale among
+    x) wraps, and the later sums read the wrapped byte: so here. -> (scale (R,), L (R, n) as the uint8 values)."""
     x = x.astype(F32)
     w = w.astype(F32)
-    mx = x.max(axis=-1)
+    mx = np.maximum(x.max(axis=-1), F32(0))
     zero = mx < EPS
     mxs = _safe(mx, zero)
     iscale = (F32(nmax) / mxs).astype(F32)
-    L0 = _rint(iscale[:, None] * x)
+    L0 = (_rint(iscale[:, None] * x) & 0xFF).astype(F32)
     sc0 = (F32(1) / iscale).astype(F32)
-    d = (x - sc0[:, None] * L0.astype(F32)).astype(F32)
+    d = (x - sc0[:, None] * L0).astype(F32)
     best = _ssum(w * d * d)
     for step in range(-4, 5):
         if step == 0:
@@ -211,10 +214,30 @@ def make_qp(x, nmax: int, w):
         better = mse < best
         best = np.where(better, mse, best)
         iscale = np.where(better, isi, iscale)
-    L = np.minimum(nmax, _rint(iscale[:, None] * x))
-    lf = L.astype(F32)
+    l = np.minimum(nmax, _rint(iscale[:, None] * x))
+    lf = l.astype(F32)
     sumlx, suml2 = _ssum(w * x * lf), _ssum(w * lf * lf)
-    L, sumlx, suml2 = _descend(x, w, L, sumlx, suml2, -(2 ** 30), nmax, True)
+    L = l & 0xFF  # the stored bytes
+    active = ~zero
+    for _ in range(5):
+        changed = np.zeros(x.shape[0], bool)
+        for i in range(x.shape[1]):
+            xi, wi, li = x[:, i], w[:, i], L[:, i].astype(F32)
+            slx = (sumlx - wi * xi * li).astype(F32)
+            sl2 = (suml2 - wi * li * li).astype(F32)
+            ok = active & (slx > 0) & (sl2 > 0)
+            new = np.minimum(nmax, _rint(xi * sl2 / _safe(slx, ~ok)))
+            nf = new.astype(F32)
+            slx2 = (slx + wi * xi * nf).astype(F32)
+            sl22 = (sl2 + wi * nf * nf).astype(F32)
+            take = ok & (new != L[:, i]) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
+            L[:, i] = np.where(take, new & 0xFF, L[:, i])
+            sumlx = np.where(take, slx2, sumlx)
+            suml2 = np.where(take, sl22, suml2)
+            changed |= take
+        active &= changed
+        if not active.any():
+            break
     scale = np.where(suml2 > 0, sumlx / _safe(suml2, suml2 <= 0), F32(0)).astype(F32)
     return np.where(zero, F32(0), scale).astype(F32), np.where(zero[:, None], 0, L)
 
@@ -247,6 +270,13 @@ def _pack2(L: np.ndarray) -> np.ndarray:
     return (g[:, :, 0] | (g[:, :, 1] << 2) | (g[:, :, 2] << 4) | (g[:, :, 3] << 6)).reshape(-1, 64)
 
 
+def _rows(x: np.ndarray, block: int) -> tuple[int, int]:
+    """(rows, k) of a matrix whose rows are whole blocks: a ValueError otherwise (blocks never cross rows)."""
+    if x.ndim != 2 or x.shape[1] % block:
+        raise ValueError(f"rows of {x.shape[-1]} values are not a whole number of {block}-value blocks")
+    return x.shape
+
+
 def _importance(weights, rows: int, k: int, block: int) -> np.ndarray:
     """An imatrix row (k,) as per-block weights (rows * k / block, block), float32."""
     qw = np.asarray(weights, F32).reshape(-1)
@@ -257,7 +287,7 @@ def _importance(weights, rows: int, k: int, block: int) -> np.ndarray:
 
 def quantize_q2_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 84) uint8 Q2_K blocks."""
-    rows, k = x.shape
+    rows, k = _rows(x, QK_K)
     xb = np.ascontiguousarray(x, F32).reshape(-1, QK_K)
     nb = xb.shape[0]
     sub = xb.reshape(nb * 16, 16)
@@ -279,7 +309,7 @@ def quantize_q2_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
         dm, ls = make_qp(scales.reshape(nb, 16), 15, sw)
         mm, lm = make_qp(mins.reshape(nb, 16), 15, sw)
         d, dmin = _f16(dm), _f16(mm)
-    packed = ((ls & 0xF) | ((lm & 0xF) << 4)).astype(np.uint8)  # C stores the uint8 of Ls | Lm << 4
+    packed = ((ls & 0xFF) | ((lm << 4) & 0xFF)).astype(np.uint8)  # as C stores them: uint8 of Ls | Lm << 4
     dl = (d[:, None] * (packed & 0xF).astype(F32)).astype(F32)
     ml = (dmin[:, None] * (packed >> 4).astype(F32)).astype(F32)
     nz = dl != 0
@@ -301,7 +331,7 @@ def _pack_q3_scales(l: np.ndarray) -> np.ndarray:
 
 def quantize_q3_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 110) uint8 Q3_K blocks."""
-    rows, k = x.shape
+    rows, k = _rows(x, QK_K)
     xb = np.ascontiguousarray(x, F32).reshape(-1, QK_K)
     nb = xb.shape[0]
     sub = xb.reshape(nb * 16, 16)
@@ -381,7 +411,7 @@ def _nibbles(L: np.ndarray) -> np.ndarray:
 
 def quantize_iq4_nl(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32, k a multiple of 32 -> (rows, k / 32 * 18) uint8 IQ4_NL blocks."""
-    rows, k = x.shape
+    rows, k = _rows(x, 32)
     xb = np.ascontiguousarray(x, F32).reshape(-1, 32)
     qw = None if weights is None else _importance(weights, rows, k, 32)
     d, _ = _iq4_blocks(xb, qw, 32)
@@ -393,7 +423,7 @@ def quantize_iq4_nl(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndar
 
 def quantize_iq4_xs(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 136) uint8 IQ4_XS blocks."""
-    rows, k = x.shape
+    rows, k = _rows(x, QK_K)
     xb = np.ascontiguousarray(x, F32).reshape(-1, 32)
     nb = xb.shape[0] // 8
     qw = None if weights is None else _importance(weights, rows, k, 32)
@@ -428,6 +458,7 @@ def k45_weighted(x: np.ndarray, weights: np.ndarray, rows: int, nmax: int):
     make_qp against the sub-blocks' total weights, the values requantized against them as stored.
     -> (d, dmin (nb,), packed scales (nb, 12), levels (nb, 256)), as kquants._quantize_k45."""
     from .kquants import _pack_k_scales
+    from .repack import decode_k_scales as _decode_k_scales
 
     nb = x.shape[0]
     k = nb // rows * QK_K
@@ -435,19 +466,24 @@ def k45_weighted(x: np.ndarray, weights: np.ndarray, rows: int, nmax: int):
     sub = x.reshape(nb * 8, 32)
     sigma2 = (F32(2) * _ssum(x * x) / F32(QK_K)).astype(F32)
     w = (qw * np.sqrt(np.repeat(sigma2, 8)[:, None] + sub * sub)).astype(F32)
-    scales, mins, _ = make_qkx(sub, w, nmax, -0.9, 0.05, 36, False)
+    scales, mins, fit = make_qkx(sub, w, nmax, -0.9, 0.05, 36, False)
     sw = _ssum(w).reshape(nb, 8)
     dblock, ls = make_qp(scales.reshape(nb, 8), 63, sw)
     mblock, lm = make_qp(mins.reshape(nb, 8), 63, sw)
-    ls, lm = np.minimum(63, ls).astype(np.uint8), np.minimum(63, lm).astype(np.uint8)
+    # as the C code: the levels as uint8 (a negative one wraps), Q5_K's capped at 63, Q4_K's not; packed,
+    # then read back from the 12 bytes (get_scale_min_k4) for the requantization
+    ls, lm = (ls & 0xFF).astype(np.uint8), (lm & 0xFF).astype(np.uint8)
+    if nmax == 31:
+        ls, lm = np.minimum(63, ls), np.minimum(63, lm)
+    packed = _pack_k_scales(ls, lm)
+    dec = _decode_k_scales(packed).astype(F32)
     d, dmin = _f16(dblock), _f16(mblock)
-    sd = (d[:, None] * ls.astype(F32)).astype(F32)
-    sm = (dmin[:, None] * lm.astype(F32)).astype(F32)
+    sd = (d[:, None] * dec[:, :8]).astype(F32)
+    sm = (dmin[:, None] * dec[:, 8:]).astype(F32)
     nz = sd != 0
     req = np.clip(_rint((x.reshape(nb, 8, 32) + sm[:, :, None]) / _safe(sd, ~nz)[:, :, None]), 0, nmax)
-    # a zero scale keeps the fit's levels in the C code; they multiply 0, so any level gives the same values
-    L = np.where(nz[:, :, None], req, 0).reshape(nb, QK_K).astype(np.uint8)
-    return d, dmin, _pack_k_scales(ls, lm), L
+    L = np.where(nz[:, :, None], req, fit.reshape(nb, 8, 32)).reshape(nb, QK_K).astype(np.uint8)
+    return d, dmin, packed, L
 
 
 def q6_k_scales(sub: np.ndarray, weights: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -466,7 +502,7 @@ def quantize_legacy_weighted(x: np.ndarray, type_name: str, weights: np.ndarray)
     weights qw * sqrt(sigma2 + x^2) with sigma2 the row's mean square; make_qx for the symmetric types (the
     fit's levels kept as they are), make_qkx3 for the ones with a min. Without weights llama.cpp (and gguf)
     use the plain reference quantizers instead."""
-    rows, k = x.shape
+    rows, k = _rows(x, 32)
     x = np.ascontiguousarray(x, F32)
     xb = x.reshape(-1, 32)
     sigma2 = (_ssum(x * x) / F32(k)).astype(F32)

@@ -13,8 +13,8 @@ when 4 or more query heads share each KV head.
 
 Not expressed: the Falcon-only rules (no Falcon models here) and the "70B" bump of attn_v from Q3_K/Q4_K
 to Q5_K (llama.cpp's LLM_TYPE_70B: an 80-layer Llama with GQA, Qwen2-72B, ...), which needs the model's
-size class; and the rules that depend on an importance matrix (none is taken here: llama.cpp without one
-makes the same choices as below)."""
+size class. The rules that depend on an importance matrix (IQ4_NL/IQ4_XS's Q5_K ffn_down layers only without
+one, Q4_0/Q5_0's Q4_1/Q5_1 ffn_down layers only with one) follow plan()'s has_imatrix."""
 
 from __future__ import annotations
 

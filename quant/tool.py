@@ -66,23 +66,39 @@ LEGACY_WEIGHTED = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
 
 def quantize_rows(x: np.ndarray, dst: T, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32 -> the tensor's data in type dst: uint8 blocks, or float16/float32/bf16 bits.
-    weights: the columns' importance (an imatrix row, (k,)), for the types in WEIGHTED; ignored by the others."""
+    weights: the columns' importance (an imatrix row, (k,)), for the types in WEIGHTED and LEGACY_WEIGHTED;
+    ignored by the others."""
+    block = GGML_QUANT_SIZES[dst][0]
+    if x.ndim != 2 or x.shape[1] % block:
+        raise QuantizeError(f"rows of {x.shape[-1]} values cannot be {dst.name} (blocks of {block})")
     if dst == T.F32:
         return np.ascontiguousarray(x, np.float32)
     if dst == T.F16:
         return x.astype(np.float16)
-    if dst in WEIGHTED:
-        return WEIGHTED[dst](x, weights)
-    if dst in LEGACY_WEIGHTED and weights is not None:
-        return lowbit.quantize_legacy_weighted(x, dst.name, weights)
+    with np.errstate(over="ignore"):  # as the C code, which overflows silently on absurd magnitudes
+        if dst in WEIGHTED:
+            return WEIGHTED[dst](x, weights)
+        if dst in LEGACY_WEIGHTED and weights is not None:
+            return lowbit.quantize_legacy_weighted(x, dst.name, weights)
     # BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: gguf's own quantizers, so the output is bit-exact with them
     return gguf.quants.quantize(np.ascontiguousarray(x, np.float32), dst)
 
 
-def _quantize_parallel(x: np.ndarray, dst: T, threads: int, weights: np.ndarray | None = None) -> np.ndarray:
-    if threads <= 1 or x.shape[0] < 64:
-        return quantize_rows(x, dst, weights)
-    chunks = np.array_split(x, threads)
+# values per quantizer call: the searches hold several temporaries of their input's size (7-8x in all), so a
+# 150k x 1536 embedding goes through in 16 MB slices, never as one 7 GB working set
+CHUNK_VALUES = 1 << 22
+
+
+def _quantize_parallel(x: np.ndarray, dst: T, threads: int, weights: np.ndarray | None = None,
+                       name: str = "") -> np.ndarray:
+    if not np.isfinite(x).all():
+        raise QuantizeError(f"tensor {name or '?'} has NaN or infinite values: it cannot be quantized")
+    n = -(-x.size // CHUNK_VALUES)
+    if threads > 1 and x.shape[0] >= 64:
+        n = max(n, threads)
+    chunks = np.array_split(x, min(n, x.shape[0])) if n > 1 else [x]
+    if threads <= 1 or len(chunks) == 1:
+        return np.concatenate([quantize_rows(c, dst, weights) for c in chunks], axis=0)
     with ThreadPoolExecutor(threads) as pool:  # numpy releases the GIL in its array work
         parts = list(pool.map(lambda c: quantize_rows(c, dst, weights), chunks))
     return np.concatenate(parts, axis=0)
@@ -135,13 +151,14 @@ def convert(src, x: PlannedTensor, threads: int = 1, importance: np.ndarray | No
         importance = np.asarray(importance, np.float32).reshape(-1, x.shape[0])
     if len(x.shape) <= 2:
         w = None if importance is None else importance[0]
-        return _quantize_parallel(to_float32(raw, x.src_type, x.shape), x.dst_type, threads, w)
+        return _quantize_parallel(to_float32(raw, x.src_type, x.shape), x.dst_type, threads, w, x.name)
     mats = raw.reshape((-1,) + raw.shape[-2:])  # (matrices, rows, cols or bytes per row)
     rows = mats.shape[1]
     parts = []
     for e in range(mats.shape[0]):
         w = None if importance is None else importance[e if importance.shape[0] > 1 else 0]
-        parts.append(_quantize_parallel(to_float32(mats[e], x.src_type, x.shape[:2]), x.dst_type, threads, w))
+        parts.append(_quantize_parallel(to_float32(mats[e], x.src_type, x.shape[:2]), x.dst_type, threads, w,
+                                        f"{x.name} (expert {e})"))
         src.release(x.name, e * rows, (e + 1) * rows)
     return np.stack(parts)
 

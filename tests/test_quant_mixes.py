@@ -82,7 +82,7 @@ def test_new_types_are_registered():
     assert TYPES["IQ4_NL"] == (FT.MOSTLY_IQ4_NL, T.IQ4_NL, True)
     assert TYPES["IQ4_XS"] == (FT.MOSTLY_IQ4_XS, T.IQ4_XS, True)
     assert TYPES["Q3_K"] == (FT.MOSTLY_Q3_K_S, T.Q3_K, False)  # plain, like Q4_K
-    # llama.cpp refuses Q2_K_S without an importance matrix, which quantize-model does not take
+    # Q2_K_S (which llama.cpp makes only with an importance matrix) is not offered yet
     assert "Q2_K_S" not in TYPES
 
 
