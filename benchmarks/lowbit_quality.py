@@ -166,7 +166,7 @@ def main():
         print(name, r, flush=True)
 
     ref_name = {}
-    measure("F16", f16)
+    measure("F16", f16, ours_ppl=False)  # edgeinfer runs F16 on its float kernels: slow, and no quantizer here
     from edgeinfer.quant.imatrix import Imatrix
 
     matrix = None

@@ -1,7 +1,7 @@
 """K-quant quantizers (Q4_K, Q5_K, Q6_K), vectorised over all blocks at once in numpy.
 
 They search scales as llama.cpp's reference quantizers do (quantize_row_q4_K_ref, q5_K_ref, q6_K_ref, through
-lowbit.py's make_qkx and make_qx, which follow the C code step for step), so their blocks are llama.cpp's:
+search.py's make_qkx and make_qx, which follow the C code step for step), so their blocks are llama.cpp's:
 - Q4_K/Q5_K: for each 32-element sub-block, a weighted least-squares fit of (scale, min) over a
   sweep of candidate inverse scales (weights |x| + rms of the sub-block), then the 8 scales and
   8 mins are themselves quantized to 6 bits against the super-block's largest;
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import lowbit
+from . import lowbit, search
 
 QK_K = 256
 F32 = np.float32
@@ -51,9 +51,9 @@ def _quantize_k45(x: np.ndarray, nmax: int, rmin: float, nstep: int):
     scales and 8 mins on 6 bits against the super-block's largest, the values requantized against them."""
     nb = x.shape[0]
     sub = x.reshape(nb * 8, 32)
-    av = np.sqrt(lowbit._ssum(sub * sub) / F32(32)).astype(F32)
+    av = np.sqrt(search._ssum(sub * sub) / F32(32)).astype(F32)
     w = (av[:, None] + np.abs(sub)).astype(F32)
-    scales, mins, fit = lowbit.make_qkx(sub, w, nmax, rmin, 0.1, nstep, False)
+    scales, mins, fit = search.make_qkx(sub, w, nmax, rmin, 0.1, nstep, False)
     scales = scales.reshape(nb, 8)
     mins = mins.reshape(nb, 8)
     max_scale = np.maximum(scales.max(axis=1), F32(0))
@@ -84,7 +84,7 @@ def _nibbles(L: np.ndarray) -> np.ndarray:
 def quantize_q4_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 144) uint8 Q4_K blocks. weights: an
     imatrix row (k,), llama.cpp's weighted search (lowbit.k45_weighted)."""
-    rows = lowbit._rows(x, QK_K)[0]
+    rows = search._rows(x, QK_K)[0]
     xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
     if weights is not None:
         d, dmin, sc, L = lowbit.k45_weighted(xb, weights, rows, 15)
@@ -96,7 +96,7 @@ def quantize_q4_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
 
 def quantize_q5_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32 -> (rows, k / 256 * 176) uint8 Q5_K blocks (weights: as quantize_q4_k)."""
-    rows = lowbit._rows(x, QK_K)[0]
+    rows = search._rows(x, QK_K)[0]
     xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
     if weights is not None:
         d, dmin, sc, L = lowbit.k45_weighted(xb, weights, rows, 31)
@@ -112,7 +112,7 @@ def quantize_q5_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
 
 def quantize_q6_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32 -> (rows, k / 256 * 210) uint8 Q6_K blocks (weights: an imatrix row (k,))."""
-    rows = lowbit._rows(x, QK_K)[0]
+    rows = search._rows(x, QK_K)[0]
     xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
     nb = xb.shape[0]
     if weights is not None:
@@ -120,7 +120,7 @@ def quantize_q6_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
         scales = scales.reshape(nb, 16)
     else:
         sub = xb.reshape(nb * 16, 16)
-        scales, fit_levels = lowbit.make_qx(sub, 32, sub * sub)
+        scales, fit_levels = search.make_qx(sub, 32, sub * sub)
         scales = scales.reshape(nb, 16)
     pick = np.abs(scales).argmax(axis=1)
     max_scale = scales[np.arange(nb), pick]

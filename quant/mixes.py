@@ -198,7 +198,9 @@ def plan(tensors: list[tuple[str, tuple[int, ...], T]], type_name: str, *, pure:
     n_gqa = heads // heads_kv if heads_kv else 0
     i_attn_v = i_ffn_down = 0
     out = []
-    for name, shape, src in tensors:
+    # llama.cpp counts attn_v and ffn_down layers in its loader's order (weight_name_comparer: by block number,
+    # then name), not the file's: a file written blk.0, blk.1, blk.10, ... gets its bumps on the same layers
+    for name, shape, src in sorted(tensors, key=_loader_order):
         if not _quantizable(name, len(shape)):
             out.append(PlannedTensor(name, shape, src, src, "kept"))
             continue
@@ -248,4 +250,10 @@ def plan(tensors: list[tuple[str, tuple[int, ...], T]], type_name: str, *, pure:
                 note = f"row {shape[0]} not a multiple of {GGML_QUANT_SIZES[new][0]}: {new.name} -> {fb.name}"
                 new = fb
         out.append(PlannedTensor(name, shape, src, new, note))
-    return out
+    by_name = {x.name: x for x in out}
+    return [by_name[t[0]] for t in tensors]  # in the file's order
+
+
+def _loader_order(t) -> tuple[int, str]:
+    m = _BLOCK.match(t[0])
+    return (int(m.group(1)) if m else -1, t[0])

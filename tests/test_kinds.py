@@ -18,9 +18,14 @@ PROPS = ("is_dense", "is_quantized", "uses_q8k", "is_interleaved", "has_qh", "ha
 
 def test_every_type_the_loader_takes_has_exactly_one_row_major_kind():
     loaded = [t for t in repack_module.SUPPORTED_TYPES if t != T.F32]  # F32 stays a float32 array
+    widened = repack_module.WIDENED  # the low-bit types run on a wider type's kind (quant/repack.py)
     for t in loaded:
+        if t in widened:
+            assert not [k for k in kinds.KINDS if k.ggml == t]  # no kind of their own
+            assert kinds.info(widened[t]).is_quantized and not kinds.info(widened[t]).interleaved
+            continue
         assert [k.id for k in kinds.KINDS if k.ggml == t and not k.interleaved] == [repack_module.KIND[t]]
-    assert set(repack_module.KIND) == set(loaded) == set(kinds.OF_GGML)
+    assert set(repack_module.KIND) == set(loaded) == set(kinds.OF_GGML) | set(widened)
     assert [k.id for k in kinds.KINDS] == list(ALL)
     for k in kinds.KINDS:
         assert getattr(kinds, k.name) == k.id  # the named constants

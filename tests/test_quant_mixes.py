@@ -328,3 +328,16 @@ def test_an_imatrix_changes_the_ffn_down_rules_as_in_llama_cpp():
         weighted = layer_table(types(ts, mix, has_imatrix=True, **QWEN), n)["ffn_down"]
         assert plain == [T[mix]] * n
         assert weighted[:4] == [up] * 3 + [T[mix]]
+
+
+@pytest.mark.parametrize("mix", ["IQ4_NL", "Q4_K_M", "Q3_K_M", "Q2_K"])
+def test_layers_are_counted_in_block_order_whatever_the_file_order(mix):
+    # llama.cpp's loader walks tensors by block number (weight_name_comparer), so a file written in name order
+    # (blk.0, blk.1, blk.10, ..., blk.2, ...) gets its bumps on the same layers as one written in block order
+    ts = qwen2_1_5b()
+    by_name = sorted(ts, key=lambda t: t[0])
+    assert [t[0] for t in by_name] != [t[0] for t in ts]
+    want = types(ts, mix, **QWEN)
+    p = plan(by_name, mix, **QWEN)
+    assert [x.name for x in p] == [t[0] for t in by_name]  # the plan keeps the file's order
+    assert {x.name: x.dst_type for x in p} == want
