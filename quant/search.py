@@ -137,10 +137,12 @@ def make_qx(x, nmax: int, w):
     return np.where(zero, F32(0), scale).astype(F32), L
 
 
-def _descend(x, w, L, sumlx, suml2, lo: int, hi: int):
-    """The five rounds of per-element coordinate descent of make_q3_quants (make_qp_quants has its own): each
-    element in turn takes the level that the others' fit asks for, if that improves sumlx^2 / suml2. L
-    holds signed levels; rows stop once a round changes nothing (as the C loop breaks)."""
+def _descend(x, w, L, sumlx, suml2, lo: int, hi: int, *, as_bytes: bool = False):
+    """The five rounds of per-element coordinate descent of make_q3_quants and make_qp_quants: each element in
+    turn takes the level that the others' fit asks for, if that improves sumlx^2 / suml2; rows stop once a
+    round changes nothing (as the C loops break). make_q3 keeps signed levels and asks sl2 > 0 of the new fit;
+    make_qp (as_bytes) keeps its levels as uint8_t, so the sums read the wrapped byte, and asks sl2 > 0 of the
+    old one instead."""
     active = np.ones(x.shape[0], bool)
     for _ in range(5):
         changed = np.zeros(x.shape[0], bool)
@@ -148,13 +150,14 @@ def _descend(x, w, L, sumlx, suml2, lo: int, hi: int):
             xi, wi, li = x[:, i], w[:, i], L[:, i].astype(F32)
             slx = (sumlx - wi * xi * li).astype(F32)
             sl2 = (suml2 - wi * li * li).astype(F32)
-            ok = active & (slx > 0)
+            ok = active & (slx > 0) & ((sl2 > 0) if as_bytes else True)
             new = np.clip(_rint(xi * sl2 / _safe(slx, ~ok)), lo, hi)
             nf = new.astype(F32)
             slx2 = (slx + wi * xi * nf).astype(F32)
             sl22 = (sl2 + wi * nf * nf).astype(F32)
-            take = ok & (new != L[:, i]) & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
-            L[:, i] = np.where(take, new, L[:, i])
+            better = slx2 * slx2 * suml2 > sumlx * sumlx * sl22
+            take = ok & (new != L[:, i]) & (better if as_bytes else (sl22 > 0) & better)
+            L[:, i] = np.where(take, (new & 0xFF) if as_bytes else new, L[:, i])
             sumlx = np.where(take, slx2, sumlx)
             suml2 = np.where(take, sl22, suml2)
             changed |= take
@@ -208,27 +211,7 @@ def make_qp(x, nmax: int, w):
     l = np.minimum(nmax, _rint(iscale[:, None] * x))
     lf = l.astype(F32)
     sumlx, suml2 = _ssum(w * x * lf), _ssum(w * lf * lf)
-    L = l & 0xFF  # the stored bytes
-    active = ~zero
-    for _ in range(5):
-        changed = np.zeros(x.shape[0], bool)
-        for i in range(x.shape[1]):
-            xi, wi, li = x[:, i], w[:, i], L[:, i].astype(F32)
-            slx = (sumlx - wi * xi * li).astype(F32)
-            sl2 = (suml2 - wi * li * li).astype(F32)
-            ok = active & (slx > 0) & (sl2 > 0)
-            new = np.minimum(nmax, _rint(xi * sl2 / _safe(slx, ~ok)))
-            nf = new.astype(F32)
-            slx2 = (slx + wi * xi * nf).astype(F32)
-            sl22 = (sl2 + wi * nf * nf).astype(F32)
-            take = ok & (new != L[:, i]) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
-            L[:, i] = np.where(take, new & 0xFF, L[:, i])
-            sumlx = np.where(take, slx2, sumlx)
-            suml2 = np.where(take, sl22, suml2)
-            changed |= take
-        active &= changed
-        if not active.any():
-            break
+    L, sumlx, suml2 = _descend(x, w, l & 0xFF, sumlx, suml2, -(2 ** 30), nmax, as_bytes=True)  # the stored bytes
     scale = np.where(suml2 > 0, sumlx / _safe(suml2, suml2 <= 0), F32(0)).astype(F32)
     return np.where(zero, F32(0), scale).astype(F32), np.where(zero[:, None], 0, L)
 
