@@ -122,10 +122,11 @@ def inspect(model, as_json, memory, kv_type, max_context):
         click.echo(f"{k:<{width}}  {v}")
     click.echo("tensors by type:")
     from edgeinfer.quant.repack import WIDENED
+    from edgeinfer.kernels import kinds
 
-    widened = {t.name for t in WIDENED}
+    notes = {t.name: f"  (loaded as {kinds.name(k)}: see inspect --memory)" for t, k in WIDENED.items()}
     for t, n in s["tensor_types"].items():
-        note = "  (loaded as a byte a weight: see inspect --memory)" if t in widened else ""
+        note = notes.get(t, "")
         click.echo(f"  {t:<6} {n:>5} tensors  {s['tensor_bytes'][t] / 1e6:>9.2f} MB{note}")
     if memory:
         m = s["memory"]

@@ -97,8 +97,8 @@ def _loaded(info) -> int:
 
 def weight_bytes(gf) -> int:
     """Bytes the loaded weights occupy: the file's tensor data, every expert of an MoE model included
-    (repacking keeps the size, but for the types below 4.5 bits, which load as a byte per value:
-    quant/repack.py's WIDENED)."""
+    (repacking keeps the size, but for the types that load as a wider kind: Q2_K and Q3_K a byte per value,
+    IQ4_XS 4.5 bits rather than 4.25; quant/repack.py's WIDENED)."""
     return sum(_loaded(info) for info in gf.tensors.values())
 
 

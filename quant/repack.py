@@ -29,22 +29,23 @@ from ..pages import MADV_HUGEPAGE, MADV_POPULATE_READ, madvise
 
 # The row-major kind of each GGML type the loader takes (kernels/kinds.py; their interleaved twins are the
 # CPU SIMD kernels' own layout: kernels/cpu/layout.py). F32 weights are not a QTensor: they stay float32 arrays.
-# The types below 4.5 bits run on the kernels of a wider kind, their values unpacked to one byte each:
-# Q3_K on Q6_K's (signed bytes q - 4, the same int8 scale per 16 and float16 d per 256: exact), IQ4_NL on
-# Q8_0's (the 16-value grid's bytes, the block's d: exact), IQ4_XS on Q8_0's (each 32-block's scale
-# d * (ls - 32) rounded to float16: within 2^-11 of it), Q2_K on Q8_0's (each 32-block of the dequantized
-# values quantized again to 8 bits, within 1/254 of the block's largest). Their matrices take 8.5 bits per
-# weight in memory rather than the file's 2.6-4.5 (inspect --memory counts this).
-WIDENED = {T.Q3_K: kinds.Q6_K, T.IQ4_NL: kinds.Q8_0, T.IQ4_XS: kinds.Q8_0, T.Q2_K: kinds.Q8_0}
+# IQ4_NL is read in its own packing (Q4_0's nibbles, each an index into the 16-value grid). The other types
+# below 4.5 bits run on the kernels of a wider kind: IQ4_XS on IQ4_NL's (the same nibbles, each 32-block's
+# scale d * (ls - 32) rounded to float16: within 2^-11 of it; 4.5 bits per weight rather than 4.25), Q3_K on
+# Q6_K's (its values unpacked to signed bytes q - 4, the same int8 scale per 16 and float16 d per 256:
+# exact), Q2_K on Q8_0's (each 32-block of the dequantized values quantized again to 8 bits, within 1/254
+# of the block's largest). Q3_K and Q2_K matrices take 8.5 bits per weight in memory rather than the file's
+# 2.6-3.4 (inspect --memory counts this).
+WIDENED = {T.Q3_K: kinds.Q6_K, T.IQ4_XS: kinds.IQ4_NL, T.Q2_K: kinds.Q8_0}
 KIND = {**kinds.OF_GGML, **WIDENED}
 # bytes per weight of a widened type once loaded: a byte per value, plus Q6_K's int8 scale per 16 and float16
 # d per 256, or Q8_0's float16 d per 32
-_WIDE_BYTES = {kinds.Q6_K: 1 + 1 / 16 + 2 / 256, kinds.Q8_0: 1 + 2 / 32}
+_WIDE_BYTES = {kinds.Q6_K: 1 + 1 / 16 + 2 / 256, kinds.Q8_0: 1 + 2 / 32, kinds.IQ4_NL: 0.5 + 2 / 32}
 
 
 def loaded_bytes(ggml_type: T, n_elements: int, file_bytes: int) -> int:
     """The bytes a tensor's repacked arrays take in memory: the file's for the types the kernels read in
-    their own packing, a byte per value and the scales for the widened ones (WIDENED)."""
+    their own packing, the wider kind's bytes per value and scales for the widened ones (WIDENED)."""
     if ggml_type in WIDENED:
         return int(n_elements * _WIDE_BYTES[WIDENED[ggml_type]])
     return file_bytes
@@ -120,16 +121,6 @@ def unpack_q3_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return vals, sc
 
 
-def _iq4_values(nibbles: np.ndarray) -> np.ndarray:
-    """(..., 16 m) IQ4 bytes -> (..., 32 m) int8 grid values as uint8: per 16 bytes, the low nibbles are
-    elements 0-15 of the 32-block, the high ones 16-31."""
-    from gguf.quants import IQ4_NL
-    kv = np.array(IQ4_NL.kvalues, np.int8).view(np.uint8)
-    q = nibbles.reshape(nibbles.shape[:-1] + (-1, 16))
-    idx = np.concatenate([q & 15, q >> 4], axis=-1)
-    return kv[idx].reshape(nibbles.shape[:-1] + (-1,))
-
-
 def unpack_q6_k(ql: np.ndarray, qh: np.ndarray) -> np.ndarray:
     """(..., 128) low bits and (..., 64) high bits of Q6_K super-blocks -> (..., 256) int8 (q - 32) as uint8.
 
@@ -182,6 +173,7 @@ def repack_rows(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...], release=N
 _BLOCK_FIELDS = {
     T.Q8_0: {"d": (0, 2), "qs": (2, 34)},
     T.Q4_0: {"d": (0, 2), "qs": (2, 18)},
+    T.IQ4_NL: {"d": (0, 2), "qs": (2, 18)},
     T.Q4_1: {"d": (0, 2), "m": (2, 4), "qs": (4, 20)},
     T.Q5_0: {"d": (0, 2), "qh": (2, 6), "qs": (6, 22)},
     T.Q5_1: {"d": (0, 2), "m": (2, 4), "qh": (4, 8), "qs": (8, 24)},
@@ -293,7 +285,7 @@ def repack(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> QTensor:
         vals, sc = unpack_q3_k(b)
         return QTensor(t, KIND[t], n, k, vals.reshape(n, k), empty, sc.reshape(n, -1), _u16(b, 108), none16)
     if t == T.IQ4_NL:  # d | qs[16]
-        return QTensor(t, KIND[t], n, k, _iq4_values(b[:, :, 2:18]).reshape(n, k), empty, empty, _u16(b, 0), none16)
+        return QTensor(t, KIND[t], n, k, _flat(b, 2, 18), empty, empty, _u16(b, 0), none16)
     if t == T.IQ4_XS:  # d | scales_h u16 | scales_l[4] | qs[128]
         d = _u16(b, 0).view(np.float16).astype(np.float32)
         sh = _u16(b, 2).astype(np.int32)
@@ -301,7 +293,7 @@ def repack(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> QTensor:
         ib = np.arange(8)
         ls = ((sl[:, :, ib // 2] >> (4 * (ib % 2))) & 15) | (((sh[:, :, None] >> (2 * ib)) & 3) << 4)
         dl = (d[:, :, None] * (ls - 32).astype(np.float32)).astype(np.float16).view(np.uint16).reshape(n, -1)
-        return QTensor(t, KIND[t], n, k, _iq4_values(b[:, :, 8:136]).reshape(n, k), empty, empty, dl.copy(), none16)
+        return QTensor(t, KIND[t], n, k, _flat(b, 8, 136), empty, empty, dl.copy(), none16)
     if t == T.Q2_K:  # dequantized, then quantized again as Q8_0 (gguf's rounding, llama.cpp's reference)
         import gguf
 

@@ -14,11 +14,11 @@ from edgeinfer.quant import repack as repack_module
 from edgeinfer.quant.repack import DIRECT_TYPES, KIND, repack, repack_interleaved
 
 kb = get_backend("cpu")
-QUANT_TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
+QUANT_TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL]
 ALL_TYPES = [T.F16, T.BF16] + QUANT_TYPES
 # Byte offsets of the float16 scale fields in each block, set to finite values in random blocks.
 F16_FIELDS = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q4_K: (0, 2),
-              T.Q5_K: (0, 2), T.Q6_K: (208,)}
+              T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_NL: (0,)}
 
 
 def random_tensor(t, n, k, rng):
@@ -130,7 +130,8 @@ def test_int8_matmul_matches_integer_reference(t, path):
 @pytest.mark.parametrize("path", simd.available_paths())
 @pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
 def test_int8_matmul_at_the_extremes_of_its_ranges(t, path):
-    """Every quant at its largest (all bits set: Q4 nibbles 15, Q5 31, Q6_K 63, K-quant scales and mins 63)
+    """Every quant at its largest (all bits set: Q4 nibbles 15, Q5 31, Q6_K 63, K-quant scales and mins 63;
+    IQ4_NL's index 15, its grid's largest value, 113, and index 0, its most negative, -127)
     against activations all at +127 or all at -127: the 16-bit partial sums the SIMD paths keep are at their
     fullest here, and must not wrap or saturate."""
     from edgeinfer.kernels.cpu.backend import QInput, matmul_int8
@@ -142,6 +143,8 @@ def test_int8_matmul_at_the_extremes_of_its_ranges(t, path):
         raw[:, :, 192:208] = 0x80  # its int8 scales at their largest magnitude, -128
     for off in F16_FIELDS[t]:
         raw[:, :, off:off + 2] = np.array([0.01], np.float16).view(np.uint8)
+    if t == T.IQ4_NL:
+        raw[n // 2:, :, 2:] = 0  # half the rows at the grid's other end, -127
     raw = raw.reshape(n, -1)
     ref = gguf.quants.dequantize(raw, t).reshape(n, k).astype(np.float32)
     for w in layouts(repack(raw, t, (k, n)), path):

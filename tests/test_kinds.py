@@ -100,7 +100,8 @@ def test_each_predicate_agrees_with_the_table_in_python_and_compiled():
     def compiled(k):
         return (kinds.is_dense(k), kinds.is_quantized(k), kinds.uses_q8k(k), kinds.is_interleaved(k),
                 kinds.has_qh(k), kinds.has_min(k), kinds.has_scales(k), kinds.is_q8_0(k), kinds.is_q45(k),
-                kinds.is_k45(k), kinds.is_q6_k(k), kinds.is_x8(k), kinds.is_kx8(k), kinds.is_q8x8(k))
+                kinds.is_k45(k), kinds.is_q6_k(k), kinds.is_x8(k), kinds.is_kx8(k), kinds.is_q8x8(k),
+                kinds.is_nlx8(k))
 
     n_global = len(PROPS) + len(kinds.FAMILY_NAMES)
     for k in ALL:
@@ -109,15 +110,16 @@ def test_each_predicate_agrees_with_the_table_in_python_and_compiled():
 
 def test_the_predicates_are_the_range_tests_the_kernels_had():
     # generated from the table, each is the comparison the code made by hand before the table existed,
-    # so the compiled kernels are the same code
+    # so the compiled kernels are the same code (IQ4_NL's kinds, 18 and 19, appended since)
     assert kinds.is_dense.expr == "kind <= 1"
     assert kinds.is_quantized.expr == "kind >= 2"
     assert kinds.uses_q8k.expr == "7 <= kind <= 9 or 14 <= kind <= 16"
-    assert kinds.is_interleaved.expr == "kind >= 10"
+    assert kinds.is_interleaved.expr == "10 <= kind <= 17 or kind == 19"
     assert [getattr(kinds, "is_" + f).expr for f in kinds.FAMILY_NAMES] == [
-        "kind == 2", "3 <= kind <= 6", "7 <= kind <= 8", "kind == 9", "10 <= kind <= 13", "14 <= kind <= 16",
-        "kind == 17"]
-    assert kinds.predicate("has_qh", "q45").expr == "kind >= 5"
+        "kind == 2", "3 <= kind <= 6 or kind == 18", "7 <= kind <= 8", "kind == 9", "10 <= kind <= 13",
+        "14 <= kind <= 16", "kind == 17", "kind == 19"]
+    assert kinds.predicate("has_qh", "q45").expr == "5 <= kind <= 6"
+    assert kinds.predicate("ggml:IQ4_NL", "q45").expr == "kind == 18"
     assert kinds.predicate("has_min", "q45").expr == "kind == 4 or kind == 6"
     assert kinds.predicate("has_qh", "k45").expr == "kind == 8"
     assert kinds.predicate("has_qh", "x8").expr == "kind >= 12"

@@ -16,6 +16,7 @@ from edgeinfer.quant.tool import LEGACY_WEIGHTED, WEIGHTED, quantize_rows
 
 GOLDEN = Path(__file__).parent / "golden" / "lowbit_blocks.npz"  # benchmarks/make_lowbit_golden.py
 PLAIN_TYPES = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
+WIDE_TYPES = ("Q2_K", "Q3_K", "IQ4_XS")  # loaded as a wider kind (IQ4_NL has its own: tests/test_kernels.py)
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")  # the older K-quants' reference quantizers, held to llama.cpp's blocks too
 IMATRIX_TYPES = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 kb = get_backend("cpu")
@@ -138,12 +139,16 @@ def _values(w):
         sc = w.sc.view(np.int8).astype(np.float32).reshape(n, -1)
         d = np.repeat(w.d.view(np.float16).astype(np.float32), 16, axis=1)
         return (v * (d * sc)[:, :, None]).reshape(n, k)
-    assert w.kind == kinds.Q8_0
-    v = w.qs.view(np.int8).astype(np.float32).reshape(n, -1, 32)
+    if w.kind == kinds.IQ4_NL:  # Q4_0's nibbles (low: elements 0-15 of a 32-block), each a grid index
+        q = w.qs.reshape(n, -1, 16)
+        v = np.array(gguf.quants.IQ4_NL.kvalues, np.float32)[np.concatenate([q & 15, q >> 4], axis=2)]
+    else:
+        assert w.kind == kinds.Q8_0
+        v = w.qs.view(np.int8).astype(np.float32).reshape(n, -1, 32)
     return (v * w.d.view(np.float16).astype(np.float32)[:, :, None]).reshape(n, k)
 
 
-@pytest.mark.parametrize("name", PLAIN_TYPES)
+@pytest.mark.parametrize("name", WIDE_TYPES)
 def test_widened_weights_equal_gguf_dequantize(name):
     x, imp = sample()
     t = T[name]
@@ -152,7 +157,7 @@ def test_widened_weights_equal_gguf_dequantize(name):
     w = repack(raw, t, (x.shape[1], x.shape[0]))
     assert w.kind == WIDENED[t] and w.ggml_type == t
     got = _values(w)
-    if t in (T.Q3_K, T.IQ4_NL):
+    if t == T.Q3_K:
         np.testing.assert_array_equal(got, ref)  # exact: the same integers and scales
     elif t == T.IQ4_XS:  # each 32-block's scale d * (ls - 32) rounded to float16
         blk = np.abs(ref.reshape(48, -1, 32)).max(axis=2, keepdims=True)
@@ -161,10 +166,11 @@ def test_widened_weights_equal_gguf_dequantize(name):
         blk = np.abs(ref.reshape(48, -1, 32)).max(axis=2, keepdims=True)
         assert np.all(np.abs(got - ref).reshape(48, -1, 32) <= blk / 127 * (0.5 + 127 * 2.0 ** -11) + 1e-9)
     assert w.nbytes == loaded_bytes(t, x.size, raw.nbytes)
+    assert np.array_equal(kb.dequantize(w), got)  # the kernels' decode: the same values
 
 
 @pytest.mark.parametrize("name", PLAIN_TYPES)
-def test_matmul_of_a_widened_type_matches_its_dequantized_weights(name):
+def test_matmul_of_a_low_bit_type_matches_its_dequantized_weights(name):
     """The kernels of the host kind on this CPU's path (interleaved on the SIMD paths), one token and a batch:
     within the activation's 8-bit rounding of the float product, and a batch equal to its tokens alone."""
     x, imp = sample()
@@ -176,7 +182,7 @@ def test_matmul_of_a_widened_type_matches_its_dequantized_weights(name):
     a = rng.standard_normal((9, x.shape[1])).astype(np.float32)
     got = kb.matmul(w, a)
     want = a.astype(np.float64) @ ref.T
-    block = 256 if WIDENED[t] == kinds.Q6_K else 32
+    block = 256 if WIDENED.get(t) == kinds.Q6_K else 32
     d = np.abs(a.reshape(9, -1, block)).max(axis=2) / 127
     bound = (1.001 * (np.repeat(d, block, axis=1) / 2) @ np.abs(ref).T + 4 * 1024 * 1.2e-7 * np.abs(a) @ np.abs(ref).T
              + 1e-6)

@@ -3,7 +3,8 @@
 The CPU backend applies it at load (backend.upload) on the SIMD paths; the portable path and the CUDA
 backend keep quant/repack.py's row-major layout. Each row-major quantized kind has an interleaved twin
 (kinds.py: Q4_0 -> Q4_0_X8, ..., Q8_0 -> Q8_0_X8), regrouped by its twin's family: x8 (Q4_0, Q4_1,
-Q5_0, Q5_1: _legacy8), kx8 (Q4_K, Q5_K, Q6_K: _k8), q8x8 (Q8_0: _q8_8).
+Q5_0, Q5_1: _legacy8), kx8 (Q4_K, Q5_K, Q6_K: _k8), q8x8 (Q8_0: _q8_8), nlx8 (IQ4_NL: _legacy8, Q4_0's
+nibbles).
 """
 
 import dataclasses
@@ -109,7 +110,7 @@ def _legacy8(w, inplace):
 
 
 # the regrouping of each interleaved family (interleave8)
-_REGROUP = {"q8x8": _q8_8, "x8": _legacy8, "kx8": _k8}
+_REGROUP = {"q8x8": _q8_8, "x8": _legacy8, "kx8": _k8, "nlx8": _legacy8}  # IQ4_NL: Q4_0's layout
 
 
 def _q5_bits(qh):

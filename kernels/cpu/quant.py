@@ -8,6 +8,9 @@ import numpy as np
 from numba import njit, prange
 
 from .. import kinds
+from .simd import IQ4_GRID
+
+_GRID = np.array(IQ4_GRID, np.float32)  # IQ4_NL's 16 values
 
 _x8_has_qh = kinds.predicate("has_qh", within="x8")    # Q5_0_X8, Q5_1_X8
 _x8_has_min = kinds.predicate("has_min", within="x8")  # Q4_1_X8, Q5_1_X8
@@ -42,6 +45,12 @@ def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
         db = lut[d[n, g]]
         for j in range(32):
             y[j] = db * _i8(qs[n, base + j])
+    elif kind == kinds.IQ4_NL:  # Q4_0's nibbles, each an index into the grid
+        db = lut[d[n, g]]
+        for j in range(16):
+            q = qs[n, g * 16 + j]
+            y[j] = db * _GRID[q & 15]
+            y[j + 16] = db * _GRID[q >> 4]
     elif kind == kinds.Q4_0 or kind == kinds.Q4_1:  # byte j holds elements j (low nibble) and j + 16 (high)
         db = lut[d[n, g]]
         off = lut[m[n, g]] if kind == kinds.Q4_1 else np.float32(-8.0) * db
@@ -101,16 +110,20 @@ def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
             for l in range(16):
                 i = (g % 8) * 32 + h * 16 + l
                 y[h * 16 + l] = s * np.float32(np.int32(qs[G, (sb * 64 + i // 4) * 32 + r * 4 + i % 4]) - 32)
-    elif kinds.is_interleaved(kind):  # the rest: Q4_0 / Q4_1 / Q5_0 / Q5_1 with eight rows interleaved (layout.interleave8)
+    elif kinds.is_interleaved(kind):  # the rest: Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL with eight rows interleaved (layout.interleave8)
         G = n // 8
         r = n % 8
         db = lut[d[G, g * 8 + r]]
-        five = _x8_has_qh(kind)
-        off = lut[m[G, g * 8 + r]] if _x8_has_min(kind) else np.float32(-16.0 if five else -8.0) * db
+        nl = kinds.is_nlx8(kind)
+        five = not nl and _x8_has_qh(kind)
+        off = lut[m[G, g * 8 + r]] if not nl and _x8_has_min(kind) else np.float32(-16.0 if five else -8.0) * db
         for i in range(32):
             v = i // 4
             b = qs[G, g * 128 + (v % 4) * 32 + r * 4 + i % 4]
             q = np.int32(b & 15) if v < 4 else np.int32(b >> 4)
+            if nl:
+                y[i] = db * _GRID[q]
+                continue
             if five:
                 q |= np.int32((qh[G, g * 32 + r * 4 + i % 4] >> v) & 1) << 4
             y[i] = db * np.float32(q) + off

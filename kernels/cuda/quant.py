@@ -2,9 +2,13 @@
 of one element, and the matmuls and embedding lookups built on it (one thread per output element).
 The CPU backend's twin is kernels/cpu/quant.py."""
 
+import numpy as np
+from gguf.quants import IQ4_NL
 from numba import cuda, float32, int32
 
 from .. import kinds
+
+_GRID_ARRAY = np.array(IQ4_NL.kvalues, np.float32)  # IQ4_NL's 16 values
 
 
 @cuda.jit(device=True, inline=True)
@@ -21,6 +25,10 @@ def _dq(kind, qs, qh, sc, d, m, luts, n, k):
     j = k % 32
     if kind == kinds.Q8_0:
         return luts[0, d[n, g]] * float32(_i8(qs[n, k]))
+    if kind == kinds.IQ4_NL:  # Q4_0's nibbles, each an index into the grid
+        b = qs[n, g * 16 + j % 16]
+        grid = cuda.const.array_like(_GRID_ARRAY)
+        return luts[0, d[n, g]] * grid[(b & 15) if j < 16 else (b >> 4)]
     if kind == kinds.Q4_0 or kind == kinds.Q4_1:
         b = qs[n, g * 16 + j % 16]
         q = (b & 15) if j < 16 else (b >> 4)

@@ -113,7 +113,7 @@ DOT = {"dotprod": r"sdot\s+v", "i8mm": r"smmla\s+v", "neon": r"smull2?\s+v\d+\.8
 SCALAR = r"^(ldrs?b|ldrs?h|sxtb|uxtb)\s|^(mul|madd|smaddl|smull)\s+w"
 
 
-@pytest.mark.parametrize("family", ["x8", "kx8", "q8x8"])
+@pytest.mark.parametrize("family", ["x8", "kx8", "q8x8", "nlx8"])
 @pytest.mark.parametrize("path", ARM)
 def test_kernels_compile_to_the_dot_product_instructions(path, family):
     """Each interleaved family on each aarch64 path: its dot product instruction is there (sdot on dotprod;

@@ -44,7 +44,7 @@ def _rows_any(w, q8, q8k, luts, out, n0, n1, isa):
     # never compiled
     h = {fam: bool(ks & set(members)) for fam, members in kinds.FAMILIES.items()}
     h_q8_0, h_q45, h_k45, h_q6_k = h["q8_0"], h["q45"], h["k45"], h["q6_k"]
-    h_x8, h_kx8, h_q8x8 = h["x8"], h["kx8"], h["q8x8"]
+    h_x8, h_kx8, h_q8x8, h_nlx8 = h["x8"], h["kx8"], h["q8x8"], h["nlx8"]
 
     def impl(w, q8, q8k, luts, out, n0, n1, isa):
         kind, qs, qh, sc, d, m = w
@@ -54,9 +54,9 @@ def _rows_any(w, q8, q8k, luts, out, n0, n1, isa):
         if h_kx8:
             if kinds.is_kx8(kind):
                 kx8.rows_kx8(isa, kind, qs, qh, sc, d, m, luts, q8k[0], q8k[1], q8k[2], q8k[3], out, n0, n1)
-        if h_q8x8:
-            if kinds.is_q8x8(kind):
-                q8x8.rows_q8x8(isa, qs, d, luts, q8[0], q8[1], out, n0, n1)
+        if h_q8x8 or h_nlx8:  # Q8_0 and IQ4_NL: the same kernels, with their own weight loads
+            if kinds.is_q8x8(kind) or kinds.is_nlx8(kind):
+                q8x8.rows_q8x8(isa, kind, qs, d, luts, q8[0], q8[1], out, n0, n1)
         if h_q8_0:
             if kinds.is_q8_0(kind):
                 q8_0.rows_q8_0(isa, qs, d, luts, q8[0], q8[1], out, n0, n1)

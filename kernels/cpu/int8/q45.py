@@ -1,13 +1,16 @@
-"""Row-major Q4_0, Q4_1, Q5_0, Q5_1 (quant/repack.py; the portable path): one row and one token at a time."""
+"""Row-major Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (quant/repack.py; the portable path): one row and one token at
+a time."""
 
 import numpy as np
 from numba import njit
 
 from ... import kinds
 from .common import EXACT, i8
+from .q8x8 import GRID
 
 has_qh = kinds.predicate("has_qh", within="q45")    # Q5_0, Q5_1
 has_min = kinds.predicate("has_min", within="q45")  # Q4_1, Q5_1
+is_grid = kinds.predicate("ggml:IQ4_NL", within="q45")  # IQ4_NL: Q4_0's nibbles index the grid
 
 @njit(cache=True)
 def _q4_portable(w, wo, x, xo):
@@ -15,6 +18,15 @@ def _q4_portable(w, wo, x, xo):
     for j in range(16):
         q = np.int32(w[wo + j])
         s += (q & 15) * i8(x[xo + j]) + (q >> 4) * i8(x[xo + 16 + j])
+    return s
+
+
+@njit(cache=True)
+def _nl_portable(w, wo, x, xo):
+    s = np.int32(0)
+    for j in range(16):
+        q = np.int32(w[wo + j])
+        s += GRID[q & 15] * i8(x[xo + j]) + GRID[q >> 4] * i8(x[xo + 16 + j])
     return s
 
 
@@ -34,6 +46,7 @@ def rows_q45(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
     T, K = xq.shape
     nb = K // 32
     five = has_qh(kind)
+    nl = is_grid(kind)
     for n in range(n0, n1):
         for t in range(T):
             acc = np.float32(0.0)
@@ -42,12 +55,16 @@ def rows_q45(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
                 dw = luts[0, d[n, g]]
                 if has_min(kind):
                     off = luts[0, m[n, g]]
+                elif nl:
+                    off = np.float32(0.0)
                 else:
                     off = np.float32(-16.0 if five else -8.0) * dw
                 if five:
                     h = (np.uint32(qh[n, 4 * g]) | (np.uint32(qh[n, 4 * g + 1]) << 8)
                          | (np.uint32(qh[n, 4 * g + 2]) << 16) | (np.uint32(qh[n, 4 * g + 3]) << 24))
                     isum = _q5_portable(qs[n], g * 16, h, xq[t], g * 32)
+                elif nl:
+                    isum = _nl_portable(qs[n], g * 16, xq[t], g * 32)
                 else:
                     isum = _q4_portable(qs[n], g * 16, xq[t], g * 32)
                 acc += dw * xd[t, g] * np.float32(isum)

@@ -1,15 +1,72 @@
-"""Interleaved Q8_0 (layout._q8_8): eight rows per vector, signed weights by the sign trick."""
+"""Interleaved Q8_0 (layout._q8_8) and IQ4_NL (layout._legacy8, as Q4_0): eight rows per vector, signed
+weights by the sign trick.
+
+Both are a signed byte per weight and a float16 scale per 32-block, so one set of kernels runs them: Q8_0's
+eight weight vectors of a block are loaded as they are, IQ4_NL's are looked up in its 16-value grid from
+the four vectors of nibbles (simd.grid16: a byte shuffle), then the same dot products and scales. The two
+are separate units (families q8x8 and nlx8): a unit's kinds, named in the type of `isa`, decide at compile
+time which loads it holds."""
 
 import numpy as np
 from numba import njit
 from numba.extending import overload
 
+from ... import kinds
 from .. import simd
-from ..simd import path_of
+from ..simd import kinds_of, path_of
 from .common import EXACT, PREFETCH, SDOT_PATHS, X8_TOKENS, by_path, dot8, i8
 
-def rows_q8x8(isa, qs, d, luts, xq, xd, out, n0, n1):
-    """Rows [n0, n1) (n0 a multiple of 8) of a matmul of interleaved Q8_0, every token."""
+GRID = np.array(simd.IQ4_GRID, np.int32)
+
+
+def rows_q8x8(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
+    """Rows [n0, n1) (n0 a multiple of 8) of a matmul of interleaved Q8_0 or IQ4_NL, every token."""
+
+
+def is_grid(isa, kind):
+    """Whether the weights are IQ4_NL's nibbles (rather than Q8_0's bytes): a constant where the unit's kinds
+    (isa) hold one of the two, else the kind's test."""
+
+
+@overload(is_grid, inline="always")
+def _is_grid(isa, kind):
+    ks = kinds_of(isa) & {kinds.Q8_0_X8, kinds.IQ4_NL_X8}
+    if ks == {kinds.IQ4_NL_X8}:
+        return lambda isa, kind: True
+    if ks == {kinds.Q8_0_X8}:
+        return lambda isa, kind: False
+    return lambda isa, kind: kind == kinds.IQ4_NL_X8
+
+
+@njit(inline="always", cache=True)
+def _weights(isa, nl, qs, blk):
+    # block blk's eight weight vectors (signed bytes; vector v: elements 4v .. 4v + 3 of the eight rows):
+    # Q8_0's 256 bytes as they are, or the grid values of IQ4_NL's four vectors of nibbles (128 bytes; low
+    # nibbles elements 0-15, high ones 16-31)
+    if nl:
+        o = blk * 128
+        v0 = simd.load32(qs, o)
+        v1 = simd.load32(qs, o + 32)
+        v2 = simd.load32(qs, o + 64)
+        v3 = simd.load32(qs, o + 96)
+        return (simd.grid16(isa, simd.low4(v0)), simd.grid16(isa, simd.low4(v1)),
+                simd.grid16(isa, simd.low4(v2)), simd.grid16(isa, simd.low4(v3)),
+                simd.grid16(isa, simd.shr4(v0)), simd.grid16(isa, simd.shr4(v1)),
+                simd.grid16(isa, simd.shr4(v2)), simd.grid16(isa, simd.shr4(v3)))
+    o = blk * 256
+    return (simd.load32(qs, o), simd.load32(qs, o + 32), simd.load32(qs, o + 64), simd.load32(qs, o + 96),
+            simd.load32(qs, o + 128), simd.load32(qs, o + 160), simd.load32(qs, o + 192), simd.load32(qs, o + 224))
+
+
+@njit(inline="always", cache=True)
+def _prefetch(nl, qs, blk):
+    # the weights a few KiB past block blk's, a 64-byte line at a time
+    o = blk * (128 if nl else 256) + PREFETCH
+    simd.prefetch(qs, o)
+    simd.prefetch(qs, o + 64)
+    if not nl:
+        simd.prefetch(qs, o + 128)
+        simd.prefetch(qs, o + 192)
 
 
 def dot8s(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
@@ -58,10 +115,11 @@ def _dot8s(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
 
 
 @njit(cache=True, fastmath=EXACT)
-def _q8x8_portable(isa, qs, d, luts, xq, xd, out, n0, n1):
+def _q8x8_portable(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
     # one row and one token at a time, the SIMD path's arithmetic lane by lane (the same bits)
     T, K = xq.shape
     nb = K // 32
+    nl = is_grid(isa, kind)
     for n in range(n0, n1):
         grp = n // 8
         r = n % 8
@@ -70,35 +128,31 @@ def _q8x8_portable(isa, qs, d, luts, xq, xd, out, n0, n1):
             for b in range(nb):
                 isum = np.int32(0)
                 for i in range(32):
-                    isum += i8(qs[grp, ((b * 8 + i // 4) * 8 + r) * 4 + i % 4]) * i8(xq[t, b * 32 + i])
+                    if nl:
+                        v = i // 4
+                        q = np.int32(qs[grp, b * 128 + (v % 4) * 32 + r * 4 + i % 4])
+                        w = GRID[q & 15 if v < 4 else q >> 4]
+                    else:
+                        w = i8(qs[grp, ((b * 8 + i // 4) * 8 + r) * 4 + i % 4])
+                    isum += w * i8(xq[t, b * 32 + i])
                 acc = simd.fma1(np.float32(isum), luts[0, d[grp, b * 8 + r]] * xd[t, b], acc)
             out[t, n] = acc
 
 
 @njit(cache=True, fastmath=EXACT)
-def _q8x8_simd(isa, qs, d, luts, xq, xd, out, n0, n1):
+def _q8x8_simd(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
     T, K = xq.shape
     N = out.shape[1]
     nb = K // 32
+    nl = is_grid(isa, kind)
     acc = np.empty(X8_TOKENS * 8, np.float32)
     for grp in range(n0 // 8, (n1 + 7) // 8):
         for t0 in range(0, T, X8_TOKENS):
             t1 = min(T, t0 + X8_TOKENS)
             acc[: (t1 - t0) * 8] = 0
             for b in range(nb):
-                o = (grp * nb + b) * 256
-                simd.prefetch(qs, o + PREFETCH)
-                simd.prefetch(qs, o + 64 + PREFETCH)
-                simd.prefetch(qs, o + 128 + PREFETCH)
-                simd.prefetch(qs, o + 192 + PREFETCH)
-                w0 = simd.load32(qs, o)
-                w1 = simd.load32(qs, o + 32)
-                w2 = simd.load32(qs, o + 64)
-                w3 = simd.load32(qs, o + 96)
-                w4 = simd.load32(qs, o + 128)
-                w5 = simd.load32(qs, o + 160)
-                w6 = simd.load32(qs, o + 192)
-                w7 = simd.load32(qs, o + 224)
+                _prefetch(nl, qs, grp * nb + b)
+                w0, w1, w2, w3, w4, w5, w6, w7 = _weights(isa, nl, qs, grp * nb + b)
                 dw = simd.loadf8(d, (grp * nb + b) * 8)
                 for t in range(t0, t1):
                     xo = t * K + b * 32
@@ -114,29 +168,22 @@ def _q8x8_simd(isa, qs, d, luts, xq, xd, out, n0, n1):
 
 
 @njit(cache=True, fastmath=EXACT)
-def _q8x8_mmla(isa, qs, d, luts, xq, xd, out, n0, n1):
+def _q8x8_mmla(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
     # the i8mm path: one token as _q8x8_simd (sdot); a batch two tokens at a time in smmla, as x8._x8_mmla
     T, K = xq.shape
     if T == 1:
-        _q8x8_simd(isa, qs, d, luts, xq, xd, out, n0, n1)
+        _q8x8_simd(isa, kind, qs, d, luts, xq, xd, out, n0, n1)
         return
     N = out.shape[1]
     nb = K // 32
+    nl = is_grid(isa, kind)
     acc = np.empty(X8_TOKENS * 8, np.float32)
     for grp in range(n0 // 8, (n1 + 7) // 8):
         for t0 in range(0, T, X8_TOKENS):
             t1 = min(T, t0 + X8_TOKENS)
             acc[: (t1 - t0) * 8] = 0
             for b in range(nb):
-                o = (grp * nb + b) * 256
-                w0 = simd.load32(qs, o)
-                w1 = simd.load32(qs, o + 32)
-                w2 = simd.load32(qs, o + 64)
-                w3 = simd.load32(qs, o + 96)
-                w4 = simd.load32(qs, o + 128)
-                w5 = simd.load32(qs, o + 160)
-                w6 = simd.load32(qs, o + 192)
-                w7 = simd.load32(qs, o + 224)
+                w0, w1, w2, w3, w4, w5, w6, w7 = _weights(isa, nl, qs, grp * nb + b)
                 dw = simd.loadf8(d, (grp * nb + b) * 8)
                 for t in range(t0, t1, 2):
                     u = min(t + 1, t1 - 1)  # the pair's second token (t itself when t is the tile's last)

@@ -1,12 +1,17 @@
 """Integer vector operations: loads and stores of bytes, byte arithmetic, and the integer dot products
 (u8 x s8 -> s16 pairs -> s32 on avx2, one vpdpbusd on vnni)."""
 
+from gguf.quants import IQ4_NL
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .paths import ARM_PATHS, X86_PATHS, path_of
 from .vec import _V8I32, _V16I16, _V32I8, _byte_ptr, _call, _splat, i8x32, i16x16, i32x8
+
+# IQ4_NL's and IQ4_XS's non-linear grid: the signed value each 4-bit index stands for (gguf's table)
+IQ4_GRID = tuple(int(v) for v in IQ4_NL.kvalues)
 
 @intrinsic
 def ld(typingctx, a, i):
@@ -164,6 +169,29 @@ def bit_to_16(typingctx, a, i):
         return builder.shl(builder.and_(v, ir.Constant(_V32I8, [1] * 32)), ir.Constant(_V32I8, [4] * 32))
 
     return i8x32(i8x32, types.intp), codegen
+
+
+@intrinsic
+def grid16(typingctx, isa, a):
+    """IQ4_GRID[a] per byte, i8x32, for indices a in 0..15: one vpshufb on x86 (the grid in both 128-bit
+    lanes), a tbl per 16-byte half on aarch64. Not on the portable path (its kernels index the grid)."""
+    path = path_of(isa)
+    if path not in X86_PATHS + ARM_PATHS:
+        return None
+    v16 = ir.VectorType(ir.IntType(8), 16)
+
+    def codegen(context, builder, signature, args):
+        a = args[1]
+        if path in X86_PATHS:
+            return _call(builder, "llvm.x86.avx2.pshuf.b", _V32I8, [ir.Constant(_V32I8, list(IQ4_GRID) * 2), a])
+        grid = ir.Constant(v16, list(IQ4_GRID))
+        lanes = ir.IntType(32)
+        halves = [_call(builder, "llvm.aarch64.neon.tbl1.v16i8", v16,
+                        [grid, builder.shuffle_vector(a, a, ir.Constant(ir.VectorType(lanes, 16), list(range(h, h + 16))))])
+                  for h in (0, 16)]
+        return builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(lanes, 32), list(range(32))))
+
+    return i8x32(isa, i8x32), codegen
 
 
 @intrinsic
