@@ -38,6 +38,18 @@ def _is_grid(isa, kind):
     return lambda isa, kind: kind == kinds.IQ4_NL_X8
 
 
+def unsigned_grid(isa):
+    """Whether IQ4_NL's weights go into the dot products as grid + 128, unsigned: on vnni, where vpdpbusd
+    takes them without the sign trick (three instructions a vector less) and sums in 32 bits without
+    saturation, so subtracting 128 times the activations' block sum gives the same integers."""
+
+
+@overload(unsigned_grid, inline="always")
+def _unsigned_grid(isa):
+    vnni = path_of(isa) == "vnni"
+    return lambda isa: vnni
+
+
 @njit(inline="always", cache=True)
 def _weights(isa, nl, qs, blk):
     # block blk's eight weight vectors (signed bytes; vector v: elements 4v .. 4v + 3 of the eight rows):
@@ -49,6 +61,11 @@ def _weights(isa, nl, qs, blk):
         v1 = simd.load32(qs, o + 32)
         v2 = simd.load32(qs, o + 64)
         v3 = simd.load32(qs, o + 96)
+        if unsigned_grid(isa):
+            return (simd.grid16u(isa, simd.low4(v0)), simd.grid16u(isa, simd.low4(v1)),
+                    simd.grid16u(isa, simd.low4(v2)), simd.grid16u(isa, simd.low4(v3)),
+                    simd.grid16u(isa, simd.shr4(v0)), simd.grid16u(isa, simd.shr4(v1)),
+                    simd.grid16u(isa, simd.shr4(v2)), simd.grid16u(isa, simd.shr4(v3)))
         return (simd.grid16(isa, simd.low4(v0)), simd.grid16(isa, simd.low4(v1)),
                 simd.grid16(isa, simd.low4(v2)), simd.grid16(isa, simd.low4(v3)),
                 simd.grid16(isa, simd.shr4(v0)), simd.grid16(isa, simd.shr4(v1)),
@@ -56,6 +73,32 @@ def _weights(isa, nl, qs, blk):
     o = blk * 256
     return (simd.load32(qs, o), simd.load32(qs, o + 32), simd.load32(qs, o + 64), simd.load32(qs, o + 96),
             simd.load32(qs, o + 128), simd.load32(qs, o + 160), simd.load32(qs, o + 192), simd.load32(qs, o + 224))
+
+
+@njit(inline="always", cache=True)
+def _dot(isa, nl, sums, w0, w1, w2, w3, w4, w5, w6, w7, xq, xo, s):
+    # the block's exact integer sums for eight rows against the activation bytes xq[xo:xo + 32]; s: the index
+    # of their block sum in `sums` (unsigned_grid)
+    x0, x1, x2, x3 = simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4), simd.bcast4(xq, xo + 8), simd.bcast4(xq, xo + 12)
+    x4, x5, x6, x7 = simd.bcast4(xq, xo + 16), simd.bcast4(xq, xo + 20), simd.bcast4(xq, xo + 24), simd.bcast4(xq, xo + 28)
+    if nl and unsigned_grid(isa):
+        return simd.sub32(dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7),
+                          simd.splat32(simd.ld(sums, s)))
+    return dot8s(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7)
+
+
+@njit(inline="always", cache=True)
+def _block_sums(isa, nl, xq):
+    # 128 times each activation block's sum of bytes (T * nb int32), what the unsigned grid adds to the sums
+    T, K = xq.shape
+    nb = K // 32
+    sums = np.zeros(T * nb if nl and unsigned_grid(isa) else 0, np.int32)
+    for j in range(sums.shape[0]):
+        s = np.int32(0)
+        for i in range(32):
+            s += i8(xq[j // nb, (j % nb) * 32 + i])
+        sums[j] = s * np.int32(128)
+    return sums
 
 
 @njit(inline="always", cache=True)
@@ -145,6 +188,7 @@ def _q8x8_simd(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
     N = out.shape[1]
     nb = K // 32
     nl = is_grid(isa, kind)
+    sums = _block_sums(isa, nl, xq)
     acc = np.empty(X8_TOKENS * 8, np.float32)
     for grp in range(n0 // 8, (n1 + 7) // 8):
         for t0 in range(0, T, X8_TOKENS):
@@ -155,11 +199,7 @@ def _q8x8_simd(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
                 w0, w1, w2, w3, w4, w5, w6, w7 = _weights(isa, nl, qs, grp * nb + b)
                 dw = simd.loadf8(d, (grp * nb + b) * 8)
                 for t in range(t0, t1):
-                    xo = t * K + b * 32
-                    isum = dot8s(isa, w0, w1, w2, w3, w4, w5, w6, w7,
-                                 simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4), simd.bcast4(xq, xo + 8),
-                                 simd.bcast4(xq, xo + 12), simd.bcast4(xq, xo + 16), simd.bcast4(xq, xo + 20),
-                                 simd.bcast4(xq, xo + 24), simd.bcast4(xq, xo + 28))
+                    isum = _dot(isa, nl, sums, w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, t * nb + b)
                     j = (t - t0) * 8
                     simd.storef8(acc, j, simd.fma8(simd.cvt8(isum), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
                                                    simd.loadf8(acc, j)))

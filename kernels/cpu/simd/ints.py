@@ -171,27 +171,35 @@ def bit_to_16(typingctx, a, i):
     return i8x32(i8x32, types.intp), codegen
 
 
-@intrinsic
-def grid16(typingctx, isa, a):
-    """IQ4_GRID[a] per byte, i8x32, for indices a in 0..15: one vpshufb on x86 (the grid in both 128-bit
-    lanes), a tbl per 16-byte half on aarch64. Not on the portable path (its kernels index the grid)."""
-    path = path_of(isa)
-    if path not in X86_PATHS + ARM_PATHS:
-        return None
-    v16 = ir.VectorType(ir.IntType(8), 16)
+def _grid16(bias):
+    def typer(typingctx, isa, a):
+        path = path_of(isa)
+        if path not in X86_PATHS + ARM_PATHS:
+            return None
+        v16 = ir.VectorType(ir.IntType(8), 16)
+        table = [(v + bias) & 255 for v in IQ4_GRID]
 
-    def codegen(context, builder, signature, args):
-        a = args[1]
-        if path in X86_PATHS:
-            return _call(builder, "llvm.x86.avx2.pshuf.b", _V32I8, [ir.Constant(_V32I8, list(IQ4_GRID) * 2), a])
-        grid = ir.Constant(v16, list(IQ4_GRID))
-        lanes = ir.IntType(32)
-        halves = [_call(builder, "llvm.aarch64.neon.tbl1.v16i8", v16,
-                        [grid, builder.shuffle_vector(a, a, ir.Constant(ir.VectorType(lanes, 16), list(range(h, h + 16))))])
-                  for h in (0, 16)]
-        return builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(lanes, 32), list(range(32))))
+        def codegen(context, builder, signature, args):
+            a = args[1]
+            if path in X86_PATHS:
+                return _call(builder, "llvm.x86.avx2.pshuf.b", _V32I8, [ir.Constant(_V32I8, table * 2), a])
+            grid = ir.Constant(v16, table)
+            lanes = ir.IntType(32)
+            halves = [_call(builder, "llvm.aarch64.neon.tbl1.v16i8", v16,
+                            [grid, builder.shuffle_vector(a, a, ir.Constant(ir.VectorType(lanes, 16), list(range(h, h + 16))))])
+                      for h in (0, 16)]
+            return builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(lanes, 32), list(range(32))))
 
-    return i8x32(isa, i8x32), codegen
+        return i8x32(isa, i8x32), codegen
+    return typer
+
+
+grid16 = intrinsic(_grid16(0))
+grid16.__doc__ = """IQ4_GRID[a] per byte, i8x32, for indices a in 0..15: one vpshufb on x86 (the grid in both 128-bit
+lanes), a tbl per 16-byte half on aarch64. Not on the portable path (its kernels index the grid)."""
+grid16u = intrinsic(_grid16(128))
+grid16u.__doc__ = """IQ4_GRID[a] + 128 per byte (unsigned, 1..241), i8x32, as grid16: the grid as the unsigned operand of
+vpdpbusd, whose sums are then 128 times the activations' sum too many."""
 
 
 @intrinsic
