@@ -214,7 +214,10 @@ class Sampler:
         top-k, top-p and min-p."""
         p = self.params
         x = apply_penalties(logits.astype(np.float64), p, prompt_ids, output_ids)
-        x /= p.temperature
+        # from the largest logit down: a tiny temperature (1e-300, say) sends the others to -inf (no
+        # weight) instead of the largest to +inf (inf - inf: NaN probabilities, a failed request)
+        with np.errstate(over="ignore"):
+            x = (x - x.max()) / p.temperature
         return _softmax(apply_min_p(apply_top_p(apply_top_k(x, p.top_k), p.top_p), p.min_p))
 
     def draw(self, probs: np.ndarray) -> int:

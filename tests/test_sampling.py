@@ -85,3 +85,15 @@ def test_temperature_sampling_follows_the_distribution():
     s = Sampler(SamplingParams(seed=0, temperature=1.0))
     counts = np.bincount([s(logits, [], []) for _ in range(3000)], minlength=3) / 3000
     np.testing.assert_allclose(counts, [0.7, 0.2, 0.1], atol=0.03)  # 3000 draws: std < 0.009
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 5e-324, 1e-6])
+def test_a_tiny_temperature_is_the_greedy_choice_not_nan(temperature):
+    """logits / 1e-300 overflow to inf: the distribution must still be the point mass on the largest logit
+    (what the temperature tends to), never NaN probabilities."""
+    logits = np.array([3.0, 5.0, -1.0, 4.9], np.float32)
+    s = Sampler(SamplingParams(seed=0, temperature=temperature))
+    probs = s.probs(logits, [], [])
+    assert not np.isnan(probs).any()
+    np.testing.assert_array_equal(probs, [0.0, 1.0, 0.0, 0.0])
+    assert s(logits, [], []) == 1
