@@ -1,5 +1,5 @@
 """Interleaved Q8_0 (layout._q8_8) and IQ4_NL (layout._legacy8, as Q4_0): eight rows per vector, signed
-weights by the sign trick.
+weights by the sign trick (IQ4_NL on vnni: its grid offset to unsigned bytes instead, unsigned_grid).
 
 Both are a signed byte per weight and a float16 scale per 32-block, so one set of kernels runs them: Q8_0's
 eight weight vectors of a block are loaded as they are, IQ4_NL's are looked up in its 16-value grid from
@@ -51,6 +51,14 @@ def _unsigned_grid(isa):
 
 
 @njit(inline="always", cache=True)
+def _grid(isa, v):
+    # the grid values of a vector of nibbles, as the path's dot products take them (unsigned_grid)
+    if unsigned_grid(isa):
+        return simd.grid16u(isa, v)
+    return simd.grid16(isa, v)
+
+
+@njit(inline="always", cache=True)
 def _weights(isa, nl, qs, blk):
     # block blk's eight weight vectors (signed bytes; vector v: elements 4v .. 4v + 3 of the eight rows):
     # Q8_0's 256 bytes as they are, or the grid values of IQ4_NL's four vectors of nibbles (128 bytes; low
@@ -61,15 +69,9 @@ def _weights(isa, nl, qs, blk):
         v1 = simd.load32(qs, o + 32)
         v2 = simd.load32(qs, o + 64)
         v3 = simd.load32(qs, o + 96)
-        if unsigned_grid(isa):
-            return (simd.grid16u(isa, simd.low4(v0)), simd.grid16u(isa, simd.low4(v1)),
-                    simd.grid16u(isa, simd.low4(v2)), simd.grid16u(isa, simd.low4(v3)),
-                    simd.grid16u(isa, simd.shr4(v0)), simd.grid16u(isa, simd.shr4(v1)),
-                    simd.grid16u(isa, simd.shr4(v2)), simd.grid16u(isa, simd.shr4(v3)))
-        return (simd.grid16(isa, simd.low4(v0)), simd.grid16(isa, simd.low4(v1)),
-                simd.grid16(isa, simd.low4(v2)), simd.grid16(isa, simd.low4(v3)),
-                simd.grid16(isa, simd.shr4(v0)), simd.grid16(isa, simd.shr4(v1)),
-                simd.grid16(isa, simd.shr4(v2)), simd.grid16(isa, simd.shr4(v3)))
+        return (_grid(isa, simd.low4(v0)), _grid(isa, simd.low4(v1)), _grid(isa, simd.low4(v2)),
+                _grid(isa, simd.low4(v3)), _grid(isa, simd.shr4(v0)), _grid(isa, simd.shr4(v1)),
+                _grid(isa, simd.shr4(v2)), _grid(isa, simd.shr4(v3)))
     o = blk * 256
     return (simd.load32(qs, o), simd.load32(qs, o + 32), simd.load32(qs, o + 64), simd.load32(qs, o + 96),
             simd.load32(qs, o + 128), simd.load32(qs, o + 160), simd.load32(qs, o + 192), simd.load32(qs, o + 224))
