@@ -4,6 +4,9 @@ legacy weight types) and Q8_K (256-element super-blocks, for the K-quants), as l
 import numpy as np
 from numba import njit, prange
 
+from .. import simd
+from .common import EXACT
+
 @njit(parallel=True, nogil=True, cache=True)
 def quantize_q8(x, xq, xd, xs):
     # x (T, K) float32 -> xq (T, K) int8 as uint8, xd (T, K/32) float32 scale, xs (T, K/32) float32 d * sum(q).
@@ -32,20 +35,18 @@ def quantize_q8_row(x, xq, xd, xs, t):
     quantize_q8_blocks(x, xq, xd, xs, t, np.int64(0), x.shape[1] // 32)
 
 
-@njit(nogil=True, cache=True)
+# The block loops are written so that LLVM vectorizes them (fastmath EXACT: no NaN, which lets a max be a
+# vmaxps; nothing is reassociated but the exact integer sums and maxima): the same bits as one element at a time.
+@njit(nogil=True, cache=True, fastmath=EXACT)
 def quantize_q8_blocks(x, xq, xd, xs, t, g0, g1):
     # 32-blocks [g0, g1) of token t (see quantize_q8)
+    K = x.shape[1]
     for g in range(g0, g1):
-        amax = np.float32(0.0)
-        for j in range(32):
-            amax = max(amax, abs(x[t, g * 32 + j]))
+        o = t * K + g * 32
+        amax = simd.absmax32(x, o)
         d = amax / np.float32(127.0)
         inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
-        s = np.int32(0)
-        for j in range(32):
-            q = np.int32(np.rint(x[t, g * 32 + j] * inv))
-            s += q
-            xq[t, g * 32 + j] = np.uint8(q & 255)
+        s = simd.round_store32(x, o, xq, o, inv)
         xd[t, g] = d
         xs[t, g] = d * np.float32(s)
 
@@ -56,17 +57,23 @@ def quantize_q8k_row(x, xq, xd, xb, xb16, t):
     quantize_q8k_blocks(x, xq, xd, xb, xb16, t, np.int64(0), x.shape[1] // 256)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, fastmath=EXACT)
 def quantize_q8k_blocks(x, xq, xd, xb, xb16, t, sb0, sb1):
     # 256-blocks [sb0, sb1) of token t (see quantize_q8k)
+    K = x.shape[1]
     for sb in range(sb0, sb1):
+        o = t * K + sb * 256
         amax = np.float32(0.0)
-        vmax = np.float32(0.0)
-        for j in range(256):
-            v = x[t, sb * 256 + j]
-            if abs(v) > amax:
-                amax = abs(v)
-                vmax = v
+        for c in range(8):
+            amax = max(amax, simd.absmax32(x, o + c * 32))
+        vmax = np.float32(0.0)  # the first value of that magnitude, with its sign
+        for c in range(8):
+            if simd.absmax32(x, o + c * 32) == amax:
+                for j in range(c * 32, c * 32 + 32):
+                    if abs(x[t, sb * 256 + j]) == amax:
+                        vmax = x[t, sb * 256 + j]
+                        break
+                break
         if amax == 0:
             xd[t, sb] = 0
             for j in range(256):
@@ -78,16 +85,9 @@ def quantize_q8k_blocks(x, xq, xd, xb, xb16, t, sb0, sb1):
             continue
         iscale = np.float32(-127.0) / vmax
         for j in range(8):
-            s = np.int32(0)
-            s16 = np.int32(0)
-            for l in range(32):
-                q = min(np.int32(127), np.int32(np.rint(iscale * x[t, sb * 256 + j * 32 + l])))
-                s += q
-                s16 += q
-                if l == 15:
-                    xb16[t, sb * 16 + 2 * j] = s16
-                    s16 = np.int32(0)
-                xq[t, sb * 256 + j * 32 + l] = np.uint8(q & 255)
-            xb[t, sb * 8 + j] = s
-            xb16[t, sb * 16 + 2 * j + 1] = s16
+            s0 = simd.round_store16c(x, o + j * 32, xq, o + j * 32, iscale)
+            s1 = simd.round_store16c(x, o + j * 32 + 16, xq, o + j * 32 + 16, iscale)
+            xb16[t, sb * 16 + 2 * j] = s0
+            xb16[t, sb * 16 + 2 * j + 1] = s1
+            xb[t, sb * 8 + j] = s0 + s1
         xd[t, sb] = np.float32(1.0) / iscale

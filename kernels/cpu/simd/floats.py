@@ -5,6 +5,7 @@ every calling context (one row or a tile of rows, inlined or not)."""
 
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .vec import _V8F32, _call, _elem_ptr, _splat, f32x8, i32x8
@@ -203,3 +204,60 @@ def storef8_first(typingctx, a, i, v, n):
         return context.get_dummy_value()
 
     return types.void(a, types.intp, f32x8, n), codegen
+
+
+# -- activation quantization (int8/quantize.py): whole blocks as LLVM vectors, lowered to each target's own
+# registers (ymm, zmm, or NEON's q registers); every operation is exact per element (the maximum, the
+# multiplication, rint, the integer sums), so the results are those of the element-by-element loops.
+
+def _vec_load(context, builder, aryty, ary, i, n):
+    return builder.load(_elem_ptr(context, builder, aryty, ary, i, ir.VectorType(ir.FloatType(), n)), align=4)
+
+
+@intrinsic
+def absmax32(typingctx, a, i):
+    """max |a.flat[i : i + 32]| of a float32 array (0 for all zeros)."""
+    if a.layout != "C":
+        return None
+
+    def codegen(context, builder, signature, args):
+        v = _call(builder, "llvm.fabs.v32f32", ir.VectorType(ir.FloatType(), 32),
+                  [_vec_load(context, builder, signature.args[0], args[0], args[1], 32)])
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.FloatType(), [v.type]),
+                                            "llvm.vector.reduce.fmax.v32f32")
+        return builder.call(fn, [v], fastmath=("nnan",))  # no NaN in activations: a plain vmaxps tree
+
+    return types.float32(a, types.intp), codegen
+
+
+def _round_store(n, clamp):
+    # q = rint(a.flat[i : i + n] * s) (as int32, at most 127 where clamp) stored as bytes into b.flat[j : j + n];
+    # returns sum(q)
+    def codegen(context, builder, signature, args):
+        f = ir.VectorType(ir.FloatType(), n)
+        i32 = ir.VectorType(ir.IntType(32), n)
+        x = builder.fmul(_vec_load(context, builder, signature.args[0], args[0], args[1], n), _splat(builder, args[4], f))
+        q = builder.fptosi(_call(builder, f"llvm.rint.v{n}f32", f, [x]), i32)
+        if clamp:
+            q = _call(builder, f"llvm.smin.v{n}i32", i32, [q, ir.Constant(i32, [127] * n)])
+        dst = _elem_ptr(context, builder, signature.args[2], args[2], args[3], ir.VectorType(ir.IntType(8), n))
+        builder.store(builder.trunc(q, ir.VectorType(ir.IntType(8), n)), dst, align=1)
+        return _call(builder, f"llvm.vector.reduce.add.v{n}i32", ir.IntType(32), [q])
+
+    return codegen
+
+
+@intrinsic
+def round_store32(typingctx, a, i, b, j, s):
+    """q = rint(a.flat[i : i + 32] * s) as int32, stored as int8 bytes into b.flat[j : j + 32] (uint8); -> sum(q)."""
+    if a.layout != "C" or b.layout != "C":
+        return None
+    return types.int32(a, types.intp, b, types.intp, types.float32), _round_store(32, False)
+
+
+@intrinsic
+def round_store16c(typingctx, a, i, b, j, s):
+    """As round_store32 for 16 elements, q clamped to at most 127 (Q8_K)."""
+    if a.layout != "C" or b.layout != "C":
+        return None
+    return types.int32(a, types.intp, b, types.intp, types.float32), _round_store(16, True)
