@@ -221,7 +221,8 @@ def layouts(w, path=None):
 @pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
 def test_interleaved_layout_holds_the_same_weights_and_results(t):
     """interleave8 moves bytes only: the same dequantized rows (odd row counts padded), and on every path
-    the same output bits for the interleaved matrix, one token or many."""
+    the same output bits for the interleaved matrix, for a few tokens and for more than a 32-token tile
+    (avx512's two row groups per vector included: 13 rows are one group and a part, 40 an odd number)."""
     from edgeinfer.kernels.cpu.backend import QInput, matmul_int8
 
     rng = np.random.default_rng(9)
@@ -247,14 +248,15 @@ def test_interleaved_layout_holds_the_same_weights_and_results(t):
                 np.testing.assert_array_equal(getattr(direct, f), getattr(x8, f))
                 assert getattr(direct, f).dtype == getattr(x8, f).dtype
         np.testing.assert_array_equal(kb.dequantize(x8), ref)
-        x = rng.standard_normal((5, k)).astype(np.float32)
-        outs = []
-        for path in simd.available_paths():
-            o = np.empty((5, n), np.float32)
-            matmul_int8(x8, QInput(x), o, unit_table(path, x8.kind))
-            outs.append(o)
-        for o in outs[1:]:
-            np.testing.assert_array_equal(o, outs[0])
+        for tokens in (5, 37):
+            x = rng.standard_normal((tokens, k)).astype(np.float32)
+            outs = []
+            for path in simd.available_paths():
+                o = np.empty((tokens, n), np.float32)
+                matmul_int8(x8, QInput(x), o, unit_table(path, x8.kind))
+                outs.append(o)
+            for path, o in zip(simd.available_paths()[1:], outs[1:]):
+                np.testing.assert_array_equal(o, outs[0], err_msg=f"{path}, {tokens} tokens")
 
 
 def test_float16_conversion_matches_numpy():
@@ -286,8 +288,33 @@ def test_kernel_path_choice(monkeypatch):
     monkeypatch.setenv("EDGEINFER_KERNELS", "portable")
     assert simd.choose_path() == "portable"
     monkeypatch.setenv("EDGEINFER_KERNELS", "sse9")
-    with pytest.raises(ValueError, match="EDGEINFER_KERNELS must be one of portable, avx2, vnni, neon, dotprod, i8mm"):
+    with pytest.raises(ValueError, match="EDGEINFER_KERNELS must be one of portable, avx2, vnni, avx512, neon, dotprod, i8mm"):
         simd.choose_path()
+
+
+_AVX2 = {"avx2", "fma", "f16c"}
+_AVX512 = _AVX2 | {"avx512f", "avx512bw", "avx512vl"}
+
+
+@pytest.mark.parametrize("feats, paths", [
+    (_AVX2, ["portable", "avx2"]),                                         # Zen 3, Haswell
+    (_AVX2 | {"avxvnni"}, ["portable", "avx2", "vnni"]),                   # Alder Lake: VNNI on ymm only
+    (_AVX512, ["portable", "avx2"]),                                       # Skylake-X: AVX-512 without VNNI
+    (_AVX512 | {"avx512vnni"}, ["portable", "avx2", "vnni", "avx512"]),    # Ice Lake, Sapphire Rapids, Zen 4
+    (_AVX2 | {"avx512vnni", "avx512vl"}, ["portable", "avx2", "vnni"]),    # no avx512bw: no zmm byte shuffles
+])
+def test_x86_paths_follow_the_cpus_features(monkeypatch, feats, paths):
+    """avx512 (the 512-bit kernels) needs AVX-512 F, BW, VL and VNNI; vnni needs VNNI on ymm (AVX-512 VL or AVX-VNNI)."""
+    from edgeinfer.kernels.cpu.simd import paths as paths_module
+
+    monkeypatch.setattr(paths_module, "host_features", lambda: set(feats))
+    monkeypatch.delenv("EDGEINFER_KERNELS", raising=False)
+    assert simd.available_paths() == paths
+    assert simd.choose_path() == paths[-1]
+    if "avx512" not in paths:
+        monkeypatch.setenv("EDGEINFER_KERNELS", "avx512")
+        with pytest.raises(ValueError, match="this CPU cannot run that path"):
+            simd.choose_path()
 
 
 @pytest.mark.parametrize("caps, paths", [

@@ -76,6 +76,8 @@ TIERS = {
     # AVX-512 VNNI machines (Cascade Lake and later Xeons, Zen 4) and AVX-VNNI ones (Alder Lake and later)
     "vnni": [Tier("x86-64-v4-vnni", "x86-64-v4", "+avx512vnni", _V4 | {"avx512vnni"}),
              Tier("x86-64-v3-avxvnni", "x86-64-v3", "+avxvnni", _V3 | {"avxvnni"})],
+    # the same machines' zmm registers: the same tier as vnni's (the isa type keeps the two paths' code apart)
+    "avx512": [Tier("x86-64-v4-vnni", "x86-64-v4", "+avx512vnni", _V4 | {"avx512vnni"})],
 }
 # aarch64: LLVM's generic ARMv8-A core plus the extensions each path's kernels are written in
 _A8 = frozenset({"neon"})

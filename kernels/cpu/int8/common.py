@@ -6,7 +6,7 @@ from numba import njit
 from numba.extending import overload
 
 from .. import simd
-from ..simd import path_of
+from ..simd import VNNI_PATHS, path_of
 
 # Bytes ahead that the loops ask for the weights (prefetcht0). The hardware prefetcher alone reached 15 GB/s
 # on a 178 MB matrix (2 threads); 4 KiB ahead reached 25 GB/s, the machine's streaming read rate.
@@ -72,7 +72,7 @@ def _dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
                               simd.add16x32(simd.mull16(w6, x6), simd.mull16(w7, x7)))
             return simd.sum4x16(simd.zero32(), simd.add16x32(a, b))
         return impl
-    if path_of(isa) == "vnni":
+    if path_of(isa) in VNNI_PATHS:
         def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
             a = simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.zero32(), w0, x0), w1, x1), w2, x2), w3, x3)
             b = simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.zero32(), w4, x4), w5, x5), w6, x6), w7, x7)

@@ -5,7 +5,8 @@ Both are a signed byte per weight and a float16 scale per 32-block, so one set o
 eight weight vectors of a block are loaded as they are, IQ4_NL's are looked up in its 16-value grid from
 the four vectors of nibbles (simd.grid16: a byte shuffle), then the same dot products and scales. The two
 are separate units (families q8x8 and nlx8): a unit's kinds, named in the type of `isa`, decide at compile
-time which loads it holds."""
+time which loads it holds. On the avx512 path (_q8x8_zmm) a zmm vector holds two row groups, and every weight
+goes in unsigned (IQ4_NL's grid + 128, Q8_0's bytes + 128: AVX-512 has no vpsignb)."""
 
 import numpy as np
 from numba import njit
@@ -13,7 +14,7 @@ from numba.extending import overload
 
 from ... import kinds
 from .. import simd
-from ..simd import kinds_of, path_of
+from ..simd import VNNI_PATHS, kinds_of, path_of
 from .common import EXACT, PREFETCH, SDOT_PATHS, X8_TOKENS, by_path, dot8, i8
 
 GRID = np.array(simd.IQ4_GRID, np.int32)
@@ -46,7 +47,7 @@ def unsigned_grid(isa):
 
 @overload(unsigned_grid, inline="always")
 def _unsigned_grid(isa):
-    vnni = path_of(isa) == "vnni"
+    vnni = path_of(isa) in VNNI_PATHS
     return lambda isa: vnni
 
 
@@ -84,23 +85,33 @@ def _dot(isa, nl, sums, w0, w1, w2, w3, w4, w5, w6, w7, xq, xo, s):
     x0, x1, x2, x3 = simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4), simd.bcast4(xq, xo + 8), simd.bcast4(xq, xo + 12)
     x4, x5, x6, x7 = simd.bcast4(xq, xo + 16), simd.bcast4(xq, xo + 20), simd.bcast4(xq, xo + 24), simd.bcast4(xq, xo + 28)
     if nl and unsigned_grid(isa):
-        return simd.sub32(dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7),
+        return simd.add32(dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7),
                           simd.splat32(simd.ld(sums, s)))
     return dot8s(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7)
 
 
 @njit(inline="always", cache=True)
-def _block_sums(isa, nl, xq):
-    # 128 times each activation block's sum of bytes (T * nb int32), what the unsigned grid adds to the sums
+def _sums128(xq):
+    # -128 times each activation block's sum of bytes (T * nb int32), which takes back what unsigned weights
+    # (w + 128: vnni's IQ4_NL grid, every avx512 weight) add to a block's integer sums
     T, K = xq.shape
     nb = K // 32
-    sums = np.zeros(T * nb if nl and unsigned_grid(isa) else 0, np.int32)
-    for j in range(sums.shape[0]):
-        s = np.int32(0)
-        for i in range(32):
-            s += i8(xq[j // nb, (j % nb) * 32 + i])
-        sums[j] = s * np.int32(128)
+    sums = np.empty(T * nb, np.int32)
+    for t in range(T):
+        for b in range(nb):
+            s = np.int32(0)
+            for i in range(32):
+                s += i8(xq[t, b * 32 + i])
+            sums[t * nb + b] = s * np.int32(-128)
     return sums
+
+
+@njit(inline="always", cache=True)
+def _block_sums(isa, nl, xq):
+    # -128 times each activation block's sum of bytes (_sums128) where the unsigned grid needs them, else none
+    if nl and unsigned_grid(isa):
+        return _sums128(xq)
+    return np.zeros(0, np.int32)
 
 
 @njit(inline="always", cache=True)
@@ -134,7 +145,7 @@ def _dot8s(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
                              simd.add16x32(simd.mull16(w6, x6), simd.mull16(w7, x7)))
             return simd.add32(a, b)
         return impl
-    if path_of(isa) == "vnni":
+    if path_of(isa) in VNNI_PATHS:
         def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
             a = simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(
                 simd.zero32(), simd.abs8(w0), simd.sign8(x0, w0)), simd.abs8(w1), simd.sign8(x1, w1)),
@@ -209,6 +220,68 @@ def _q8x8_simd(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
                 simd.storef8_first(out, t * N + grp * 8, simd.loadf8(acc, (t - t0) * 8), N - grp * 8)
 
 
+@njit(inline="always", cache=True)
+def _weights_w(nl, qs, blk, blk2):
+    # blocks blk (rows of group g) and blk2 (group g + 1) as eight wide vectors of unsigned weights (w + 128):
+    # IQ4_NL's grid + 128, Q8_0's bytes flipped
+    if nl:
+        o, p = blk * 128, blk2 * 128
+        v0, v1 = simd.load32x2(qs, o, p), simd.load32x2(qs, o + 32, p + 32)
+        v2, v3 = simd.load32x2(qs, o + 64, p + 64), simd.load32x2(qs, o + 96, p + 96)
+        return (simd.grid16uw(simd.low4w(v0)), simd.grid16uw(simd.low4w(v1)), simd.grid16uw(simd.low4w(v2)),
+                simd.grid16uw(simd.low4w(v3)), simd.grid16uw(simd.shr4w(v0)), simd.grid16uw(simd.shr4w(v1)),
+                simd.grid16uw(simd.shr4w(v2)), simd.grid16uw(simd.shr4w(v3)))
+    o, p = blk * 256, blk2 * 256
+    return (simd.flip8w(simd.load32x2(qs, o, p)), simd.flip8w(simd.load32x2(qs, o + 32, p + 32)),
+            simd.flip8w(simd.load32x2(qs, o + 64, p + 64)), simd.flip8w(simd.load32x2(qs, o + 96, p + 96)),
+            simd.flip8w(simd.load32x2(qs, o + 128, p + 128)), simd.flip8w(simd.load32x2(qs, o + 160, p + 160)),
+            simd.flip8w(simd.load32x2(qs, o + 192, p + 192)), simd.flip8w(simd.load32x2(qs, o + 224, p + 224)))
+
+
+@njit(inline="always", cache=True)
+def _dot_w(w0, w1, w2, w3, w4, w5, w6, w7, xq, xo, m128):
+    # sixteen rows' exact integer sums of a block against the activation bytes xq[xo:xo + 32]: the weights
+    # + 128 in one chain of vpdpbusd that starts from m128, -128 times the activations' sum (a broadcast
+    # load: no vector operation goes to taking it back; the tokens' chains overlap in the out-of-order core)
+    a = simd.dpbusdw(simd.dpbusdw(simd.dpbusdw(simd.dpbusdw(
+        simd.splat32w(m128), w0, simd.bcast4w(xq, xo)), w1, simd.bcast4w(xq, xo + 4)),
+        w2, simd.bcast4w(xq, xo + 8)), w3, simd.bcast4w(xq, xo + 12))
+    return simd.dpbusdw(simd.dpbusdw(simd.dpbusdw(simd.dpbusdw(
+        a, w4, simd.bcast4w(xq, xo + 16)), w5, simd.bcast4w(xq, xo + 20)),
+        w6, simd.bcast4w(xq, xo + 24)), w7, simd.bcast4w(xq, xo + 28))
+
+
+@njit(cache=True, fastmath=EXACT)
+def _q8x8_zmm(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
+    # the avx512 path: two groups of eight rows per zmm vector (simd/wide.py), otherwise _q8x8_simd's tile;
+    # the sums are the same integers and each lane's float operations the same, so the same bits
+    T, K = xq.shape
+    N = out.shape[1]
+    nb = K // 32
+    nl = is_grid(isa, kind)
+    sums = _sums128(xq)
+    acc = np.empty(X8_TOKENS * 16, np.float32)
+    g1 = (n1 + 7) // 8
+    for grp in range(n0 // 8, g1, 2):
+        grp2 = min(grp + 1, g1 - 1)  # a task's odd last group fills both halves (the upper one not stored)
+        rows = min(N - grp * 8, 16 if grp2 > grp else 8)
+        for t0 in range(0, T, X8_TOKENS):
+            t1 = min(T, t0 + X8_TOKENS)
+            acc[: (t1 - t0) * 16] = 0
+            for b in range(nb):
+                _prefetch(nl, qs, grp * nb + b)
+                _prefetch(nl, qs, grp2 * nb + b)
+                w0, w1, w2, w3, w4, w5, w6, w7 = _weights_w(nl, qs, grp * nb + b, grp2 * nb + b)
+                dw = simd.loadf8x2(d, (grp * nb + b) * 8, (grp2 * nb + b) * 8)
+                for t in range(t0, t1):
+                    isum = _dot_w(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, simd.ld(sums, t * nb + b))
+                    j = (t - t0) * 16
+                    simd.storef16(acc, j, simd.fma16(simd.cvt16(isum), simd.mul16(dw, simd.splatf16(simd.ld(xd, t * nb + b))),
+                                                     simd.loadf16(acc, j)))
+            for t in range(t0, t1):
+                simd.storef16_first(out, t * N + grp * 8, simd.loadf16(acc, (t - t0) * 16), rows)
+
+
 @njit(cache=True, fastmath=EXACT)
 def _q8x8_mmla(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
     # the i8mm path: one token as _q8x8_simd (sdot); a batch two tokens at a time in smmla, as x8._x8_mmla
@@ -240,4 +313,4 @@ def _q8x8_mmla(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
                 simd.storef8_first(out, t * N + grp * 8, simd.loadf8(acc, (t - t0) * 8), N - grp * 8)
 
 
-overload(rows_q8x8)(by_path(_q8x8_portable, _q8x8_simd, i8mm=_q8x8_mmla))
+overload(rows_q8x8)(by_path(_q8x8_portable, _q8x8_simd, i8mm=_q8x8_mmla, avx512=_q8x8_zmm))

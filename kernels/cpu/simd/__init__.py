@@ -5,8 +5,10 @@ sequence), named as ggml names its x86 idioms. LLVM never emits ``vpmaddubsw`` b
 integer dot products are written in these names (see int8/).
 
 The path is chosen once, at import, from the host CPU's features (llvmlite.binding), or forced with
-EDGEINFER_KERNELS=portable|avx2|vnni|neon|dotprod|i8mm:
+EDGEINFER_KERNELS=portable|avx2|vnni|avx512|neon|dotprod|i8mm:
 
+- ``avx512``: AVX-512 VNNI on 512-bit registers, two groups of eight rows per vector (wide.py), in the
+  families that have that form; the vnni path's kernels in the others;
 - ``vnni``: AVX-512 VNNI (with VL) or AVX-VNNI: u8 x s8 dot products in one ``vpdpbusd``;
 - ``avx2``: ``vpmaddubsw`` then ``vpmaddwd`` with ones (u8 x s8 -> s16 pairs -> s32);
 - ``i8mm`` (aarch64, ARMv8.6): ``smmla`` for two tokens at once in batches, ``sdot`` otherwise;
@@ -28,5 +30,6 @@ arithmetic, the x86 dot products), neon.py (the aarch64 dot products), floats.py
 from .floats import *  # noqa: F401,F403
 from .ints import *  # noqa: F401,F403
 from .neon import *  # noqa: F401,F403
-from .paths import ALL_KINDS, ARM_PATHS, PATHS, X86_PATHS, arm_hwcaps, available_paths, choose_path, host_features, isa_tag, kinds_of, path_of  # noqa: F401
+from .wide import *  # noqa: F401,F403
+from .paths import ALL_KINDS, ARM_PATHS, PATHS, VNNI_PATHS, X86_PATHS, arm_hwcaps, available_paths, choose_path, host_features, isa_tag, kinds_of, path_of  # noqa: F401
 from .vec import Vec, f32x8, i8x32, i16x16, i32x8  # noqa: F401

@@ -10,7 +10,8 @@ import numpy as np
 
 from ... import kinds as _kinds
 
-X86_PATHS = ("avx2", "vnni")
+X86_PATHS = ("avx2", "vnni", "avx512")
+VNNI_PATHS = ("vnni", "avx512")  # vpdpbusd: on ymm, or on zmm where a kernel family has a 512-bit form (simd/wide.py)
 ARM_PATHS = ("neon", "dotprod", "i8mm")  # aarch64 (see simd/neon.py)
 PATHS = ("portable",) + X86_PATHS + ARM_PATHS
 
@@ -62,6 +63,8 @@ def available_paths() -> list[str]:
         paths.append("avx2")
         if "avxvnni" in f or ("avx512vnni" in f and "avx512vl" in f):
             paths.append("vnni")
+            if {"avx512f", "avx512bw", "avx512vl", "avx512vnni"} <= f:  # 512-bit registers (Ice Lake, Zen 4 and later)
+                paths.append("avx512")
     if "neon" in f:  # aarch64's Advanced SIMD, in every ARMv8-A core
         paths.append("neon")
         if "dotprod" in f:  # sdot/udot: ARMv8.2 (Cortex-A55/A76, Raspberry Pi 5, Apple M1, Graviton 2)
