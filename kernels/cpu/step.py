@@ -309,6 +309,9 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, keep, bl
     v2 = v.reshape(T, n_kv * vhd)
     qf = q.reshape(T * n_head, hd)
     kf = k.reshape(T * n_kv, hd)
+    # the FFN's gate and up outputs, (T, ffn) each, allocated once for every layer: a prompt's are tens of MB,
+    # which the allocator would otherwise hand back to the system and fault in again, page by page, per layer
+    scratch = np.empty(2 * T * ffn if moe_ints[0] == 0 or moe_ints[4] else 0, np.float32)  # dense FFNs (or shared experts)
     for layer in range(n_layer):
         wq, wk, wv = mats[layer * 7], mats[layer * 7 + 1], mats[layer * 7 + 2]
         if pre_norms:
@@ -332,17 +335,19 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, keep, bl
         _rope_kv(q, k, v, positions, inv_freq[layer], neox, rope_dim, mscale, slot_mapping, kc, vc)
         if layer < n_layer - 1:
             _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, experts, needs, layer, ffn_norm,
-                  post_attn_norm, post_ffn_norm, router, sh_gate, window, ints, moe_ints, floats, luts, threads, table)
+                  post_attn_norm, post_ffn_norm, router, sh_gate, window, ints, moe_ints, floats, luts, threads, table,
+                  scratch)
     xs = x[keep]
     _rest(xs, q[keep], positions[keep], token_seq[keep], block_tables, block_size, k_cache[n_layer - 1],
           v_cache[n_layer - 1], mats, experts, needs, n_layer - 1, ffn_norm, post_attn_norm, post_ffn_norm, router,
-          sh_gate, window, ints, moe_ints, floats, luts, threads, table)
+          sh_gate, window, ints, moe_ints, floats, luts, threads, table, scratch)
     return xs
 
 
 @njit(nogil=True, cache=True)
 def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, experts, needs, layer, ffn_norm,
-          post_attn_norm, post_ffn_norm, router, sh_gate, window, ints, moe_ints, floats, luts, threads, table):
+          post_attn_norm, post_ffn_norm, router, sh_gate, window, ints, moe_ints, floats, luts, threads, table,
+          scratch):
     # a layer after its KV writes: attention of q (T, H, D), output projection, residual, feed-forward,
     # residual, on x (T, dim) in place
     n_head, n_kv, hd, vhd, ffn, rope_dim, neox, qk_norm, post_norms, gelu, qkv_bias, pre_norms = ints
@@ -366,12 +371,12 @@ def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, ex
     else:
         h[:] = x
     if n_expert == 0:
-        _ffn(h, f, mats, layer, needs, ffn, gelu, luts, threads, table)
+        _ffn(h, f, mats, layer, needs, ffn, gelu, luts, threads, table, scratch)
     else:
         _moe(h, f, experts, router[layer], needs, layer, moe_ints, w_scale, gelu, luts, threads, table)
         if shared:
             s = np.empty((T, dim), np.float32)
-            _ffn(h, s, mats, layer, needs, ffn, gelu, luts, threads, table)
+            _ffn(h, s, mats, layer, needs, ffn, gelu, luts, threads, table, scratch)
             moe.shared_gate_add(f, s, h, sh_gate[layer])
     if post_norms:
         _norm(f, post_ffn_norm[layer], eps, f)
@@ -379,13 +384,14 @@ def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, ex
 
 
 @njit(nogil=True, cache=True)
-def _ffn(h, out, mats, layer, needs, ffn, gelu, luts, threads, table):
-    # the gated FFN of h (T, dim) -> out (T, dim), with the layer's gate/up/down matrices
+def _ffn(h, out, mats, layer, needs, ffn, gelu, luts, threads, table, scratch):
+    # the gated FFN of h (T, dim) -> out (T, dim), with the layer's gate/up/down matrices; scratch: room for
+    # gate and up (forward_layers)
     T = h.shape[0]
     wg, wu, wd = mats[layer * 7 + 4], mats[layer * 7 + 5], mats[layer * 7 + 6]
     g8, g8k = _quantize(h, needs[layer, 2])
-    gate = np.empty((T, ffn), np.float32)
-    up = np.empty((T, ffn), np.float32)
+    gate = scratch[: T * ffn].reshape(T, ffn)
+    up = scratch[T * ffn: 2 * T * ffn].reshape(T, ffn)
     int8.matmuls(wg, wu, wu, np.int64(2), g8, g8k, luts, gate, up, up, threads, table)
     d8, d8k = _alloc_q(T, ffn, needs[layer, 3])
     _act_quantize(gate, up, gelu, needs[layer, 3], d8, d8k)
