@@ -92,7 +92,9 @@ class LayoutStore:
 
     def __init__(self, model_path: str, kernel_path: str, directory: str | None = None):
         self.identity = model_identity(model_path)
-        self.kernel_path = kernel_path
+        # avx512 runs on vnni's interleaved bytes (the same layout): one file serves both, so a machine that
+        # moves from one to the other keeps its file instead of writing a second model-sized one
+        self.kernel_path = "vnni" if kernel_path == "avx512" else kernel_path
         stem = os.path.splitext(os.path.basename(model_path))[0]
         self.path = os.path.join(directory or layouts_dir(), f"{stem}-{kernel_path}-{self.identity[:16]}.layout")
         self.tensors: dict[str, dict] = {}  # name -> {"meta": {...}, field: array}, from the file

@@ -101,7 +101,7 @@ def test_bad_kernel_path_is_a_one_line_error():
     env = dict(__import__("os").environ, EDGEINFER_KERNELS="sse9")
     p = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "system"], capture_output=True, text=True, env=env)
     assert p.returncode != 0
-    assert p.stderr.strip().splitlines() == ["error: EDGEINFER_KERNELS must be one of portable, avx2, vnni, neon, dotprod, i8mm, "
+    assert p.stderr.strip().splitlines() == ["error: EDGEINFER_KERNELS must be one of portable, avx2, vnni, avx512, neon, dotprod, i8mm, "
                                             "got 'sse9'"]
 
 

@@ -79,6 +79,11 @@ def test_activation_quantization_matches_numpy_twin(block):
     rng = np.random.default_rng(block)
     x = (rng.standard_normal((5, 512)) * rng.uniform(0.01, 100, (5, 1))).astype(np.float32)
     x[2, :256] = 0  # an all-zero block
+    # ties in magnitude (Q8_K takes the first, with its sign): the negative first, 32-chunks apart; the
+    # positive first, side by side; and a positive largest value whose negative twin rounds to +127
+    m = np.abs(x[3]).max() * 2
+    x[3, 40], x[3, 200], x[3, 300], x[3, 301] = -m, m, m, -m
+    x[4, 10], x[4, 20] = m, -m
     qx = QInput(x)
     xq, xd, sums, *more = qx.q8() if block == 32 else qx.q8k()
     q, d = q8_reference(x, block)
@@ -216,6 +221,35 @@ def layouts(w, path=None):
     if w.kind not in INTERLEAVED:
         return (w,)
     return (interleave8(w),) if path not in (None, "portable") else (w, interleave8(w))
+
+
+@pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
+def test_every_path_gives_the_portable_bits_for_whole_row_groups_and_pairs(t):
+    """With one thread a task holds several row groups, so avx512's two-group vectors run whole pairs, a pair
+    whose second group is partial (29 rows) and an odd last group (24, 40): every path's bits are the
+    portable path's, for one token, a few, and more than a 32-token tile."""
+    import numba
+
+    from edgeinfer.kernels.cpu.backend import QInput, matmul_int8
+
+    rng = np.random.default_rng(11)
+    k = 512 if t in K_QUANTS else 96
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        for n in (16, 24, 29, 40):
+            raw, _ = random_tensor(t, n, k, rng)
+            w = interleave8(repack(raw, t, (k, n)))
+            for tokens in (1, 5, 37):
+                x = rng.standard_normal((tokens, k)).astype(np.float32)
+                want = np.empty((tokens, n), np.float32)
+                matmul_int8(w, QInput(x), want, unit_table("portable", w.kind))
+                for path in simd.available_paths()[1:]:
+                    got = np.empty((tokens, n), np.float32)
+                    matmul_int8(w, QInput(x), got, unit_table(path, w.kind))
+                    np.testing.assert_array_equal(got, want, err_msg=f"{path}, {n} rows, {tokens} tokens")
+    finally:
+        numba.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)

@@ -213,9 +213,9 @@ def expert_matmuls(experts, base, which, offsets, q8, q8k, luts, o0, o1, threads
     for e in range(n_exp):
         if offsets[e + 1] > offsets[e]:
             active += 1
-    # about TASKS_PER_THREAD tasks per thread over all the active experts' matrices (a multiple of 8 rows):
-    # each task starts new streams through memory, and an expert's matrix is small
-    per_all = min(n_out, max(8, -(-(-(-(n_out * n_m * active) // (TASKS_PER_THREAD * threads))) // 8) * 8))
+    # about TASKS_PER_THREAD tasks per thread over all the active experts' matrices (a multiple of 16 rows, as
+    # dispatch.rows_per_task): each task starts new streams through memory, and an expert's matrix is small
+    per_all = min(n_out, max(16, -(-(-(-(n_out * n_m * active) // (TASKS_PER_THREAD * threads))) // 16) * 16))
     for e in range(n_exp):
         first[e + 1] = first[e]
         if offsets[e + 1] > offsets[e]:

@@ -19,10 +19,11 @@ from . import k45, kx8, q6_k, q8_0, q8x8, q45, x8
 
 @njit(inline="always", cache=True)
 def rows_per_task(n, threads):
-    # two tasks per thread, a multiple of 8 rows each (interleaved weights come in groups of eight): a
-    # task is one call with a dozen array arguments, whose reference counting is not free
+    # two tasks per thread, a multiple of 16 rows each (interleaved weights come in groups of eight, and the
+    # avx512 kernels take two groups per vector: an odd group would run a half-empty vector): a task is one
+    # call with a dozen array arguments, whose reference counting is not free
     per = -(-n // (2 * threads))
-    return max(8, -(-per // 8) * 8)
+    return max(16, -(-per // 16) * 16)
 
 
 def as_tuple(w) -> tuple:
