@@ -96,9 +96,9 @@ def _loaded(info) -> int:
 
 
 def weight_bytes(gf) -> int:
-    """Bytes the loaded weights occupy: the file's tensor data, every expert of an MoE model included
-    (repacking keeps the size, but for the types that load as a wider kind: Q2_K and Q3_K a byte per value,
-    IQ4_XS 4.5 bits rather than 4.25; quant/repack.py's WIDENED)."""
+    """Bytes the loaded weights occupy: the file's tensor data, every expert of an MoE model included, as
+    repacked (quant/repack.loaded_bytes: the K-quants' 6-bit scales a byte each, Q6_K's values a byte each,
+    IQ4_XS 4.5 bits a weight rather than 4.25)."""
     return sum(_loaded(info) for info in gf.tensors.values())
 
 

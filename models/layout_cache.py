@@ -32,7 +32,7 @@ import numpy as np
 
 MAGIC = b"EILAYOUT"
 END = b"EILAYEND"
-VERSION = 2  # bump when the repacked layouts (quant/repack.py, kernels/cpu/layout.py) change
+VERSION = 3  # bump when the repacked layouts (quant/repack.py, kernels/cpu/layout.py) change
 ALIGN = 4096
 
 

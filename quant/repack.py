@@ -5,9 +5,11 @@ whatever its type, so one family of kernels serves every type (the kind is a sma
 
     qs  uint8 (N, *)   the low quant bits of each block, in ggml's order within the block;
                        Q6_K: every weight unpacked to one signed byte (q - 32) in element order
-    qh  uint8 (N, *)   high bits (Q5_0, Q5_1, Q5_K); empty (N, 0) otherwise
+    qh  uint8 (N, *)   high bits (Q5_0, Q5_1, Q5_K; Q3_K's hmask); empty (N, 0) otherwise
     sc  uint8 (N, *)   per-sub-block scales: Q4_K/Q5_K 8 scales then 8 mins (6-bit values, decoded
-                       from ggml's 12-byte packing) per 256; Q6_K 16 int8 scales per 256
+                       from ggml's 12-byte packing) per 256; Q6_K and Q3_K 16 int8 scales per 256 (Q3_K's
+                       decoded from its 12-byte packing, minus 32); Q2_K the file's 16 bytes (scale in
+                       the low nibble, min in the high one)
     d   uint16 (N, nb) block scale as float16 bits (for F16/BF16: the values themselves, (N, K))
     m   uint16 (N, nb) block min (Q4_1, Q5_1) or super-block min scale (Q4_K, Q5_K) as float16 bits
 
@@ -29,25 +31,28 @@ from ..pages import MADV_HUGEPAGE, MADV_POPULATE_READ, madvise
 
 # The row-major kind of each GGML type the loader takes (kernels/kinds.py; their interleaved twins are the
 # CPU SIMD kernels' own layout: kernels/cpu/layout.py). F32 weights are not a QTensor: they stay float32 arrays.
-# IQ4_NL is read in its own packing (Q4_0's nibbles, each an index into the 16-value grid). The other types
-# below 4.5 bits run on the kernels of a wider kind: IQ4_XS on IQ4_NL's (the same nibbles, each 32-block's
-# scale d * (ls - 32) rounded to float16: within 2^-11 of it; 4.5 bits per weight rather than 4.25), Q3_K on
-# Q6_K's (its values unpacked to signed bytes q - 4, the same int8 scale per 16 and float16 d per 256:
-# exact), Q2_K on Q8_0's (each 32-block of the dequantized values quantized again to 8 bits, within 1/254
-# of the block's largest). Q3_K and Q2_K matrices take 8.5 bits per weight in memory rather than the file's
-# 2.6-3.4 (inspect --memory counts this).
-WIDENED = {T.Q3_K: kinds.Q6_K, T.IQ4_XS: kinds.IQ4_NL, T.Q2_K: kinds.Q8_0}
+# IQ4_NL is read in its own packing (Q4_0's nibbles, each an index into the 16-value grid), Q3_K and Q2_K in
+# theirs (two bits per value, Q3_K's hmask bit; the kernels' own kinds, 3.56 and 2.63 bits per weight). IQ4_XS
+# runs on IQ4_NL's kernels (the same nibbles, each 32-block's scale d * (ls - 32) rounded to float16: within
+# 2^-11 of it; 4.5 bits per weight rather than 4.25).
+WIDENED = {T.IQ4_XS: kinds.IQ4_NL}
 KIND = {**kinds.OF_GGML, **WIDENED}
-# bytes per weight of a widened type once loaded: a byte per value, plus Q6_K's int8 scale per 16 and float16
-# d per 256, or Q8_0's float16 d per 32
-_WIDE_BYTES = {kinds.Q6_K: 1 + 1 / 16 + 2 / 256, kinds.Q8_0: 1 + 2 / 32, kinds.IQ4_NL: 0.5 + 2 / 32}
+# bytes per weight of a widened type once loaded: IQ4_NL's nibble per value and float16 d per 32
+_WIDE_BYTES = {kinds.IQ4_NL: 0.5 + 2 / 32}
+# bytes per 256 weights in memory where they differ from the file's: the K-quants' 12 bytes of 6-bit scales
+# decoded to 16 (Q3_K 114 bytes rather than 110, Q4_K 148 rather than 144, Q5_K 180 rather than 176), Q6_K's
+# values unpacked to a byte each (274 rather than 210)
+_SUPER_BYTES = {T.Q3_K: 32 + 64 + 16 + 2, T.Q4_K: 4 + 16 + 128, T.Q5_K: 4 + 16 + 32 + 128, T.Q6_K: 256 + 16 + 2}
 
 
 def loaded_bytes(ggml_type: T, n_elements: int, file_bytes: int) -> int:
     """The bytes a tensor's repacked arrays take in memory: the file's for the types the kernels read in
-    their own packing, the wider kind's bytes per value and scales for the widened ones (WIDENED)."""
+    their own packing (K-quants: their decoded scales; Q6_K: its values a byte each), the wider kind's bytes per value and scales for the
+    widened ones (WIDENED)."""
     if ggml_type in WIDENED:
         return int(n_elements * _WIDE_BYTES[WIDENED[ggml_type]])
+    if ggml_type in _SUPER_BYTES:
+        return n_elements // 256 * _SUPER_BYTES[ggml_type]
     return file_bytes
 SUPPORTED_TYPES = (T.F32,) + tuple(KIND)
 
@@ -99,26 +104,13 @@ def decode_k_scales(packed: np.ndarray) -> np.ndarray:
     return sc
 
 
-def unpack_q3_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(..., 110) Q3_K super-blocks -> ((..., 256) int8 values q - 4 as uint8, (..., 16) int8 scales as uint8).
-
-    Element e takes two bits from qs[32 (e // 128) + e % 32] at shift 2 ((e % 128) // 32) and its high bit
-    from hmask[e % 32] bit e // 32 (a set bit means no -4); scale j is six bits, a nibble of byte j % 8
-    (the high one for j >= 8) and two bits of byte 8 + j % 4 at shift 2 (j // 4), minus 32."""
-    hmask = blocks[..., 0:32].astype(np.int16)
-    qs = blocks[..., 32:96].astype(np.int16)
-    raw = blocks[..., 96:108].astype(np.int16)
-    lead = blocks.shape[:-1]
-    ql = np.empty(lead + (2, 4, 32), np.int16)
-    for j in range(4):
-        ql[..., :, j, :] = ((qs.reshape(lead + (2, 32)) >> (2 * j)) & 3)
-    ql = ql.reshape(lead + (256,))
-    hb = np.stack([(hmask >> b) & 1 for b in range(8)], axis=-2).reshape(lead + (256,))
-    vals = (ql - 4 * (1 - hb)).astype(np.int8).view(np.uint8)
+def q3_k_scales(packed: np.ndarray) -> np.ndarray:
+    """(..., 12) Q3_K scale bytes -> (..., 16) int8 scales as uint8: scale j is six bits, a nibble of byte
+    j % 8 (the high one for j >= 8) and two bits of byte 8 + j % 4 at shift 2 (j // 4), minus 32."""
+    raw = packed.astype(np.int16)
     low = np.concatenate([raw[..., 0:8] & 0xF, raw[..., 0:8] >> 4], axis=-1)
-    high = np.stack([(raw[..., 8:12] >> (2 * i)) & 3 for i in range(4)], axis=-2).reshape(lead + (16,))
-    sc = ((low | (high << 4)) - 32).astype(np.int8).view(np.uint8)
-    return vals, sc
+    high = np.stack([(raw[..., 8:12] >> (2 * i)) & 3 for i in range(4)], axis=-2).reshape(raw.shape[:-1] + (16,))
+    return ((low | (high << 4)) - 32).astype(np.int8).view(np.uint8)
 
 
 def unpack_q6_k(ql: np.ndarray, qh: np.ndarray) -> np.ndarray:
@@ -282,8 +274,8 @@ def repack(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> QTensor:
         return QTensor(t, KIND[t], n, k, unpack_q6_k(b[:, :, 0:128], b[:, :, 128:192]).reshape(n, k), empty,
                        _flat(b, 192, 208), _u16(b, 208), none16)
     if t == T.Q3_K:  # hmask[32] | qs[64] | scales[12] | d
-        vals, sc = unpack_q3_k(b)
-        return QTensor(t, KIND[t], n, k, vals.reshape(n, k), empty, sc.reshape(n, -1), _u16(b, 108), none16)
+        sc = q3_k_scales(b[:, :, 96:108]).reshape(n, -1)
+        return QTensor(t, KIND[t], n, k, _flat(b, 32, 96), _flat(b, 0, 32), sc, _u16(b, 108), none16)
     if t == T.IQ4_NL:  # d | qs[16]
         return QTensor(t, KIND[t], n, k, _flat(b, 2, 18), empty, empty, _u16(b, 0), none16)
     if t == T.IQ4_XS:  # d | scales_h u16 | scales_l[4] | qs[128]
@@ -294,10 +286,6 @@ def repack(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> QTensor:
         ls = ((sl[:, :, ib // 2] >> (4 * (ib % 2))) & 15) | (((sh[:, :, None] >> (2 * ib)) & 3) << 4)
         dl = (d[:, :, None] * (ls - 32).astype(np.float32)).astype(np.float16).view(np.uint16).reshape(n, -1)
         return QTensor(t, KIND[t], n, k, _flat(b, 8, 136), empty, empty, dl.copy(), none16)
-    if t == T.Q2_K:  # dequantized, then quantized again as Q8_0 (gguf's rounding, llama.cpp's reference)
-        import gguf
-
-        y = gguf.quants.dequantize(b.reshape(n, -1), T.Q2_K).reshape(n, k)
-        q8 = repack(gguf.quants.quantize(y, T.Q8_0), T.Q8_0, shape)
-        return QTensor(t, KIND[t], n, k, q8.qs, empty, empty, q8.d, none16)
+    if t == T.Q2_K:  # scales[16] | qs[64] | d | dmin
+        return QTensor(t, KIND[t], n, k, _flat(b, 16, 80), empty, _flat(b, 0, 16), _u16(b, 80), _u16(b, 82))
     raise AssertionError(t)

@@ -136,11 +136,15 @@ def test_memory_counts_every_expert(zoo, name, n_used, n_expert):
         est = memory.estimate_file(gf, EngineConfig())
         total = sum(t.n_bytes for t in gf.tensors.values())
         experts = _expert_bytes(gf)
+        # as repacked: the file's bytes, K-quant scales and Q6_K values a byte each (quant/repack.loaded_bytes)
+        loaded = sum(memory._loaded(t) for t in gf.tensors.values())
+        loaded_experts = sum(memory._loaded(t) for t in gf.tensors.values() if "_exps." in t.name)
     assert experts > total / 2  # these models are mostly experts
-    assert est.weights == total  # all experts, not only the active ones
-    assert est.active_weights == total - experts + experts * n_used // n_expert
+    assert total <= loaded <= total * 1.31
+    assert est.weights == loaded  # all experts, not only the active ones
+    assert est.active_weights == loaded - loaded_experts + loaded_experts * n_used // n_expert
     rep = memory.report(est, EngineConfig())
-    assert rep["weights_mb"] == round(total / memory.MB, 1) and rep["active_weights_mb"] < rep["weights_mb"]
+    assert rep["weights_mb"] == round(loaded / memory.MB, 1) and rep["active_weights_mb"] < rep["weights_mb"]
 
 
 @pytest.mark.parametrize("name,head_dim", [("qwen3moe", 128), ("gemma2", 128), ("qwen3", 64), ("phi3", 64),

@@ -31,7 +31,8 @@ def dev(a):
     return cuda.to_device(np.ascontiguousarray(a))
 
 
-@pytest.mark.parametrize("t", [T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K],
+@pytest.mark.parametrize("t", [T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K,
+                               T.Q3_K, T.Q2_K],
                          ids=lambda t: t.name)
 def test_matmul_embed_dequantize(t):
     n, k = 5, 256
@@ -48,8 +49,8 @@ def test_matmul_embed_dequantize(t):
 
 @pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS], ids=lambda t: t.name)
 def test_the_low_bit_types_run_on_the_host_kinds_kernels(t):
-    """IQ4_NL in its own kind, IQ4_XS on IQ4_NL's, Q3_K on Q6_K's and Q2_K on Q8_0's: both backends decode the
-    same values, within the widening's rounding of gguf's."""
+    """Q2_K, Q3_K and IQ4_NL in their own kinds, IQ4_XS on IQ4_NL's: both backends decode the same values,
+    gguf's (IQ4_XS within the widening's rounding), from quantize-model's quantizers."""
     import gguf
 
     from edgeinfer.quant.tool import quantize_rows
@@ -62,7 +63,7 @@ def test_the_low_bit_types_run_on_the_host_kinds_kernels(t):
     wd = gpu.upload(w)
     got = gpu.dequantize(wd)
     np.testing.assert_array_equal(got, cpu.dequantize(w))  # the host kind's values, on both backends
-    tol = {T.Q3_K: 0, T.IQ4_NL: 0, T.IQ4_XS: 2.0 ** -11, T.Q2_K: 1 / 200}[t]
+    tol = {T.Q3_K: 0, T.IQ4_NL: 0, T.IQ4_XS: 2.0 ** -11, T.Q2_K: 0}[t]
     assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
     x = rng.standard_normal((2, k)).astype(np.float32)
     np.testing.assert_allclose(gpu.to_host(gpu.matmul(wd, dev(x))), x @ got.T, rtol=RTOL, atol=ATOL * 10)

@@ -1,6 +1,6 @@
 """The types below 4.5 bits (Q2_K, Q3_K, IQ4_NL, IQ4_XS): quantizers against llama.cpp's own blocks, with and
-without an importance matrix, and loading them for the kernels (quant/repack.py's WIDENED) against gguf's
-dequantize."""
+without an importance matrix, and loading them for the kernels (Q2_K, Q3_K and IQ4_NL in kinds of their own,
+IQ4_XS on IQ4_NL's: quant/repack.py's WIDENED) against gguf's dequantize."""
 
 from pathlib import Path
 
@@ -16,7 +16,8 @@ from edgeinfer.quant.tool import LEGACY_WEIGHTED, WEIGHTED, quantize_rows
 
 GOLDEN = Path(__file__).parent / "golden" / "lowbit_blocks.npz"  # benchmarks/make_lowbit_golden.py
 PLAIN_TYPES = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
-WIDE_TYPES = ("Q2_K", "Q3_K", "IQ4_XS")  # loaded as a wider kind (IQ4_NL has its own: tests/test_kernels.py)
+WIDE_TYPES = ("IQ4_XS",)  # loaded as a wider kind (the others have their own: tests/test_kernels.py too)
+OWN_TYPES = ("Q2_K", "Q3_K", "IQ4_NL")
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")  # the older K-quants' reference quantizers, held to llama.cpp's blocks too
 IMATRIX_TYPES = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 kb = get_backend("cpu")
@@ -128,24 +129,34 @@ def test_every_quantizer_with_an_importance_is_in_the_tool():
     assert {t.name for t in (*WEIGHTED, *LEGACY_WEIGHTED)} == set(IMATRIX_TYPES)
 
 
-# -- loading: the widened kinds --------------------------------------------------------------------
+# -- loading: their own kinds, and the widened one ----------------------------------------------------
 
 
 def _values(w):
-    """A row-major widened QTensor's weights as float32, by its host kind's definition."""
+    """A row-major widened QTensor's weights as float32, by its host kind's definition (IQ4_NL's)."""
     n, k = w.shape
-    if w.kind == kinds.Q6_K:
-        v = w.qs.view(np.int8).astype(np.float32).reshape(n, -1, 16)
-        sc = w.sc.view(np.int8).astype(np.float32).reshape(n, -1)
-        d = np.repeat(w.d.view(np.float16).astype(np.float32), 16, axis=1)
-        return (v * (d * sc)[:, :, None]).reshape(n, k)
-    if w.kind == kinds.IQ4_NL:  # Q4_0's nibbles (low: elements 0-15 of a 32-block), each a grid index
-        q = w.qs.reshape(n, -1, 16)
-        v = np.array(gguf.quants.IQ4_NL.kvalues, np.float32)[np.concatenate([q & 15, q >> 4], axis=2)]
-    else:
-        assert w.kind == kinds.Q8_0
-        v = w.qs.view(np.int8).astype(np.float32).reshape(n, -1, 32)
+    assert w.kind == kinds.IQ4_NL  # Q4_0's nibbles (low: elements 0-15 of a 32-block), each a grid index
+    q = w.qs.reshape(n, -1, 16)
+    v = np.array(gguf.quants.IQ4_NL.kvalues, np.float32)[np.concatenate([q & 15, q >> 4], axis=2)]
     return (v * w.d.view(np.float16).astype(np.float32)[:, :, None]).reshape(n, k)
+
+
+@pytest.mark.parametrize("name", OWN_TYPES)
+def test_low_bit_types_load_in_their_own_packing_at_the_files_size(name):
+    """Q2_K, Q3_K and IQ4_NL from quantize-model's quantizers: their own kinds, gguf's values exactly, row-major
+    and interleaved, and in memory the file's bytes (Q3_K: its scales a byte each, 114 bytes per 110)."""
+    from edgeinfer.kernels.cpu.layout import interleave8
+
+    x, imp = sample()
+    t = T[name]
+    raw = _quantize(name, x, imp)
+    ref = gguf.quants.dequantize(raw, t).reshape(x.shape)
+    w = repack(raw, t, (x.shape[1], x.shape[0]))
+    assert w.kind == kinds.OF_GGML[t] and t not in WIDENED
+    np.testing.assert_array_equal(kb.dequantize(w), ref)
+    np.testing.assert_array_equal(kb.dequantize(interleave8(w)), ref)
+    assert w.nbytes == loaded_bytes(t, x.size, raw.nbytes) <= raw.nbytes * 1.037
+    assert interleave8(w).nbytes == w.nbytes  # 48 rows: whole groups of eight, no padding
 
 
 @pytest.mark.parametrize("name", WIDE_TYPES)
@@ -157,14 +168,9 @@ def test_widened_weights_equal_gguf_dequantize(name):
     w = repack(raw, t, (x.shape[1], x.shape[0]))
     assert w.kind == WIDENED[t] and w.ggml_type == t
     got = _values(w)
-    if t == T.Q3_K:
-        np.testing.assert_array_equal(got, ref)  # exact: the same integers and scales
-    elif t == T.IQ4_XS:  # each 32-block's scale d * (ls - 32) rounded to float16
-        blk = np.abs(ref.reshape(48, -1, 32)).max(axis=2, keepdims=True)
-        assert np.all(np.abs(got - ref).reshape(48, -1, 32) <= blk * 2.0 ** -11)
-    else:  # Q2_K: 8 bits again per 32-block: half a step of max / 127, plus the step's float16 rounding (2^-11)
-        blk = np.abs(ref.reshape(48, -1, 32)).max(axis=2, keepdims=True)
-        assert np.all(np.abs(got - ref).reshape(48, -1, 32) <= blk / 127 * (0.5 + 127 * 2.0 ** -11) + 1e-9)
+    assert t == T.IQ4_XS  # each 32-block's scale d * (ls - 32) rounded to float16
+    blk = np.abs(ref.reshape(48, -1, 32)).max(axis=2, keepdims=True)
+    assert np.all(np.abs(got - ref).reshape(48, -1, 32) <= blk * 2.0 ** -11)
     assert w.nbytes == loaded_bytes(t, x.size, raw.nbytes)
     assert np.array_equal(kb.dequantize(w), got)  # the kernels' decode: the same values
 
@@ -182,13 +188,13 @@ def test_matmul_of_a_low_bit_type_matches_its_dequantized_weights(name):
     a = rng.standard_normal((9, x.shape[1])).astype(np.float32)
     got = kb.matmul(w, a)
     want = a.astype(np.float64) @ ref.T
-    block = 256 if WIDENED.get(t) == kinds.Q6_K else 32
+    block = 256 if t in (T.Q2_K, T.Q3_K) else 32
     d = np.abs(a.reshape(9, -1, block)).max(axis=2) / 127
     bound = (1.001 * (np.repeat(d, block, axis=1) / 2) @ np.abs(ref).T + 4 * 1024 * 1.2e-7 * np.abs(a) @ np.abs(ref).T
              + 1e-6)
-    if t in (T.IQ4_XS, T.Q2_K):  # and the widening's own rounding per element (the test above)
+    if t == T.IQ4_XS:  # and the widening's own rounding per element (the test above)
         blk = np.repeat(np.abs(ref.reshape(48, -1, 32)).max(axis=2), 32, axis=1)
-        bound = bound + np.abs(a) @ (blk * (2.0 ** -11 if t == T.IQ4_XS else (0.5 + 127 * 2.0 ** -11) / 127)).T
+        bound = bound + np.abs(a) @ (blk * 2.0 ** -11).T
     assert np.all(np.abs(got - want) <= bound)
     one = kb.matmul(w, a[4:5])
     np.testing.assert_array_equal(one[0], got[4])

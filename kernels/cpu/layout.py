@@ -4,7 +4,7 @@ The CPU backend applies it at load (backend.upload) on the SIMD paths; the porta
 backend keep quant/repack.py's row-major layout. Each row-major quantized kind has an interleaved twin
 (kinds.py: Q4_0 -> Q4_0_X8, ..., Q8_0 -> Q8_0_X8), regrouped by its twin's family: x8 (Q4_0, Q4_1,
 Q5_0, Q5_1: _legacy8), kx8 (Q4_K, Q5_K, Q6_K: _k8), q8x8 (Q8_0: _q8_8), nlx8 (IQ4_NL: _legacy8, Q4_0's
-nibbles).
+nibbles), k23x8 (Q3_K, Q2_K: _k23, two-bit planes).
 """
 
 import dataclasses
@@ -109,8 +109,81 @@ def _legacy8(w, inplace):
                                sc=np.zeros((g, 0), np.uint8), d=_field(w, "d", inplace), m=_field(w, "m", inplace))
 
 
+def k23_values(qs, qh) -> np.ndarray:
+    """Row-major Q3_K (qh: its hmask bytes) or Q2_K (qh None) fields as unsigned bytes u (N, K): Q3_K's two
+    low bits and its hmask bit (u = low | h << 2, 0..7: the value is u - 4), Q2_K's two bits (0..3). In a
+    super-block, element e takes its two bits from qs byte 32 (e // 128) + e % 32 at shift 2 ((e % 128) // 32),
+    Q3_K's third from hmask byte e % 32, bit e // 32."""
+    n = qs.shape[0]
+    nsb = qs.shape[1] // 64
+    q = qs.reshape(n, nsb, 2, 1, 32)
+    u = ((q >> (2 * np.arange(4, dtype=np.uint8))[None, None, None, :, None]) & 3).reshape(n, nsb, 256)
+    if qh is not None:
+        h = qh.reshape(n, nsb, 1, 32)
+        u |= (((h >> np.arange(8, dtype=np.uint8)[None, None, :, None]) & 1) << 2).reshape(n, nsb, 256)
+    return u.reshape(n, nsb * 256)
+
+
+def _k23_planes(qs, qh, groups):
+    """Row-major Q3_K/Q2_K qs (and Q3_K's qh, else None) of up to 8 * groups rows -> the (groups, nsb * 512)
+    and (groups, nsb * 256) planes of _k23 (rows past the input's as zeros)."""
+    n, K = qs.shape[0], qs.shape[1] * 4
+    nsb = K // 256
+    u = np.zeros((groups * 8, K), np.uint8)
+    u[:n] = k23_values(qs, qh)
+    u = u.reshape(groups, 8, nsb, 16, 4, 4)  # group, row r, super-block, sub-block j, vector v, element e
+    low = (u & 3).transpose(0, 2, 3, 1, 5, 4)  # (g, s, j, r, e, v)
+    out = np.zeros(low.shape[:-1], np.uint8)
+    for v in range(4):
+        out |= low[..., v] << np.uint8(2 * v)
+    if qh is None:
+        return out.reshape(groups, nsb * 512), None
+    hi = (u >> 2).reshape(groups, 8, nsb, 8, 2, 4, 4).transpose(0, 2, 3, 1, 6, 4, 5).reshape(groups, nsb, 8, 8, 4, 8)
+    bits = np.zeros(hi.shape[:-1], np.uint8)
+    for k in range(8):
+        bits |= hi[..., k] << np.uint8(k)
+    return out.reshape(groups, nsb * 512), bits.reshape(groups, nsb * 256)
+
+
+def _k23(w, inplace):
+    """Q3_K/Q2_K, eight rows per group G, per 256-element super-block s (nsb per row), each of its 16
+    sub-blocks j of 16 elements as four weight vectors v (elements 4v .. 4v + 3 of the eight rows):
+
+        qs (G, nsb * 512)  for s, j: 32 bytes, byte 4 r + e holding the two low bits of row r's element
+                           4v + e of sub-block j at bits 2v, 2v + 1 (v < 4): one vector per sub-block
+        qh (G, nsb * 256)  Q3_K: for s and pair p (sub-blocks 2p, 2p + 1): 32 bytes, byte 4 r + e holding
+                           the third bit (hmask's) of element 4v + e of sub-block 2p + h at bit 4h + v
+        sc (G, nsb * 128)  per super-block 16 entries x 8 rows: Q3_K's int8 scales, Q2_K's scale | min << 4
+        d, m (G, nsb * 8)  the eight rows' super-block scale (Q2_K: and min scale), float16 bits
+
+    so a weight vector is (qs >> 2v) & 3, Q3_K's with ((qh >> 4h + v) & 1) << 2 (the value is that - 4).
+    A group's planes take the bytes of its eight row-major rows, so in place (a row count that is a multiple
+    of 8) they are built a few thousand groups at a time into the row-major arrays' memory."""
+    n = w.shape[0]
+    g = -(-n // 8)
+    q3 = w.kind == kinds.Q3_K
+    width = w.qs.shape[1]
+    same = (inplace and n % 8 == 0 and w.qs.flags.c_contiguous and w.qs.flags.writeable
+            and (not q3 or (w.qh.flags.c_contiguous and w.qh.flags.writeable)))
+    qs = w.qs.reshape(g, 8 * width) if same else np.empty((g, 8 * width), np.uint8)
+    qh = (w.qh.reshape(g, 8 * w.qh.shape[1]) if same else np.empty((g, 8 * w.qh.shape[1]), np.uint8)) if q3 \
+        else np.zeros((g, 0), np.uint8)
+    step = 4096
+    for c in range(0, g, step):
+        r0, r1 = 8 * c, min(n, 8 * (c + step))
+        src_qs = w.qs[r0:r1].copy() if same else w.qs[r0:r1]  # in place: the rows before they are overwritten
+        src_qh = (w.qh[r0:r1].copy() if same else w.qh[r0:r1]) if q3 else None
+        pq, ph = _k23_planes(src_qs, src_qh, -(-(r1 - r0) // 8))
+        qs[c:c + pq.shape[0]] = pq
+        if q3:
+            qh[c:c + ph.shape[0]] = ph
+    return dataclasses.replace(w, kind=INTERLEAVED[w.kind], qs=qs, qh=qh, sc=_field(w, "sc", inplace),
+                               d=_field(w, "d", inplace), m=_field(w, "m", inplace))
+
+
 # the regrouping of each interleaved family (interleave8)
-_REGROUP = {"q8x8": _q8_8, "x8": _legacy8, "kx8": _k8, "nlx8": _legacy8}  # IQ4_NL: Q4_0's layout
+_REGROUP = {"q8x8": _q8_8, "x8": _legacy8, "kx8": _k8, "nlx8": _legacy8,  # IQ4_NL: Q4_0's layout
+            "k23x8": _k23}
 
 
 def _q5_bits(qh):
@@ -147,6 +220,8 @@ def _transform(kind, field):
         return _by_rows(1)
     if field == "sc":
         return _by_rows(16)
+    if kinds.family(kind) == "k23":
+        return None  # qs, qh: bit planes (_k23)
     fam = kinds.family(kind)
     if fam == "q8_0":
         return _by_words(8)

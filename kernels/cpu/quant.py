@@ -81,6 +81,34 @@ def decode_group(kind, qs, qh, sc, d, m, luts, n, g, y):
             if kind == kinds.Q5_K:
                 q |= np.int32((qh[n, sb * 32 + l] >> i) & 1) << 4
             y[l] = scale * np.float32(q) - mn
+    elif kinds.is_k23(kind):  # Q3_K/Q2_K row-major: element 32 i + l of a super-block, bits at 2 (i % 4)
+        sb = g // 8
+        i = g % 8
+        db = lut[d[n, sb]]
+        for l in range(32):
+            q = np.int32((qs[n, sb * 64 + (i // 4) * 32 + l] >> (2 * (i % 4))) & 3)
+            s = sc[n, sb * 16 + 2 * i + l // 16]
+            if kind == kinds.Q3_K:
+                q |= np.int32((qh[n, sb * 32 + l] >> i) & 1) << 2
+                y[l] = (db * np.float32(_i8(s))) * np.float32(q - 4)
+            else:
+                y[l] = (db * np.float32(s & 15)) * np.float32(q) - lut[m[n, sb]] * np.float32(s >> 4)
+    elif kinds.is_k23x8(kind):  # eight rows interleaved (layout._k23): a plane of two-bit values per sub-block
+        G = n // 8
+        r = n % 8
+        sb = g // 8
+        db = lut[d[G, sb * 8 + r]]
+        for l in range(32):
+            j = (g % 8) * 2 + l // 16  # the sub-block of 16
+            v = (l % 16) // 4
+            e = l % 4
+            q = np.int32((qs[G, ((sb * 16 + j) * 8 + r) * 4 + e] >> (2 * v)) & 3)
+            s = sc[G, (sb * 16 + j) * 8 + r]
+            if kind == kinds.Q3_K_X8:
+                q |= np.int32((qh[G, ((sb * 8 + j // 2) * 8 + r) * 4 + e] >> (4 * (j % 2) + v)) & 1) << 2
+                y[l] = (db * np.float32(_i8(s))) * np.float32(q - 4)
+            else:
+                y[l] = (db * np.float32(s & 15)) * np.float32(q) - lut[m[G, sb * 8 + r]] * np.float32(s >> 4)
     elif kinds.is_q8x8(kind):  # Q8_0, eight rows interleaved (layout._q8_8)
         G = n // 8
         r = n % 8

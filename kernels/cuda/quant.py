@@ -51,6 +51,16 @@ def _dq(kind, qs, qh, sc, d, m, luts, n, k):
         scale = luts[0, d[n, sb]] * float32(sc[n, sb * 16 + i])
         mn = luts[0, m[n, sb]] * float32(sc[n, sb * 16 + 8 + i])
         return scale * float32(q) - mn
+    if kind == kinds.Q3_K or kind == kinds.Q2_K:  # two bits at 2 (i % 4) of qs byte 32 (i // 4) + j, i = g % 8
+        sb = k // 256
+        i = g % 8
+        q = int32((qs[n, sb * 64 + (i // 4) * 32 + j] >> (2 * (i % 4))) & 3)
+        s = sc[n, k // 16]
+        db = luts[0, d[n, sb]]
+        if kind == kinds.Q3_K:  # the hmask bit: set means no -4
+            q |= int32((qh[n, sb * 32 + j] >> i) & 1) << 2
+            return (db * float32(_i8(s))) * float32(q - 4)
+        return (db * float32(s & 15)) * float32(q) - luts[0, m[n, sb]] * float32(s >> 4)
     # Q6_K: unpacked signed bytes, an int8 scale per 16
     return luts[0, d[n, k // 256]] * float32(_i8(sc[n, k // 16])) * float32(_i8(qs[n, k]))
 

@@ -16,7 +16,7 @@ from edgeinfer.kernels import kinds
 from edgeinfer.kernels.cpu import simd
 from edgeinfer.kernels.cpu.layout import interleave8
 from edgeinfer.quant.repack import repack
-from test_kernels import (QUANT_TYPES, random_tensor, test_batched_rows_equal_single_token_bit_for_bit,  # noqa: F401
+from test_kernels import (K_QUANTS, QUANT_TYPES, random_tensor, test_batched_rows_equal_single_token_bit_for_bit,  # noqa: F401
                           test_int8_matmul_at_the_extremes_of_its_ranges, test_int8_matmul_matches_integer_reference,
                           unit_table)
 
@@ -56,7 +56,7 @@ def test_every_aarch64_path_gives_the_portable_bits(t):
     from edgeinfer.kernels.cpu.backend import QInput, matmul_int8
 
     rng = np.random.default_rng(36)
-    n, k = 21, GGML_QUANT_SIZES[t][0] * (2 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 8)
+    n, k = 21, GGML_QUANT_SIZES[t][0] * (2 if t in K_QUANTS else 8)
     raw, _ = random_tensor(t, n, k, rng)
     w = interleave8(repack(raw, t, (k, n)))
     for tokens in (1, 2, 5, 35):
@@ -113,22 +113,24 @@ DOT = {"dotprod": r"sdot\s+v", "i8mm": r"smmla\s+v", "neon": r"smull2?\s+v\d+\.8
 SCALAR = r"^(ldrs?b|ldrs?h|sxtb|uxtb)\s|^(mul|madd|smaddl|smull)\s+w"
 
 
-@pytest.mark.parametrize("family", ["x8", "kx8", "q8x8", "nlx8"])
+@pytest.mark.parametrize("family", ["x8", "kx8", "q8x8", "nlx8", "k23x8"])
 @pytest.mark.parametrize("path", ARM)
 def test_kernels_compile_to_the_dot_product_instructions(path, family):
     """Each interleaved family on each aarch64 path: its dot product instruction is there (sdot on dotprod;
-    smmla for batches and sdot for one token on i8mm; smull/smlal with saddlp on neon), no other path's,
-    and the blocks that do the dot products hold no scalar loads or multiplies of bytes."""
+    smmla for batches and sdot for one token on i8mm, where Q3_K/Q2_K's k23x8 runs dotprod's sdot kernel;
+    smull/smlal with saddlp on neon), no other path's, and the blocks that do the dot products hold no
+    scalar loads or multiplies of bytes."""
     asm = unit_asm(path, family)
     body = "\n".join(" ".join(b) for b in blocks(asm))
-    assert re.search(DOT[path], body), f"no {DOT[path]} in {path} {family}"
+    dot = DOT["dotprod"] if (path, family) == ("i8mm", "k23x8") else DOT[path]
+    assert re.search(dot, body), f"no {dot} in {path} {family}"
     if path == "i8mm":
         assert re.search(DOT["dotprod"], body)  # the one-token path
     if path == "neon":
         assert re.search(r"saddlp\s+v", body) and not re.search(r"sdot|smmla", body)
     if path == "dotprod":
         assert not re.search(r"smmla", body)
-    hot = [b for b in blocks(asm) if any(re.search(DOT[path], i) for i in b)]
+    hot = [b for b in blocks(asm) if any(re.search(dot, i) for i in b)]
     assert hot
     for b in hot:
         scalar = [i for i in b if re.search(SCALAR, i)]

@@ -7,7 +7,7 @@ from numba.extending import overload
 from ... import kinds
 from .. import units
 from ..simd import kinds_of
-from . import k45, kx8, q6_k, q8_0, q8x8, q45, x8
+from . import k23, k45, kx8, q6_k, q8_0, q8x8, q45, x8
 
 # -- matmuls: W (N, K) @ x (T, K) -> out (T, N) --------------------------------------------------
 #
@@ -46,6 +46,7 @@ def _rows_any(w, q8, q8k, luts, out, n0, n1, isa):
     h = {fam: bool(ks & set(members)) for fam, members in kinds.FAMILIES.items()}
     h_q8_0, h_q45, h_k45, h_q6_k = h["q8_0"], h["q45"], h["k45"], h["q6_k"]
     h_x8, h_kx8, h_q8x8, h_nlx8 = h["x8"], h["kx8"], h["q8x8"], h["nlx8"]
+    h_k23, h_k23x8 = h["k23"], h["k23x8"]
 
     def impl(w, q8, q8k, luts, out, n0, n1, isa):
         kind, qs, qh, sc, d, m = w
@@ -70,6 +71,12 @@ def _rows_any(w, q8, q8k, luts, out, n0, n1, isa):
         if h_q6_k:
             if kinds.is_q6_k(kind):
                 q6_k.rows_q6_k(isa, qs, sc, d, luts, q8k[0], q8k[1], out, n0, n1)
+        if h_k23x8:
+            if kinds.is_k23x8(kind):
+                k23.rows_k23x8(isa, kind, qs, qh, sc, d, m, luts, q8k[0], q8k[1], q8k[3], out, n0, n1)
+        if h_k23:
+            if kinds.is_k23(kind):
+                k23.rows_k23(isa, kind, qs, qh, sc, d, m, luts, q8k[0], q8k[1], q8k[3], out, n0, n1)
     return impl
 
 

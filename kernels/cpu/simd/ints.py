@@ -171,6 +171,52 @@ def bit_to_16(typingctx, a, i):
     return i8x32(i8x32, types.intp), codegen
 
 
+@intrinsic
+def bits2(typingctx, a, i):
+    """(a >> i) & 3 per byte, i8x32 (vpsrlw + vpand): the two-bit value of a Q3_K/Q2_K weight at bit i of its
+    plane byte."""
+    def codegen(context, builder, signature, args):
+        sh = builder.trunc(args[1], ir.IntType(8))
+        return builder.and_(builder.lshr(args[0], _splat(builder, sh, _V32I8)), ir.Constant(_V32I8, [3] * 32))
+
+    return i8x32(i8x32, types.intp), codegen
+
+
+@intrinsic
+def bit_to_4(typingctx, a, i):
+    """((a >> i) & 1) << 2 per byte, i8x32: the third bit of a Q3_K weight (hmask's) from its plane byte."""
+    def codegen(context, builder, signature, args):
+        sh = builder.trunc(args[1], ir.IntType(8))
+        v = builder.lshr(args[0], _splat(builder, sh, _V32I8))
+        return builder.shl(builder.and_(v, ir.Constant(_V32I8, [1] * 32)), ir.Constant(_V32I8, [2] * 32))
+
+    return i8x32(i8x32, types.intp), codegen
+
+
+@intrinsic
+def low4_16(typingctx, a):
+    """a & 15 per 16-bit lane (s16x16): Q2_K's scale from its scale | min << 4 byte."""
+    return i16x16(i16x16), lambda c, builder, s, args: builder.and_(args[0], ir.Constant(_V16I16, [15] * 16))
+
+
+@intrinsic
+def high4_16(typingctx, a):
+    """a >> 4 per 16-bit lane (s16x16, a below 256): Q2_K's min from its scale | min << 4 byte."""
+    return i16x16(i16x16), lambda c, builder, s, args: builder.lshr(args[0], ir.Constant(_V16I16, [4] * 16))
+
+
+@intrinsic
+def low4_32(typingctx, a):
+    """a & 15 per 32-bit lane (s32x8)."""
+    return i32x8(i32x8), lambda c, builder, s, args: builder.and_(args[0], ir.Constant(_V8I32, [15] * 8))
+
+
+@intrinsic
+def high4_32(typingctx, a):
+    """a >> 4 per 32-bit lane (s32x8, a below 256)."""
+    return i32x8(i32x8), lambda c, builder, s, args: builder.lshr(args[0], ir.Constant(_V8I32, [4] * 8))
+
+
 def _grid16(bias):
     def typer(typingctx, isa, a):
         path = path_of(isa)
