@@ -48,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     out = {}
     for path in ARM:
-        for family in ("x8", "kx8", "q8x8"):
+        for family in ("x8", "kx8", "q8x8", "nlx8", "k23x8"):
             found = sorted(loops(unit_asm(path, family), path), key=lambda r: -r["macs"])
             out[f"{path}/{family}"] = found
             for r in found[:4]:

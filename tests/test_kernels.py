@@ -277,6 +277,14 @@ def test_interleaved_layout_holds_the_same_weights_and_results(t):
             np.testing.assert_array_equal(getattr(x8_inplace, f), getattr(x8, f))
         if n % 8 == 0:
             assert np.shares_memory(x8_inplace.qs, spent.qs)
+        if t in (T.Q3_K, T.Q2_K):  # built a group at a time (more chunks than one), in place and not
+            from edgeinfer.kernels.cpu import layout
+
+            with patch.object(layout, "K23_CHUNK_BYTES", 1):
+                for inplace in (False, True):
+                    chunked = interleave8(repack(raw, t, (k, n)), inplace=inplace)
+                    for f in ("qs", "qh", "sc", "d", "m"):
+                        np.testing.assert_array_equal(getattr(chunked, f), getattr(x8, f))
         if t in DIRECT_TYPES:  # straight from the file's bytes (what loading does), in chunks of a few rows
             with patch.object(repack_module, "CHUNK_BYTES", 2 * raw.shape[-1] if raw.ndim > 1 else 64):
                 released = []

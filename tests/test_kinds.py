@@ -110,7 +110,8 @@ def test_each_predicate_agrees_with_the_table_in_python_and_compiled():
 
 def test_the_predicates_are_the_range_tests_the_kernels_had():
     # generated from the table, each is the comparison the code made by hand before the table existed,
-    # so the compiled kernels are the same code (IQ4_NL's kinds, 18 and 19, appended since)
+    # so the compiled kernels are the same code (IQ4_NL's kinds, 18 and 19, then Q3_K's and Q2_K's, 20-23,
+    # appended since)
     assert kinds.is_dense.expr == "kind <= 1"
     assert kinds.is_quantized.expr == "kind >= 2"
     assert kinds.uses_q8k.expr == "7 <= kind <= 9 or 14 <= kind <= 16 or kind >= 20"

@@ -325,3 +325,40 @@ def test_each_expert_is_quantized_with_its_own_importance(tmp_path):
     for e in range(3):
         np.testing.assert_array_equal(got[e], quantize_rows(experts[e], T.Q3_K, im.importance(x.name)[e]))
     assert not np.array_equal(got[1], quantize_rows(experts[1], T.Q3_K, im.importance(x.name)[0]))
+
+
+@pytest.mark.parametrize("mix", ["Q2_K", "Q3_K_M"])
+def test_a_low_bit_model_runs_the_values_of_its_weights(tmp_path, mix):
+    """A model quantized to the Q2_K or Q3_K_M mix (Q2_K, Q3_K and Q4_K matrices, on their packed kernels)
+    against the same weights dequantized to F32 (the float kernels): the same greedy tokens up to the reference's
+    first near-tie, each the likeliest token's log-probability within the activations' 8-bit rounding. (A random model's
+    unlikely tokens move by up to a unit of log-probability under that rounding, for Q8_0 as well; a wrong bit
+    in a layout or kernel moves the likely ones.)"""
+    from click.testing import CliRunner
+
+    from edgeinfer import LLM, SamplingParams
+    from edgeinfer.cli.main import main
+    from edgeinfer.gguf_file import GGUFFile
+
+    src, q, f = tmp_path / "f32.gguf", tmp_path / "q.gguf", tmp_path / "dequantized.gguf"
+    _tiny_f32(src)
+    for a, b, t in ((src, q, mix), (q, f, "F32")):
+        r = CliRunner().invoke(main, ["quantize-model", str(a), str(b), "--type", t])
+        assert r.exit_code == 0, r.output
+    with GGUFFile(q) as gf:
+        types = {t.ggml_type for t in gf.tensors.values()}
+    assert {T.Q3_K, T.Q4_K} <= types and (T.Q2_K in types) == (mix == "Q2_K")
+    prompts = [[5, 6, 7, 8, 9], [40, 41, 200, 12]]
+    params = SamplingParams(temperature=0.0, max_tokens=12, logprobs=3)
+    got = LLM(str(q), progress=False).generate(prompts, params)
+    want = LLM(str(f), progress=False).generate(prompts, params)
+    compared = 0
+    for g, w in zip(got, want):
+        for step, (a, b) in enumerate(zip(g.logprobs, w.logprobs)):
+            if b["top"][0][1] - b["top"][1][1] < 1.0:  # a near-tie in the reference: the rest may part
+                break
+            assert g.token_ids[step] == w.token_ids[step] and a["top"][0][0] == b["top"][0][0], step
+            # Q8_K's 256-element activation blocks round a random model's outliers coarsely: up to 0.1 here
+            assert abs(a["top"][0][1] - b["top"][0][1]) <= 0.25, (step, a, b)
+            compared += 1
+    assert compared >= 12  # of 24 steps: the check is not vacuous

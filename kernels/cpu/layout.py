@@ -145,6 +145,9 @@ def _k23_planes(qs, qh, groups):
     return out.reshape(groups, nsb * 512), bits.reshape(groups, nsb * 256)
 
 
+K23_CHUNK_BYTES = 8 * 2**20  # _k23 builds the planes from this many bytes of values (a byte each) at a time
+
+
 def _k23(w, inplace):
     """Q3_K/Q2_K, eight rows per group G, per 256-element super-block s (nsb per row), each of its 16
     sub-blocks j of 16 elements as four weight vectors v (elements 4v .. 4v + 3 of the eight rows):
@@ -158,7 +161,8 @@ def _k23(w, inplace):
 
     so a weight vector is (qs >> 2v) & 3, Q3_K's with ((qh >> 4h + v) & 1) << 2 (the value is that - 4).
     A group's planes take the bytes of its eight row-major rows, so in place (a row count that is a multiple
-    of 8) they are built a few thousand groups at a time into the row-major arrays' memory."""
+    of 8) they are built a few MB of rows at a time into the row-major arrays' memory (the temporaries: a few
+    times K23_CHUNK_BYTES, whatever the matrix)."""
     n = w.shape[0]
     g = -(-n // 8)
     q3 = w.kind == kinds.Q3_K
@@ -168,7 +172,7 @@ def _k23(w, inplace):
     qs = w.qs.reshape(g, 8 * width) if same else np.empty((g, 8 * width), np.uint8)
     qh = (w.qh.reshape(g, 8 * w.qh.shape[1]) if same else np.empty((g, 8 * w.qh.shape[1]), np.uint8)) if q3 \
         else np.zeros((g, 0), np.uint8)
-    step = 4096
+    step = max(1, K23_CHUNK_BYTES // (8 * 4 * width))  # groups per chunk: its values as bytes, K23_CHUNK_BYTES
     for c in range(0, g, step):
         r0, r1 = 8 * c, min(n, 8 * (c + step))
         src_qs = w.qs[r0:r1].copy() if same else w.qs[r0:r1]  # in place: the rows before they are overwritten

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf.constants import GGML_QUANT_SIZES
 
 from edgeinfer.kernels import kinds
 from edgeinfer.kernels.cpu import simd
