@@ -38,52 +38,30 @@ is_q3 = kinds.predicate("ggml:Q3_K", within="k23")
 is_q3x8 = kinds.predicate("ggml:Q3_K", within="k23x8")
 
 
-@njit(cache=True, fastmath=EXACT)
-def rows_k23(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1):
-    # row-major: element 32 i + l of a super-block takes its bits from qs byte 32 (i // 4) + l at shift
-    # 2 (i % 4), Q3_K's third from hmask byte l, bit i
+@njit(inline="always", cache=True)
+def _value(x8, q3, qs, qh, n, sb, j, l):
+    # the unsigned value u of element 16 j + l of super-block sb of row n: interleaved (x8, layout._k23) or
+    # row-major (element 32 i + c of a super-block takes its bits from qs byte 32 (i // 4) + c at shift
+    # 2 (i % 4), Q3_K's third from hmask byte c, bit i)
+    if x8:
+        grp, r, v, e = n // 8, n % 8, l // 4, l % 4
+        u = np.int32((qs[grp, ((sb * 16 + j) * 8 + r) * 4 + e] >> (2 * v)) & 3)
+        if q3:
+            u |= np.int32((qh[grp, ((sb * 8 + j // 2) * 8 + r) * 4 + e] >> (4 * (j % 2) + v)) & 1) << 2
+        return u
+    i, c = j // 2, 16 * (j % 2) + l
+    u = np.int32((qs[n, sb * 64 + (i // 4) * 32 + c] >> (2 * (i % 4))) & 3)
+    if q3:
+        u |= np.int32((qh[n, sb * 32 + c] >> i) & 1) << 2
+    return u
+
+
+@njit(inline="always", cache=True)
+def _rows_portable(x8, q3, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1):
+    # one row and one token at a time, the arithmetic of the module docstring (the SIMD path's lane by lane)
     T, K = xq.shape
-    q3 = is_q3(kind)
     for n in range(n0, n1):
-        for t in range(T):
-            acc = np.float32(0.0)
-            mo = np.float32(0.0)
-            for sb in range(K // 256):
-                isum = np.int32(0)
-                msum = np.int32(0)
-                for j in range(16):
-                    i = j // 2
-                    dot = np.int32(0)
-                    for l in range(16 * (j % 2), 16 * (j % 2) + 16):
-                        u = np.int32((qs[n, sb * 64 + (i // 4) * 32 + l] >> (2 * (i % 4))) & 3)
-                        if q3:
-                            u |= np.int32((qh[n, sb * 32 + l] >> i) & 1) << 2
-                        dot += u * i8(xq[t, sb * 256 + 32 * i + l])
-                    s = np.int32(sc[n, sb * 16 + j])
-                    if q3:
-                        isum += (((s ^ 128) - 128)) * (dot - 4 * xb16[t, sb * 16 + j])
-                    else:
-                        isum += (s & 15) * dot
-                        msum += (s >> 4) * xb16[t, sb * 16 + j]
-                dx = xd[t, sb]
-                acc = simd.fma1(np.float32(isum), luts[0, d[n, sb]] * dx, acc)
-                if not q3:
-                    mo = simd.fma1(np.float32(msum), luts[0, m[n, sb]] * dx, mo)
-            out[t, n] = acc if q3 else acc - mo
-
-
-def rows_k23x8(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1):
-    """Rows [n0, n1) (n0 a multiple of 8) of a matmul of interleaved Q3_K/Q2_K, every token."""
-
-
-@njit(cache=True, fastmath=EXACT)
-def _k23x8_portable(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1):
-    # one row and one token at a time, the SIMD path's arithmetic lane by lane (the same bits)
-    T, K = xq.shape
-    q3 = is_q3x8(kind)
-    for n in range(n0, n1):
-        grp = n // 8
-        r = n % 8
+        row, r = (n // 8, n % 8) if x8 else (n, 0)
         for t in range(T):
             acc = np.float32(0.0)
             mo = np.float32(0.0)
@@ -93,23 +71,39 @@ def _k23x8_portable(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1
                 for j in range(16):
                     dot = np.int32(0)
                     for l in range(16):
-                        v = l // 4
-                        e = l % 4
-                        u = np.int32((qs[grp, ((sb * 16 + j) * 8 + r) * 4 + e] >> (2 * v)) & 3)
-                        if q3:
-                            u |= np.int32((qh[grp, ((sb * 8 + j // 2) * 8 + r) * 4 + e] >> (4 * (j % 2) + v)) & 1) << 2
-                        dot += u * i8(xq[t, sb * 256 + j * 16 + l])
-                    s = np.int32(sc[grp, (sb * 16 + j) * 8 + r])
+                        dot += _value(x8, q3, qs, qh, n, sb, j, l) * i8(xq[t, sb * 256 + 16 * j + l])
+                    s = np.int32(sc[row, (sb * 16 + j) * 8 + r if x8 else sb * 16 + j])
                     if q3:
                         isum += ((s ^ 128) - 128) * (dot - 4 * xb16[t, sb * 16 + j])
                     else:
                         isum += (s & 15) * dot
                         msum += (s >> 4) * xb16[t, sb * 16 + j]
                 dx = xd[t, sb]
-                acc = simd.fma1(np.float32(isum), luts[0, d[grp, sb * 8 + r]] * dx, acc)
+                col = sb * 8 + r if x8 else sb
+                acc = simd.fma1(np.float32(isum), luts[0, d[row, col]] * dx, acc)
                 if not q3:
-                    mo = simd.fma1(np.float32(msum), luts[0, m[grp, sb * 8 + r]] * dx, mo)
+                    mo = simd.fma1(np.float32(msum), luts[0, m[row, col]] * dx, mo)
             out[t, n] = acc if q3 else acc - mo
+
+
+@njit(cache=True, fastmath=EXACT)
+def rows_k23(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1):
+    if is_q3(kind):
+        _rows_portable(False, True, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1)
+    else:
+        _rows_portable(False, False, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1)
+
+
+def rows_k23x8(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1):
+    """Rows [n0, n1) (n0 a multiple of 8) of a matmul of interleaved Q3_K/Q2_K, every token."""
+
+
+@njit(cache=True, fastmath=EXACT)
+def _k23x8_portable(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1):
+    if is_q3x8(kind):
+        _rows_portable(True, True, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1)
+    else:
+        _rows_portable(True, False, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1)
 
 
 # -- the path's pieces: the scale operand, a scaled sub-block dot product, the block-sum term -------------
