@@ -160,37 +160,32 @@ def low4(typingctx, a):
     return i8x32(i8x32), lambda c, builder, s, args: builder.and_(args[0], ir.Constant(_V32I8, [15] * 32))
 
 
+def _bits_at(mask, up):
+    # the codegen of ((a >> i) & mask) << up per byte of an i8x32, i a runtime shift (vpsrlw + vpand [+ vpsllw])
+    def codegen(context, builder, signature, args):
+        sh = builder.trunc(args[1], ir.IntType(8))
+        v = builder.and_(builder.lshr(args[0], _splat(builder, sh, _V32I8)), ir.Constant(_V32I8, [mask] * 32))
+        return builder.shl(v, ir.Constant(_V32I8, [up] * 32)) if up else v
+
+    return codegen
+
+
 @intrinsic
 def bit_to_16(typingctx, a, i):
     """((a >> i) & 1) << 4 per byte, i8x32: the fifth bit of a Q5_K weight from its qh byte."""
-    def codegen(context, builder, signature, args):
-        sh = builder.trunc(args[1], ir.IntType(8))
-        v = builder.lshr(args[0], _splat(builder, sh, _V32I8))
-        return builder.shl(builder.and_(v, ir.Constant(_V32I8, [1] * 32)), ir.Constant(_V32I8, [4] * 32))
-
-    return i8x32(i8x32, types.intp), codegen
+    return i8x32(i8x32, types.intp), _bits_at(1, 4)
 
 
 @intrinsic
 def bits2(typingctx, a, i):
-    """(a >> i) & 3 per byte, i8x32 (vpsrlw + vpand): the two-bit value of a Q3_K/Q2_K weight at bit i of its
-    plane byte."""
-    def codegen(context, builder, signature, args):
-        sh = builder.trunc(args[1], ir.IntType(8))
-        return builder.and_(builder.lshr(args[0], _splat(builder, sh, _V32I8)), ir.Constant(_V32I8, [3] * 32))
-
-    return i8x32(i8x32, types.intp), codegen
+    """(a >> i) & 3 per byte, i8x32: the two-bit value of a Q3_K/Q2_K weight at bit i of its plane byte."""
+    return i8x32(i8x32, types.intp), _bits_at(3, 0)
 
 
 @intrinsic
 def bit_to_4(typingctx, a, i):
     """((a >> i) & 1) << 2 per byte, i8x32: the third bit of a Q3_K weight (hmask's) from its plane byte."""
-    def codegen(context, builder, signature, args):
-        sh = builder.trunc(args[1], ir.IntType(8))
-        v = builder.lshr(args[0], _splat(builder, sh, _V32I8))
-        return builder.shl(builder.and_(v, ir.Constant(_V32I8, [1] * 32)), ir.Constant(_V32I8, [2] * 32))
-
-    return i8x32(i8x32, types.intp), codegen
+    return i8x32(i8x32, types.intp), _bits_at(1, 2)
 
 
 @intrinsic
