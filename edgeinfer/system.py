@@ -55,7 +55,7 @@ def system_info() -> dict:
         "machine": platform.machine(),
         "isa_features": [f for f in ISA_FEATURES if f in feats],
         "kernel_path": simd.choose_path(),
-        "kernel_paths_available": simd.available_paths(),
+        "kernel_paths_available": simd.native_paths(),
         "threads": default_threads(),
         "numba_threads": numba.config.NUMBA_NUM_THREADS,
         "threading_layer": threading_layer(),

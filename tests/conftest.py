@@ -9,6 +9,11 @@ os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(
     os.environ.get("EDGEINFER_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "edgeinfer"), "kernels"))
 
+# On an AVX2 machine without VNNI or AVX-512 (CI's may be one), the vnni and avx512 paths' kernels run too,
+# with those instructions emulated by exact AVX2 sequences (kernels/cpu/simd/vec.py): every x86 path's
+# arithmetic is checked on every x86 machine. A model still runs the best native path.
+os.environ.setdefault("EDGEINFER_EMULATE_PATHS", "1")
+
 import platform  # noqa: E402
 
 import pytest  # noqa: E402

@@ -1,5 +1,6 @@
 """CPU kernels against numpy references built on gguf.quants.dequantize."""
 
+import platform
 from unittest.mock import patch
 
 import gguf
@@ -327,10 +328,10 @@ def test_float16_conversion_matches_numpy():
 
 
 def test_kernel_path_choice(monkeypatch):
-    have = simd.available_paths()
-    assert have[0] == "portable"
+    have = simd.native_paths()
+    assert have[0] == "portable" and simd.available_paths()[:len(have)] == have
     monkeypatch.delenv("EDGEINFER_KERNELS", raising=False)
-    assert simd.choose_path() == have[-1]
+    assert simd.choose_path() == have[-1]  # never an emulated path unless forced
     monkeypatch.setenv("EDGEINFER_KERNELS", "portable")
     assert simd.choose_path() == "portable"
     monkeypatch.setenv("EDGEINFER_KERNELS", "sse9")
@@ -355,12 +356,62 @@ def test_x86_paths_follow_the_cpus_features(monkeypatch, feats, paths):
 
     monkeypatch.setattr(paths_module, "host_features", lambda: set(feats))
     monkeypatch.delenv("EDGEINFER_KERNELS", raising=False)
+    monkeypatch.delenv(simd.EMULATE_ENV, raising=False)
     assert simd.available_paths() == paths
     assert simd.choose_path() == paths[-1]
     if "avx512" not in paths:
         monkeypatch.setenv("EDGEINFER_KERNELS", "avx512")
         with pytest.raises(ValueError, match="this CPU cannot run that path"):
             simd.choose_path()
+    # emulated, the paths the CPU lacks are listed after its own, chosen only when forced
+    monkeypatch.setenv(simd.EMULATE_ENV, "1")
+    monkeypatch.delenv("EDGEINFER_KERNELS", raising=False)
+    assert simd.available_paths() == paths + [p for p in ("vnni", "avx512") if p not in paths]
+    assert simd.choose_path() == paths[-1]
+    monkeypatch.setenv("EDGEINFER_KERNELS", "avx512")
+    assert simd.choose_path() == "avx512"
+
+
+def test_no_emulated_paths_without_avx2(monkeypatch):
+    from edgeinfer.kernels.cpu.simd import paths as paths_module
+
+    monkeypatch.setattr(paths_module, "host_features", lambda: {"sse4.2"})
+    monkeypatch.setenv(simd.EMULATE_ENV, "1")
+    assert simd.available_paths() == ["portable"]
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 instructions")
+def test_vnni_instructions_sum_as_the_cpu_does():
+    """vpdpbusd (ymm, zmm) and vpdpwssd as the kernels get them, native where the code generator's tier has
+    them and emulated in AVX2 where not: unsigned times signed bytes summed in fours, and signed 16-bit pairs,
+    added to the accumulator modulo 2**32 (no saturation), at the ends of their ranges."""
+    from numba import njit
+
+    @njit
+    def run(a, b, acc, out8, out16, outw):
+        simd.store8i(out8, 0, simd.dpbusd(simd.load8i(acc, 0), simd.load32(a, 0), simd.load32(b, 0)))
+        simd.store16i(out16, 0, simd.dpbusdw(simd.load16i(acc, 0), simd.load32x2(a, 0, 32), simd.load32x2(b, 0, 32)))
+        simd.store16i(outw, 0, simd.dpwssdw(simd.load16i(acc, 0), simd.load16i(a.view(np.int32), 0),
+                                            simd.load16i(b.view(np.int32), 0)))
+
+    rng = np.random.default_rng(5)
+    for extreme in (False, True):
+        a = rng.integers(0, 256, 64).astype(np.uint8)
+        b = rng.integers(0, 256, 64).astype(np.uint8)
+        acc = rng.integers(-2**31, 2**31, 16).astype(np.int32)
+        if extreme:  # the largest sums of products, on an accumulator at the edge of int32
+            a[:] = 255
+            b[:] = 128  # -128 as a signed byte
+            b[32:] = 127
+            acc[:] = [2**31 - 1, -2**31] * 8
+        out8, out16, outw = np.empty(8, np.int32), np.empty(16, np.int32), np.empty(16, np.int32)
+        run(a, b, acc, out8, out16, outw)
+        prod = (a.astype(np.int64) * b.view(np.int8).astype(np.int64)).reshape(16, 4).sum(axis=1)
+        want = ((acc.astype(np.int64) + prod + 2**31) % 2**32 - 2**31).astype(np.int32)
+        np.testing.assert_array_equal(out8, want[:8])
+        np.testing.assert_array_equal(out16, want)
+        pw = (a.view(np.int16).astype(np.int64) * b.view(np.int16).astype(np.int64)).reshape(16, 2).sum(axis=1)
+        np.testing.assert_array_equal(outw, ((acc.astype(np.int64) + pw + 2**31) % 2**32 - 2**31).astype(np.int32))
 
 
 @pytest.mark.parametrize("caps, paths", [

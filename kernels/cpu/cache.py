@@ -161,6 +161,24 @@ def tier() -> Tier:
     return _state["tier"]
 
 
+def codegen_features() -> frozenset:
+    """The x86 features (llvmlite's names) the code generator targets: the tier's, or where the tier is the
+    host's own or the user's (NUMBA_CPU_NAME), the host's and NUMBA_CPU_FEATURES' additions. simd/vec.py
+    emulates an instruction this set lacks (see there)."""
+    t = _state.get("tier")
+    if t is not None and t.needs:
+        return t.needs
+    import llvmlite.binding as llvm
+
+    feats = {name for name, on in llvm.get_host_cpu_features().items() if on}
+    for f in (numba.config.CPU_FEATURES or "").split(","):
+        if f.startswith("+"):
+            feats.add(f[1:])
+        elif f.startswith("-"):
+            feats.discard(f[1:])
+    return frozenset(feats)
+
+
 def folder() -> str:
     """This process's kernel folder: ROOT/TIER/VERSIONS/SOURCE."""
     return _state["folder"]

@@ -55,8 +55,23 @@ def arm_hwcaps(auxv: bytes | None = None) -> set[str]:
     return {name for name, (at, bit) in _HWCAP.items() if caps.get(at, 0) & bit}
 
 
+# Set to 1 (the test suite does), an AVX2 machine also lists the x86 paths it lacks (vnni, avx512): their
+# kernels compile with the instructions past AVX2 written in AVX2's (simd/vec.py's _call), so the tests run
+# every x86 path's arithmetic on any x86 machine. Never chosen unless forced (EDGEINFER_KERNELS).
+EMULATE_ENV = "EDGEINFER_EMULATE_PATHS"
+
+
 def available_paths() -> list[str]:
-    """The paths this CPU can execute, slowest first."""
+    """The paths this CPU can execute, slowest first; with EMULATE_ENV=1 on an AVX2 machine, then the x86
+    paths it runs only emulated."""
+    paths = native_paths()
+    if os.environ.get(EMULATE_ENV, "") == "1" and "avx2" in paths:
+        paths += [p for p in X86_PATHS if p not in paths]
+    return paths
+
+
+def native_paths() -> list[str]:
+    """The paths this CPU executes in its own instructions, slowest first."""
     f = host_features()
     paths = ["portable"]
     if "avx2" in f and "fma" in f and "f16c" in f:
@@ -76,14 +91,14 @@ def available_paths() -> list[str]:
 
 def choose_path() -> str:
     forced = os.environ.get("EDGEINFER_KERNELS", "").strip().lower()
-    have = available_paths()
     if forced:
+        have = available_paths()
         if forced not in PATHS:
             raise ValueError(f"EDGEINFER_KERNELS must be one of {', '.join(PATHS)}, got {forced!r}")
         if forced not in have:
             raise ValueError(f"EDGEINFER_KERNELS={forced}: this CPU cannot run that path (it can run {', '.join(have)})")
         return forced
-    return have[-1]
+    return native_paths()[-1]
 
 
 def isa_tag(path: str, kinds=None) -> np.ndarray:

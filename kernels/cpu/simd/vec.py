@@ -35,9 +35,63 @@ _V8I32 = i32x8.llvm_type()
 _V8F32 = f32x8.llvm_type()
 
 
+# The instructions past AVX2 that the vnni and avx512 paths use, and the features (llvmlite's names) that
+# provide each, any one set. Where the code generator's target (the ISA tier, cache.codegen_features) has
+# none of them, _call writes the same integers in AVX2's instructions instead (_EMULATED): the kernels of
+# those paths then compile and run on any AVX2 machine, slowly and with the same bits, which is how the
+# tests check their arithmetic where the CPU lacks the instructions (paths.EMULATE_ENV).
+_NEEDS = {
+    "llvm.x86.avx512.vpdpbusd.256": (frozenset({"avx512vnni", "avx512vl"}), frozenset({"avxvnni"})),
+    "llvm.x86.avx512.vpdpbusd.512": (frozenset({"avx512vnni", "avx512f"}),),
+    "llvm.x86.avx512.vpdpwssd.512": (frozenset({"avx512vnni", "avx512f"}),),
+    "llvm.x86.avx512.pshuf.b.512": (frozenset({"avx512bw"}),),
+}
+
+
 def _call(builder, name, ret, args):
+    needs = _NEEDS.get(name)
+    if needs is not None:
+        from ..cache import codegen_features
+
+        have = codegen_features()
+        if not any(n <= have for n in needs):
+            return _EMULATED[name](builder, *args)
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
     return builder.call(fn, args)
+
+
+def _dot_groups(builder, acc, a, b, signed_a, width, group):
+    # acc + the sum of each `group` adjacent products a_i b_i, with a and b read as vectors of `width`-bit
+    # integers (a signed or unsigned, b signed) and the products in 32 bits: vpdpbusd (8, 4, a unsigned)
+    # and vpdpwssd (16, 2, signed), which neither saturate (sums modulo 2**32, in any order the same)
+    n = acc.type.count
+    narrow = ir.VectorType(ir.IntType(width), n * group)
+    wide = ir.VectorType(ir.IntType(32), n * group)
+    ext = builder.sext if signed_a else builder.zext
+    p = builder.mul(ext(builder.bitcast(a, narrow), wide), builder.sext(builder.bitcast(b, narrow), wide))
+    for k in range(group):
+        lanes = ir.Constant(ir.VectorType(ir.IntType(32), n), [group * i + k for i in range(n)])
+        acc = builder.add(acc, builder.shuffle_vector(p, p, lanes))
+    return acc
+
+
+def _pshufb512(builder, table, idx):
+    # vpshufb on zmm (a byte shuffle within each 128-bit lane) as two ymm ones: AVX2's is also per lane
+    i32 = ir.IntType(32)
+    halves = []
+    for h in (0, 32):
+        pick = ir.Constant(ir.VectorType(i32, 32), list(range(h, h + 32)))
+        halves.append(_call(builder, "llvm.x86.avx2.pshuf.b", _V32I8, [builder.shuffle_vector(table, table, pick),
+                                                                       builder.shuffle_vector(idx, idx, pick)]))
+    return builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(i32, 64), list(range(64))))
+
+
+_EMULATED = {
+    "llvm.x86.avx512.vpdpbusd.256": lambda builder, acc, a, b: _dot_groups(builder, acc, a, b, False, 8, 4),
+    "llvm.x86.avx512.vpdpbusd.512": lambda builder, acc, a, b: _dot_groups(builder, acc, a, b, False, 8, 4),
+    "llvm.x86.avx512.vpdpwssd.512": lambda builder, acc, a, b: _dot_groups(builder, acc, a, b, True, 16, 2),
+    "llvm.x86.avx512.pshuf.b.512": _pshufb512,
+}
 
 
 def _splat(builder, value, vtype):

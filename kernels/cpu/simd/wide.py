@@ -210,14 +210,49 @@ def or_w(typingctx, a, b):
     return i8x64(i8x64, i8x64), lambda c, builder, s, args: builder.or_(args[0], args[1])
 
 
+def _bits_at_w(mask, up):
+    # ((a >> i) & mask) << up per byte of an i8x64, i a runtime shift (ints._bits_at on zmm)
+    def codegen(context, builder, signature, args):
+        v = builder.lshr(args[0], _splat(builder, builder.trunc(args[1], ir.IntType(8)), _V64I8))
+        v = builder.and_(v, ir.Constant(_V64I8, [mask] * 64))
+        return builder.shl(v, ir.Constant(_V64I8, [up] * 64)) if up else v
+
+    return codegen
+
+
 @intrinsic
 def bit_to_16w(typingctx, a, i):
     """((a >> i) & 1) << 4 per byte, i8x64: the fifth bit of a Q5_K weight from its qh byte."""
-    def codegen(context, builder, signature, args):
-        v = builder.lshr(args[0], _splat(builder, builder.trunc(args[1], ir.IntType(8)), _V64I8))
-        return builder.shl(builder.and_(v, ir.Constant(_V64I8, [1] * 64)), ir.Constant(_V64I8, [4] * 64))
+    return i8x64(i8x64, types.intp), _bits_at_w(1, 4)
 
-    return i8x64(i8x64, types.intp), codegen
+
+@intrinsic
+def bits2w(typingctx, a, i):
+    """(a >> i) & 3 per byte, i8x64: two groups' two-bit Q3_K/Q2_K values at bit i of their plane bytes."""
+    return i8x64(i8x64, types.intp), _bits_at_w(3, 0)
+
+
+@intrinsic
+def bit_to_4w(typingctx, a, i):
+    """((a >> i) & 1) << 2 per byte, i8x64: the third bit of two groups' Q3_K weights (hmask's)."""
+    return i8x64(i8x64, types.intp), _bits_at_w(1, 2)
+
+
+@intrinsic
+def low4x2w(typingctx, a):
+    """a & 0x000F000F per 32-bit lane (s32x16): the low nibble of each 16-bit half, so of a pairs16x2
+    operand's two bytes, or of a widen8x2 lane (Q2_K's scale from its scale | min << 4 byte)."""
+    return i32x16(i32x16), lambda c, builder, s, args: builder.and_(args[0], ir.Constant(_V16I32, [0x000F000F] * 16))
+
+
+@intrinsic
+def high4x2w(typingctx, a):
+    """(a >> 4) & 0x000F000F per 32-bit lane (s32x16; each 16-bit half below 256): the high nibbles of a
+    pairs16x2 operand's two bytes (Q2_K's mins)."""
+    def codegen(context, builder, signature, args):
+        return builder.and_(builder.lshr(args[0], ir.Constant(_V16I32, [4] * 16)), ir.Constant(_V16I32, [0x000F000F] * 16))
+
+    return i32x16(i32x16), codegen
 
 
 def _widen8x2(signed):
