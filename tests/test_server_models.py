@@ -248,10 +248,11 @@ def test_memory_budget_evicts_the_least_recently_used_idle_model(models_dir):
 
 def test_command_line_models_stay_loaded_unless_keep_alive_is_given(models_dir):
     pinned = Server(models_dir / "a.gguf").wait_ready()
-    s = Server(models_dir / "a.gguf", "--keep-alive", "300ms").wait_ready()
+    # a keep-alive of seconds, not less: on a loaded machine the first look must come before it expires
+    s = Server(models_dir / "a.gguf", "--keep-alive", "3s").wait_ready()
     try:
-        assert ps(pinned)["a"]["expires_at"].startswith("9999-") and ps(s)["a"]["expires_at"] < "9999"
-        assert wait_until(lambda: ps(s) == {}, 5.0)  # idle past --keep-alive: unloaded like any model
+        assert ps(s)["a"]["expires_at"] < "9999" and ps(pinned)["a"]["expires_at"].startswith("9999-")
+        assert wait_until(lambda: ps(s) == {}, 20.0)  # idle past --keep-alive: unloaded like any model
         assert httpx.get(s.base + "/health").json() == {"status": "ok", "models": []}  # still healthy
         r = httpx.post(s.base + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
         assert r.status_code == 200 and r.json()["model"] == "a"  # no model named: the command-line one, reloaded
