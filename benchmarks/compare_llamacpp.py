@@ -298,10 +298,12 @@ def main() -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (RESULTS / f"compare-{stamp}.json").write_text(json.dumps(results, indent=1))
     chart(results, RESULTS / f"compare-{stamp}.png")
+    from edgeinfer.system import path_label
+
     for res in results:
         sysinfo = res["system"]
         print(f"\n{res['model']} ({res['file']}), {res['threads']} threads, median of {res['repeats']}; "
-              f"{sysinfo['cpu']}, kernel path {sysinfo['kernel_path']}")
+              f"{sysinfo['cpu']}, kernel path {path_label(sysinfo)}")
         print(f"  {'':<24}{'edgeinfer':>12}{'llama.cpp':>12}{'ratio':>8}")
         for key, label in FIGURES:
             if key not in res["median"]["edgeinfer"]:

@@ -50,11 +50,14 @@ def system_info() -> dict:
     from .kernels.cpu import simd
 
     feats = simd.host_features()
+    path = simd.choose_path()
     return {
         "cpu": cpu_name(),
         "machine": platform.machine(),
         "isa_features": [f for f in ISA_FEATURES if f in feats],
-        "kernel_path": simd.choose_path(),
+        "kernel_path": path,
+        "small_kernel_path": simd.small_path(path),  # matmuls of at most small_tokens tokens
+        "small_tokens": simd.SMALL_TOKENS,
         "kernel_paths_available": simd.native_paths(),
         "threads": default_threads(),
         "numba_threads": numba.config.NUMBA_NUM_THREADS,
@@ -77,10 +80,19 @@ def cache_places() -> dict:
             "cache_bytes": sizes}
 
 
+def path_label(info: dict) -> str:
+    """The kernel path for a report: "avx512", or "avx512 (avx2 for 1-2 tokens)"."""
+    small = info.get("small_kernel_path", info["kernel_path"])
+    return info["kernel_path"] + ("" if small == info["kernel_path"] else f" ({small} for 1-{info['small_tokens']} tokens)")
+
+
 def format_system(info: dict) -> str:
     rows = [("CPU", info["cpu"]), ("machine", info["machine"]),
             ("ISA features", " ".join(info["isa_features"]) or "none of note"),
             ("kernel path", info["kernel_path"] + (" (forced by EDGEINFER_KERNELS)" if info["forced_by_env"] else "")),
+            (f"kernels for 1-{info['small_tokens']} tokens", info["small_kernel_path"] + ("" if info["small_kernel_path"] == info["kernel_path"]
+                                                                   else " (forced by EDGEINFER_SMALL_KERNELS)" if os.environ.get("EDGEINFER_SMALL_KERNELS")
+                                                                   else " (faster on this CPU)")),
             ("paths this CPU runs", ", ".join(info["kernel_paths_available"])),
             ("threads", f"{info['threads']} (numba's pool: {info['numba_threads']})"),
             ("numba threading layer", info["threading_layer"]), ("numba", info["numba"]),

@@ -339,6 +339,48 @@ def test_kernel_path_choice(monkeypatch):
         simd.choose_path()
 
 
+def test_small_matmuls_path_choice(monkeypatch):
+    """On Zen 4 (512-bit operations in two halves) the avx512 path's matmuls of 1-2 tokens run the avx2
+    kernels; elsewhere a path's own; EDGEINFER_SMALL_KERNELS forces the path or one before it in its family."""
+    monkeypatch.delenv(simd.SMALL_ENV, raising=False)
+    assert simd.small_path("avx512", cpu="znver4") == "avx2"
+    assert simd.small_path("avx512", cpu="sapphirerapids") == "avx512"
+    assert simd.small_path("avx512", cpu="znver5") == "avx512"
+    assert simd.small_path("vnni", cpu="znver4") == "vnni"
+    assert simd.small_path("i8mm", cpu="neoverse-v2") == "i8mm"
+    monkeypatch.setenv(simd.SMALL_ENV, "vnni")
+    assert simd.small_path("avx512", cpu="sapphirerapids") == "vnni"
+    for path, forced in (("avx2", "avx512"), ("avx512", "portable"), ("avx512", "neon"), ("dotprod", "i8mm")):
+        monkeypatch.setenv(simd.SMALL_ENV, forced)
+        with pytest.raises(ValueError, match=f"EDGEINFER_SMALL_KERNELS={forced}: under the {path} path"):
+            simd.small_path(path)
+
+
+@pytest.mark.skipif("avx512" not in simd.available_paths(), reason="an x86 machine runs the avx512 path (emulated on AVX2)")
+def test_a_table_with_a_small_path_sends_one_and_two_tokens_to_its_units():
+    """units.Table(path, small_path): matmuls of 1-2 tokens call the small path's unit, of 3 and more the
+    path's, and every batch size keeps the portable bits."""
+    from edgeinfer.kernels.cpu import units
+    from edgeinfer.kernels.cpu.backend import QInput, matmul_int8
+
+    rng = np.random.default_rng(5)
+    t = T.Q4_K
+    raw, _ = random_tensor(t, 40, 512, rng)
+    w = interleave8(repack(raw, t, (512, 40)))
+    fam = units.FAMILY_OF[w.kind]
+    table = units.Table("avx512", "avx2").for_kinds((w.kind,))
+    big, small = (units.address(units.rows_unit(p, fam), units.ROWS_SIG) for p in ("avx512", "avx2"))
+    assert big != small
+    assert [int(table[units.slot(w.kind, n)]) for n in (1, 2, 3, 8)] == [small, small, big, big]
+    x = rng.standard_normal((5, 512)).astype(np.float32)
+    want = np.empty((5, 40), np.float32)
+    matmul_int8(w, QInput(x), want, unit_table("portable", w.kind))
+    for n in (1, 2, 3, 5):
+        got = np.empty((n, 40), np.float32)
+        matmul_int8(w, QInput(x[:n]), got, table)
+        np.testing.assert_array_equal(got, want[:n], err_msg=f"{n} tokens")
+
+
 _AVX2 = {"avx2", "fma", "f16c"}
 _AVX512 = _AVX2 | {"avx512f", "avx512bw", "avx512vl"}
 

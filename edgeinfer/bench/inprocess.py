@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from ..sampling import SamplingParams
-from ..system import system_info  # noqa: F401  (benchmarks/compare_llamacpp.py reads it from here)
+from ..system import path_label, system_info  # noqa: F401  (benchmarks/compare_llamacpp.py reads them from here)
 
 KEYS = ("pp128_tok_s", "pp512_tok_s", "tg128_tok_s", "batched8_tok_s", "ttft_cold_s", "wall64_cold_s",
         "peak_rss_mb", "rss_load_mb", "rss_first_mb", "prefix500_ttft_ratio")
@@ -311,7 +311,7 @@ def format_spec(res: dict) -> list[str]:
 def format_table(res: dict) -> str:
     if "runs" not in res:  # speculation only
         return "\n".join([f"{res['model']} ({res['file_mb']} MB), {res['threads']} threads; {res['system']['cpu']}, "
-                          f"kernel path {res['system']['kernel_path']}"] + format_spec(res))
+                          f"kernel path {path_label(res['system'])}"] + format_spec(res))
     rows = [("prompt processing, 128 tokens", "pp128_tok_s", "tok/s"),
             ("prompt processing, 512 tokens", "pp512_tok_s", "tok/s"),
             ("decode, 128 tokens, 1 stream", "tg128_tok_s", "tok/s"),
@@ -323,7 +323,7 @@ def format_table(res: dict) -> str:
             ("RSS at the first token", "rss_first_mb", "MB"),
             ("TTFT with a cached 496-token prefix", "prefix500_ttft_ratio", "x the uncached")]
     lines = [f"{res['model']} ({res['file_mb']} MB), {res['threads']} threads, median of {len(res['runs']['pp128_tok_s'])}; "
-             f"{res['system']['cpu']}, kernel path {res['system']['kernel_path']}"]
+             f"{res['system']['cpu']}, kernel path {path_label(res['system'])}"]
     lines += [f"  {label:<32} {res[key]:>9.2f} {unit}" for label, key, unit in rows]
     if "first_run_s" in res:
         lines.append(f"  {'first run (empty kernel cache)':<32} {res['first_run_s']:>9.2f} s")

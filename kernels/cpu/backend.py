@@ -15,8 +15,10 @@ from .ops import gelu_tanh_mul, rmsnorm, rope, silu_mul, softcap, write_kv  # no
 NAME = "cpu"
 # The instruction-set path of the int8 kernels, chosen once from the host CPU (or EDGEINFER_KERNELS).
 KERNEL_PATH = simd.choose_path()
-# the addresses of this path's separately compiled kernel units (units.py), filled as models need them
-UNITS = units.Table(KERNEL_PATH)
+# The path of the kernels of matmuls of a few tokens (a decode step): simd.small_path.
+SMALL_PATH = simd.small_path(KERNEL_PATH)
+# the addresses of these paths' separately compiled kernel units (units.py), filled as models need them
+UNITS = units.Table(KERNEL_PATH, SMALL_PATH)
 
 
 class QInput:
@@ -95,7 +97,7 @@ def precompile(kinds, kv_type: str, stream=None):
     `ready` waits for it."""
     from . import parallel_compile
 
-    return parallel_compile.start(KERNEL_PATH, kinds, [kv_type], stream=stream)
+    return parallel_compile.start(KERNEL_PATH, kinds, [kv_type], stream=stream, small_path=SMALL_PATH)
 
 
 def kind_of(kind: int) -> int:

@@ -232,7 +232,7 @@ def expert_matmuls(experts, base, which, offsets, q8, q8k, luts, o0, o1, threads
         w = experts[base + 3 * e + which + m]
         r0, r1 = offsets[e], offsets[e + 1]
         out = o0[r0:r1] if m == 0 else o1[r0:r1]
-        units.call_rows(table[w[0]], w, _rows(q8, r0, r1), _rows4(q8k, r0, r1), luts, out, np.int64(r * per[e]),
+        units.call_rows(table[units.slot(w[0], r1 - r0)], w, _rows(q8, r0, r1), _rows4(q8k, r0, r1), luts, out, np.int64(r * per[e]),
                         np.int64(min(n_out, (r + 1) * per[e])))
 
 

@@ -65,15 +65,19 @@ def resolve(ref: tuple):
 _PKG = __name__.rsplit(".", 1)[0]
 
 
-def plan(path: str, kinds, kv_types) -> list[Job]:
-    """Every job a model of these matrix kinds (quantized, as the backend holds them) needs on `path`."""
+def plan(path: str, kinds, kv_types, small_path: str | None = None) -> list[Job]:
+    """Every job a model of these matrix kinds (quantized, as the backend holds them) needs on `path` (and
+    small_path, that of the matmuls of a few tokens: units.Table)."""
     kinds = {int(k) for k in kinds if is_quantized(k)}
     jobs = [Job(f"step ({kv} KV)", ("attr", f"{_PKG}.step", "forward_layers"), step_sig(kv), 19.0)
             for kv in kv_types]
     jobs += [Job(f"attention ({kv} KV)", ("attr", f"{_PKG}.attention", "paged_attention"), units.attention_sig(kv),
                  9.5) for kv in kv_types]
-    jobs += [Job(f"matmul {fam}", ("rows", path, fam), units.ROWS_SIG, 4.0)
-             for fam in sorted({units.FAMILY_OF[k] for k in kinds})]
+    fams = sorted({units.FAMILY_OF[k] for k in kinds})
+    jobs += [Job(f"matmul {fam}", ("rows", path, fam), units.ROWS_SIG, 4.0) for fam in fams]
+    if small_path not in (None, path):
+        jobs += [Job(f"matmul {fam} ({small_path}, few tokens)", ("rows", small_path, fam), units.ROWS_SIG, 4.0)
+                 for fam in fams]
     jobs.append(Job("embedding", ("attr", f"{_PKG}.quant", "dequant_rows"),
                     (*units.MAT.types, units.LUTS, _I64_1, _F32_2), 4.0))
     jobs.append(Job("output norm", ("attr", f"{_PKG}.ops", "rmsnorm"), (_F32_2, _F32_1, types.float32, _F32_2), 1.0))
@@ -162,14 +166,15 @@ _active: list[Compile] = []
 _lock = threading.Lock()
 
 
-def start(path: str, kinds, kv_types, *, workers: int = 0, stream=sys.stderr) -> Compile | None:
+def start(path: str, kinds, kv_types, *, workers: int = 0, stream=sys.stderr,
+          small_path: str | None = None) -> Compile | None:
     """Compile, in worker processes, what a model of these kinds and KV types needs and the cache lacks.
     None when nothing is missing."""
     env = os.environ.get("EDGEINFER_COMPILE_WORKERS", "").strip()
     workers = workers or (int(env) if env.isdigit() else len(os.sched_getaffinity(0)))
     if workers == 0:  # EDGEINFER_COMPILE_WORKERS=0: compile in this process, at first use
         return None
-    jobs = [j for j in plan(path, kinds, kv_types) if not is_cached(j)]
+    jobs = [j for j in plan(path, kinds, kv_types, small_path) if not is_cached(j)]
     if not jobs:
         return None
     c = Compile(jobs, workers, stream)

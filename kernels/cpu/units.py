@@ -85,9 +85,18 @@ ROWS_SIG = (MAT, Q8, Q8K, LUTS, _F32, types.int64, types.int64)  # (w, q8, q8k, 
 
 # FAMILIES: the quantized matrix kinds by kernel family (kinds.py); one unit per family and path
 FAMILY_OF = {k: name for name, ks in FAMILIES.items() for k in ks}
-# table slots: one per matrix kind (the float kinds' unused), then paged attention
+# table slots: one per matrix kind (the float kinds' unused), then paged attention, then one per matrix kind
+# again for the matmuls of at most simd.SMALL_TOKENS tokens (SMALL + kind: the small-path units, or the
+# same as the first where the small path is the path)
 ATTENTION = COUNT
-TABLE_SIZE = ATTENTION + 1
+SMALL = ATTENTION + 1
+TABLE_SIZE = SMALL + COUNT
+
+
+@njit(inline="always", cache=True)
+def slot(kind, tokens):
+    """The table slot of a matmul of `tokens` tokens of a matrix of this kind."""
+    return kind + SMALL if tokens <= simd.SMALL_TOKENS else kind
 
 KV_DTYPES = {"f32": np.float32, "f16": np.uint16, "q8_0": np.int8}  # KV cache element type per KV type
 
@@ -134,10 +143,12 @@ def attention_unit():
 class Table:
     """The addresses of one process's units, filled on demand: `for_kinds` gives the int64 table the
     step and the matmuls take, with the units of those kinds (and attention for a KV type) loaded from
-    the cache or compiled."""
+    the cache or compiled. small_path: the path of the small matmuls' units (simd.small_path), `path` by
+    default."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, small_path: str | None = None):
         self.path = path
+        self.small_path = small_path or path
         self.addr = np.zeros(TABLE_SIZE, np.int64)
         self._attention: dict = {}
 
@@ -146,8 +157,10 @@ class Table:
             if is_quantized(k) and self.addr[k] == 0:
                 fam = FAMILY_OF[k]
                 a = address(rows_unit(self.path, fam), ROWS_SIG)
+                s = a if self.small_path == self.path else address(rows_unit(self.small_path, fam), ROWS_SIG)
                 for k2 in FAMILIES[fam]:
                     self.addr[k2] = a
+                    self.addr[SMALL + k2] = s
         if kv is None:
             return self.addr
         out = self.addr.copy()

@@ -31,5 +31,5 @@ from .floats import *  # noqa: F401,F403
 from .ints import *  # noqa: F401,F403
 from .neon import *  # noqa: F401,F403
 from .wide import *  # noqa: F401,F403
-from .paths import ALL_KINDS, ARM_PATHS, PATHS, VNNI_PATHS, X86_PATHS, EMULATE_ENV, arm_hwcaps, available_paths, choose_path, host_features, isa_tag, kinds_of, native_paths, path_of  # noqa: F401
+from .paths import ALL_KINDS, ARM_PATHS, PATHS, SMALL_ENV, SMALL_TOKENS, VNNI_PATHS, X86_PATHS, EMULATE_ENV, arm_hwcaps, available_paths, choose_path, host_cpu, host_features, isa_tag, kinds_of, native_paths, path_of, small_path  # noqa: F401
 from .vec import Vec, f32x8, i8x32, i16x16, i32x8  # noqa: F401

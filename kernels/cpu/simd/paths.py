@@ -101,6 +101,45 @@ def choose_path() -> str:
     return native_paths()[-1]
 
 
+# Matmuls of at most SMALL_TOKENS tokens (a decode step, two streams) may run another path's kernels than
+# the batches: every path computes the same bits from the same interleaved weights, so a token's result
+# does not change with the kernels its batch size picks. Measured (decode_ceiling.py, Qwen2.5-Coder 1.5B,
+# 2 threads) on AMD Zen 4, which executes a 512-bit operation as two 256-bit halves: one token's matmuls
+# took 30-40% longer in the avx512 kernels than in the avx2 ones (Q4_K_M 43.7 against 31.4 ms), while from
+# 4 tokens on the avx512 kernels are the faster (IQ4_XS, 8 tokens: 59 against 103 ms).
+SMALL_TOKENS = 2
+SMALL_ENV = "EDGEINFER_SMALL_KERNELS"  # the path of the small matmuls' kernels, forced
+_HALF_WIDTH_512 = {"znver4"}  # LLVM's names of the CPUs whose 512-bit units are two 256-bit halves
+
+
+def host_cpu() -> str:
+    """LLVM's name of the host CPU (znver4, sapphirerapids, neoverse-n1, ...)."""
+    import llvmlite.binding as llvm
+
+    try:
+        llvm.initialize_native_target()
+    except RuntimeError:
+        pass
+    return llvm.get_host_cpu_name()
+
+
+def small_path(path: str, cpu: str | None = None) -> str:
+    """The path whose kernels run the matmuls of at most SMALL_TOKENS tokens when the batches run `path`'s:
+    avx2 under avx512 on a CPU with half-width 512-bit units (cpu: LLVM's name, the host's by default),
+    `path` itself elsewhere. SMALL_ENV forces it to `path` or a path before it in the same family (one whose
+    instructions the process's ISA tier holds and whose layout is the same)."""
+    forced = os.environ.get(SMALL_ENV, "").strip().lower()
+    if forced:
+        family = next((f for f in (X86_PATHS, ARM_PATHS) if path in f), (path,))
+        allowed = family[: family.index(path) + 1]
+        if forced not in allowed:
+            raise ValueError(f"{SMALL_ENV}={forced}: under the {path} path it must be one of {', '.join(allowed)}")
+        return forced
+    if path == "avx512" and (cpu if cpu is not None else host_cpu()) in _HALF_WIDTH_512:
+        return "avx2"
+    return path
+
+
 def isa_tag(path: str, kinds=None) -> np.ndarray:
     """The `isa` argument that selects `path` in the kernels, and the matrix kinds they must handle (None:
     every kind). Both live in the argument's type (an empty array of a record dtype whose field names
