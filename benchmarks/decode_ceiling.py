@@ -111,16 +111,15 @@ def main() -> None:
 
     from edgeinfer import LLM
     from edgeinfer import bench as eb
-    from edgeinfer.kernels.cpu import backend
-    from edgeinfer.system import cpu_name
+    from edgeinfer.kernels.cpu import backend, simd
+    from edgeinfer.system import cpu_name, path_label
 
     bw = {n: read_bandwidth(n) for n in sorted({1, args.threads})}
     ceiling = bw[args.threads]
     report = {"cpu": cpu_name(), "kernel_path": backend.KERNEL_PATH, "small_kernel_path": backend.SMALL_PATH,
-              "threads": args.threads,
+              "small_tokens": simd.SMALL_TOKENS, "threads": args.threads,
               "read_gb_s": {str(k): v for k, v in bw.items()}, "models": {}}
-    print(f"{cpu_name()}, kernel path {backend.KERNEL_PATH}"
-          + (f" ({backend.SMALL_PATH} for 1-2 tokens)" if backend.SMALL_PATH != backend.KERNEL_PATH else ""))
+    print(f"{cpu_name()}, kernel path {path_label(report)}")
     print("read bandwidth: " + ", ".join(f"{n} thread{'s' * (n > 1)} {v:.1f} GB/s" for n, v in bw.items()))
     for name in args.models:
         llm = LLM(name, threads=args.threads, progress=False)
