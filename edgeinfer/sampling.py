@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 CONSTRAINTS = ("json_schema", "regex", "choice", "grammar")  # SamplingParams' structured-output fields
+
+
+def canonical_schema(schema) -> str:
+    """A JSON schema (dict or JSON text) as compact JSON text; ValueError naming the problem."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"json_schema is not valid JSON: {e}") from None
+    if isinstance(schema, bool):
+        schema = {} if schema else {"not": {}}
+    if not isinstance(schema, dict):
+        raise ValueError(f"json_schema must be a JSON object (a schema), got {type(schema).__name__}")
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -105,8 +120,6 @@ class SamplingParams:
         if len(given) > 1:
             raise ValueError(f"give at most one of json_schema, regex, choice and grammar, got {', '.join(given)}")
         if self.json_schema is not None:
-            from .structured import canonical_schema  # only when there is one: it imports numba
-
             object.__setattr__(self, "json_schema", canonical_schema(self.json_schema))
         for k in ("regex", "grammar"):
             v = getattr(self, k)

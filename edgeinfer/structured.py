@@ -14,7 +14,8 @@ next step. Here:
   matcher; every sequence gets a copy. Compiling happens in the thread that adds the request (the
   server's worker threads), never in the engine thread's decode step.
 - ``Guide`` is one sequence's matcher: it masks the logits row before sampling and advances with
-  every accepted token.
+  every accepted token. The mask is applied by the backend's ``mask_logits`` kernel, which the engine
+  hands to its cache (from the model's backend), so this module imports no kernels and no Numba.
 """
 
 from __future__ import annotations
@@ -26,9 +27,6 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from .kernels import cpu as _cpu  # noqa: F401  (first: it pins Numba's code generator to the ISA tier)
-from numba import njit  # noqa: E402
 
 from .errors import EdgeInferError
 
@@ -119,8 +117,9 @@ class GrammarCache:
     out past `capacity`. Thread-safe; compiling runs outside the lock (llguidance drops the GIL), so two
     threads compiling different schemas do not wait for each other."""
 
-    def __init__(self, tokenizer: Tokenizer, capacity: int = 64):
+    def __init__(self, tokenizer: Tokenizer, mask_logits, capacity: int = 64):
         self.tokenizer = tokenizer
+        self.mask_logits = mask_logits  # the backend's kernel: (logits row, mask words, vocab size), in place
         self.capacity = capacity
         self._items: OrderedDict[tuple, object] = OrderedDict()
         self._lock = threading.Lock()
@@ -168,17 +167,18 @@ class GrammarCache:
     def guide(self, params: SamplingParams) -> Guide | None:
         """A fresh per-sequence matcher for params, or None when unconstrained."""
         t = self.template(params)
-        return Guide(t.deep_copy(), self.tokenizer.vocab_size) if t is not None else None
+        return Guide(t.deep_copy(), self.tokenizer.vocab_size, self.mask_logits) if t is not None else None
 
 
 class Guide:
     """One sequence's matcher: masks a logits row, then advances with the token sampled from it."""
 
-    __slots__ = ("matcher", "vocab_size", "_mask", "num_masks", "mask_seconds", "apply_seconds")
+    __slots__ = ("matcher", "vocab_size", "mask_logits", "_mask", "num_masks", "mask_seconds", "apply_seconds")
 
-    def __init__(self, matcher, vocab_size: int):
+    def __init__(self, matcher, vocab_size: int, mask_logits):
         self.matcher = matcher
         self.vocab_size = vocab_size
+        self.mask_logits = mask_logits
         self._mask = np.zeros((vocab_size + 31) // 32, np.int32)
         self.num_masks = 0
         self.mask_seconds = 0.0  # in the library, computing masks
@@ -201,7 +201,7 @@ class Guide:
         """logits with every token the constraint forbids at -inf (in place; rows past the vocabulary too)."""
         m = self._compute()
         t0 = time.perf_counter()
-        _mask_logits(logits, m, np.int64(self.vocab_size))
+        self.mask_logits(logits, m, np.int64(self.vocab_size))
         self.apply_seconds += time.perf_counter() - t0
         return logits
 
@@ -243,39 +243,3 @@ def close_objects(schema):
         if isinstance(out.get(k), dict):
             out[k] = close_objects(out[k])
     return out
-
-
-@njit(cache=True, nogil=True)
-def _mask_logits(logits, mask, vocab_size):
-    """-inf on every logit whose bit in `mask` (llguidance's: bit i % 32 of word i // 32) is clear, and
-    on rows past vocab_size. One pass over the words; a fully allowed word is skipped (a 262k-token
-    vocabulary in about 0.1 ms, where numpy's boolean indexing took 0.45)."""
-    n = logits.shape[0]
-    limit = min(n, vocab_size)
-    for w in range(mask.shape[0]):
-        bits = np.int64(mask[w]) & 0xFFFFFFFF
-        base = w * 32
-        if bits == 0xFFFFFFFF and base + 32 <= limit:
-            continue
-        for j in range(32):
-            i = base + j
-            if i >= n:
-                break
-            if i >= limit or (bits >> j) & 1 == 0:
-                logits[i] = -np.inf
-    for i in range(mask.shape[0] * 32, n):
-        logits[i] = -np.inf
-
-
-def canonical_schema(schema) -> str:
-    """A JSON schema (dict or JSON text) as compact JSON text; ValueError naming the problem."""
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"json_schema is not valid JSON: {e}") from None
-    if isinstance(schema, bool):
-        schema = {} if schema else {"not": {}}
-    if not isinstance(schema, dict):
-        raise ValueError(f"json_schema must be a JSON object (a schema), got {type(schema).__name__}")
-    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)

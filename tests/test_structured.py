@@ -396,7 +396,7 @@ def test_smollm2_regex_choice_grammar_and_tools(smollm2):
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 200), st.integers(1, 260), st.integers(0, 2**32 - 1))
 def test_mask_kernel_matches_unpacked_bits(vocab, rows, seed):
-    from edgeinfer.structured import _mask_logits
+    from edgeinfer.kernels.cpu.mask import mask_logits
 
     rng = np.random.default_rng(seed)
     words = rng.integers(-2**31, 2**31, size=(vocab + 31) // 32, dtype=np.int64).astype(np.int32)
@@ -407,7 +407,7 @@ def test_mask_kernel_matches_unpacked_bits(vocab, rows, seed):
     n = min(rows, vocab)
     want[:n][~ok[:n]] = -np.inf
     want[n:] = -np.inf
-    _mask_logits(logits, words, np.int64(vocab))
+    mask_logits(logits, words, np.int64(vocab))
     assert np.array_equal(logits, want)
 
 

@@ -87,7 +87,7 @@ def compile_times(llm, schemas):
     t0 = time.perf_counter()
     llg_tokenizer(llm.tokenizer)
     index_s = time.perf_counter() - t0
-    cache = GrammarCache(llm.tokenizer)
+    cache = GrammarCache(llm.tokenizer, llm.kernels.mask_logits)
     first, cached = {}, {}
     for name, case in schemas.items():
         p = SamplingParams(json_schema=case["schema"])

@@ -68,7 +68,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens,
                                    plan_spec=self._plan_spec if self.proposer is not None else None)
         self.requests: dict[str, _RequestState] = {}
-        self.grammars = GrammarCache(tokenizer)  # compiled constraints, shared by the requests that use them
+        # compiled constraints, shared by the requests that use them; masks applied by the backend's kernel
+        self.grammars = GrammarCache(tokenizer, model.kb.mask_logits)
         self._lock = threading.Lock()
         self._pending: list[Sequence] = []
         self._aborts: list[str] = []

@@ -10,6 +10,7 @@ from . import int8, moe, quant, simd, units
 from .attention import paged_attention  # noqa: F401
 from .dense import dense, encoder_attention, layernorm, set_blas_threads, silu  # noqa: F401
 from .layout import INTERLEAVED, interleave8
+from .mask import mask_logits  # noqa: F401  (a sampling helper: structured output's mask)
 from .ops import gelu_tanh_mul, rmsnorm, rope, silu_mul, softcap, write_kv  # noqa: F401
 
 NAME = "cpu"

@@ -15,6 +15,7 @@ from numba import cuda, float32
 
 from .. import kinds
 from . import quant
+from ..cpu.mask import mask_logits  # noqa: F401  (on the host: the sampler reads host logits)
 
 NAME = "cuda"
 MAX_HEAD_DIM = 512  # per-thread accumulator in paged attention
