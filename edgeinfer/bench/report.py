@@ -8,14 +8,11 @@ import time
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .client import RequestResult
-
-if TYPE_CHECKING:
-    from .serve import BenchConfig
+from .config import BenchConfig
 
 PERCENTILES = (50, 90, 95, 99)
 
