@@ -7,8 +7,8 @@ search.py's make_qkx and make_qx, which follow the C code step for step), so the
   8 mins are themselves quantized to 6 bits against the super-block's largest;
 - Q6_K: for each 16-element sub-block, the scale maximising the x^2-weighted fit over 19 candidates,
   then the 16 scales quantized to int8.
-With an importance matrix row they run llama.cpp's `_impl` searches instead (lowbit.k45_weighted,
-lowbit.q6_k_scales).
+With an importance matrix row they run llama.cpp's `_impl` searches instead (k45_weighted,
+q6_k_scales, below).
 Block byte layouts are ggml's (the output is an ordinary GGUF tensor); gguf.quants.dequantize reads
 them back. Arithmetic is float32, as in llama.cpp; rounding is to nearest even (its nearest_int).
 """
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import lowbit, search
+from . import search
+from .repack import decode_k_scales
 
 QK_K = 256
 F32 = np.float32
@@ -83,11 +84,11 @@ def _nibbles(L: np.ndarray) -> np.ndarray:
 
 def quantize_q4_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 144) uint8 Q4_K blocks. weights: an
-    imatrix row (k,), llama.cpp's weighted search (lowbit.k45_weighted)."""
+    imatrix row (k,), llama.cpp's weighted search (k45_weighted)."""
     rows = search._rows(x, QK_K)[0]
     xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
     if weights is not None:
-        d, dmin, sc, L = lowbit.k45_weighted(xb, weights, rows, 15)
+        d, dmin, sc, L = k45_weighted(xb, weights, rows, 15)
     else:
         d, dmin, sc, L = _quantize_k45(xb, 15, -1.0, 20)
     out = np.concatenate([_f16_bytes(d), _f16_bytes(dmin), sc, _nibbles(L)], axis=1)
@@ -99,7 +100,7 @@ def quantize_q5_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
     rows = search._rows(x, QK_K)[0]
     xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
     if weights is not None:
-        d, dmin, sc, L = lowbit.k45_weighted(xb, weights, rows, 31)
+        d, dmin, sc, L = k45_weighted(xb, weights, rows, 31)
     else:
         d, dmin, sc, L = _quantize_k45(xb, 31, -0.5, 15)
     hi = (L >> 4).reshape(-1, 8, 32)  # group i's fifth bit goes to bit i of qh[l]
@@ -116,7 +117,7 @@ def quantize_q6_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
     xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
     nb = xb.shape[0]
     if weights is not None:
-        scales, fit_levels = lowbit.q6_k_scales(xb.reshape(nb * 16, 16), weights, rows)
+        scales, fit_levels = q6_k_scales(xb.reshape(nb * 16, 16), weights, rows)
         scales = scales.reshape(nb, 16)
     else:
         sub = xb.reshape(nb * 16, 16)
@@ -144,3 +145,45 @@ def quantize_q6_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
     out = np.concatenate([ql.reshape(nb, 128), qh.astype(np.uint8).reshape(nb, 64), sc.view(np.uint8),
                           _f16_bytes(np.where(zero, F32(0), d))], axis=1)
     return out.reshape(rows, -1)
+
+
+# -- the K-quants of 4 to 6 bits with an importance matrix (quantize_row_q4_K/q5_K/q6_K_impl) --------
+
+
+def k45_weighted(x: np.ndarray, weights: np.ndarray, rows: int, nmax: int):
+    """Q4_K (nmax 15) or Q5_K (31) super-blocks x (nb, 256) weighted by an imatrix row: per 32-element
+    sub-block a make_qkx3 fit with weights qw * sqrt(sigma2 + x^2), the eight scales and mins on six bits by
+    make_qp against the sub-blocks' total weights, the values requantized against them as stored.
+    -> (d, dmin (nb,), packed scales (nb, 12), levels (nb, 256)), as _quantize_k45."""
+    nb = x.shape[0]
+    k = nb // rows * QK_K
+    qw = search._importance(weights, rows, k, 32)
+    sub = x.reshape(nb * 8, 32)
+    sigma2 = (F32(2) * search._ssum(x * x) / F32(QK_K)).astype(F32)
+    w = (qw * np.sqrt(np.repeat(sigma2, 8)[:, None] + sub * sub)).astype(F32)
+    scales, mins, fit = search.make_qkx(sub, w, nmax, -0.9, 0.05, 36, False)
+    sw = search._ssum(w).reshape(nb, 8)
+    dblock, ls = search.make_qp(scales.reshape(nb, 8), 63, sw)
+    mblock, lm = search.make_qp(mins.reshape(nb, 8), 63, sw)
+    # as the C code: the levels as uint8 (a negative one wraps), Q5_K's capped at 63, Q4_K's not; packed,
+    # then read back from the 12 bytes (get_scale_min_k4) for the requantization
+    ls, lm = (ls & 0xFF).astype(np.uint8), (lm & 0xFF).astype(np.uint8)
+    if nmax == 31:
+        ls, lm = np.minimum(63, ls), np.minimum(63, lm)
+    packed = _pack_k_scales(ls, lm)
+    dec = decode_k_scales(packed).astype(F32)
+    d, dmin = search._f16(dblock), search._f16(mblock)
+    sd = (d[:, None] * dec[:, :8]).astype(F32)
+    sm = (dmin[:, None] * dec[:, 8:]).astype(F32)
+    nz = sd != 0
+    req = np.clip(search._rint((x.reshape(nb, 8, 32) + sm[:, :, None]) / search._safe(sd, ~nz)[:, :, None]), 0, nmax)
+    L = np.where(nz[:, :, None], req, fit.reshape(nb, 8, 32)).reshape(nb, QK_K).astype(np.uint8)
+    return d, dmin, packed, L
+
+
+def q6_k_scales(sub: np.ndarray, weights: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q6_K's 16-element sub-block scales (nb * 16,) by make_qx with the imatrix as the weights (llama.cpp's
+    quantize_row_q6_K_impl passes them straight, unlike the other types), and the fit's levels (nb * 16, 16),
+    which a sub-block whose scale rounds to zero keeps."""
+    k = sub.shape[0] * 16 // rows
+    return search.make_qx(sub, 32, search._importance(weights, rows, k, 16))

@@ -5,7 +5,8 @@ Written from llama.cpp's reference quantizers (ggml-quants.c: quantize_row_q2_K_
 quantize_row_q3_K_ref and _impl, quantize_row_iq4_nl_impl with make_qkx2/qkx3/qx/q3/qp_quants): the same
 scale searches (quant/search.py), the same candidates, the same requantization against the scales as
 stored, so the result is llama.cpp's block for block (tests/test_lowbit.py holds every type to blocks
-llama.cpp made). Also the imatrix-weighted searches of the older types (Q4_K, Q5_K, Q6_K; Q4_0 .. Q5_1).
+llama.cpp made). Also the imatrix-weighted searches of the 32-element types (Q4_0 .. Q5_1); those of
+Q4_K, Q5_K and Q6_K are kquants.py's.
 
 `weights`, when given, is the importance of each column (an imatrix row: the mean squared activation the
 matrix's input had in that column, (k,) float32); llama.cpp's `_impl` quantizers then weight each
@@ -194,51 +195,6 @@ def quantize_iq4_xs(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndar
 
 
 QUANTIZERS = {"Q2_K": quantize_q2_k, "Q3_K": quantize_q3_k, "IQ4_NL": quantize_iq4_nl, "IQ4_XS": quantize_iq4_xs}
-
-
-# -- the K-quants of 4 to 6 bits with an importance matrix (quantize_row_q4_K/q5_K/q6_K_impl) --------
-
-
-def k45_weighted(x: np.ndarray, weights: np.ndarray, rows: int, nmax: int):
-    """Q4_K (nmax 15) or Q5_K (31) super-blocks x (nb, 256) weighted by an imatrix row: per 32-element
-    sub-block a make_qkx3 fit with weights qw * sqrt(sigma2 + x^2), the eight scales and mins on six bits by
-    make_qp against the sub-blocks' total weights, the values requantized against them as stored.
-    -> (d, dmin (nb,), packed scales (nb, 12), levels (nb, 256)), as kquants._quantize_k45."""
-    from .kquants import _pack_k_scales
-    from .repack import decode_k_scales as _decode_k_scales
-
-    nb = x.shape[0]
-    k = nb // rows * QK_K
-    qw = _importance(weights, rows, k, 32)
-    sub = x.reshape(nb * 8, 32)
-    sigma2 = (F32(2) * _ssum(x * x) / F32(QK_K)).astype(F32)
-    w = (qw * np.sqrt(np.repeat(sigma2, 8)[:, None] + sub * sub)).astype(F32)
-    scales, mins, fit = make_qkx(sub, w, nmax, -0.9, 0.05, 36, False)
-    sw = _ssum(w).reshape(nb, 8)
-    dblock, ls = make_qp(scales.reshape(nb, 8), 63, sw)
-    mblock, lm = make_qp(mins.reshape(nb, 8), 63, sw)
-    # as the C code: the levels as uint8 (a negative one wraps), Q5_K's capped at 63, Q4_K's not; packed,
-    # then read back from the 12 bytes (get_scale_min_k4) for the requantization
-    ls, lm = (ls & 0xFF).astype(np.uint8), (lm & 0xFF).astype(np.uint8)
-    if nmax == 31:
-        ls, lm = np.minimum(63, ls), np.minimum(63, lm)
-    packed = _pack_k_scales(ls, lm)
-    dec = _decode_k_scales(packed).astype(F32)
-    d, dmin = _f16(dblock), _f16(mblock)
-    sd = (d[:, None] * dec[:, :8]).astype(F32)
-    sm = (dmin[:, None] * dec[:, 8:]).astype(F32)
-    nz = sd != 0
-    req = np.clip(_rint((x.reshape(nb, 8, 32) + sm[:, :, None]) / _safe(sd, ~nz)[:, :, None]), 0, nmax)
-    L = np.where(nz[:, :, None], req, fit.reshape(nb, 8, 32)).reshape(nb, QK_K).astype(np.uint8)
-    return d, dmin, packed, L
-
-
-def q6_k_scales(sub: np.ndarray, weights: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Q6_K's 16-element sub-block scales (nb * 16,) by make_qx with the imatrix as the weights (llama.cpp's
-    quantize_row_q6_K_impl passes them straight, unlike the other types), and the fit's levels (nb * 16, 16),
-    which a sub-block whose scale rounds to zero keeps."""
-    k = sub.shape[0] * 16 // rows
-    return make_qx(sub, 32, _importance(weights, rows, k, 16))
 
 
 # -- the 32-element types with an importance matrix (quantize_row_q4_0/q4_1/q5_0/q5_1_impl) -------------
