@@ -3,6 +3,8 @@ named, files do one job."""
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,11 +22,30 @@ def sources():
             yield ".".join([pkg, *parts]), path, path.name == "__init__.py"
 
 
-def imported(module: str, path: Path, is_pkg: bool) -> set[str]:
-    """Every edgeinfer module this file imports, at the top or lazily, resolved to absolute names."""
+def _import_nodes(tree: ast.AST, at_load: bool):
+    """The import statements of a module: all of them, or (at_load) those that run when it is imported (not
+    in a function's body, nor under `if TYPE_CHECKING:`)."""
+    if not at_load:
+        yield from ast.walk(tree)
+        return
+    todo = list(ast.iter_child_nodes(tree))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+            continue
+        yield node
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def imported(module: str, path: Path, is_pkg: bool, at_load: bool = False) -> set[str]:
+    """Every edgeinfer module this file imports, at the top or lazily (at_load: only what importing it runs),
+    resolved to absolute names; `from X import y` gives X and X.y, whether y is a module or a name."""
     here = module.split(".") if is_pkg else module.split(".")[:-1]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _import_nodes(ast.parse(path.read_text()), at_load):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.startswith("edgeinfer"))
         elif isinstance(node, ast.ImportFrom):
@@ -61,6 +82,108 @@ def test_kernels_import_nothing_of_ours_and_the_openai_layer_no_http():
         if in_package(m, "edgeinfer.engine"):  # through the model and backend interfaces only
             assert not any(in_package(i, p) for i in deps
                            for p in ("edgeinfer.models", "edgeinfer.kernels", "edgeinfer.quant")), (m, deps)
+
+
+def import_graph(at_load: bool = False) -> dict[str, set[str]]:
+    """module -> the edgeinfer modules importing it runs. Importing a.b.c runs the packages a and a.b first,
+    so they count too, except the importer's own packages, which are already running when it is imported (a
+    package whose __init__ imports its submodules is no cycle unless one of them imports it back)."""
+    found = list(sources())
+    modules = {m for m, _, _ in found}
+
+    def with_packages(name: str) -> set[str]:
+        parts = name.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+
+    graph = {}
+    for m, p, pkg in found:
+        own = with_packages(m)
+        graph[m] = {d for i in imported(m, p, pkg, at_load) for d in with_packages(i) if d in modules} - own
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as [a, b, ..., a], or None."""
+    state: dict[str, str] = {}
+    path: list[str] = []
+
+    def visit(m):
+        state[m] = "open"
+        path.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == "open":
+                return path[path.index(n):] + [n]
+            if n not in state and (cycle := visit(n)):
+                return cycle
+        state[m] = "done"
+        path.pop()
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (cycle := visit(m)):
+            return cycle
+    return None
+
+
+def reachable(graph: dict[str, set[str]], start: set[str]) -> dict[str, str]:
+    """Every module reachable from start, each with the module that first imported it."""
+    via = {m: "" for m in start}
+    todo = sorted(start)
+    while todo:
+        m = todo.pop()
+        for n in sorted(graph[m]):
+            if n not in via:
+                via[n] = m
+                todo.append(n)
+    return via
+
+
+def test_no_import_cycles_lazy_imports_included():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_sees_cycles_and_packages():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    graph = import_graph()
+    # importing a submodule runs its package: llm imports engine.llm_engine, and so the engine package
+    assert {"edgeinfer.engine", "edgeinfer.engine.llm_engine"} <= graph["edgeinfer.llm"]
+    # ... but a package's own submodules import one another without importing the package back
+    assert "edgeinfer.registry.cache" in graph["edgeinfer.registry.hf"]
+    assert "edgeinfer.registry" not in graph["edgeinfer.registry.hf"]
+
+
+def test_importing_the_engine_loads_no_models_kernels_quant():
+    graph = import_graph(at_load=True)
+    via = reachable(graph, {m for m in graph if in_package(m, "edgeinfer.engine")})
+    bad = []
+    for m in sorted(via):
+        if any(in_package(m, p) for p in ("edgeinfer.models", "edgeinfer.kernels", "edgeinfer.quant")):
+            chain = [m]
+            while via[chain[-1]]:
+                chain.append(via[chain[-1]])
+            bad.append(" <- ".join(chain))
+    assert bad == []
+
+
+def _loads_in_a_fresh_process(code: str) -> list[str]:
+    check = (f"import sys\n{code}\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'numba' or "
+             "m.startswith(('edgeinfer.models', 'edgeinfer.kernels', 'edgeinfer.quant'))))")
+    done = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return ast.literal_eval(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_engine_imports_no_numba_and_no_kernels():
+    engine = sorted(m for m, _, _ in sources() if in_package(m, "edgeinfer.engine"))
+    assert len(engine) > 5 and _loads_in_a_fresh_process("\n".join(f"import {m}" for m in engine)) == []
+
+
+def test_a_json_schema_constraint_imports_no_numba():
+    code = ("from edgeinfer.sampling import SamplingParams\n"
+            "SamplingParams(json_schema={'type': 'object', 'properties': {'a': {'type': 'integer'}}})")
+    assert _loads_in_a_fresh_process(code) == []
 
 
 def test_this_check_sees_imports():

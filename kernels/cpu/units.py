@@ -8,60 +8,24 @@ matrix-kind family) and paged attention (per KV type) is its own compiled, cache
 `call_rows` / `call_attention`: an indirect call in Numba's own calling convention, a few nanoseconds,
 made once per task of rows (never per element).
 
-A unit is compiled for one fixed signature, declared here next to the table slot it fills, and each call
-intrinsic accepts exactly those argument types: a mismatch fails the caller's compile, never a call with
-the wrong arguments.
+A unit is compiled for one fixed signature, declared in calls.py next to the table slot it fills, with the
+call intrinsics, which accept exactly those argument types: a mismatch fails the caller's compile, never a
+call with the wrong arguments. calls.py is a leaf, so int8.matmuls calls units without importing this
+module, which compiles int8's rows kernels into units.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
-from numba.np.numpy_support import from_dtype
-from numba.core import cgutils
-from numba.core.errors import TypingError
-from numba.extending import intrinsic
+from numba import njit
 
-from ..kinds import COUNT, FAMILIES, is_quantized
+from ..kinds import FAMILIES, is_quantized
 from . import simd
-
-# -- the call -------------------------------------------------------------------------------------
-
-
-def _codegen(argtys):
-    # the call of the function at address args[0] with args[1:], in Numba's calling convention; an error
-    # it reports is raised in the caller
-    def codegen(context, builder, signature, args):
-        ptr_ty = context.call_conv.get_function_type(types.void, argtys).as_pointer()
-        fn = builder.inttoptr(args[0], ptr_ty)
-        status, _ = context.call_conv.call_function(builder, fn, types.void, argtys, args[1:])
-        with cgutils.if_unlikely(builder, status.is_error):
-            context.call_conv.return_status_propagate(builder, status)
-        return context.get_dummy_value()
-
-    return codegen
-
-
-def _check(what: str, argtys: tuple, fits: bool) -> None:
-    if not fits:
-        raise TypingError(f"a call of the {what} unit with {argtys}, not its signature")
-
-
-@intrinsic
-def call_rows(typingctx, addr, w, q8, q8k, luts, out, n0, n1):
-    """The rows unit at addr (Table slot of w's kind): rows [n0, n1) of W @ x -> out, as int8.rows_any."""
-    argtys = (w, q8, q8k, luts, out, n0, n1)
-    _check("matmul rows", argtys, argtys == ROWS_SIG)
-    return types.void(addr, *argtys), _codegen(argtys)
-
-
-@intrinsic
-def call_attention(typingctx, addr, q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale,
-                   window, softcap, out):
-    """The attention unit at addr (Table slot ATTENTION): attention.paged_attention's arguments."""
-    argtys = (q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, out)
-    _check("attention", argtys, any(argtys == attention_sig(kv) for kv in KV_DTYPES))
-    return types.void(addr, *argtys), _codegen(argtys)
+# the calls into the units and their signatures (calls.py); the compiled step, the MoE kernels and
+# parallel_compile read them here as units.*
+from .calls import (ATTENTION, KV_DTYPES, LUTS, MAT, Q8, Q8K, ROWS_SIG, SMALL, TABLE_SIZE, attention_sig,  # noqa: F401
+                    call_attention, call_rows, slot)
+from .int8 import rows_any
 
 
 def address(dispatcher, sig: tuple) -> int:
@@ -71,43 +35,8 @@ def address(dispatcher, sig: tuple) -> int:
     return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
 
 
-# -- signatures -----------------------------------------------------------------------------------
-
-_U8 = types.Array(types.uint8, 2, "C")
-_U16 = types.Array(types.uint16, 2, "C")
-_F32 = types.Array(types.float32, 2, "C")
-_I32 = types.Array(types.int32, 2, "C")
-MAT = types.Tuple((types.int64, _U8, _U8, _U8, _U16, _U16))  # int8.as_tuple: (kind, qs, qh, sc, d, m)
-Q8 = types.Tuple((_U8, _F32, _F32))
-Q8K = types.Tuple((_U8, _F32, _I32, _I32))
-LUTS = types.Array(types.float32, 2, "C")  # quant.HALF_TO_F32
-ROWS_SIG = (MAT, Q8, Q8K, LUTS, _F32, types.int64, types.int64)  # (w, q8, q8k, luts, out (T, N), n0, n1)
-
 # FAMILIES: the quantized matrix kinds by kernel family (kinds.py); one unit per family and path
 FAMILY_OF = {k: name for name, ks in FAMILIES.items() for k in ks}
-# table slots: one per matrix kind (the float kinds' unused), then paged attention, then one per matrix kind
-# again for the matmuls of at most simd.SMALL_TOKENS tokens (SMALL + kind: the small-path units, or the
-# same as the first where the small path is the path)
-ATTENTION = COUNT
-SMALL = ATTENTION + 1
-TABLE_SIZE = SMALL + COUNT
-
-
-@njit(inline="always", cache=True)
-def slot(kind, tokens):
-    """The table slot of a matmul of `tokens` tokens of a matrix of this kind."""
-    return kind + SMALL if tokens <= simd.SMALL_TOKENS else kind
-
-KV_DTYPES = {"f32": np.float32, "f16": np.uint16, "q8_0": np.int8}  # KV cache element type per KV type
-
-
-def attention_sig(kv: str) -> tuple:
-    """attention.paged_attention's argument types for a KV cache of type kv (config.KV_TYPES)."""
-    c = types.Array(from_dtype(np.dtype(KV_DTYPES[kv])), 3, "C")
-    f3 = types.Array(types.float32, 3, "C")
-    i1 = types.Array(types.int64, 1, "C")
-    return (f3, c, c, i1, i1, types.Array(types.int32, 2, "C"), types.int64, types.float32, types.int64,
-            types.float32, f3)
 
 
 # -- the units ------------------------------------------------------------------------------------
@@ -122,8 +51,6 @@ def rows_unit(path: str, family: str):
     key = (path, family)
     unit = _rows_units.get(key)
     if unit is None:
-        from .int8 import rows_any
-
         tag = simd.isa_tag(path, FAMILIES[family])
 
         def rows(w, q8, q8k, luts, out, n0, n1):
@@ -168,4 +95,3 @@ class Table:
             self._attention[kv] = address(attention_unit(), attention_sig(kv))
         out[ATTENTION] = self._attention[kv]
         return out
-

@@ -5,7 +5,7 @@ from numba import njit, prange
 from numba.extending import overload
 
 from ... import kinds
-from .. import units
+from .. import calls
 from ..simd import kinds_of
 from . import k23, k45, kx8, q6_k, q8_0, q8x8, q45, x8
 
@@ -85,7 +85,7 @@ def matmuls(w0, w1, w2, n_mats, q8, q8k, luts, o0, o1, o2, threads, table):
     # W_j (N_j, K) @ x (T, K) -> o_j (T, N_j) for the first n_mats of (w0, w1, w2), all reading the same x
     # (q/k/v, gate/up), in one parallel region: each matrix's rows are cut into tasks, and all run together.
     # table: units.Table's addresses; a task runs rows_any of its matrix's kind through the unit of that
-    # kind's family (compiled apart, called by address), that of the small path for a few tokens (units.slot)
+    # kind's family (compiled apart, called by address), that of the small path for a few tokens (calls.slot)
     per0 = rows_per_task(o0.shape[1], threads)
     per1 = rows_per_task(o1.shape[1], threads)
     per2 = rows_per_task(o2.shape[1], threads)
@@ -94,13 +94,13 @@ def matmuls(w0, w1, w2, n_mats, q8, q8k, luts, o0, o1, o2, threads, table):
     t2 = -(-o2.shape[1] // per2) if n_mats > 2 else 0
     for task in prange(t0 + t1 + t2):
         if task < t0:
-            units.call_rows(table[units.slot(w0[0], o0.shape[0])], w0, q8, q8k, luts, o0, np.int64(task * per0),
+            calls.call_rows(table[calls.slot(w0[0], o0.shape[0])], w0, q8, q8k, luts, o0, np.int64(task * per0),
                             np.int64(min(o0.shape[1], (task + 1) * per0)))
         elif task < t0 + t1:
             i = task - t0
-            units.call_rows(table[units.slot(w1[0], o1.shape[0])], w1, q8, q8k, luts, o1, np.int64(i * per1),
+            calls.call_rows(table[calls.slot(w1[0], o1.shape[0])], w1, q8, q8k, luts, o1, np.int64(i * per1),
                             np.int64(min(o1.shape[1], (i + 1) * per1)))
         else:
             i = task - t0 - t1
-            units.call_rows(table[units.slot(w2[0], o2.shape[0])], w2, q8, q8k, luts, o2, np.int64(i * per2),
+            calls.call_rows(table[calls.slot(w2[0], o2.shape[0])], w2, q8, q8k, luts, o2, np.int64(i * per2),
                             np.int64(min(o2.shape[1], (i + 1) * per2)))
