@@ -19,7 +19,8 @@ from tiny_models import write_tiny_llama
 
 from edgeinfer import memory
 from edgeinfer.config import EngineConfig
-from edgeinfer.server.models import estimated_bytes, parse_keep_alive
+from edgeinfer.openai.times import parse_keep_alive
+from edgeinfer.server.models import estimated_bytes
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import hashlib
-import math
 import re
 import sys
 import time
@@ -38,43 +37,10 @@ from ..config import EngineConfig
 from ..errors import EdgeInferError
 from ..openai import protocol as P
 from ..openai import responses as R
+from ..openai.times import rfc3339
 
 DEFAULT_KEEP_ALIVE = 300.0  # seconds: Ollama's five minutes
 FOREVER = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc)  # expires_at of a model kept loaded
-
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-
-
-def parse_keep_alive(value) -> float:
-    """Ollama's keep_alive as seconds: a number of seconds (300, "300", 0.5), or a Go duration ("30s",
-    "5m", "1h30m", "-1m"); 0 unloads as soon as the model is idle, a negative value keeps it loaded.
-    ValueError naming the value for anything else."""
-    if isinstance(value, bool) or value is None:
-        raise ValueError(f"keep_alive must be a number of seconds or a duration such as '5m', got {value!r}")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise ValueError(f"keep_alive must be finite, got {value!r}")
-        return float(value)
-    if not isinstance(value, str):
-        raise ValueError(f"keep_alive must be a number of seconds or a duration such as '5m', got {value!r}")
-    text = value.strip()
-    try:
-        number = float(text)
-    except ValueError:
-        number = None
-    if number is not None and math.isfinite(number):
-        return number
-    sign, body = (-1.0, text[1:]) if text.startswith("-") else (1.0, text.lstrip("+"))
-    parts = _DURATION.findall(body)
-    if not body or "".join(n + u for n, u in parts) != body:
-        raise ValueError(f"keep_alive {value!r} is not a duration: use seconds (300) or a duration such as '30s', "
-                         "'5m', '1h' ('0': unload when idle, '-1': keep loaded)")
-    return sign * sum(float(n) * _UNITS[u] for n, u in parts)
-
-
-def rfc3339(t: datetime) -> str:
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -625,5 +591,4 @@ def _on(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
-__all__ = ["DEFAULT_KEEP_ALIVE", "ModelManager", "Servable", "ServedModel", "describe", "estimated_bytes",
-           "parse_keep_alive"]
+__all__ = ["DEFAULT_KEEP_ALIVE", "ModelManager", "Servable", "ServedModel", "describe", "estimated_bytes"]

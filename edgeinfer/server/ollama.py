@@ -4,7 +4,7 @@ should move to a module of their own next.
 Ollama's API on `edgeinfer serve` (/api/*), for the tools that speak it (Open WebUI, editor plugins, the
 `ollama` Python client). HTTP only, as server.routes: the API key, the body limits and read timeout, the
 model's lease, streaming as NDJSON, metrics; what a body means and what is answered is
-edgeinfer.openai.ollama's. Errors are Ollama's {"error": message}, with the status a client checks
+edgeinfer.openai.ollama_*'s. Errors are Ollama's {"error": message}, with the status a client checks
 (404 for an unknown model: clients offer to pull it)."""
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ from starlette.routing import Route
 from .. import __version__
 from ..engine.loop import exclusive
 from ..openai import handlers as H
-from ..openai import ollama as O
+from ..openai import ollama_models as OM
+from ..openai import ollama_options as OO
+from ..openai import ollama_replies as OR
+from ..openai import ollama_requests as OQ
 from ..openai import protocol as P
 from .routes import LEASES, check_auth, read_body, use_model
 from .streaming import submit
@@ -93,11 +96,11 @@ def _find(state, name: str) -> tuple[str, str]:
 
 
 async def chat(request: Request):
-    return await _generation(request, O.parse_chat, "ollama_chat")
+    return await _generation(request, OQ.parse_chat, "ollama_chat")
 
 
 async def generate(request: Request):
-    return await _generation(request, O.parse_generate, "ollama_generate")
+    return await _generation(request, OQ.parse_generate, "ollama_generate")
 
 
 async def _generation(request: Request, parse, endpoint: str):
@@ -110,13 +113,13 @@ async def _generation(request: Request, parse, endpoint: str):
         lease = await use_model(request, req.model, req.keep_alive)
         sm = lease.sm
         labels = (sm.name, endpoint)
-        timings = O.Timings(t0, time.monotonic())
+        timings = OR.Timings(t0, time.monotonic())
         if req.load_only:  # Ollama's load / unload call: the lease taken (with its keep_alive) is all it asks
             lease.release()
             state.metrics.finish(labels, "200", 0, 0)
-            return JSONResponse(O.load_reply(req, timings.stats(0, 0)))
+            return JSONResponse(OR.load_reply(req, timings.stats(0, 0)))
         fmt = "none" if req.think is False else getattr(state.config, "reasoning_format", "auto")
-        gen = await asyncio.to_thread(O.prepare, sm.llm, sm.name, req, fmt)
+        gen = await asyncio.to_thread(OQ.prepare, sm.llm, sm.name, req, fmt)
         rid, queue = submit(state, sm, gen.prompt_ids, gen.params, 0, gen.guide)
         job = _Submitted(sm, rid)
         request.scope.setdefault(LEASES, []).append(job)
@@ -129,7 +132,7 @@ async def _generation(request: Request, parse, endpoint: str):
         if lease is not None:
             lease.release()
         return Response(status_code=499)
-    replies = O.Replies(gen, req, sm.llm.tokenizer)
+    replies = OR.Replies(gen, req, sm.llm.tokenizer)
     outputs = _outputs(state, request, job, queue, timings, labels, watch_disconnect=not req.stream)
     if req.stream:
         return StreamingResponse(_lines(state, gen, replies, outputs, timings, labels, lease), media_type=NDJSON)
@@ -169,7 +172,7 @@ class _Submitted:
             self.sm.loop.abort(self.rid)
 
 
-async def _outputs(state, request: Request, job: _Submitted, queue: asyncio.Queue, timings: O.Timings, labels,
+async def _outputs(state, request: Request, job: _Submitted, queue: asyncio.Queue, timings: OR.Timings, labels,
                    watch_disconnect: bool):
     """A generation's engine outputs as they come, until the finished one; the request timeout (a 504
     APIError) and, unstreamed, a client that went away (ClientDisconnect) end it early. Ended early,
@@ -199,7 +202,7 @@ async def _outputs(state, request: Request, job: _Submitted, queue: asyncio.Queu
         job.release()
 
 
-async def _lines(state, gen, replies: O.Replies, outputs, timings: O.Timings, labels, lease):
+async def _lines(state, gen, replies: OR.Replies, outputs, timings: OR.Timings, labels, lease):
     """The streamed answer, one JSON object a line: the deltas, then the final object with the timings;
     an {"error"} line if it fails midway (Ollama's clients raise it). The lease is released however it ends."""
     n_prompt, ids, status = len(gen.prompt_ids), [], "499"
@@ -227,12 +230,12 @@ async def _lines(state, gen, replies: O.Replies, outputs, timings: O.Timings, la
 
 async def embed(request: Request):
     """Ollama's /api/embed: {"embeddings": [...]} (normalised), with the timings."""
-    return await _embedding(request, O.parse_embed, legacy=False)
+    return await _embedding(request, OQ.parse_embed, legacy=False)
 
 
 async def embeddings(request: Request):
     """Ollama's older /api/embeddings: {"embedding": [...]} of one prompt, not normalised (as Ollama)."""
-    return await _embedding(request, O.parse_embeddings, legacy=True)
+    return await _embedding(request, OQ.parse_embeddings, legacy=True)
 
 
 async def _embedding(request: Request, parse, legacy: bool):
@@ -245,7 +248,7 @@ async def _embedding(request: Request, parse, legacy: bool):
         lease = await use_model(request, req.model, req.keep_alive)
         sm = lease.sm
         labels = (sm.name, labels[1])
-        timings = O.Timings(t0, time.monotonic())
+        timings = OR.Timings(t0, time.monotonic())
         vecs, n = [], 0
         if req.inputs:  # none: a load call
             try:
@@ -272,7 +275,7 @@ async def _embedding(request: Request, parse, legacy: bool):
     state.metrics.finish(labels, "200", n, 0)
     if legacy:
         return JSONResponse({"embedding": [float(x) for x in vecs[0]] if len(vecs) else []})
-    return JSONResponse(O.embed_reply(req.model, vecs, timings.stats(n, 0)))
+    return JSONResponse(OR.embed_reply(req.model, vecs, timings.stats(n, 0)))
 
 
 # -- /api/tags, /api/show, /api/version ---------------------------------------------------------------
@@ -295,7 +298,7 @@ def _file_facts(path: str) -> dict:
 
     st = os.stat(path)
     with GGUFFile(path) as gf:
-        facts = O.model_facts(gf)
+        facts = OM.model_facts(gf)
     digest = None
     for entry in registry.CATALOG.values():
         with contextlib.suppress(Exception):
@@ -343,7 +346,7 @@ async def tags(request: Request):
                 f = await file_facts(request, path)
             except P.APIError:
                 continue  # a file that went away, or is not a model: not listed
-            models.append(O.tag_entry(name, f["size"], f["mtime"], f["digest"], f["facts"]))
+            models.append(OM.tag_entry(name, f["size"], f["mtime"], f["digest"], f["facts"]))
     except P.APIError as e:
         return error(e)
     return JSONResponse({"models": models})
@@ -354,9 +357,9 @@ async def show(request: Request):
     the model is not loaded for it."""
     try:
         body = await read_body_json(request)
-        name, path = await asyncio.to_thread(_find, _state(request), O.parse_model(body))
+        name, path = await asyncio.to_thread(_find, _state(request), OO.parse_model(body))
         f = await file_facts(request, path)
-        reply = O.show_reply(name, path, f["mtime"], f["facts"])
+        reply = OM.show_reply(name, path, f["mtime"], f["facts"])
     except P.APIError as e:
         return error(e)
     except ClientDisconnect:
@@ -385,7 +388,7 @@ async def pull(request: Request):
         body = await read_body_json(request)
         if not getattr(state.config, "allow_pull", False):
             raise P.APIError(403, "pulling models is off on this server: start it with `edgeinfer serve --allow-pull`")
-        entry, stream = O.parse_pull(body)
+        entry, stream = OQ.parse_pull(body)
     except P.APIError as e:
         return error(e)
     except ClientDisconnect:
@@ -398,7 +401,7 @@ async def pull(request: Request):
         now = time.monotonic()
         if now - last[0] >= 0.1 or (total and completed >= total) or completed == 0:
             last[0] = now
-            aloop.call_soon_threadsafe(events.put_nowait, O.pull_progress(entry, desc, completed, total))
+            aloop.call_soon_threadsafe(events.put_nowait, OR.pull_progress(entry, desc, completed, total))
 
     task = asyncio.ensure_future(asyncio.to_thread(_pull, entry.name, progress))
     task.add_done_callback(lambda t: events.put_nowait(None))

@@ -15,7 +15,7 @@ from ..engine.loop import exclusive
 from ..openai import handlers as H
 from ..openai import protocol as P
 from ..openai import responses as R
-from .models import rfc3339
+from ..openai.times import rfc3339
 from .streaming import collect, collect_choices, stream, submit, submit_choices
 
 
@@ -67,20 +67,6 @@ async def read_json(request: Request):
 
 
 LEASES = "edgeinfer.leases"  # the scope key of a request's leases (app._ReleaseLeases releases what is left)
-
-
-def pick_model(request: Request, name: str | None):
-    """The named model (None: the server's default) if it is loaded now, without loading it: a 404
-    when it is not in memory, 503 while it loads. Routes take models through use_model instead."""
-    models = _state(request).models
-    sm = models.models.get(models.default_name() if name is None else name)
-    if sm is None:
-        raise P.APIError(404, f"model {name!r} is not loaded; loaded models: "
-                         f"{', '.join(m.name for m in models.loaded()) or 'none'}", param="model",
-                         code="model_not_found")
-    if sm.status != "loaded":
-        raise P.APIError(503, f"model {sm.name!r} is {sm.status}", headers={"Retry-After": "2"})
-    return sm
 
 
 class Lease:
