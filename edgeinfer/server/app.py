@@ -18,7 +18,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
 from ..config import EngineConfig
-from ..openai import schemas as S
+from ..openai.openapi import openapi
 from . import ollama, page, routes
 from .metrics import Metrics
 from .models import ModelManager, ServedModel
@@ -66,7 +66,7 @@ class ServerState:
         self.served: dict[str, ServedModel] = self.models.models  # name -> model in memory (or loading)
         self.metrics = Metrics(self.served, self.models.budget)
         self.api_key = (config.api_key or "").encode("utf-8", "surrogateescape")
-        self.openapi_doc = S.openapi(api_key=bool(config.api_key))
+        self.openapi_doc = openapi(api_key=bool(config.api_key))
 
     def start(self) -> None:
         """Load the command-line models in the background (/health says loading until then); on the event loop."""
