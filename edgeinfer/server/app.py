@@ -19,9 +19,11 @@ from starlette.routing import Route
 
 from ..config import EngineConfig
 from ..openai.openapi import openapi
-from . import ollama, page, routes
+from . import ollama, ollama_models, page, routes
 from .metrics import Metrics
-from .models import ModelManager, ServedModel
+from .models import ModelManager
+from .scaffold import LEASES
+from .served import ServedModel
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 
@@ -87,7 +89,7 @@ class _ReleaseLeases:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        leases = scope[routes.LEASES] = []
+        leases = scope[LEASES] = []
         try:
             await self.app(scope, receive, send)
         finally:
@@ -116,6 +118,7 @@ ROUTES = [
     Route("/openapi.json", routes.openapi, methods=["GET"]),
     Route("/infill", routes.infill, methods=["POST"]),
     *ollama.ROUTES,
+    *ollama_models.ROUTES,
 ]
 
 
