@@ -69,7 +69,7 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
                                    f"pip install 'edgeinfer[serve]'") from None
     from edgeinfer.config import EngineConfig
     from edgeinfer.server.app import ServerConfig
-    from edgeinfer.server.models import parse_keep_alive
+    from edgeinfer.openai.times import parse_keep_alive
     from edgeinfer.server.run import serve as run_server
 
     if keep_alive is not None:

@@ -363,23 +363,23 @@ def test_api_key_applies_to_the_ollama_routes():
 @pytest.mark.parametrize("value,seconds", [(300, 300.0), (0, 0.0), (-1, -1.0), ("5m", 300.0), ("1h30m", 5400.0),
                                            ("0", 0.0), ("-1", -1.0), ("-5m", -1.0), ("250ms", 0.25), ("90", 90.0)])
 def test_keep_alive_as_seconds(value, seconds):
-    from edgeinfer.openai import ollama as O
+    from edgeinfer.openai.ollama_options import keep_alive
 
-    assert O.parse_keep_alive({"keep_alive": value}) == seconds
+    assert keep_alive({"keep_alive": value}) == seconds
 
 
 @pytest.mark.parametrize("value", ["5 minutes", "m", True, [1], "1y", float("nan")])
 def test_bad_keep_alive_is_a_400(value):
-    from edgeinfer.openai import ollama as O
     from edgeinfer.openai import protocol as P
+    from edgeinfer.openai.ollama_options import keep_alive
 
     with pytest.raises(P.APIError) as e:
-        O.parse_keep_alive({"keep_alive": value})
+        keep_alive({"keep_alive": value})
     assert e.value.status == 400 and e.value.param == "keep_alive"
 
 
 def test_options_map_onto_sampling_params():
-    from edgeinfer.openai import ollama as O
+    from edgeinfer.openai import ollama_options as O
 
     o = O.parse_options({"options": {"temperature": 0.2, "top_k": 5, "top_p": 0.5, "min_p": 0.1, "seed": 3,
                                      "repeat_penalty": 1.3, "repeat_last_n": 16, "presence_penalty": 0.5,
@@ -397,7 +397,8 @@ def test_replies_split_thinking_and_tool_calls():
     """A thinking model's <think> block goes to message.thinking, streamed and not; a call in the answer
     becomes tool_calls with its arguments as an object."""
     from edgeinfer.openai import handlers as H
-    from edgeinfer.openai import ollama as O
+    from edgeinfer.openai import ollama_replies as OR
+    from edgeinfer.openai import ollama_requests as OQ
     from edgeinfer.tools import parse_tools
 
     class Tok:
@@ -407,9 +408,9 @@ def test_replies_split_thinking_and_tool_calls():
     tools, _ = parse_tools(WEATHER_TOOLS)
     text = '<think>cold?</think>{"name": "forecast", "arguments": {"city": "Oslo", "days": 2}}'
     for stream in (True, False):
-        req = O.parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": stream})
+        req = OQ.parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": stream})
         gen = H.Generation(req.parsed, True, [1, 2], None, tools=tools, shown=tools, reasoning=True)
-        replies = O.Replies(gen, req, Tok())
+        replies = OR.Replies(gen, req, Tok())
         if stream:
             objs = [o for i in range(0, len(text), 5) for o in replies.deltas(text[i:i + 5], [], i + 5 >= len(text))]
             thinking = "".join(o["message"].get("thinking", "") for o in objs)

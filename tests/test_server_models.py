@@ -1,7 +1,7 @@
 """Models loaded on demand: keep-alive, eviction under a memory budget, /api/ps and `edgeinfer ps`.
 
 Real server processes (test_server.Server) over tiny random models written into a --models-dir, and the
-app in-process (Starlette's TestClient) where a test calls routes.use_model itself."""
+app in-process (Starlette's TestClient) where a test calls scaffold.use_model itself."""
 
 import os
 import re
@@ -19,7 +19,8 @@ from tiny_models import write_tiny_llama
 
 from edgeinfer import memory
 from edgeinfer.config import EngineConfig
-from edgeinfer.server.models import estimated_bytes, parse_keep_alive
+from edgeinfer.openai.times import parse_keep_alive
+from edgeinfer.server.servable import estimated_bytes
 
 
 @pytest.fixture(scope="module")
@@ -92,15 +93,21 @@ def test_starts_with_no_model_and_loads_on_the_first_request(lazy, models_dir):
     assert httpx.get(lazy.base + "/health").json()["status"] == "ok"  # on-demand models never make it 503
 
 
+def at_once(n: int, request) -> list:
+    """request() from n threads at once: their answers, in the order they came."""
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(request())) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return answers
+
+
 def test_two_concurrent_requests_load_a_model_once(models_dir):
     s = Server("--models-dir", models_dir).wait_ready()
     try:
-        answers = []
-        threads = [threading.Thread(target=lambda: answers.append(complete(s, "b"))) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        answers = at_once(2, lambda: complete(s, "b"))
         assert [r.status_code for r in answers] == [200, 200]
         assert list(ps(s)) == ["b"]
     finally:
@@ -154,12 +161,7 @@ def test_a_failed_load_answers_every_waiter_and_leaves_nothing(models_dir, tmp_p
     (d / "bad.gguf").write_bytes(b"GGUF" + b"\0" * 60)
     s = Server("--models-dir", d).wait_ready()
     try:
-        answers = []
-        threads = [threading.Thread(target=lambda: answers.append(complete(s, "bad"))) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        answers = at_once(2, lambda: complete(s, "bad"))
         assert [r.status_code for r in answers] == [500, 500]
         assert all("failed to load" in r.json()["error"]["message"] for r in answers)
         assert ps(s) == {} and httpx.get(s.base + "/health").status_code == 200
@@ -348,23 +350,23 @@ def test_bad_keep_alive_values(value):
 @pytest.fixture
 def in_process(models_dir):
     """The app in this process, its default keep-alive 0.3 s, with a route that takes a model through
-    routes.use_model as the Ollama routes do: ?keep_alive=, and ?hold=1 to leave the lease to the guard."""
+    scaffold.use_model as the Ollama routes do: ?keep_alive=, and ?hold=1 to leave the lease to the guard."""
     from starlette.responses import JSONResponse
     from starlette.routing import Route
     from starlette.testclient import TestClient
 
     from edgeinfer.server import app as server_app
-    from edgeinfer.server import routes
+    from edgeinfer.server import scaffold
 
     async def use(request):
         q = request.query_params
         ka = float(q["keep_alive"]) if "keep_alive" in q else None
-        lease = await routes.use_model(request, q["model"], ka)
+        lease = await scaffold.use_model(request, q["model"], ka)
         out = {"model": lease.sm.name}
         if q.get("again"):  # released with keep_alive 0 (an unload starts), then asked for at once
             first = lease.sm
             lease.release()
-            second = await routes.use_model(request, q["model"])
+            second = await scaffold.use_model(request, q["model"])
             out.update(reloaded=second.sm is not first, ready=second.sm.ready, first_dropped=first.llm is None)
             second.release()
         elif not q.get("hold"):

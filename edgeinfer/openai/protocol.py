@@ -11,7 +11,7 @@ from typing import Any
 
 from ..chat_template import RESERVED
 from ..sampling import CONSTRAINTS, SamplingParams
-from . import schemas as S
+from . import validation
 
 
 class APIError(Exception):
@@ -109,8 +109,8 @@ def loads(raw: bytes) -> Any:
 def validate(kind: str, body: Any) -> dict:
     """The body, checked against its route's schema (edgeinfer.openai.schemas); a 400 naming the field."""
     try:
-        S.validate(kind, body)
-    except S.SchemaError as e:
+        validation.validate(kind, body)
+    except validation.SchemaError as e:
         raise APIError(400, str(e), param=e.param) from None
     return body
 

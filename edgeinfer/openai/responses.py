@@ -118,15 +118,6 @@ def completion_response(gen, name: str, tokenizer, outputs: list, cid: str | Non
             "usage": usage(len(gen.prompt_ids), sum(len(out.ids) for out in outputs))}
 
 
-def completion_body(gen, name: str, tokenizer, text: str, ids: list[int], lps: list[dict],
-                    reason: str, cid: str | None = None, created: int | None = None) -> dict:
-    """completion_response for one choice given as its text, token ids, logprobs and finish reason."""
-    from types import SimpleNamespace
-
-    return completion_response(gen, name, tokenizer, [SimpleNamespace(text=text, ids=ids, lps=lps, reason=reason)],
-                               cid, created)
-
-
 class _ChoiceStream:
     """One choice's state in a stream: its reasoning splitter, its tool-call parser, its calls so far."""
 

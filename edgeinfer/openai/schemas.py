@@ -1,9 +1,7 @@
-"""Over the layout's 450 lines, kept as one file for now: the OpenAPI document builder at its end should
-move to openapi.py next.
-
-The OpenAI API's request and response schemas (JSON Schema 2020-12), the one definition of what the
-server and batch jobs accept: every request body is validated against them before it is read,
-`protocol`'s readers take their bounds from them, and `/openapi.json` is built from them.
+"""The OpenAI API's request schemas (JSON Schema 2020-12), the one definition of what the server and batch
+jobs accept: every request body is validated against them before it is read (openai.validation),
+`protocol`'s readers take their bounds from them, and `/openapi.json` is built from them (openai.openapi,
+which holds the response schemas).
 
 Every field named is applied, or accepted and ignored because it cannot change an answer (said in its
 description), or refused unless empty (`refused`); a field not named is refused. An optional field may
@@ -12,10 +10,6 @@ message given when a value matches none of its alternatives.
 """
 
 from __future__ import annotations
-
-import functools
-import json
-from typing import Any
 
 MAX_EMBED_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
 PRIORITY_LIMIT = 1_000_000
@@ -138,7 +132,7 @@ SAMPLING = {
 
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
               "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
-_TOOL_CALL = {"type": "object", "properties": {
+TOOL_CALL = {"type": "object", "properties": {
     "id": {"type": "string"}, "type": {"const": "function"},
     "function": {"type": "object", "required": ["name"], "properties": {
         "name": {"type": "string"}, "arguments": {"type": ["string", "object"]}}}}}
@@ -147,7 +141,7 @@ MESSAGE = {"type": "object", "required": ["role"], "properties": {
     "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}],
                 "x-error": "must be a string or an array of text parts"},
     "name": string("the author's name"),
-    "tool_calls": _opt({"type": "array", "items": _TOOL_CALL}),
+    "tool_calls": _opt({"type": "array", "items": TOOL_CALL}),
     "tool_call_id": string("the call a tool message answers"),
 }}
 TOOL = {"type": "object", "required": ["function"], "properties": {
@@ -269,240 +263,3 @@ PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embe
          "tokenize": "/tokenize", "detokenize": "/detokenize", "infill": "/infill"}
 for _schema in REQUESTS.values():  # a field no schema names is refused (a 400 naming it), as OpenAI's API does
     _schema["additionalProperties"] = False
-
-# -- responses ----------------------------------------------------------------------------------
-
-_NULLABLE_STR = {"type": ["string", "null"]}
-ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
-    "type": "object", "required": ["message", "type", "param", "code"], "properties": {
-        "message": {"type": "string"}, "type": {"type": "string"}, "param": _NULLABLE_STR, "code": _NULLABLE_STR}}}}
-USAGE = {"type": "object", "required": ["prompt_tokens", "total_tokens"], "properties": {
-    "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}}
-_FINISH = {"enum": ["stop", "length", "tool_calls", None]}
-_LOGPROBS = {"type": ["object", "null"]}
-
-
-def _completion_object(obj: str, choice: dict) -> dict:
-    return {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"], "properties": {
-        "id": {"type": "string"}, "object": {"const": obj}, "created": {"type": "integer"}, "model": {"type": "string"},
-        "choices": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["index", "finish_reason"],
-                                                              "properties": {"index": {"type": "integer"},
-                                                                             "finish_reason": _FINISH,
-                                                                             "logprobs": _LOGPROBS, **choice}}},
-        "usage": USAGE}}
-
-
-CHAT_RESPONSE = _completion_object("chat.completion", {"message": {
-    "type": "object", "required": ["role", "content"], "properties": {
-        "role": {"const": "assistant"}, "content": _NULLABLE_STR,
-        "reasoning_content": {"type": ["string", "null"], "description": "a thinking model's reasoning (the text of "
-                                                                         "its <think> block), apart from content"},
-        "tool_calls": {"type": "array", "items": _TOOL_CALL}}}})
-COMPLETION_RESPONSE = _completion_object("text_completion", {"text": {"type": "string"}})
-EMBEDDINGS_RESPONSE = {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
-    "object": {"const": "list"}, "model": {"type": "string"}, "usage": USAGE,
-    "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"], "properties": {
-        "object": {"const": "embedding"}, "index": {"type": "integer"},
-        "embedding": {"anyOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]}}}}}}
-TOKENIZE_RESPONSE = {"type": "object", "required": ["tokens", "count"], "properties": {
-    "tokens": {"type": "array", "items": {"type": "integer"}}, "count": {"type": "integer"},
-    "max_model_len": {"type": "integer"}}}
-DETOKENIZE_RESPONSE = {"type": "object", "required": ["content"], "properties": {
-    "content": {"type": "string"}, "prompt": {"type": "string"}}}
-INFILL_RESPONSE = {"type": "object", "required": ["content", "stop"], "properties": {
-    "content": {"type": "string"}, "stop": {"type": "boolean"}, "model": {"type": "string"},
-    "tokens": {"type": "array", "items": {"type": "integer"}},
-    "stop_type": {"enum": ["none", "eos", "limit", "word"]}, "tokens_predicted": {"type": "integer"},
-    "tokens_evaluated": {"type": "integer"}, "timings": {"type": "object"}}}
-MODELS_RESPONSE = {"type": "object", "required": ["object", "data"], "properties": {
-    "object": {"const": "list"}, "data": {"type": "array", "items": {
-        "type": "object", "required": ["id", "object"], "properties": {
-            "id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
-            "owned_by": {"type": "string"}}}}}}
-HEALTH_RESPONSE = {"type": "object", "required": ["status"], "properties": {
-    "status": {"enum": ["ok", "loading", "error"]}, "models": {"type": "array", "items": {"type": "string"}},
-    "loading": {"type": "array", "items": {"type": "string"}}, "errors": {"type": "object"}}}
-
-# -- validation ---------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=None)
-def _validator(kind: str):
-    import jsonschema_rs  # compiled (Rust): a million token ids validate in tens of milliseconds
-
-    return jsonschema_rs.validator_for(REQUESTS[kind])
-
-
-class SchemaError(ValueError):
-    """A request body that breaks its schema: `param` names the field (a dotted path), the message says how."""
-
-    def __init__(self, param: str | None, message: str):
-        super().__init__(message)
-        self.param = param
-
-
-def _param(path) -> str | None:
-    out = ""
-    for p in path:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or None
-
-
-def _json_type(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(v), type(v).__name__)
-
-
-def _short(v: Any) -> str:
-    s = json.dumps(v)
-    return s if len(s) <= 40 else s[:37] + "..."
-
-
-def _message(keyword: str, s: dict, instance: Any, param: str | None) -> str:
-    """A message for a value that breaks `keyword` of its schema `s`, naming the field."""
-    name = f"'{param}'" if param else "the request body"
-    if keyword == "required":
-        where = f" in {name}" if param else ""
-        return f"'{_missing(s, instance)}' is required{where}"
-    if "x-error" in s and keyword in ("anyOf", "oneOf"):
-        return f"{name} {s['x-error']}"
-    if keyword == "type":
-        want = s["type"] if isinstance(s["type"], str) else " or ".join(t for t in s["type"])
-        return f"{name} must be {'an' if want[0] in 'aeiou' else 'a'} {want}, got {_json_type(instance)}"
-    if keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        lo = s.get("minimum", s.get("exclusiveMinimum"))
-        hi = s.get("maximum", s.get("exclusiveMaximum"))
-        if "exclusiveMinimum" in s:
-            return f"{name} must be greater than {lo} and at most {hi}, got {_short(instance)}"
-        if hi is None:
-            return f"{name} must be at least {lo}, got {_short(instance)}"
-        if lo == hi:
-            return f"{name} must be {lo}, got {_short(instance)}"
-        return f"{name} must be between {lo} and {hi}, got {_short(instance)}"
-    if keyword in ("enum", "const"):
-        allowed = s.get("enum", [s.get("const")])
-        return f"{name} must be one of {', '.join(json.dumps(a) for a in allowed)}, got {_short(instance)}"
-    if keyword == "minItems":
-        return f"{name} must be a non-empty array" if s["minItems"] == 1 else \
-            f"{name} needs at least {s['minItems']} items"
-    if keyword == "maxItems":
-        return f"{name} has {len(instance)} items; at most {s['maxItems']} are allowed"
-    if keyword == "minLength":
-        return f"{name} must not be empty"
-    if keyword == "maxLength":
-        return f"{name} is {len(instance):,} characters long; at most {s['maxLength']} are allowed"
-    if keyword == "pattern":
-        return f"{name} must match {s['pattern']}, got {_short(instance)}"
-    return f"{name} has the wrong form: {_short(instance)}"
-
-
-def _missing(s: dict, instance: Any) -> str:
-    return next((k for k in s.get("required", ()) if not isinstance(instance, dict) or k not in instance), "?")
-
-
-def validate(kind: str, body: Any) -> None:
-    """Raise SchemaError for the first way `body` breaks the request schema of `kind`."""
-    if not isinstance(body, dict):
-        raise SchemaError(None, f"the request body must be a JSON object, got {_json_type(body)}")
-    v = _validator(kind)
-    if v.is_valid(body):
-        return
-    err = next(iter(v.iter_errors(body)))
-    *where, keyword = list(err.schema_path)
-    s = REQUESTS[kind]
-    for step in where:  # the subschema holding the keyword that failed
-        s = s[step]
-    path = list(err.instance_path)
-    if keyword == "additionalProperties":  # the field named is the first one the schema does not know
-        obj = body
-        for step in path:
-            obj = obj[step]
-        key = next(k for k in obj if k not in s.get("properties", {}))[:64]
-        where = f"'{_param(path)}'" if path else PATHS[kind]
-        raise SchemaError(_param(path + [key]), f"unknown field '{_param(path + [key])}': {where} has no such field "
-                                                "(the fields it takes are in /openapi.json)")
-    message = _message(keyword, s, err.instance, _param(path))
-    if keyword == "required":  # the field named is the one missing
-        path.append(_missing(s, err.instance))
-    raise SchemaError(_param(path), message)
-
-
-# -- the OpenAPI document -----------------------------------------------------------------------
-
-STATUS_TEXT = {400: "the request breaks its schema, or names something that does not fit (a field named in "
-                    "error.param)",
-               401: "missing or wrong API key", 403: "the model is a path outside the server's --models-dir folders",
-               404: "unknown model or route", 408: "the body arrived too slowly",
-               409: "the model's name is taken by another loaded file",
-               413: "the body is over the size limit", 415: "the body is not JSON",
-               500: "the model failed to load", 503: "the server is busy or still loading (Retry-After)",
-               504: "the request took longer than the request timeout",
-               507: "the model does not fit the server's --memory-budget"}
-
-
-def _errors(*codes: int) -> dict:
-    return {str(c): {"description": STATUS_TEXT[c], "content": {"application/json": {"schema": ERROR}}}
-            for c in codes}
-
-
-def _post(summary: str, kind: str, response: dict, stream: bool = False) -> dict:
-    ok = {"application/json": {"schema": response}}
-    if stream:
-        # OpenAPI 3.1 has `schema` describe each event of a stream (3.2 names it itemSchema): each is a
-        # `data:` line holding one chunk's JSON, and the last one's data is [DONE]
-        ok["text/event-stream"] = {"schema": {
-            "type": "object", "required": ["data"], "description": "one server-sent event",
-            "properties": {"data": {"type": "string", "description": "a chunk's JSON; the last event's is [DONE]"},
-                           "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}}}}
-    return {"post": {
-        "summary": summary, "operationId": kind,
-        "requestBody": {"required": True, "content": {"application/json": {"schema": REQUESTS[kind]}}},
-        "responses": {"200": {"description": "success", "content": ok},
-                      **_errors(400, 401, 403, 404, 408, 409, 413, 415, 500, 503, 504, 507)}}}
-
-
-def _infill_post() -> dict:
-    """/infill's operation: its stream is llama.cpp's, whose last event is the final result, not [DONE]."""
-    op = _post("fill in the middle (llama.cpp's /infill)", "infill", INFILL_RESPONSE, stream=True)
-    data = op["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]["properties"]["data"]
-    data["description"] = "a chunk's JSON ({content, stop: false}); the last one is the result, with stop: true"
-    return op
-
-
-def openapi(title: str = "edgeinfer", version: str = "0.1.0", api_key: bool = False) -> dict:
-    """The OpenAPI 3.1 document of the server's routes, from the schemas above."""
-    doc = {
-        "openapi": "3.1.0",
-        "info": {"title": title, "version": version,
-                 "description": "OpenAI-compatible endpoints of an edgeinfer server"},
-        "paths": {
-            "/v1/chat/completions": _post("a chat reply", "chat", CHAT_RESPONSE, stream=True),
-            "/v1/completions": _post("a text completion", "completions", COMPLETION_RESPONSE, stream=True),
-            "/v1/embeddings": _post("embedding vectors", "embeddings", EMBEDDINGS_RESPONSE),
-            "/tokenize": _post("text to token ids", "tokenize", TOKENIZE_RESPONSE),
-            "/detokenize": _post("token ids to text", "detokenize", DETOKENIZE_RESPONSE),
-            "/infill": _infill_post(),
-            "/v1/models": {"get": {"summary": "the served models", "operationId": "models", "responses": {
-                "200": {"description": "success", "content": {"application/json": {"schema": MODELS_RESPONSE}}},
-                **_errors(401)}}},
-            "/health": {"get": {"summary": "ready, loading or failed", "operationId": "health", "responses": {
-                code: {"description": text, "content": {"application/json": {"schema": HEALTH_RESPONSE}}}
-                for code, text in (("200", "every model is ready"), ("500", "a model failed to load"),
-                                   ("503", "a model is still loading"))}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "operationId": "metrics", "responses": {
-                "200": {"description": "Prometheus' text format",
-                        "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
-        },
-    }
-    if api_key:  # every route but /health, /metrics and this document checks the key
-        doc["components"] = {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}
-        for path, ops in doc["paths"].items():
-            if path not in ("/health", "/metrics"):
-                for op in ops.values():
-                    op["security"] = [{"bearer": []}]
-    return doc

@@ -18,10 +18,12 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
 from ..config import EngineConfig
-from ..openai import schemas as S
-from . import ollama, page, routes
+from ..openai.openapi import openapi
+from . import ollama, ollama_models, page, routes
 from .metrics import Metrics
-from .models import ModelManager, ServedModel
+from .models import ModelManager
+from .scaffold import LEASES
+from .served import ServedModel
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 
@@ -66,7 +68,7 @@ class ServerState:
         self.served: dict[str, ServedModel] = self.models.models  # name -> model in memory (or loading)
         self.metrics = Metrics(self.served, self.models.budget)
         self.api_key = (config.api_key or "").encode("utf-8", "surrogateescape")
-        self.openapi_doc = S.openapi(api_key=bool(config.api_key))
+        self.openapi_doc = openapi(api_key=bool(config.api_key))
 
     def start(self) -> None:
         """Load the command-line models in the background (/health says loading until then); on the event loop."""
@@ -87,7 +89,7 @@ class _ReleaseLeases:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        leases = scope[routes.LEASES] = []
+        leases = scope[LEASES] = []
         try:
             await self.app(scope, receive, send)
         finally:
@@ -116,6 +118,7 @@ ROUTES = [
     Route("/openapi.json", routes.openapi, methods=["GET"]),
     Route("/infill", routes.infill, methods=["POST"]),
     *ollama.ROUTES,
+    *ollama_models.ROUTES,
 ]
 
 

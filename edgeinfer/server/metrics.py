@@ -10,6 +10,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
+def _per_model(name: str, doc: str) -> CounterMetricFamily:
+    """A counter read from each model's engine at scrape, labelled by model."""
+    return CounterMetricFamily(f"edgeinfer_{name}", doc, labels=["model"])
+
+
 class _EngineCollector:
     def __init__(self, served, budget: int = 0):
         self.served = served  # name -> ServedModel, the server's live table (server.models)
@@ -24,21 +29,15 @@ class _EngineCollector:
             ("kv_blocks_cached", "Full blocks registered for prefix reuse"),
             ("prefix_cache_hit_rate", "Fraction of full prompt blocks found in the prefix cache"),
         )}
-        preempt = CounterMetricFamily("edgeinfer_preemptions", "Sequences preempted (to be recomputed)", labels=["model"])
-        queries = CounterMetricFamily("edgeinfer_prefix_cache_queries", "Full prompt blocks looked up in the prefix cache",
-                                      labels=["model"])
-        hits = CounterMetricFamily("edgeinfer_prefix_cache_hits", "Full prompt blocks found in the prefix cache",
-                                   labels=["model"])
-        compiles = CounterMetricFamily("edgeinfer_grammar_compiles", "Structured-output constraints compiled "
-                                       "(grammar-cache misses)", labels=["model"])
-        reuses = CounterMetricFamily("edgeinfer_grammar_cache_hits", "Constraints found already compiled",
-                                     labels=["model"])
-        compile_s = CounterMetricFamily("edgeinfer_grammar_compile_seconds", "Time spent compiling constraints",
-                                        labels=["model"])
-        proposed = CounterMetricFamily("edgeinfer_spec_proposed_tokens", "Speculative decoding: tokens proposed "
-                                       "(by the draft model or prompt lookup) and verified", labels=["model"])
-        accepted = CounterMetricFamily("edgeinfer_spec_accepted_tokens", "Speculative decoding: proposed tokens "
-                                       "the model accepted", labels=["model"])
+        preempt = _per_model("preemptions", "Sequences preempted (to be recomputed)")
+        queries = _per_model("prefix_cache_queries", "Full prompt blocks looked up in the prefix cache")
+        hits = _per_model("prefix_cache_hits", "Full prompt blocks found in the prefix cache")
+        compiles = _per_model("grammar_compiles", "Structured-output constraints compiled (grammar-cache misses)")
+        reuses = _per_model("grammar_cache_hits", "Constraints found already compiled")
+        compile_s = _per_model("grammar_compile_seconds", "Time spent compiling constraints")
+        proposed = _per_model("spec_proposed_tokens", "Speculative decoding: tokens proposed (by the draft model or "
+                              "prompt lookup) and verified")
+        accepted = _per_model("spec_accepted_tokens", "Speculative decoding: proposed tokens the model accepted")
         rate = GaugeMetricFamily("edgeinfer_spec_acceptance_rate", "Speculative decoding: accepted / proposed "
                                  "tokens since start", labels=["model"])
         loaded = [sm for sm in list(self.served.values()) if getattr(sm, "status", "loaded") == "loaded"]

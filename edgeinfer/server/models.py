@@ -1,11 +1,9 @@
-"""Over the layout's 450 lines, kept as one file for now: what can be served (lookup, paths, estimates)
-and the in-memory lifecycle are the two modules it should become next.
-
-The served models: which models can be served, which are in memory, and when each is loaded and freed.
+"""The served models in memory, and when each is loaded and freed (ModelManager). What can be served
+(lookup, paths, estimates) is server.servable's, one model in memory server.served's.
 
 A model is loaded when a request first names it (or at start, for the models named on the command
 line), and unloaded once it has been idle for its keep-alive, Ollama's way. Idle means no lease held:
-a request holds its model from routes.use_model until its response, streamed or not, is done.
+a request holds its model from scaffold.use_model until its response, streamed or not, is done.
 
 Everything here runs on the server's event loop, so the tables need no lock: a model's state changes
 between awaits, never during one. What blocks (reading a file's header for the estimate, building the
@@ -23,13 +21,8 @@ does not fit evicts the least recently used idle models first. A model that coul
 from __future__ import annotations
 
 import asyncio
-import gc
-import hashlib
-import math
-import re
 import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -37,180 +30,11 @@ from .. import memory, registry
 from ..config import EngineConfig
 from ..errors import EdgeInferError
 from ..openai import protocol as P
-from ..openai import responses as R
+from ..openai.times import rfc3339
+from .servable import Servable, Servables, describe, digest
+from .served import DEFAULT_KEEP_ALIVE, ServedModel, give_back_memory
 
-DEFAULT_KEEP_ALIVE = 300.0  # seconds: Ollama's five minutes
 FOREVER = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc)  # expires_at of a model kept loaded
-
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-
-
-def parse_keep_alive(value) -> float:
-    """Ollama's keep_alive as seconds: a number of seconds (300, "300", 0.5), or a Go duration ("30s",
-    "5m", "1h30m", "-1m"); 0 unloads as soon as the model is idle, a negative value keeps it loaded.
-    ValueError naming the value for anything else."""
-    if isinstance(value, bool) or value is None:
-        raise ValueError(f"keep_alive must be a number of seconds or a duration such as '5m', got {value!r}")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise ValueError(f"keep_alive must be finite, got {value!r}")
-        return float(value)
-    if not isinstance(value, str):
-        raise ValueError(f"keep_alive must be a number of seconds or a duration such as '5m', got {value!r}")
-    text = value.strip()
-    try:
-        number = float(text)
-    except ValueError:
-        number = None
-    if number is not None and math.isfinite(number):
-        return number
-    sign, body = (-1.0, text[1:]) if text.startswith("-") else (1.0, text.lstrip("+"))
-    parts = _DURATION.findall(body)
-    if not body or "".join(n + u for n, u in parts) != body:
-        raise ValueError(f"keep_alive {value!r} is not a duration: use seconds (300) or a duration such as '30s', "
-                         "'5m', '1h' ('0': unload when idle, '-1': keep loaded)")
-    return sign * sum(float(n) * _UNITS[u] for n, u in parts)
-
-
-def rfc3339(t: datetime) -> str:
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass(frozen=True)
-class Servable:
-    """A model that can be served: its name, its file, the file's size in bytes and modification time
-    (seconds since the epoch), and where it was found ("command line", "catalog", "cache", "models-dir",
-    "registered")."""
-
-    name: str
-    path: Path
-    size: int
-    modified: float
-    origin: str
-
-
-def _servable(name: str, path: Path, origin: str) -> Servable:
-    st = path.stat()
-    return Servable(name, path, st.st_size, st.st_mtime, origin)
-
-
-def _not_found(name, known: list[str]) -> P.APIError:
-    return P.APIError(404, f"model {name!r} is not served here; models that can be served: "
-                      f"{', '.join(known) or 'none'}", param="model", code="model_not_found")
-
-
-def _refused(name: str, why: str) -> P.APIError:
-    return P.APIError(403, f"model path {name!r} is refused: {why}", param="model", type_="permission_error",
-                      code="model_path_not_allowed")
-
-
-def describe(path: str, config: EngineConfig) -> dict:
-    """What the server says about a model before loading it: its estimated bytes in memory (weights,
-    step buffers and the KV pool its engine config allocates; edgeinfer.memory) and Ollama's details."""
-    from ..gguf_file import GGUFFile
-    from ..info import parameters
-
-    with GGUFFile(path) as gf:
-        est = memory.estimate_file(gf, config)
-        arch = gf.architecture
-        n_params = parameters(gf)[0]
-        by_bytes = gf.type_bytes()
-    blocks = config.num_kv_blocks or memory.default_blocks(est, config)
-    kv = blocks * config.block_size * est.kv_per_token[config.kv_dtype]
-    quant = max(by_bytes, key=by_bytes.get) if by_bytes else ""
-    size = f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{n_params / 1e6:.1f}M"
-    return {"size": est.weights + est.buffers + kv, "weights": est.weights, "buffers": est.buffers, "kv": kv,
-            "details": {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
-                        "parameter_size": size, "quantization_level": quant}}
-
-
-def estimated_bytes(path: str, config: EngineConfig) -> int:
-    """The bytes a model counts for against --memory-budget, loaded with `config` (tests size budgets by it)."""
-    return describe(path, config)["size"]
-
-
-def _digest(path: str) -> str:
-    entry = registry.lookup(registry.model_name(path))
-    if entry is not None and Path(path) == registry.cached_path(entry):
-        return entry.sha256
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-class ServedModel:
-    """One model in memory, or on its way in or out: loaded in a worker thread, then served through its
-    engine loop. status: "loading", "loaded" or "unloading"; leases: requests holding it (or waiting for
-    its load); keep_alive: seconds it stays once idle (negative: forever); pinned: never unloaded (a
-    command-line model when --keep-alive was not given)."""
-
-    def __init__(self, name: str, source: str, engine_config: EngineConfig, speculation: dict | None = None,
-                 pinned: bool = False):
-        self.name = name
-        self.source = source
-        self.engine_config = engine_config
-        self.speculation = speculation or {}
-        self.llm = None
-        self.loop = None
-        self.error: str | None = None
-        self.created = R.now()
-        self.status = "loading"
-        self.pinned = pinned
-        self.leases = 0
-        self.keep_alive = DEFAULT_KEEP_ALIVE
-        self.last_used = time.monotonic()
-        self.expires_at: datetime | None = None  # when idle with a timer running
-        self.size = 0  # estimated bytes (describe)
-        self.parts: dict = {}
-        self.details: dict = {}
-        self.digest = ""
-        self.task: asyncio.Task | None = None  # the load
-        self.unload_task: asyncio.Task | None = None
-        self.timer: asyncio.TimerHandle | None = None
-
-    @property
-    def ready(self) -> bool:
-        return self.loop is not None or (self.llm is not None and self.llm.is_encoder and self.error is None)
-
-    def load(self) -> None:
-        """Build the LLM and start its engine loop (blocking: run in a worker thread); a failure is kept
-        in `error`."""
-        from ..engine.loop import EngineLoop, exclusive
-        from ..llm import LLM
-
-        try:
-            # loaded on the compute thread, which will step it (edgeinfer.engine.loop says why)
-            self.llm = exclusive(LLM, self.source, engine_config=self.engine_config, progress=False,
-                                 **self.speculation)
-            if self.llm.is_encoder:  # an embedding model: no engine; /v1/embeddings computes in a worker thread
-                return
-            self.llm.chat_template  # compiled now: a template that does not parse fails the load, not a request
-            self.loop = EngineLoop(self.llm.engine, self.name).start()
-        except Exception as e:  # reported by /health and every request waiting for this model
-            self.llm, self.loop = None, None
-            self.error = f"{type(e).__name__}: {e}"
-            print(f"error: could not load model {self.name!r}: {e}", file=sys.stderr, flush=True)
-
-    def stop(self) -> None:
-        """Stop stepping its engine (blocking: a step under way finishes first)."""
-        if self.loop is not None:
-            self.loop.stop(timeout=5.0)
-
-
-def _give_back_memory() -> None:
-    """Collect the unloaded model's cycles, then hand the freed heap back to the system: glibc keeps freed
-    memory in its arenas (the weights were allocated in worker threads), so without malloc_trim the
-    resident size would not go down."""
-    gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: what the allocator keeps, it keeps
-        pass
 
 
 def _retrieve(task: asyncio.Task) -> None:
@@ -219,32 +43,26 @@ def _retrieve(task: asyncio.Task) -> None:
         task.exception()
 
 
-class ModelManager:
-    """The server's models (ServerState.models): what can be served on demand, what is in memory
+class ModelManager(Servables):
+    """The server's models (ServerState.models): what can be served on demand (Servables), what is in memory
     (`models`: name -> ServedModel), leases, keep-alive timers and the memory budget."""
 
     def __init__(self, config, engine_config: EngineConfig):
+        super().__init__(config)
         self.config = config
         self.engine_config = engine_config
         self.models: dict[str, ServedModel] = {}
         self.default_keep_alive = DEFAULT_KEEP_ALIVE if config.keep_alive is None else config.keep_alive
         self.budget = int((config.memory_budget_mb or 0) * memory.MB)
-        self.models_dirs = [Path(d).expanduser().resolve() for d in (config.models_dirs or [])]
-        self.command_line: dict[str, str] = {}  # name -> source, in the order given
-        self.registered: dict[str, Path] = {}  # models pulled while serving
         self.startup_pending: set[str] = set()  # command-line models not yet through their first load
         self.startup_errors: dict[str, str] = {}  # ... and those whose last load failed
         self._digests: dict[tuple, str] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        for source in config.models:
-            name = registry.model_name(source)
-            if name in self.command_line:
-                raise EdgeInferError(f"model {name!r} is given twice")
-            self.command_line[name] = source
+        for name, source in self.command_line.items():
             self.models[name] = self._new(name, source)  # "loading" from the start: /health says so
             self.startup_pending.add(name)
 
-    # -- what can be served ------------------------------------------------------------------------
+    # -- what is in memory -------------------------------------------------------------------------------
 
     def _new(self, name: str, source: str) -> ServedModel:
         config = (self.config.model_configs or {}).get(source, self.engine_config)
@@ -257,114 +75,6 @@ class ModelManager:
         sm = ServedModel(name, source, config, spec, pinned=pinned)
         sm.keep_alive = self.default_keep_alive
         return sm
-
-    def available(self) -> list[Servable]:
-        """Every model this server can serve, loaded or not, each once by name (the first found wins):
-        the command-line models, models registered while serving, downloaded catalog models and the
-        rest of the local cache, then the .gguf files under each --models-dir (by file name without
-        .gguf; files whose real path leaves the folder are skipped)."""
-        out: dict[str, Servable] = {}
-
-        def add(name, path, origin):
-            if name not in out:
-                try:
-                    out[name] = _servable(name, Path(path), origin)
-                except OSError:  # gone since it was named
-                    pass
-
-        for name in self.command_line:
-            try:
-                add(name, self._command_line_path(name), "command line")
-            except P.APIError:  # its file is gone: not servable now
-                pass
-        for name, path in self.registered.items():
-            add(name, path, "registered")
-        for m in registry.list_local():
-            add(m.name, m.path, "catalog" if registry.lookup(m.name) else "cache")
-        for d in self.models_dirs:
-            for path in sorted(d.rglob("*.gguf")) if d.is_dir() else ():
-                if self._inside_dirs(path) and path.is_file() and re.match(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$", path.stem):
-                    add(path.stem, path, "models-dir")
-        return list(out.values())
-
-    def _command_line_path(self, name: str) -> Path:
-        try:
-            return registry.resolve(self.command_line[name], pull_missing=False, progress=False)
-        except EdgeInferError as e:
-            raise P.APIError(404, f"model {name!r} cannot be served: {e}", param="model", code="model_not_found") from None
-
-    def register(self, name: str, path) -> None:
-        """A model pulled while serving (Ollama's /api/pull): from now on `name` serves the file at `path`."""
-        self.registered[registry.check_name(name)] = Path(path)
-
-    def _inside_dirs(self, path: Path) -> Path | None:
-        """The real path of `path` when it lies under one of the --models-dir folders, else None."""
-        real = path.resolve()
-        return real if any(real.is_relative_to(d) for d in self.models_dirs) else None
-
-    def default_name(self) -> str:
-        """The model a request that names none gets: the one command-line model, else the catalog's default."""
-        if len(self.command_line) == 1:
-            return next(iter(self.command_line))
-        if self.command_line:
-            raise P.bad("model", f"this server serves several models ({', '.join(self.command_line)}): say which "
-                        "one in 'model'")
-        return registry.DEFAULT_MODEL
-
-    def _path_source(self, name: str) -> Servable:
-        """A request's model given as a path: a .gguf file under a --models-dir (absolute, or relative to one)."""
-        if not self.models_dirs:
-            raise _refused(name, "this server serves no paths (start it with --models-dir DIR to allow a folder)")
-        p = Path(name)
-        if ".." in p.parts:
-            raise _refused(name, "'..' is not allowed in a model path")
-        if p.suffix != ".gguf":
-            raise _refused(name, "a model path must name a .gguf file")
-        candidates = [p] if p.is_absolute() else [d / p for d in self.models_dirs]
-        for c in candidates:
-            if c.exists():
-                real = self._inside_dirs(c)
-                if real is None:
-                    raise _refused(name, f"it is outside the allowed folders ({', '.join(map(str, self.models_dirs))})")
-                if not real.is_file():
-                    raise _refused(name, "it is not a file")
-                return _servable(registry.model_name(str(real)), real, "models-dir")
-        if p.is_absolute() and self._inside_dirs(p) is None:
-            raise _refused(name, f"it is outside the allowed folders ({', '.join(map(str, self.models_dirs))})")
-        raise _not_found(name, [s.name for s in self.available()])
-
-    def find(self, name: str) -> Servable:
-        """What a request's model names, if it can be served: a 404 naming it and what can be served, a
-        404 saying to pull a catalog model that is not downloaded, a 403 for a path outside --models-dir."""
-        if not isinstance(name, str) or not name:
-            raise P.bad("model", "'model' must be a model name")
-        if name in self.command_line:
-            return _servable(name, self._command_line_path(name), "command line")
-        entry = registry.lookup(name)
-        if entry is not None:
-            if entry.name in self.command_line:
-                return self.find(entry.name)
-            path = registry.cached_path(entry)
-            if not path.is_file():
-                raise P.APIError(404, f"model {entry.name!r} is not downloaded: run `edgeinfer pull {entry.name}` on "
-                                 "the server's machine", param="model", code="model_not_found")
-            return _servable(entry.name, path, "catalog")
-        ref = _hf_ref(name)
-        if ref is not None:  # hf.co/ORG/REPO[:QUANT]: served once pulled, as catalog models
-            path = registry.cached_path(ref.name)
-            if not path.is_file():
-                raise P.APIError(404, f"model {name!r} is not downloaded: run `edgeinfer pull {name}` on the "
-                                 "server's machine", param="model", code="model_not_found")
-            return _servable(ref.name, path, "cache")
-        if "/" in name or "\\" in name or name.endswith(".gguf"):
-            for cname, source in self.command_line.items():  # the operator's own paths
-                if Path(source).expanduser().resolve() == Path(name).expanduser().resolve():
-                    return self.find(cname)
-            return self._path_source(name)
-        for s in self.available():
-            if s.name == name:
-                return s
-        raise _not_found(name, [s.name for s in self.available()])
 
     # -- leases ------------------------------------------------------------------------------------
 
@@ -507,7 +217,7 @@ class ModelManager:
         st = Path(sm.source).stat()
         key = (str(Path(sm.source).resolve()), st.st_size, st.st_mtime_ns)
         if key not in self._digests:
-            self._digests[key] = await asyncio.to_thread(_digest, sm.source)
+            self._digests[key] = await asyncio.to_thread(digest, sm.source)
         sm.digest = self._digests[key]
 
     def _start_unload(self, sm: ServedModel) -> None:
@@ -526,7 +236,7 @@ class ModelManager:
             await asyncio.to_thread(sm.stop)
         finally:
             sm.llm = sm.loop = None
-            await asyncio.to_thread(_give_back_memory)
+            await asyncio.to_thread(give_back_memory)
             if self.models.get(sm.name) is sm:
                 del self.models[sm.name]
             print(f"unloaded {sm.name}", file=sys.stderr, flush=True)
@@ -601,17 +311,6 @@ class ModelManager:
                            for sm in self.loaded()]}
 
 
-def _hf_ref(name: str):
-    """A Hugging Face reference (registry.parse_ref), or None for anything else (a path, a bad reference)."""
-    parse = getattr(registry, "parse_ref", None)
-    if parse is None:
-        return None
-    try:
-        return parse(name)
-    except (EdgeInferError, ValueError):  # not a valid reference: treated as a path or a name
-        return None
-
-
 def _seconds(s: float):
     from datetime import timedelta
 
@@ -625,5 +324,4 @@ def _on(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
-__all__ = ["DEFAULT_KEEP_ALIVE", "ModelManager", "Servable", "ServedModel", "describe", "estimated_bytes",
-           "parse_keep_alive"]
+__all__ = ["FOREVER", "ModelManager"]

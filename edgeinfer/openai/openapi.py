@@ -1,0 +1,134 @@
+"""The server's OpenAPI 3.1 document (/openapi.json): the request schemas (openai.schemas) with the
+response schemas and the error statuses each route can answer. Pure data: no HTTP."""
+
+from __future__ import annotations
+
+from .schemas import REQUESTS, TOOL_CALL
+
+# -- responses ----------------------------------------------------------------------------------
+
+_NULLABLE_STR = {"type": ["string", "null"]}
+ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"}, "param": _NULLABLE_STR, "code": _NULLABLE_STR}}}}
+USAGE = {"type": "object", "required": ["prompt_tokens", "total_tokens"], "properties": {
+    "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}}
+_FINISH = {"enum": ["stop", "length", "tool_calls", None]}
+_LOGPROBS = {"type": ["object", "null"]}
+
+
+def _completion_object(obj: str, choice: dict) -> dict:
+    return {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"], "properties": {
+        "id": {"type": "string"}, "object": {"const": obj}, "created": {"type": "integer"}, "model": {"type": "string"},
+        "choices": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["index", "finish_reason"],
+                                                              "properties": {"index": {"type": "integer"},
+                                                                             "finish_reason": _FINISH,
+                                                                             "logprobs": _LOGPROBS, **choice}}},
+        "usage": USAGE}}
+
+
+CHAT_RESPONSE = _completion_object("chat.completion", {"message": {
+    "type": "object", "required": ["role", "content"], "properties": {
+        "role": {"const": "assistant"}, "content": _NULLABLE_STR,
+        "reasoning_content": {"type": ["string", "null"], "description": "a thinking model's reasoning (the text of "
+                                                                         "its <think> block), apart from content"},
+        "tool_calls": {"type": "array", "items": TOOL_CALL}}}})
+COMPLETION_RESPONSE = _completion_object("text_completion", {"text": {"type": "string"}})
+EMBEDDINGS_RESPONSE = {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
+    "object": {"const": "list"}, "model": {"type": "string"}, "usage": USAGE,
+    "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"], "properties": {
+        "object": {"const": "embedding"}, "index": {"type": "integer"},
+        "embedding": {"anyOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]}}}}}}
+TOKENIZE_RESPONSE = {"type": "object", "required": ["tokens", "count"], "properties": {
+    "tokens": {"type": "array", "items": {"type": "integer"}}, "count": {"type": "integer"},
+    "max_model_len": {"type": "integer"}}}
+DETOKENIZE_RESPONSE = {"type": "object", "required": ["content"], "properties": {
+    "content": {"type": "string"}, "prompt": {"type": "string"}}}
+INFILL_RESPONSE = {"type": "object", "required": ["content", "stop"], "properties": {
+    "content": {"type": "string"}, "stop": {"type": "boolean"}, "model": {"type": "string"},
+    "tokens": {"type": "array", "items": {"type": "integer"}},
+    "stop_type": {"enum": ["none", "eos", "limit", "word"]}, "tokens_predicted": {"type": "integer"},
+    "tokens_evaluated": {"type": "integer"}, "timings": {"type": "object"}}}
+MODELS_RESPONSE = {"type": "object", "required": ["object", "data"], "properties": {
+    "object": {"const": "list"}, "data": {"type": "array", "items": {
+        "type": "object", "required": ["id", "object"], "properties": {
+            "id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
+            "owned_by": {"type": "string"}}}}}}
+HEALTH_RESPONSE = {"type": "object", "required": ["status"], "properties": {
+    "status": {"enum": ["ok", "loading", "error"]}, "models": {"type": "array", "items": {"type": "string"}},
+    "loading": {"type": "array", "items": {"type": "string"}}, "errors": {"type": "object"}}}
+
+# -- the document ---------------------------------------------------------------------------------------
+
+STATUS_TEXT = {400: "the request breaks its schema, or names something that does not fit (a field named in "
+                    "error.param)",
+               401: "missing or wrong API key", 403: "the model is a path outside the server's --models-dir folders",
+               404: "unknown model or route", 408: "the body arrived too slowly",
+               409: "the model's name is taken by another loaded file",
+               413: "the body is over the size limit", 415: "the body is not JSON",
+               500: "the model failed to load", 503: "the server is busy or still loading (Retry-After)",
+               504: "the request took longer than the request timeout",
+               507: "the model does not fit the server's --memory-budget"}
+
+
+def _errors(*codes: int) -> dict:
+    return {str(c): {"description": STATUS_TEXT[c], "content": {"application/json": {"schema": ERROR}}}
+            for c in codes}
+
+
+def _post(summary: str, kind: str, response: dict, stream: bool = False) -> dict:
+    ok = {"application/json": {"schema": response}}
+    if stream:
+        # OpenAPI 3.1 has `schema` describe each event of a stream (3.2 names it itemSchema): each is a
+        # `data:` line holding one chunk's JSON, and the last one's data is [DONE]
+        ok["text/event-stream"] = {"schema": {
+            "type": "object", "required": ["data"], "description": "one server-sent event",
+            "properties": {"data": {"type": "string", "description": "a chunk's JSON; the last event's is [DONE]"},
+                           "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}}}}
+    return {"post": {
+        "summary": summary, "operationId": kind,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": REQUESTS[kind]}}},
+        "responses": {"200": {"description": "success", "content": ok},
+                      **_errors(400, 401, 403, 404, 408, 409, 413, 415, 500, 503, 504, 507)}}}
+
+
+def _infill_post() -> dict:
+    """/infill's operation: its stream is llama.cpp's, whose last event is the final result, not [DONE]."""
+    op = _post("fill in the middle (llama.cpp's /infill)", "infill", INFILL_RESPONSE, stream=True)
+    data = op["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]["properties"]["data"]
+    data["description"] = "a chunk's JSON ({content, stop: false}); the last one is the result, with stop: true"
+    return op
+
+
+def openapi(title: str = "edgeinfer", version: str = "0.1.0", api_key: bool = False) -> dict:
+    """The OpenAPI 3.1 document of the server's routes, from the schemas above."""
+    doc = {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": version,
+                 "description": "OpenAI-compatible endpoints of an edgeinfer server"},
+        "paths": {
+            "/v1/chat/completions": _post("a chat reply", "chat", CHAT_RESPONSE, stream=True),
+            "/v1/completions": _post("a text completion", "completions", COMPLETION_RESPONSE, stream=True),
+            "/v1/embeddings": _post("embedding vectors", "embeddings", EMBEDDINGS_RESPONSE),
+            "/tokenize": _post("text to token ids", "tokenize", TOKENIZE_RESPONSE),
+            "/detokenize": _post("token ids to text", "detokenize", DETOKENIZE_RESPONSE),
+            "/infill": _infill_post(),
+            "/v1/models": {"get": {"summary": "the served models", "operationId": "models", "responses": {
+                "200": {"description": "success", "content": {"application/json": {"schema": MODELS_RESPONSE}}},
+                **_errors(401)}}},
+            "/health": {"get": {"summary": "ready, loading or failed", "operationId": "health", "responses": {
+                code: {"description": text, "content": {"application/json": {"schema": HEALTH_RESPONSE}}}
+                for code, text in (("200", "every model is ready"), ("500", "a model failed to load"),
+                                   ("503", "a model is still loading"))}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "operationId": "metrics", "responses": {
+                "200": {"description": "Prometheus' text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        },
+    }
+    if api_key:  # every route but /health, /metrics and this document checks the key
+        doc["components"] = {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}
+        for path, ops in doc["paths"].items():
+            if path not in ("/health", "/metrics"):
+                for op in ops.values():
+                    op["security"] = [{"bearer": []}]
+    return doc
