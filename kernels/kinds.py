@@ -4,8 +4,9 @@ A repacked matrix (quant/repack.py's QTensor) carries its kind, a small int: the
 from and the layout its fields (qs, qh, sc, d, m) are in. Kinds 0-9, 18, 20 and 21 are quant/repack.py's
 row-major layouts (the portable path's, and the CUDA backend's); kinds 10-17, 19, 22 and 23 their
 eight-rows-interleaved twins (kernels/cpu/layout.py, the CPU SIMD paths' layout). IQ4_NL, then Q3_K and
-Q2_K came later than the rest: ids are appended, never renumbered. Float32 matrices are no QTensor and have no kind
-(the CUDA backend marks its uploaded float32 matrices with F32 = -1).
+Q2_K came later than the rest: ids are appended, never renumbered. Each kind's GGML type is declared by one
+weight format module (kernels/formats), whose repack makes its arrays and whose decodes read them. Float32
+matrices are no QTensor and have no kind (the CUDA backend marks its uploaded float32 matrices with F32 = -1).
 
 This module lives in kernels/ (not kernels/cpu/) because both backends and quant/ read it, and
 importing it must not pin Numba's CPU code generator as importing kernels.cpu does. It imports
@@ -146,7 +147,7 @@ def name(kind: int) -> str:
 # -- predicates ---------------------------------------------------------------------------------
 
 
-def _expr(members: frozenset, domain: frozenset) -> str:
+def comparison(members: frozenset, domain: frozenset) -> str:
     """The comparison of `kind` with integer constants that is true on `members` and false on the rest of
     `domain` (outside the domain: unspecified), in the fewest tests: one equality or inequality where
     one kind is in or out, else one range per run of consecutive ids, open-ended at the domain's ends."""
@@ -199,7 +200,7 @@ def predicate(prop: str, within: str | None = None):
         members = frozenset(k.id for k in KINDS if k.ggml.name == prop[5:])
     else:
         members = frozenset(k.id for k in KINDS if getattr(k, prop))
-    expr = _expr(members, domain)
+    expr = comparison(members, domain)
     where = f"{prop} among the {within} kinds" if within else prop
     fn_name = prop.replace("family:", "is_").replace("ggml:", "is_") + (f"_in_{within}" if within else "")
     scope: dict = {}

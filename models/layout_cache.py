@@ -2,16 +2,21 @@
 
 Loading repacks every quantized matrix into the kernels' layout (quant/repack.py, the interleaved
 layout of the SIMD paths): on Qwen2.5-Coder 1.5B that is 1.1 GB of fresh memory written at every start.
-The first load on the CPU backend writes what it built to ``$EDGEINFER_HOME/layouts/NAME-ID.layout``;
+The first load on the CPU backend writes what it built to ``$EDGEINFER_HOME/layouts/NAME-LAYOUT-ID.layout``;
 later loads map that file copy-on-write (never written to, so its pages stay the shared, evictable
-page cache, as llama.cpp's mapped GGUF does) and read nothing of the GGUF's weights.
+page cache, as llama.cpp's mapped GGUF does) and read nothing of the GGUF's weights. LAYOUT names the
+layout the kernel path reads (kernels/cpu/layout.layout_id: every SIMD path reads the same interleaved
+bytes), never the path itself: one file per model and layout serves every path that reads those bytes.
+Files named after the kernel path (before VERSION 4: two model-sized files where vnni and avx512 shared
+the bytes) are removed when found.
 
 A layout file is trusted only when everything checks out: the magic, the format version, the model's
 identity (its resolved path, size, modification and change times, inode and the sha256 of its first and
-last 4 MiB: a replaced, copied or edited model file is another model), the kernel path, every array's place inside the file, and every
-array's CRC-32 (computed in threads at load). Anything else, from a torn write to a flipped bit, is
-reported as stale, the file is removed, and the layout is rebuilt from the GGUF and written again. A
-file is written under a temporary name and renamed into place whole, so a killed load leaves none.
+last 4 MiB: a replaced, copied or edited model file is another model), the layout, every array's place
+inside the file, and every array's CRC-32 (computed in threads at load). Anything else, from a torn write
+to a flipped bit, is reported as stale, the file is removed, and the layout is rebuilt from the GGUF and
+written again. A file is written under a temporary name and renamed into place whole, so a killed load
+leaves none.
 
 Layout of the file: ``MAGIC, u32 version, u64 header length, header JSON, pad to 4096, arrays (each at a
 4096-aligned offset from there), END`` where the header lists, per tensor, its metadata and
@@ -24,6 +29,7 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +38,7 @@ import numpy as np
 
 MAGIC = b"EILAYOUT"
 END = b"EILAYEND"
-VERSION = 3  # bump when the repacked layouts (quant/repack.py, kernels/cpu/layout.py) change
+VERSION = 4  # bump when the repacked layouts (kernels/formats, kernels/cpu/layout.py) or this file's header change
 ALIGN = 4096
 
 
@@ -87,16 +93,19 @@ def _bytes(a: np.ndarray) -> np.ndarray:
 
 
 class LayoutStore:
-    """The layout file of one model on one kernel path: `get` serves mapped matrices from it when it is
-    valid; otherwise `put` records what the load built and `finish` writes the file."""
+    """The layout file of one model for the layout one kernel path reads: `get` serves mapped matrices
+    from it when it is valid; otherwise `put` records what the load built and `finish` writes the file."""
 
     def __init__(self, model_path: str, kernel_path: str, directory: str | None = None):
+        from ..kernels.cpu.layout import layout_id
+
         self.identity = model_identity(model_path)
-        # avx512 runs on vnni's interleaved bytes (the same layout): one file serves both, so a machine that
-        # moves from one to the other keeps its file instead of writing a second model-sized one
-        self.kernel_path = "vnni" if kernel_path == "avx512" else kernel_path
+        # named by the layout, not the path: every path that reads the same bytes shares the file, so a
+        # machine that moves from one to another keeps it instead of writing a second model-sized one
+        self.layout = layout_id(kernel_path)
         stem = os.path.splitext(os.path.basename(model_path))[0]
-        self.path = os.path.join(directory or layouts_dir(), f"{stem}-{kernel_path}-{self.identity[:16]}.layout")
+        self.path = os.path.join(directory or layouts_dir(), f"{stem}-{self.layout}-{self.identity[:16]}.layout")
+        self._remove_path_named(stem)
         self.tensors: dict[str, dict] = {}  # name -> {"meta": {...}, field: array}, from the file
         self.recorded: dict[str, tuple] = {}  # name -> (meta, {field: array}) to write
         self.stale_reason: str | None = None
@@ -131,8 +140,8 @@ class LayoutStore:
             raise StaleLayout(f"layout version {version}, this edgeinfer writes {VERSION}")
         header = json.loads(bytes(mm[len(MAGIC) + 12:len(MAGIC) + 12 + hlen]))
         start = _data_start(hlen)
-        if header["identity"] != self.identity or header["kernel_path"] != self.kernel_path:
-            raise StaleLayout("made for another model file or kernel path")
+        if header["identity"] != self.identity or header["layout"] != self.layout:
+            raise StaleLayout("made for another model file or layout")
         arrays = []
         for name, entry in header["tensors"].items():
             t = {"meta": entry["meta"]}
@@ -152,8 +161,26 @@ class LayoutStore:
                     raise StaleLayout(f"array {what} is damaged (CRC mismatch)")
         self._map = mm
 
+    def _remove_path_named(self, stem: str) -> None:
+        # this model's files named after a kernel path (VERSION 3 and before), of any identity: stale by
+        # their version, each a model's size
+        from ..kernels.cpu.simd import PATHS
+
+        d = os.path.dirname(self.path)
+        old = re.compile(rf"{re.escape(stem)}-({'|'.join(PATHS)})-[0-9a-f]{{16}}\.layout")
+        try:
+            names = os.listdir(d)
+        except OSError:
+            return
+        for name in names:
+            if old.fullmatch(name):
+                try:
+                    os.unlink(os.path.join(d, name))
+                except OSError:
+                    pass
+
     def _remove_older(self) -> None:
-        # layouts of earlier versions of this model file on this path are dead weight (a model's size)
+        # layouts of earlier versions of this model file in this layout are dead weight (a model's size)
         d, own = os.path.split(self.path)
         prefix = own[: -len(self.identity[:16]) - len(".layout")]
         for name in os.listdir(d):
@@ -189,7 +216,7 @@ class LayoutStore:
                 blobs.append((offset, a))
                 offset += -(-a.nbytes // ALIGN) * ALIGN
             entries[name] = {"meta": meta, "arrays": rows}
-        header = json.dumps({"identity": self.identity, "kernel_path": self.kernel_path, "tensors": entries}).encode()
+        header = json.dumps({"identity": self.identity, "layout": self.layout, "tensors": entries}).encode()
         start = _data_start(len(header))
         tmp = f"{self.path}.{os.getpid()}.partial"
         try:

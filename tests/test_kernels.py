@@ -279,9 +279,9 @@ def test_interleaved_layout_holds_the_same_weights_and_results(t):
         if n % 8 == 0:
             assert np.shares_memory(x8_inplace.qs, spent.qs)
         if t in (T.Q3_K, T.Q2_K):  # built a group at a time (more chunks than one), in place and not
-            from edgeinfer.kernels.cpu import layout
+            from edgeinfer.kernels.formats import k23
 
-            with patch.object(layout, "K23_CHUNK_BYTES", 1):
+            with patch.object(k23, "K23_CHUNK_BYTES", 1):
                 for inplace in (False, True):
                     chunked = interleave8(repack(raw, t, (k, n)), inplace=inplace)
                     for f in ("qs", "qh", "sc", "d", "m"):

@@ -14,7 +14,8 @@ serves another of the same ISA. Here:
 - a **locator** (numba's ``_CacheLocator``) files the kernels of this package under
   ``ROOT/TIER/numba-V-llvmlite-V-pyXY/SOURCE`` and stamps them with SOURCE, a hash of every kernel
   source file (`source_files`: this package's, subpackages such as int8/ included, and the kinds
-  table, kernels/kinds.py, whose ids are compiled in as constants): a compiled step holds inlined copies of what it calls in other files, so any change to
+  table, kernels/kinds.py, whose ids are compiled in as constants, and the weight formats, kernels/formats/,
+  whose decodes are inlined): a compiled step holds inlined copies of what it calls in other files, so any change to
   any of them starts afresh, and two checkouts of the same sources share one cache;
 - ROOT is ``$NUMBA_CACHE_DIR`` when set, else ``$EDGEINFER_HOME/kernels``.
 
@@ -109,8 +110,11 @@ def versions() -> dict:
             "python": f"{sys.version_info[0]}.{sys.version_info[1]}", "machine": platform.machine()}
 
 
-# read by the kernels as they compile (constants frozen into the code), outside this package
-SOURCE_EXTRA = (os.path.join(os.path.dirname(KERNEL_DIR), "kinds.py"),)
+# read by the kernels as they compile (constants frozen into the code; the weight formats' decodes inlined),
+# outside this package
+_FORMATS_DIR = os.path.join(os.path.dirname(KERNEL_DIR), "formats")
+SOURCE_EXTRA = (os.path.join(os.path.dirname(KERNEL_DIR), "kinds.py"),) + tuple(
+    os.path.join(_FORMATS_DIR, n) for n in sorted(os.listdir(_FORMATS_DIR)) if n.endswith(".py"))
 
 
 def source_files() -> list[str]:
