@@ -46,10 +46,6 @@ class KVCache:
         return cfg.n_layer * cfg.n_kv_head * (row_len(cfg.head_dim, dtype) + row_len(cfg.v_head_dim, dtype)) \
             * np.dtype(KVCache.DTYPES[dtype]).itemsize
 
-    @staticmethod
-    def bytes_per_block(cfg, block_size: int, dtype: str = "f32") -> int:
-        return block_size * KVCache.bytes_per_token(cfg, dtype)
-
 
 def row_len(d: int, dtype: str) -> int:
     """Elements in one KV row of d values: d, or d quants + d/32 float16 scales (2 bytes each) for q8_0."""

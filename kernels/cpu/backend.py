@@ -112,6 +112,14 @@ def ready() -> None:
     parallel_compile.wait_all()
 
 
+def show_compile_progress(stream=None) -> None:
+    """From now on, a status line on stderr (or `stream`) whenever kernels compile (a first run, or a new
+    model's weight types; later runs load them from Numba's cache). Idempotent."""
+    from . import compile_status
+
+    compile_status.show_progress(stream)
+
+
 def layer_stack(cfg, layers, inv_freqs, **flags):
     """The model's layers as one compiled call (step.LayerStack), or None where that cannot run them.
     inv_freqs: each layer's RoPE inverse frequencies; flags: the architecture's (ArchSpec.stack_flags)."""

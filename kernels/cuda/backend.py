@@ -94,6 +94,11 @@ def ready() -> None:
     return None
 
 
+def show_compile_progress(stream=None) -> None:
+    """numba.cuda compiles each kernel at its first launch, in a moment: there is no status line to show."""
+    return None
+
+
 def kind_of(kind: int) -> int:
     return kind
 
