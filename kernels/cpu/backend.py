@@ -6,6 +6,7 @@ import numba
 import numpy as np
 
 from .. import kinds
+from ..kv_format import KV_FORMATS  # noqa: F401  (the KV cache's row formats, for the engine)
 from . import int8, moe, quant, simd, units
 from .attention import paged_attention  # noqa: F401
 from .dense import dense, encoder_attention, layernorm, set_blas_threads, silu  # noqa: F401

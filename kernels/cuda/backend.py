@@ -14,6 +14,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .. import kinds
+from ..kv_format import KV_FORMATS  # noqa: F401  (the KV cache's row formats, for the engine; f32 only here)
 from . import quant
 
 NAME = "cuda"
