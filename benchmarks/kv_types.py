@@ -41,7 +41,6 @@ def decode_after(llm, prompt_len: int, n_tokens: int, rng) -> float:
 
 def main() -> None:
     from edgeinfer import LLM, bench
-    from edgeinfer.engine.kv_cache import KVCache
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma3-270m"])
@@ -63,7 +62,7 @@ def main() -> None:
                 figs[t]["pp512_tok_s"].append(bench.prompt_tok_s(llm, 512, rng))
         cfg = llms["f16"].config
         med = {t: {k: round(statistics.median(v), 2) for k, v in f.items()} for t, f in figs.items()}
-        res = {"kv_bytes_per_token": {t: KVCache.bytes_per_token(cfg, t) for t in TYPES}, "median": med,
+        res = {"kv_bytes_per_token": {t: llms[t].kernels.KV_FORMATS[t].bytes_per_token(cfg) for t in TYPES}, "median": med,
                "ratio_to_f16": {t: {k: round(med[t][k] / med["f16"][k], 3) for k in med[t]} for t in TYPES},
                "runs": figs}
         out["models"][model] = res

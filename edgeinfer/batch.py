@@ -260,21 +260,18 @@ class Processor:
             gen = H.prepare_generation(self.llm, self.name, body, req, item.kind == "chat")
             pending = Pending(item, gen)
 
-            def on_output(index, out):
-                if pending.add(index, out):
+            def on_output(out):
+                if pending.add(out.index, out):
                     on_done(pending)
 
-            def submit(prompt_ids, params, guide, callback):
-                if self.loop is not None:
-                    return self.loop.submit(prompt_ids, params, callback, req.priority, guide)
-                rid = self._run.submit(prompt_ids, params, priority=req.priority, guide=guide)
-                self._callbacks[rid] = callback
-                return rid
-
-            # n choices (body "n"): the first now, the rest once the prompt's blocks are cached
-            abort = self.loop.abort if self.loop is not None else self.llm.engine.abort
+            # n choices (body "n"): one engine request; the engine shares the prompt's blocks among them
             try:
-                H.Choices(gen, self.llm.engine, submit, abort, on_output).start()
+                if self.loop is not None:
+                    self.loop.submit(gen.prompt_ids, gen.params, on_output, req.priority, gen.guide, gen.n)
+                else:
+                    rid = self._run.submit(gen.prompt_ids, gen.params, priority=req.priority, guide=gen.guide,
+                                           n=gen.n)
+                    self._callbacks[rid] = on_output
             except ValueError as e:  # does not fit the KV cache, however empty
                 raise P.bad("max_tokens", str(e)) from None
         except P.APIError as e:
@@ -330,7 +327,7 @@ class Processor:
                     if not in_flight:
                         break
                     for out in self._run.step():
-                        cb = self._callbacks.pop(out.request_id) if out.finished else self._callbacks[out.request_id]
+                        cb = self._callbacks.pop(out.request_id) if out.done else self._callbacks[out.request_id]
                         cb(out)
                     for p in done:
                         emit(self.finish(p))
@@ -386,7 +383,7 @@ def run_job(llm, job: Job, window: int = 0) -> BatchSummary:
     times the engine's running sequences, so the scheduler always has the next ones ready)."""
     try:
         job.start()
-        limit = window or 4 * (llm.engine.scheduler.max_seqs if llm.engine is not None else 1)
+        limit = window or 4 * (llm.engine.max_seqs if llm.engine is not None else 1)
         Processor(llm).run(job.todo, job.emit, limit)
     finally:
         summary = job.close()

@@ -128,9 +128,8 @@ def collect(llm, text: str, *, n_ctx: int = 512, chunks: int | None = None, proc
     im = Imatrix(chunk_size=n_ctx)
     observed = copy.copy(model)  # the same weights; only its backend differs
     observed.kb = _Observer(model.kb, names, im)
-    runner = llm.engine.runner.scratch(n_ctx)
+    runner = llm.engine.scratch(n_ctx)  # after the compile started at load is done
     logits_idx = np.arange(n_ctx) if process_output else np.array([n_ctx - 1])
-    model.kb.ready()  # kernels compiling ahead (a first run) are done
     from tqdm import tqdm
 
     bar = tqdm(pieces, desc="imatrix", unit="chunk", disable=not progress, file=sys.stderr)

@@ -95,8 +95,10 @@ class LLM:
         mark("backend_s")
         self.tokenizer = Tokenizer(self.gguf)
         mark("tokenizer_s")
-        _announce_compile(progress)
-        # the kernels this model needs compile in worker processes while its weights load (a first run)
+        if progress:  # a status line on stderr whenever kernels compile (a first run; later runs load them)
+            self.kernels.show_compile_progress()
+        # the kernels this model needs compile in worker processes while its weights load (a first run);
+        # the engine waits for them before its first forward pass
         self.kernels.precompile(matrix_kinds(self.gguf, self.kernels), config.kv_dtype,
                                 stream=sys.stderr if progress else None)
         mark("precompile_s")
@@ -325,7 +327,7 @@ class LLM:
         # a generative model's final hidden states, (n, dim) (only the last row for pooling "last"),
         # through a KV cache of its own so the engine's is untouched
         n = len(ids)
-        return self.engine.runner.scratch(n).prefix(ids, [n - 1] if pooling == "last" else np.arange(n), hidden=True)
+        return self.engine.scratch(n).prefix(ids, [n - 1] if pooling == "last" else np.arange(n), hidden=True)
 
     def render_chat(self, messages, add_generation_prompt: bool = True, tools=None,
                     template_vars: dict | None = None) -> list[int]:
@@ -373,9 +375,6 @@ class LLM:
                 comp.text, comp.tool_calls, comp.finish_reason = content or "", calls, "tool_calls"
         return comp
 
-    def stream_chat(self, messages, params: SamplingParams | None = None) -> Iterator[StreamChunk]:
-        return self.stream(self.render_chat(messages), params)
-
     # -- evaluation ------------------------------------------------------------------------------
 
     def perplexity(self, text: str, n_ctx: int = 512, chunks: int | None = None, progress: bool = False) -> float:
@@ -397,7 +396,7 @@ class LLM:
         n_chunks = available if chunks is None else min(chunks, available)
         if n_chunks < 1:
             raise ValueError(f"chunks must be >= 1, got {chunks}")
-        runner = self.engine.runner.scratch(n_ctx)
+        runner = self.engine.scratch(n_ctx)
         first = n_ctx // 2
         nll, count = 0.0, 0
         from tqdm import tqdm
@@ -431,15 +430,6 @@ def fit_budget_for(gf: GGUFFile, config: EngineConfig) -> EngineConfig:
 
     return memory.fit_budget([memory.estimate_file(gf, config)], [config], config.memory_budget_mb,
                              [os.path.basename(gf.path)])[0]
-
-
-def _announce_compile(progress: bool) -> None:
-    """With progress, a status line on stderr whenever kernels compile (a first run; later runs load them
-    from Numba's cache)."""
-    if progress:
-        from .kernels.cpu import compile_status
-
-        compile_status.show_progress()
 
 
 __all__ = ["LLM", "Completion", "StreamChunk", "SamplingParams", "RequestOutput"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .config import DEFAULT_MAX_CONTEXT, KV_TYPES, EngineConfig, ModelConfig
+from .config import DEFAULT_MAX_CONTEXT, EngineConfig, ModelConfig
 from .errors import EdgeInferError
 
 MB = 2**20
@@ -68,16 +68,19 @@ def _ffn_rows(cfg: ModelConfig) -> tuple[int, int]:
     return n_expert + used * (2 * fe + cfg.dim) + 3 * shared, used * fe + shared
 
 
-def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig, active_weights: int = 0) -> Estimate:
-    from .engine.kv_cache import KVCache
-
+def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig, active_weights: int = 0,
+             kv_formats: dict | None = None) -> Estimate:
+    """kv_formats: the KV row formats (a backend's KV_FORMATS, as the engine passes them); by default the
+    one table, kernels/kv_format.py, which imports nothing (an estimate before any backend is loaded)."""
+    if kv_formats is None:
+        from .kernels.kv_format import KV_FORMATS as kv_formats
     T = config.max_num_batched_tokens
     ffn_f32, ffn_q8 = _ffn_rows(cfg)
     per_row = (4 * cfg.dim + ffn_f32 + (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim
                + cfg.n_head * cfg.v_head_dim)  # float32 activations alive at once in a layer
     quantized = cfg.dim + ffn_q8 + cfg.n_head * cfg.v_head_dim  # int8 copies, plus scales (~1/8)
     buffers = T * (4 * per_row + quantized * 9 // 8) + 2 * config.seqs_limit * cfg.vocab_size * 4
-    return Estimate(weights=weight_bytes, kv_per_token={t: KVCache.bytes_per_token(cfg, t) for t in KV_TYPES},
+    return Estimate(weights=weight_bytes, kv_per_token={t: f.bytes_per_token(cfg) for t, f in kv_formats.items()},
                     buffers=buffers, max_context=max_context(cfg, config), active_weights=active_weights)
 
 
@@ -163,7 +166,7 @@ def report(est: Estimate, config: EngineConfig) -> dict:
     kv = blocks * config.block_size * est.kv_per_token[config.kv_dtype]
     out = {
         "weights_mb": round(est.weights / MB, 1),
-        "kv_mb_per_1k_tokens": {t: round(est.kv_per_token[t] * 1000 / MB, 2) for t in KV_TYPES},
+        "kv_mb_per_1k_tokens": {t: round(b * 1000 / MB, 2) for t, b in est.kv_per_token.items()},
         "buffers_mb": round(est.buffers / MB, 1),
         "runtime_mb": round(RUNTIME_BYTES / MB, 1),
         "max_context": est.max_context,

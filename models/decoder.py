@@ -296,7 +296,6 @@ class Model:
     def forward(self, batch: Batch, cache: KVCache, hidden: bool = False) -> np.ndarray:
         """Logits (L, vocab), on the host, for the tokens batch.logits_idx selects; hidden: their final
         hidden states after the output norm (L, dim) instead (what llama.cpp's embeddings are)."""
-        self.kb.ready()  # kernels compiling ahead (a first run) are done
         if self.stack is None:
             return self.forward_per_op(batch, cache, hidden)
         rows = self.stack.run(self.embed(batch.token_ids), batch, cache)

@@ -34,7 +34,7 @@ BS = 16  # KV block size
 
 def _cache(m, n_blocks=8):
     c = m.cfg
-    return KVCache(c.n_layer, n_blocks, BS, c.n_kv_head, c.head_dim, c.v_head_dim)
+    return KVCache(c.n_layer, n_blocks, BS, c.n_kv_head, c.head_dim, c.v_head_dim, kb=kb)
 
 
 def _all_logits(m, ids, per_op=False):
@@ -280,7 +280,7 @@ def test_the_parallel_compile_plans_the_step_signature_models_run(zoo):
     for name in ("qwen3", "qwen3moe"):
         m = load_model(GGUFFile(zoo(name)), kb)
         c = m.cfg
-        cache = KVCache(c.n_layer, 8, BS, c.n_kv_head, c.head_dim, c.v_head_dim, dtype="f16")
+        cache = KVCache(c.n_layer, 8, BS, c.n_kv_head, c.head_dim, c.v_head_dim, dtype="f16", kb=kb)
         m.forward(Batch([5, 6], [0, 1], [0, 0], [0, 1], np.arange(8)[None], [1]), cache)
     assert parallel_compile.step_sig("f16") in {tuple(s) for s in step.forward_layers.signatures}
 

@@ -62,15 +62,15 @@ def test_q8_0_kv_cache_is_about_half_of_f16():
     class Cfg:
         n_layer, n_kv_head, head_dim, v_head_dim = 30, 3, 64, 64
 
-    f16, q8 = KVCache.bytes_per_token(Cfg, "f16"), KVCache.bytes_per_token(Cfg, "q8_0")
+    f16, q8 = kb.KV_FORMATS["f16"].bytes_per_token(Cfg), kb.KV_FORMATS["q8_0"].bytes_per_token(Cfg)
     assert q8 / f16 == pytest.approx(34 / 64)  # llama.cpp's q8_0: 34 bytes per 32 values, against 64
-    assert KVCache.bytes_per_token(Cfg, "f32") == 2 * f16
+    assert kb.KV_FORMATS["f32"].bytes_per_token(Cfg) == 2 * f16
 
 
 def forward_logits(m, kv: str, ids):
     c = m.cfg
     n = len(ids)
-    cache = KVCache(c.n_layer, -(-n // 4), 4, c.n_kv_head, c.head_dim, c.v_head_dim, dtype=kv)
+    cache = KVCache(c.n_layer, -(-n // 4), 4, c.n_kv_head, c.head_dim, c.v_head_dim, dtype=kv, kb=kb)
     return m.forward(Batch(ids, np.arange(n), np.zeros(n), np.arange(n), np.arange(-(-n // 4))[None],
                            np.arange(n)), cache)
 

@@ -63,7 +63,7 @@ def test_top_logits_match_llama_cpp(case):
         ids = entry["prompt_ids"]
         assert llm.tokenizer.encode(entry["prompt"]) == ids
         t = len(ids)
-        cache = KVCache(cfg.n_layer, 4, 16, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim)
+        cache = KVCache(cfg.n_layer, 4, 16, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim, kb=llm.kernels)
         pos = np.arange(t)
         logits = llm.model.forward(Batch(ids, pos, np.zeros(t), pos, np.arange(4)[None], [t - 1]), cache)[0]
         top = np.array(entry["top_logits"])

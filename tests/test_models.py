@@ -17,7 +17,7 @@ kb = get_backend("cpu")
 
 def _cache(m, n_blocks=32, bs=4):
     c = m.cfg
-    return KVCache(c.n_layer, n_blocks, bs, c.n_kv_head, c.head_dim, c.v_head_dim)
+    return KVCache(c.n_layer, n_blocks, bs, c.n_kv_head, c.head_dim, c.v_head_dim, kb=kb)
 
 
 def _full(m, ids, bs=4):
@@ -136,7 +136,7 @@ def test_compiled_step_equals_per_op_forward_bit_for_bit(tmp_path, writer, qtype
     for kv in ("f32", "f16", "q8_0") if m.cfg.head_dim % 32 == 0 else ("f32", "f16"):
         def run(use_stack):
             c = m.cfg
-            cache = KVCache(c.n_layer, 32, 4, c.n_kv_head, c.head_dim, c.v_head_dim, dtype=kv)
+            cache = KVCache(c.n_layer, 32, 4, c.n_kv_head, c.head_dim, c.v_head_dim, dtype=kv, kb=kb)
             table = np.arange(32)[None]
             stack, m.stack = m.stack, (m.stack if use_stack else None)
             try:

@@ -113,8 +113,8 @@ def decode_speed(llm, schemas, repeats, names):
         t0 = time.perf_counter()
         first, n, guide = None, 0, None
         with llm.engine.run() as run:
-            rid = run.submit(prompt, params)
-            guide = next(s for s in llm.engine._pending if s.request_id == rid).guide
+            guide = llm.engine.guide(params) if params.constrained else None  # as add_request would
+            run.submit(prompt, params, guide=guide)
             for out in run:
                 first = first or time.perf_counter()
                 n += len(out.new_token_ids)

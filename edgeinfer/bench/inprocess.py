@@ -250,7 +250,7 @@ def run(llm, repeats: int = 3, threads: int = 0, progress=None, first_run_too: b
     about = {"threads": threads, "system": system_info(), "model": os.path.basename(str(llm.path)),
              "file_mb": round(os.path.getsize(llm.path) / 1e6, 1)}
     spec = None
-    if llm.engine.proposer is not None:
+    if llm.engine.speculates:
         spec = spec_compare(llm, spec_prompts or load_spec_prompts(), repeats, say=say)
     if spec_only:
         return {"speculation": spec, **about}

@@ -15,6 +15,7 @@ from ..sampling import Sampler, SamplingParams, log_softmax
 from ..structured import GrammarCache, Guide
 from ..tokenizer import IncrementalDecoder, Tokenizer
 from .block_manager import BlockManager
+from .choices import Choices, follow
 from .model_runner import ModelRunner
 from .run import Run
 from .scheduler import Scheduler
@@ -38,6 +39,12 @@ class RequestOutput:
     prompt_token_ids: list[int] = field(default_factory=list)
     num_output_tokens: int = 0
     logprobs: list[dict] | None = None  # per new token: {"token_id", "logprob", "top": [(id, logprob)]}
+    index: int = 0  # the choice (add_request's n): finished says this choice is done,
+    done: bool | None = None  # done that every choice of the request is (None: as finished)
+
+    def __post_init__(self):
+        if self.done is None:
+            self.done = self.finished
 
 
 class _RequestState:
@@ -59,7 +66,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         cfg = model.cfg
-        est = memory.estimate(0, cfg, config)
+        est = memory.estimate(0, cfg, config, kv_formats=model.kb.KV_FORMATS)  # the backend's KV row formats
         self.max_context = est.max_context
         n_blocks = config.num_kv_blocks or memory.default_blocks(est, config)
         self.runner = ModelRunner(model, n_blocks, config.block_size, config.kv_dtype)
@@ -67,13 +74,15 @@ class LLMEngine:
         self.proposer = _make_proposer(speculation, config, n_blocks) if speculation is not None else None
         self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens,
                                    plan_spec=self._plan_spec if self.proposer is not None else None)
-        self.requests: dict[str, _RequestState] = {}
+        self.requests: dict[tuple[str, int], _RequestState] = {}  # by (request id, choice)
         # compiled constraints, shared by the requests that use them; masks applied by the backend's kernel
         self.grammars = GrammarCache(tokenizer, model.kb.mask_logits)
         self._lock = threading.Lock()
         self._pending: list[Sequence] = []
         self._aborts: list[str] = []
         self._next_id = 0
+        self._choices: dict[str, Choices] = {}  # requests with n > 1 choices, while any is unfinished
+        self._compiled = False  # the backend's compile started at load (a first run) is done
         self.guide_errors = 0  # constrained sequences whose matcher refused a sampled token
         self.spec_proposed = 0  # speculative decoding: tokens proposed and verified,
         self.spec_accepted = 0  # of them accepted by the target,
@@ -85,12 +94,16 @@ class LLMEngine:
     # -- requests (thread-safe) ------------------------------------------------------------------
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    priority: int = 0, guide: Guide | None = None) -> str:
+                    priority: int = 0, guide: Guide | None = None, n: int = 1) -> str:
         """Queue a request. A constrained one (params.json_schema, regex, choice or grammar) has its
-        constraint compiled here, in the caller's thread, unless `guide` (from self.grammars.guide,
-        compiled ahead) is given; a constraint the library rejects raises GrammarError (a ValueError)."""
+        constraint compiled here, in the caller's thread, unless `guide` (from self.guide, compiled
+        ahead) is given; a constraint the library rejects raises GrammarError (a ValueError).
+        n: choices sampled on their own from the prompt (each with its own seed: choices.choice_seed),
+        their outputs told apart by RequestOutput.index; they share the prompt's KV blocks."""
         if not isinstance(params, SamplingParams):
             raise TypeError("params must be a SamplingParams")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {n!r}")
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
@@ -110,18 +123,67 @@ class LLMEngine:
             )
         if params.constrained and guide is None:
             guide = self.grammars.guide(params)
+        choices = None
+        if n > 1:  # compiled once (the grammar cache); a fresh matcher for each choice
+            guides = [guide] + [self.grammars.guide(params) for _ in range(n - 1)] if params.constrained else [None] * n
+            bm = self.block_manager
+            choices = Choices(n, params, guides, priority,
+                              deferred=bm.enable_prefix_caching and len(prompt_ids) >= bm.block_size)
         with self._lock:
             if request_id is None:
                 request_id = f"req-{self._next_id}"
                 self._next_id += 1
-            if request_id in self.requests or any(s.request_id == request_id for s in self._pending):
+            if request_id in self._choices or (request_id, 0) in self.requests \
+                    or any(s.request_id == request_id for s in self._pending):
                 raise ValueError(f"request id {request_id!r} is already in use")
-            seq = Sequence(prompt_ids, params, request_id, priority, arrival=time.monotonic())
-            seq.guide = guide
-            if self.proposer is not None:
-                seq.spec = SpecState(self.proposer.max_tokens, params, drafts=not self.proposer.cheap)
-            self._pending.append(seq)
+            if choices is None:
+                self._pending.append(self._sequence(prompt_ids, params, request_id, priority, guide))
+            else:
+                self._choices[request_id] = choices
+                for i in range(1 if choices.deferred else n):
+                    self._pending.append(self._choice(prompt_ids, request_id, choices, i))
         return request_id
+
+    def _sequence(self, prompt_ids, params, request_id, priority, guide, choice: int = 0) -> Sequence:
+        seq = Sequence(prompt_ids, params, request_id, priority, arrival=time.monotonic())
+        seq.guide = guide
+        seq.choice = choice
+        if self.proposer is not None:
+            seq.spec = SpecState(self.proposer.max_tokens, params, drafts=not self.proposer.cheap)
+        return seq
+
+    def _choice(self, prompt_ids, request_id: str, choices: Choices, i: int) -> Sequence:
+        return self._sequence(prompt_ids, choices.params[i], request_id, choices.priority, choices.guides[i], i)
+
+    # -- what callers read (the API layer, the bench, perplexity and embeddings) ------------------
+
+    @property
+    def max_seqs(self) -> int:
+        """The most sequences that run at once (more wait in the queue)."""
+        return self.scheduler.max_seqs
+
+    @property
+    def speculates(self) -> bool:
+        """Whether this engine has a proposer (a draft model or prompt lookup); `speculate` pauses it."""
+        return self.proposer is not None
+
+    def guide(self, params: SamplingParams) -> Guide:
+        """A fresh matcher for params' constraint, compiled once per constraint (the grammar cache): to
+        compile ahead, in the caller's thread, and hand to add_request. GrammarError when rejected."""
+        return self.grammars.guide(params)
+
+    def scratch(self, n_tokens: int) -> ModelRunner:
+        """A runner over a KV cache of its own for n_tokens at positions 0.. (perplexity, a generative
+        model's embeddings, the importance matrix): the engine's blocks and requests stay untouched."""
+        self._wait_compiled()
+        return self.runner.scratch(n_tokens)
+
+    def _wait_compiled(self) -> None:
+        # the kernels the backend started compiling at load (a first run) are done before the first
+        # forward pass; waiting here rather than at load lets the compile overlap what comes between
+        if not self._compiled:
+            self.model.kb.ready()
+            self._compiled = True
 
     @property
     def cache(self):
@@ -147,22 +209,26 @@ class LLMEngine:
             pending, self._pending = self._pending, []
             aborts, self._aborts = self._aborts, []
         for seq in pending:
-            self.requests[seq.request_id] = _RequestState(seq, self.tokenizer)
+            self.requests[(seq.request_id, seq.choice)] = _RequestState(seq, self.tokenizer)
             self.scheduler.add(seq)
         outs = []
         for rid in aborts:
-            st = self.requests.pop(rid, None)
-            if st is not None:
-                self.scheduler.abort(st.seq)
-                st.seq.finish_reason = "abort"
-                outs.append(RequestOutput(rid, "", [], True, "abort", st.seq.prompt_ids, len(st.seq.output_ids)))
+            n = self._choices[rid].n if rid in self._choices else 1
+            for i in range(n):  # every choice running or queued (one not queued yet is ended by _fan_out)
+                st = self.requests.pop((rid, i), None)
+                if st is not None:
+                    self.scheduler.abort(st.seq)
+                    st.seq.finish_reason = "abort"
+                    outs.append(RequestOutput(rid, "", [], True, "abort", st.seq.prompt_ids, len(st.seq.output_ids),
+                                              index=i))
         return outs
 
     def step(self) -> list[RequestOutput]:
+        self._wait_compiled()
         outs = self._drain_inbox()
         sched = self.scheduler.schedule()
         if not sched:
-            return outs
+            return self._fan_out(outs)
         if self.proposer is not None and self.speculate:
             self._propose(sched)
         logits, sampling = self.runner.run(sched)
@@ -172,7 +238,7 @@ class LLMEngine:
                 self._commit(seq)
         for i, row, n_rows in sampling:
             seq = sched.seqs[i]
-            st = self.requests[seq.request_id]
+            st = self.requests[(seq.request_id, seq.choice)]
             if sched.num_spec[i]:
                 outs.append(self._verify(st, logits[row:row + n_rows]))
                 continue
@@ -180,7 +246,17 @@ class LLMEngine:
                 seq.guide.apply(logits[row])
             tid = st.sampler(logits[row], seq.prompt_ids, seq.output_ids)
             outs.append(self._push(st, [tid], [logits[row]]))
-        return outs
+        return self._fan_out(outs)
+
+    def _fan_out(self, outs: list[RequestOutput]) -> list[RequestOutput]:
+        # choice 0's first output queues the deferred choices of its request (choices.follow)
+        if not self._choices:
+            return outs
+        return follow(outs, self._choices, self._fork)
+
+    def _fork(self, prompt_ids: list[int], request_id: str, choices: Choices) -> None:
+        with self._lock:  # for the next step, as a request added now would be
+            self._pending.extend(self._choice(prompt_ids, request_id, choices, i) for i in range(1, choices.n))
 
     # -- speculative decoding ----------------------------------------------------------------------
 
@@ -249,10 +325,11 @@ class LLMEngine:
                 break
         out = RequestOutput(seq.request_id, delta, new, reason is not None, reason, seq.prompt_ids,
                             len(seq.output_ids), lps)
+        out.index = seq.choice
         if reason is not None:
             seq.finish_reason = reason
             self.scheduler.finish(seq)
-            del self.requests[seq.request_id]
+            del self.requests[(seq.request_id, seq.choice)]
         return out
 
     @staticmethod

@@ -121,7 +121,8 @@ class EngineLoop:
         self.engine = engine
         self.name = name
         self.threads = engine.config.threads or default_threads()
-        self._callbacks: dict[str, Callable[[RequestOutput], None]] = {}
+        # per request: its callback, and its choices not finished yet (add_request's n)
+        self._callbacks: dict[str, tuple[Callable[[RequestOutput], None], set[int]]] = {}
         self._lock = threading.Lock()
         self.steps = 0
         self.last_error: str | None = None
@@ -136,13 +137,14 @@ class EngineLoop:
             return len(self._callbacks)
 
     def submit(self, prompt_ids, params, on_output: Callable[[RequestOutput], None], priority: int = 0,
-               guide=None) -> str:
-        """Queue a request; raises ValueError at once for a prompt the engine cannot take."""
+               guide=None, n: int = 1) -> str:
+        """Queue a request (of n choices: on_output gets each one's outputs, told apart by their index);
+        raises ValueError at once for a prompt the engine cannot take."""
         rid = f"req-{next(_ids)}"
         with self._lock:
-            self._callbacks[rid] = on_output  # before the engine can produce anything for it
+            self._callbacks[rid] = (on_output, set(range(n)))  # before the engine can produce anything for it
         try:
-            self.engine.add_request(prompt_ids, params, request_id=rid, priority=priority, guide=guide)
+            self.engine.add_request(prompt_ids, params, request_id=rid, priority=priority, guide=guide, n=n)
         except BaseException:
             with self._lock:
                 self._callbacks.pop(rid, None)
@@ -155,14 +157,6 @@ class EngineLoop:
         self.engine.abort(request_id)
         _COMPUTE.wake()
 
-    def abort_all(self) -> None:
-        """Abort every request in flight (a batch job interrupted)."""
-        with self._lock:
-            rids = list(self._callbacks)
-        for rid in rids:
-            self.engine.abort(rid)
-        _COMPUTE.wake()
-
     def stop(self, timeout: float = 5.0) -> None:
         """Step this engine no more (a step under way finishes first, within timeout)."""
         _COMPUTE.remove(self)
@@ -173,8 +167,11 @@ class EngineLoop:
 
     def _deliver(self, out: RequestOutput) -> None:
         with self._lock:
-            cb = self._callbacks.pop(out.request_id, None) if out.finished else self._callbacks.get(out.request_id)
-        if cb is not None:
+            entry = self._callbacks.pop(out.request_id, None) if out.done else self._callbacks.get(out.request_id)
+            if entry is not None and out.finished:
+                entry[1].discard(out.index)
+        if entry is not None:
+            cb = entry[0]
             try:
                 cb(out)
             except Exception:  # a consumer's bug must not stop the engine for everyone else
@@ -190,10 +187,11 @@ class EngineLoop:
             self.last_error = f"{type(e).__name__}: {e}"
             traceback.print_exc()
             with self._lock:
-                failed = list(self._callbacks)
-            for rid in failed:
+                failed = [(rid, sorted(left)) for rid, (_, left) in self._callbacks.items()]
+            for rid, left in failed:  # every choice not finished yet, those the engine has not started too
                 self.engine.abort(rid)
-                self._deliver(RequestOutput(rid, "", [], True, "error"))
+                for i in left:
+                    self._deliver(RequestOutput(rid, "", [], True, "error", index=i, done=i == left[-1]))
             try:
                 self.engine.step()  # drain the aborts so their blocks are freed
             except Exception:

@@ -25,7 +25,7 @@ class Run:
         self.pending: set[str] = set()  # submitted and not finished
 
     def submit(self, prompt_ids, params, **kw) -> str:
-        """engine.add_request, the request tracked by this run."""
+        """engine.add_request (n choices too), the request tracked by this run."""
         rid = self.engine.add_request(prompt_ids, params, **kw)
         self.pending.add(rid)
         return rid
@@ -34,7 +34,7 @@ class Run:
         """One engine step: the outputs of this run's requests."""
         outs = [o for o in self.engine.step() if o.request_id in self.pending]
         for o in outs:
-            if o.finished:
+            if o.done:  # every choice of it
                 self.pending.discard(o.request_id)
         return outs
 

@@ -21,6 +21,7 @@ class Sequence:
                  arrival: float = 0.0):
         self.seq_id = next(_ids)
         self.request_id = request_id if request_id is not None else str(self.seq_id)
+        self.choice = 0  # which of its request's n choices (choices.py) this sequence is
         self.token_ids = list(prompt_ids)
         self.num_prompt_tokens = len(prompt_ids)
         self.num_computed_tokens = 0
@@ -47,10 +48,6 @@ class Sequence:
     @property
     def output_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens:]
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status == SequenceStatus.FINISHED
 
     def __repr__(self):
         return (f"Sequence({self.request_id}, {self.status.value}, tokens={self.num_tokens}, "

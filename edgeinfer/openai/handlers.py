@@ -7,11 +7,10 @@ Synchronous and free of any HTTP stack: the server calls these in a worker threa
 
 from __future__ import annotations
 
-import hashlib
-import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from .. import reasoning
+from ..engine.choices import choice_seed  # noqa: F401  (each choice's seed is the engine's: n choices)
 from ..engine.llm_engine import RequestOutput
 from ..sampling import SamplingParams
 from ..structured import GrammarError
@@ -31,32 +30,11 @@ class Generation:
     guide: object | None = None  # the compiled constraint, when params.constrained
     tools: list = field(default_factory=list)  # the request's tool specs
     shown: list = field(default_factory=list)  # the tools the model is shown (none for tool_choice "none")
-    # the n choices (req.n): each one's parameters (its own seed) and its own guide (a matcher follows
-    # one sequence); empty: the one choice of params and guide
-    choice_params: list = field(default_factory=list)
-    guides: list = field(default_factory=list)
+    # the choices (req.n): one engine request of n, each choice with its own seed and grammar matcher
+    # (edgeinfer.engine.choices), sharing the prompt's KV blocks
+    n: int = 1
     reasoning: bool = False  # a chat reply split into reasoning_content and content (edgeinfer.reasoning)
     reasoning_open: bool = False  # the prompt ends inside an open <think>: the reply starts in reasoning
-
-    @property
-    def n(self) -> int:
-        return len(self.choice_params) or 1
-
-    def choice(self, i: int) -> tuple[SamplingParams, object | None]:
-        """Choice i's sampling parameters and guide."""
-        if not self.choice_params:
-            return self.params, self.guide
-        return self.choice_params[i], self.guides[i]
-
-
-def choice_seed(seed: int | None, i: int) -> int | None:
-    """Choice i's seed: the request's own for choice 0 (n=1 answers as before), one made of (seed, i)
-    for the others, so a seeded response is reproducible and its choices differ; None stays None
-    (each choice draws its own entropy)."""
-    if seed is None or i == 0:
-        return seed
-    digest = hashlib.blake2b(f"{seed}/{i}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1  # 63 bits, as the schema's seeds
 
 
 def budget(llm, prompt_ids: list[int], req: P.ParsedRequest, param: str) -> int:
@@ -116,16 +94,13 @@ def prepare_generation(llm, name: str, body: dict, req: P.ParsedRequest, chat: b
             raise P.bad("prompt", "'prompt' is empty")
     params = P.sampling_params(req, budget(llm, prompt_ids, req, "messages" if chat else "prompt"), **extra)
     P.check_token_ids([t for t, _ in params.logit_bias], tok.vocab_size, "logit_bias")
-    choice_params = [replace(params, seed=choice_seed(params.seed, i)) for i in range(req.n)] if req.n > 1 else []
-    guides = []
+    guide = None
     if params.constrained:
-        try:  # compiled once (the grammar cache); a fresh matcher for each choice
-            guides = [llm.engine.grammars.guide(params) for _ in range(req.n)]
+        try:  # compiled here, in the caller's thread; the engine's grammar cache serves the other choices
+            guide = llm.engine.guide(params)
         except GrammarError as e:
             raise P.bad(req.constraint_param or "tools", str(e)) from None
-    gen = Generation(req, chat, prompt_ids, params, guides[0] if guides else None, tools, shown)
-    if req.n > 1:
-        gen.choice_params, gen.guides = choice_params, guides or [None] * req.n
+    gen = Generation(req, chat, prompt_ids, params, guide, tools, shown, req.n)
     if chat and reasoning.splits(reasoning_format, llm.chat_template.source):
         gen.reasoning = True
         gen.reasoning_open = reasoning.prompt_opens_reasoning(tok.decode(prompt_ids[-16:], special=True))
@@ -152,68 +127,6 @@ class Output:
     @property
     def text(self) -> str:
         return "".join(self.parts)
-
-
-class Choices:
-    """The n choices of one generation in an engine, each a request of its own.
-
-    They share the prompt's KV blocks through the prefix cache. Requests admitted in the same step
-    would not: a block is registered for reuse only once its tokens are computed, so n requests
-    submitted together would each prefill the whole prompt. So the first choice is submitted at once
-    and the others when its first output comes, from the thread that steps the engine, right after the
-    step that computed (and registered) the prompt's full blocks: they prefill only the last, partly
-    filled block. A prompt shorter than one block has nothing to share, and all n go at once.
-
-    submit(prompt_ids, params, guide, on_output) -> request id (a ValueError when the engine cannot
-    take the prompt) and abort(request id) are the engine's (an EngineLoop's, or a Run's);
-    on_output(index, RequestOutput) gets every choice's outputs."""
-
-    def __init__(self, gen: Generation, engine, submit, abort, on_output):
-        self.gen = gen
-        self.n = gen.n
-        self._submit, self._abort, self._on_output = submit, abort, on_output
-        bm = engine.block_manager
-        self._defer = self.n > 1 and bm.enable_prefix_caching and len(gen.prompt_ids) >= bm.block_size
-        self._lock = threading.Lock()
-        self._rids: list[str] = []
-        self._waiting = self._defer  # the other choices wait for the first one's prompt
-        self._aborted = False
-
-    def start(self) -> None:
-        """Submit the first choice (all of them when nothing is shared); ValueError from the engine."""
-        with self._lock:
-            for i in range(1 if self._defer else self.n):
-                self._start(i)
-
-    def _start(self, i: int) -> None:
-        params, guide = self.gen.choice(i)
-        self._rids.append(self._submit(self.gen.prompt_ids, params, guide, lambda out: self._output(i, out)))
-
-    def _output(self, i: int, out: RequestOutput) -> None:
-        if i == 0 and self._waiting:
-            self._start_rest(out.finish_reason)
-        self._on_output(i, out)
-
-    def _start_rest(self, first_reason: str | None) -> None:
-        with self._lock:
-            self._waiting = False
-            failed = first_reason in ("error", "abort") or self._aborted
-            for j in range(1, self.n):
-                if not failed:
-                    try:
-                        self._start(j)
-                        continue
-                    except ValueError:  # the engine took this prompt a step ago: not expected
-                        first_reason = "error"
-                self._on_output(j, RequestOutput("", "", [], True, first_reason or "abort"))
-
-    def abort(self) -> None:
-        """Stop every choice (a client gone, a timeout); those not submitted yet never will be."""
-        with self._lock:
-            self._aborted = True
-            rids = list(self._rids)
-        for rid in rids:
-            self._abort(rid)
 
 
 def embedding_inputs(llm, name: str, inputs: list, dims: int | None, truncate: bool) -> list[list[int]]:
@@ -267,7 +180,7 @@ def prepare_infill(llm, name: str, req: P.ParsedRequest, inp: P.InfillInput) -> 
     guide = None
     if params.constrained:
         try:
-            guide = llm.engine.grammars.guide(params)
+            guide = llm.engine.guide(params)
         except GrammarError as e:
             raise P.bad(req.constraint_param, str(e)) from None
     return Generation(req, False, prompt_ids, params, guide)

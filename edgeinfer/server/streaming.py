@@ -1,8 +1,8 @@
 """A generation between the engine and an HTTP response: submitted to the model's engine loop, its
 outputs come back through its own asyncio queue, gathered whole (collect) or sent as server-sent
 events (stream). Both watch the request timeout, and a client that goes away has its request aborted
-and its KV blocks freed. A request for n choices (submit_choices) is n engine requests whose outputs
-come through one queue, each with its choice's index; a client gone aborts all n."""
+and its KV blocks freed. A request for n choices (submit_choices) is one engine request whose choices'
+outputs come through one queue, each with its choice's index; a client gone aborts all n."""
 
 from __future__ import annotations
 
@@ -20,66 +20,52 @@ from ..openai import protocol as P
 def _check_queue(state, sm) -> None:
     """A 503 when more than --max-queue requests are already waiting."""
     stats = sm.llm.engine.stats()
-    must_wait = stats["waiting"] > 0 or stats["running"] >= sm.llm.engine.scheduler.max_seqs
+    must_wait = stats["waiting"] > 0 or stats["running"] >= sm.llm.engine.max_seqs
     if must_wait and stats["waiting"] >= state.config.max_queue:
         raise P.APIError(503, f"the server is busy: {stats['waiting']} requests are waiting; try again shortly",
                          headers={"Retry-After": "1"})
 
 
-def submit(state, sm, prompt_ids, params, priority: int = 0, guide=None) -> tuple[str, asyncio.Queue]:
-    """Queue a generation on a served model's engine loop: its request id and the queue its outputs come
-    through. A 503 when more than --max-queue requests are already waiting."""
+def submit(state, sm, prompt_ids, params, priority: int = 0, guide=None, n: int = 1) -> tuple[str, asyncio.Queue]:
+    """Queue a generation (of n choices) on a served model's engine loop: its request id and the queue its
+    outputs come through. A 503 when more than --max-queue requests are already waiting."""
     _check_queue(state, sm)
     queue: asyncio.Queue = asyncio.Queue()
     aloop = asyncio.get_running_loop()
     try:
         rid = sm.loop.submit(prompt_ids, params, lambda out: aloop.call_soon_threadsafe(queue.put_nowait, out),
-                             priority=priority, guide=guide)
+                             priority=priority, guide=guide, n=n)
     except ValueError as e:
         raise P.bad("prompt", str(e)) from None
     return rid, queue
 
 
-def submit_choices(state, sm, gen: H.Generation) -> tuple[H.Choices, asyncio.Queue]:
-    """Queue a generation's n choices (handlers.Choices: the first now, the rest once the prompt's blocks
-    are cached): the Choices and the queue of their (index, output) pairs. A 503 as submit's."""
-    _check_queue(state, sm)
-    queue: asyncio.Queue = asyncio.Queue()
-    aloop = asyncio.get_running_loop()
-    priority = gen.req.priority
-
-    def engine_submit(prompt_ids, params, guide, on_output):
-        return sm.loop.submit(prompt_ids, params, on_output, priority=priority, guide=guide)
-
-    choices = H.Choices(gen, sm.llm.engine, engine_submit, sm.loop.abort,
-                        lambda i, out: aloop.call_soon_threadsafe(queue.put_nowait, (i, out)))
-    try:
-        choices.start()
-    except ValueError as e:
-        raise P.bad("prompt", str(e)) from None
-    return choices, queue
+def submit_choices(state, sm, gen: H.Generation) -> tuple["Choices", asyncio.Queue]:
+    """Queue a generation's n choices, one engine request (the engine queues the others once the
+    prompt's blocks are cached): its Choices and the queue of its outputs. A 503 as submit's."""
+    rid, queue = submit(state, sm, gen.prompt_ids, gen.params, gen.req.priority, gen.guide, gen.n)
+    return Choices(sm, rid, gen.n), queue
 
 
-class _One:
-    """A single request (submit's) seen as choices: one, index 0."""
+class Choices:
+    """A request's choices as the response sees them: how many, each output's index, abort all."""
 
-    n = 1
-
-    def __init__(self, sm, rid: str):
-        self._sm, self._rid = sm, rid
+    def __init__(self, sm, rid: str, n: int, indexed: bool = True):
+        self._sm, self._rid, self.n = sm, rid, n
+        self.indexed = indexed  # chunks name their choice (the OpenAI routes); submit's plain requests do not
 
     def abort(self) -> None:
         self._sm.loop.abort(self._rid)
 
 
 def _as_choices(sm, rid):
-    return rid if isinstance(rid, H.Choices) else _One(sm, rid)
+    return rid if isinstance(rid, Choices) else Choices(sm, rid, 1, indexed=False)
 
 
-async def _next(queue, choices):
-    """The next (index, output): submit's queue holds outputs, submit_choices' (index, output) pairs."""
-    item = await queue.get()
-    return item if isinstance(choices, H.Choices) else (0, item)
+async def _next(queue):
+    """The next (index, output)."""
+    out = await queue.get()
+    return out.index, out
 
 
 def _timeout_error(state) -> P.APIError:
@@ -99,7 +85,7 @@ async def collect_choices(state, request: Request, sm, choices, queue, t0: float
             if time.monotonic() >= deadline:  # checked on every output: a busy stream must time out too
                 raise _timeout_error(state)
             try:
-                i, out = await asyncio.wait_for(_next(queue, choices),
+                i, out = await asyncio.wait_for(_next(queue),
                                                 timeout=min(0.5, max(0.01, deadline - time.monotonic())))
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
@@ -147,7 +133,7 @@ def stream(state, sm, rid, queue: asyncio.Queue, t0: float, labels, chunks, incl
                 try:
                     if time.monotonic() >= deadline:
                         raise asyncio.TimeoutError
-                    i, out = await asyncio.wait_for(_next(queue, choices),
+                    i, out = await asyncio.wait_for(_next(queue),
                                                     timeout=max(0.01, deadline - time.monotonic()))
                 except asyncio.TimeoutError:
                     yield _event(_timeout_error(state).body())
@@ -163,7 +149,7 @@ def stream(state, sm, rid, queue: asyncio.Queue, t0: float, labels, chunks, incl
                     break
                 if out.delta_text or out.logprobs or out.finished:
                     args = (out.delta_text, out.finish_reason if out.finished else None, out.logprobs or [])
-                    for chunk in chunks(*args, index=i) if isinstance(choices, H.Choices) else chunks(*args):
+                    for chunk in chunks(*args, index=i) if choices.indexed else chunks(*args):
                         yield _event(chunk)
             if not left and include_usage:
                 yield _event(chunks.usage(n_prompt, n_out))

@@ -6,6 +6,7 @@ import numba
 import numpy as np
 
 from .. import kinds
+from ..kv_format import KV_FORMATS  # noqa: F401  (the KV cache's row formats, for the engine)
 from . import int8, moe, quant, simd, units
 from .attention import paged_attention  # noqa: F401
 from .dense import dense, encoder_attention, layernorm, set_blas_threads, silu  # noqa: F401
@@ -111,6 +112,14 @@ def ready() -> None:
     from . import parallel_compile
 
     parallel_compile.wait_all()
+
+
+def show_compile_progress(stream=None) -> None:
+    """From now on, a status line on stderr (or `stream`) whenever kernels compile (a first run, or a new
+    model's weight types; later runs load them from Numba's cache). Idempotent."""
+    from . import compile_status
+
+    compile_status.show_progress(stream)
 
 
 def layer_stack(cfg, layers, inv_freqs, **flags):

@@ -18,6 +18,7 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from ..kinds import COUNT
+from ..kv_format import KV_FORMATS
 from . import simd
 
 # -- the call -------------------------------------------------------------------------------------
@@ -84,7 +85,8 @@ def slot(kind, tokens):
     """The table slot of a matmul of `tokens` tokens of a matrix of this kind."""
     return kind + SMALL if tokens <= simd.SMALL_TOKENS else kind
 
-KV_DTYPES = {"f32": np.float32, "f16": np.uint16, "q8_0": np.int8}  # KV cache element type per KV type
+
+KV_DTYPES = {name: f.storage for name, f in KV_FORMATS.items()}  # KV cache element type per KV type
 
 
 def attention_sig(kv: str) -> tuple:

@@ -14,6 +14,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .. import kinds
+from ..kv_format import KV_FORMATS  # noqa: F401  (the KV cache's row formats, for the engine; f32 only here)
 from . import quant
 from ..cpu.mask import mask_logits  # noqa: F401  (on the host: the sampler reads host logits)
 
@@ -92,6 +93,11 @@ def precompile(kinds, kv_type: str, stream=None):
 
 
 def ready() -> None:
+    return None
+
+
+def show_compile_progress(stream=None) -> None:
+    """numba.cuda compiles each kernel at its first launch, in a moment: there is no status line to show."""
     return None
 
 

@@ -33,7 +33,7 @@ def _logits_per_path(m, ids):
     for path in ["portable"] + ARM:
         backend.UNITS = units.Table(path)
         c = m.cfg
-        cache = KVCache(c.n_layer, 8, 16, c.n_kv_head, c.head_dim, c.v_head_dim)
+        cache = KVCache(c.n_layer, 8, 16, c.n_kv_head, c.head_dim, c.v_head_dim, kb=backend)
         out[path] = m.forward_per_op(batch, cache)
     return out
 
