@@ -106,10 +106,11 @@ def inspect(model, as_json, memory, kv_type, max_context):
         s = summarize(gf)
         if memory:
             from edgeinfer import memory as mem
+            from edgeinfer.file_estimate import estimate_file
             from edgeinfer.config import EngineConfig
 
             config = EngineConfig(kv_dtype=kv_type or "", max_context=max_context)
-            s["memory"] = mem.report(mem.estimate_file(gf, config), config)
+            s["memory"] = mem.report(estimate_file(gf, config), config)
     if as_json:
         click.echo(json.dumps(s))
         return

@@ -141,10 +141,11 @@ def budget_configs(paths, base, budget_mb: float):
     import os
 
     from edgeinfer import memory
+    from edgeinfer.file_estimate import estimate_file
     from edgeinfer.gguf_file import GGUFFile
 
     ests = []
     for p in paths:
         with GGUFFile(p) as gf:
-            ests.append(memory.estimate_file(gf, base))
+            ests.append(estimate_file(gf, base))
     return memory.fit_budget(ests, [base] * len(paths), budget_mb, [os.path.basename(p) for p in paths])

@@ -427,8 +427,9 @@ class LLM:
 def fit_budget_for(gf: GGUFFile, config: EngineConfig) -> EngineConfig:
     """config with its KV pool and sequences sized to config.memory_budget_mb for the model in gf."""
     from . import memory
+    from .file_estimate import estimate_file
 
-    return memory.fit_budget([memory.estimate_file(gf, config)], [config], config.memory_budget_mb,
+    return memory.fit_budget([estimate_file(gf, config)], [config], config.memory_budget_mb,
                              [os.path.basename(gf.path)])[0]
 
 

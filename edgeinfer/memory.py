@@ -8,6 +8,9 @@ whatever the budget leaves after the runtime, the weights and the step's buffers
 context per sequence, and loading fails, naming the smallest budget that fits, if not even one
 context fits.
 
+This module reads no files and imports no kernels, models or quant (the engine sizes its pool with it);
+file_estimate.py estimates a GGUF file before it is loaded.
+
 Figures are bytes unless a name says MB; an MB here is 2**20 bytes, in the flags as in the reports.
 
 A mixture-of-experts model's weights are all its experts (every expert is resident, whichever the router
@@ -68,12 +71,10 @@ def _ffn_rows(cfg: ModelConfig) -> tuple[int, int]:
     return n_expert + used * (2 * fe + cfg.dim) + 3 * shared, used * fe + shared
 
 
-def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig, active_weights: int = 0,
-             kv_formats: dict | None = None) -> Estimate:
-    """kv_formats: the KV row formats (a backend's KV_FORMATS, as the engine passes them); by default the
-    one table, kernels/kv_format.py, which imports nothing (an estimate before any backend is loaded)."""
-    if kv_formats is None:
-        from .kernels.kv_format import KV_FORMATS as kv_formats
+def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig, kv_formats: dict,
+             active_weights: int = 0) -> Estimate:
+    """kv_formats: the KV row formats (a backend's KV_FORMATS, as the engine passes them, or the kernels'
+    one table, kernels/kv_format.py, as file_estimate passes it before any backend is loaded)."""
     T = config.max_num_batched_tokens
     ffn_f32, ffn_q8 = _ffn_rows(cfg)
     per_row = (4 * cfg.dim + ffn_f32 + (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim
@@ -82,44 +83,6 @@ def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig, active_w
     buffers = T * (4 * per_row + quantized * 9 // 8) + 2 * config.seqs_limit * cfg.vocab_size * 4
     return Estimate(weights=weight_bytes, kv_per_token={t: f.bytes_per_token(cfg) for t, f in kv_formats.items()},
                     buffers=buffers, max_context=max_context(cfg, config), active_weights=active_weights)
-
-
-def is_expert_tensor(info) -> bool:
-    """An MoE layer's experts: one 3-D tensor (cols, rows, n_expert) per projection (ffn_{gate,up,down}_exps)."""
-    return len(info.shape) == 3 and "_exps." in info.name
-
-
-def _loaded(info) -> int:
-    from .quant.repack import loaded_bytes
-
-    n = 1
-    for d in info.shape:
-        n *= int(d)
-    return loaded_bytes(info.ggml_type, n, info.n_bytes)
-
-
-def weight_bytes(gf) -> int:
-    """Bytes the loaded weights occupy: the file's tensor data, every expert of an MoE model included, as
-    repacked (quant/repack.loaded_bytes: the K-quants' 6-bit scales a byte each, Q6_K's values a byte each,
-    IQ4_XS 4.5 bits a weight rather than 4.25)."""
-    return sum(_loaded(info) for info in gf.tensors.values())
-
-
-def active_weight_bytes(gf, n_expert: int, n_used: int) -> int:
-    """Bytes of weights one token reads: all but the experts, and n_used of n_expert of those."""
-    dense = sum(_loaded(t) for t in gf.tensors.values() if not is_expert_tensor(t))
-    experts = sum(_loaded(t) for t in gf.tensors.values() if is_expert_tensor(t))
-    return dense + experts * n_used // max(1, n_expert)
-
-
-def estimate_file(gf, config: EngineConfig) -> Estimate:
-    """The estimate for the model in an open GGUFFile, without loading its weights."""
-    from .models import model_config
-
-    cfg = model_config(gf)
-    n_expert = getattr(cfg, "n_expert", 0)
-    active = active_weight_bytes(gf, n_expert, cfg.n_expert_used) if n_expert else 0
-    return estimate(weight_bytes(gf), cfg, config, active)
 
 
 def default_blocks(est: Estimate, config: EngineConfig) -> int:

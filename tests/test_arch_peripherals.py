@@ -12,6 +12,8 @@ from gguf.constants import GGMLQuantizationType as T
 from edgeinfer import memory
 from edgeinfer.cli.main import main
 from edgeinfer.config import EngineConfig
+from edgeinfer import file_estimate
+from edgeinfer.file_estimate import estimate_file
 from edgeinfer.gguf_file import GGUFFile
 from edgeinfer.info import summarize
 from edgeinfer.quant.mixes import TYPES
@@ -133,12 +135,12 @@ def _expert_bytes(gf):
 @pytest.mark.parametrize("name,n_used,n_expert", [("qwen3moe", 2, 8), ("olmoe", 2, 8), ("qwen2moe", 2, 6)])
 def test_memory_counts_every_expert(zoo, name, n_used, n_expert):
     with GGUFFile(zoo(name)) as gf:
-        est = memory.estimate_file(gf, EngineConfig())
+        est = estimate_file(gf, EngineConfig())
         total = sum(t.n_bytes for t in gf.tensors.values())
         experts = _expert_bytes(gf)
         # as repacked: the file's bytes, K-quant scales and Q6_K values a byte each (quant/repack.loaded_bytes)
-        loaded = sum(memory._loaded(t) for t in gf.tensors.values())
-        loaded_experts = sum(memory._loaded(t) for t in gf.tensors.values() if "_exps." in t.name)
+        loaded = sum(file_estimate._loaded(t) for t in gf.tensors.values())
+        loaded_experts = sum(file_estimate._loaded(t) for t in gf.tensors.values() if "_exps." in t.name)
     assert experts > total / 2  # these models are mostly experts
     assert total <= loaded <= total * 1.31
     assert est.weights == loaded  # all experts, not only the active ones
@@ -153,7 +155,7 @@ def test_kv_per_token_uses_the_key_length(zoo, name, head_dim):
     with GGUFFile(zoo(name)) as gf:
         a = gf.architecture
         n_layer, n_kv = gf.metadata[f"{a}.block_count"], gf.metadata[f"{a}.attention.head_count_kv"]
-        est = memory.estimate_file(gf, EngineConfig())
+        est = estimate_file(gf, EngineConfig())
     # every layer (gemma2's sliding ones too: the pool gives them full rows) holds K and V of head_dim
     assert est.kv_per_token["f32"] == n_layer * n_kv * 2 * head_dim * 4
     assert est.kv_per_token["f16"] == est.kv_per_token["f32"] // 2
@@ -161,7 +163,7 @@ def test_kv_per_token_uses_the_key_length(zoo, name, head_dim):
 
 def test_memory_budget_names_the_experts_weights(zoo):
     with GGUFFile(zoo("qwen3moe")) as gf:
-        est = memory.estimate_file(gf, EngineConfig())
+        est = estimate_file(gf, EngineConfig())
     with pytest.raises(memory.MemoryBudgetError, match=rf"weights {est.weights / memory.MB:.0f} MB"):
         memory.fit_budget([est], [EngineConfig()], 100)
 

@@ -121,9 +121,11 @@ def test_memory_budget_sizes_the_pool_or_names_the_smallest(tmp_path):
     p = tmp_path / "g.gguf"
     write_tiny_gemma3(p, n_ctx=512)
     with GGUFFile(p) as gf:
+        from edgeinfer.file_estimate import weight_bytes
+        from edgeinfer.kernels.kv_format import KV_FORMATS
         from edgeinfer.models import model_config
 
-        est = memory.estimate(memory.weight_bytes(gf), model_config(gf), EngineConfig())
+        est = memory.estimate(weight_bytes(gf), model_config(gf), EngineConfig(), KV_FORMATS)
     smallest = memory.RUNTIME_BYTES + est.minimum("f16")
     with pytest.raises(MemoryBudgetError) as e:
         LLM(str(p), memory_budget_mb=(smallest - 1) / memory.MB, progress=False)

@@ -43,7 +43,7 @@ def test_the_engines_cache_and_memorys_estimate_read_the_table():
         dim, n_head, ffn_dim, vocab_size = 64, 3, 128, 100
 
     kb = get_backend("cpu")
-    est = memory.estimate(0, Cfg, EngineConfig())
+    est = memory.estimate(0, Cfg, EngineConfig(), KV_FORMATS)
     for name, fmt in KV_FORMATS.items():
         cache = KVCache.for_model(Cfg, 2, 4, name, kb=kb)
         assert cache.k.dtype == np.dtype(fmt.storage) and cache.k.shape[-1] == fmt.row_len(64)

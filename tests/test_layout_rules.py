@@ -22,30 +22,12 @@ def sources():
             yield ".".join([pkg, *parts]), path, path.name == "__init__.py"
 
 
-def _import_nodes(tree: ast.AST, at_load: bool):
-    """The import statements of a module: all of them, or (at_load) those that run when it is imported (not
-    in a function's body, nor under `if TYPE_CHECKING:`)."""
-    if not at_load:
-        yield from ast.walk(tree)
-        return
-    todo = list(ast.iter_child_nodes(tree))
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            continue
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            todo.extend(node.orelse)
-            continue
-        yield node
-        todo.extend(ast.iter_child_nodes(node))
-
-
-def imported(module: str, path: Path, is_pkg: bool, at_load: bool = False) -> set[str]:
-    """Every edgeinfer module this file imports, at the top or lazily (at_load: only what importing it runs),
+def imported(module: str, path: Path, is_pkg: bool) -> set[str]:
+    """Every edgeinfer module this file imports, at the top or lazily,
     resolved to absolute names; `from X import y` gives X and X.y, whether y is a module or a name."""
     here = module.split(".") if is_pkg else module.split(".")[:-1]
     out = set()
-    for node in _import_nodes(ast.parse(path.read_text()), at_load):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.startswith("edgeinfer"))
         elif isinstance(node, ast.ImportFrom):
@@ -84,7 +66,7 @@ def test_kernels_import_nothing_of_ours_and_the_openai_layer_no_http():
                            for p in ("edgeinfer.models", "edgeinfer.kernels", "edgeinfer.quant")), (m, deps)
 
 
-def import_graph(at_load: bool = False) -> dict[str, set[str]]:
+def import_graph() -> dict[str, set[str]]:
     """module -> the edgeinfer modules importing it runs. Importing a.b.c runs the packages a and a.b first,
     so they count too, except the importer's own packages, which are already running when it is imported (a
     package whose __init__ imports its submodules is no cycle unless one of them imports it back)."""
@@ -98,7 +80,7 @@ def import_graph(at_load: bool = False) -> dict[str, set[str]]:
     graph = {}
     for m, p, pkg in found:
         own = with_packages(m)
-        graph[m] = {d for i in imported(m, p, pkg, at_load) for d in with_packages(i) if d in modules} - own
+        graph[m] = {d for i in imported(m, p, pkg) for d in with_packages(i) if d in modules} - own
     return graph
 
 
@@ -154,8 +136,8 @@ def test_the_cycle_check_sees_cycles_and_packages():
     assert "edgeinfer.registry" not in graph["edgeinfer.registry.hf"]
 
 
-def test_importing_the_engine_loads_no_models_kernels_quant():
-    graph = import_graph(at_load=True)
+def test_the_engine_reaches_no_models_kernels_quant_lazy_imports_included():
+    graph = import_graph()
     via = reachable(graph, {m for m in graph if in_package(m, "edgeinfer.engine")})
     bad = []
     for m in sorted(via):

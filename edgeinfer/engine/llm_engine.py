@@ -66,7 +66,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         cfg = model.cfg
-        est = memory.estimate(0, cfg, config, kv_formats=model.kb.KV_FORMATS)  # the backend's KV row formats
+        est = memory.estimate(0, cfg, config, model.kb.KV_FORMATS)  # the backend's KV row formats
         self.max_context = est.max_context
         n_blocks = config.num_kv_blocks or memory.default_blocks(est, config)
         self.runner = ModelRunner(model, n_blocks, config.block_size, config.kv_dtype)

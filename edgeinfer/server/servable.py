@@ -52,7 +52,9 @@ def describe(path: str, config: EngineConfig) -> dict:
     from ..info import parameters
 
     with GGUFFile(path) as gf:
-        est = memory.estimate_file(gf, config)
+        from ..file_estimate import estimate_file  # reads the file's tensors: models and quant, loaded lazily
+
+        est = estimate_file(gf, config)
         arch = gf.architecture
         n_params = parameters(gf)[0]
         by_bytes = gf.type_bytes()

@@ -1,0 +1,46 @@
+"""What a GGUF file will need once loaded, read from its header without loading its weights: the
+weights as repacked (quant/repack.loaded_bytes), the KV per token of each KV type (the kernels' one
+table of KV row formats), the step's buffers (memory.estimate). `edgeinfer inspect --memory`, the
+server's budget and LLM's memory budget use it; the engine sizes its pool with memory.py alone."""
+
+from __future__ import annotations
+
+from .config import EngineConfig
+from .kernels.kv_format import KV_FORMATS
+from .memory import Estimate, estimate
+from .models import model_config
+from .quant.repack import loaded_bytes
+
+
+def is_expert_tensor(info) -> bool:
+    """An MoE layer's experts: one 3-D tensor (cols, rows, n_expert) per projection (ffn_{gate,up,down}_exps)."""
+    return len(info.shape) == 3 and "_exps." in info.name
+
+
+def _loaded(info) -> int:
+    n = 1
+    for d in info.shape:
+        n *= int(d)
+    return loaded_bytes(info.ggml_type, n, info.n_bytes)
+
+
+def weight_bytes(gf) -> int:
+    """Bytes the loaded weights occupy: the file's tensor data, every expert of an MoE model included, as
+    repacked (quant/repack.loaded_bytes: the K-quants' 6-bit scales a byte each, Q6_K's values a byte each,
+    IQ4_XS 4.5 bits a weight rather than 4.25)."""
+    return sum(_loaded(info) for info in gf.tensors.values())
+
+
+def active_weight_bytes(gf, n_expert: int, n_used: int) -> int:
+    """Bytes of weights one token reads: all but the experts, and n_used of n_expert of those."""
+    dense = sum(_loaded(t) for t in gf.tensors.values() if not is_expert_tensor(t))
+    experts = sum(_loaded(t) for t in gf.tensors.values() if is_expert_tensor(t))
+    return dense + experts * n_used // max(1, n_expert)
+
+
+def estimate_file(gf, config: EngineConfig) -> Estimate:
+    """The estimate for the model in an open GGUFFile, without loading its weights."""
+    cfg = model_config(gf)
+    n_expert = getattr(cfg, "n_expert", 0)
+    active = active_weight_bytes(gf, n_expert, cfg.n_expert_used) if n_expert else 0
+    return estimate(weight_bytes(gf), cfg, config, KV_FORMATS, active)
