@@ -1,8 +1,10 @@
-"""The compiled step's arguments by name (kernels/cpu/parts/, step.LayerStack): each part names where its
-layers' matrices are, and the precompile's signature is what a real model passes. No step is compiled here."""
+"""The compiled step's arguments by name (kernels/cpu/parts/, step.LayerStack) and a layer's tensors as
+its parts' (models/parts/): each part names where its layers' matrices are, the precompile's signature is
+what a real model passes, and the layer tensors are the parts' in block order. No step is compiled here."""
 
 import numba
 import numpy as np
+from gguf.constants import MODEL_TENSOR as TN
 
 from edgeinfer.engine.kv_cache import KVCache
 from edgeinfer.engine.model_runner import Batch
@@ -11,6 +13,9 @@ from edgeinfer.kernels import get_backend
 from edgeinfer.kernels.cpu import parallel_compile
 from edgeinfer.kernels.cpu.parts import attention, ffn
 from edgeinfer.models import load_model
+from edgeinfer.models.decoder import layer_tensors
+from edgeinfer.models.llama import SPEC as LLAMA
+from edgeinfer.models.moe import QWEN2MOE
 
 kb = get_backend("cpu")
 
@@ -51,3 +56,17 @@ def test_the_precompiled_signature_is_what_models_pass(tiny_llama_path, zoo):
             args = m.stack.args(np.zeros((2, c.dim), np.float32), batch, cache, m.stack.units_for(cache.k.dtype))
             assert tuple(numba.typeof(a) for a in args) == parallel_compile.step_sig(kv), (c.arch, kv)
 
+
+def test_a_layers_tensors_are_its_parts_in_block_order():
+    from edgeinfer.config import ModelConfig
+
+    cfg = ModelConfig(arch="llama", n_layer=1, dim=8, n_head=2, n_kv_head=2, head_dim=4, v_head_dim=4, ffn_dim=16,
+                      vocab_size=10, context_length=32, norm_eps=1e-5, rope_base=1e4, rope_dim=4, rope_neox=False)
+    got = [t[1] for t in layer_tensors(LLAMA, cfg)]
+    assert got == [TN.ATTN_NORM, TN.ATTN_Q, TN.ATTN_K, TN.ATTN_V, TN.ATTN_OUT, TN.FFN_NORM, TN.FFN_GATE, TN.FFN_UP,
+                   TN.FFN_DOWN]
+    fused = [t[0] for t in layer_tensors(LLAMA, cfg, lambda t: t == TN.ATTN_QKV)]
+    assert fused[1] == ("wq", "wk", "wv")
+    moe = [t[1] for t in layer_tensors(QWEN2MOE, cfg)]
+    assert moe[-8:] == [TN.FFN_GATE_INP, TN.FFN_GATE_EXP, TN.FFN_UP_EXP, TN.FFN_DOWN_EXP, TN.FFN_GATE_INP_SHEXP,
+                        TN.FFN_GATE_SHEXP, TN.FFN_UP_SHEXP, TN.FFN_DOWN_SHEXP]
