@@ -37,3 +37,9 @@ def gather(layers, inputs: dict, mats: list) -> tuple[dict, dict]:
                 at[name][i] = len(mats)
                 mats.append(int8.as_tuple(w))
     return at, need
+
+
+def stack(layers, name: str, size: int, fill: float = 1.0) -> np.ndarray:
+    """The layers' vectors `name` stacked (n_layer, size) float32; `fill` for a layer without one."""
+    rows = [getattr(lw, name, None) for lw in layers]
+    return np.stack([r if r is not None else np.full(size, fill, np.float32) for r in rows]).astype(np.float32)

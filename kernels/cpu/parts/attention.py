@@ -13,8 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import int8, ops, units
-from . import gather
-from .norms import stack
+from . import gather, stack
 from .rows import PAR_ROWS, add_bias, norm, quantize
 
 # the matrices of a layer, by name -> the input each reads

@@ -10,8 +10,8 @@ import numpy as np
 from numba import njit
 
 from .. import int8, moe
+from . import stack
 from .ffn import act_quantize
-from .norms import stack
 from .rows import alloc_q, needs, quantize
 
 

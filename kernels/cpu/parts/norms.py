@@ -7,6 +7,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import stack
+
 
 class NormsPart(NamedTuple):
     """A model's layer norms; a norm its layers lack is all ones, never read."""
@@ -18,12 +20,6 @@ class NormsPart(NamedTuple):
     ffn: np.ndarray  # (n_layer, dim), before the FFN
     post_attn: np.ndarray  # (n_layer, dim), on the mixer's output
     post_ffn: np.ndarray  # (n_layer, dim), on the FFN's output
-
-
-def stack(layers, name: str, size: int, fill: float = 1.0) -> np.ndarray:
-    """The layers' vectors `name` stacked (n_layer, size) float32; `fill` for a layer without one."""
-    rows = [getattr(lw, name, None) for lw in layers]
-    return np.stack([r if r is not None else np.full(size, fill, np.float32) for r in rows]).astype(np.float32)
 
 
 def build(cfg, layers, pre_norms: bool, post_norms: bool) -> NormsPart:
