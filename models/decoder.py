@@ -7,8 +7,9 @@ times, and nowhere else is an architecture's shape stated:
 - `load_layer`: which tensors a layer has, under gguf's own tensor names (gguf.TENSOR_NAMES);
 - `Model`: `forward_per_op`, the readable reference (one backend call per op, the CUDA backend's path),
   and the compiled step (kernels/cpu/step.py), which takes the spec's switches as flags.
-Adding a llama-family architecture is a spec plus any op it genuinely adds; tests hold the compiled step
-to forward_per_op.
+A layer is a sequence of parts (models/parts/: norms, the attention mixer, the dense or expert FFN), each
+part's tensors and per-op code in a module of its own. Adding a llama-family architecture is a spec plus
+any op it genuinely adds; tests hold the compiled step to forward_per_op.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from gguf.constants import TENSOR_NAMES
 
 from ..config import ModelConfig
 from ..gguf_file import GGUFFile
+from . import parts
 from .common import ModelLoadError, WeightLoader, check_vocab, meta, rope_inv_freq
+from .parts import norms
 
 if TYPE_CHECKING:  # the engine's types, only named here: models never build them
     from ..engine.kv_cache import KVCache
@@ -172,54 +175,16 @@ class LayerWeights:
     sh_gate: np.ndarray | None = None  # (dim,) the shared expert's gate: shared_expert
 
 
-# A layer tensor: (fields, gguf tensor, "weight" or "bias", numpy shape, rows of each field). One field
-# and rows None: the tensor as it is, a vector (size,) or a matrix (rows, cols). Several fields: a fused
-# tensor whose rows are cut between them. "experts": a 3-D tensor (n_expert, rows, cols), one matrix each.
-LayerTensor = tuple
+LayerTensor = parts.LayerTensor
 
 
 def layer_tensors(spec: ArchSpec, cfg: ModelConfig, has=lambda tensor: False) -> list[LayerTensor]:
-    """The tensors a layer of this architecture has, in load order; has(tensor) (a gguf MODEL_TENSOR) says
-    whether the file holds that tensor's weight for the layer (for the optional fused q/k/v projection)."""
-    d, hq, hk, hv = cfg.dim, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim, cfg.n_kv_head * cfg.v_head_dim
+    """The tensors a layer of this architecture has, in load order: each residual block's pre-norm, part
+    and post-norm (models/parts/); has(tensor) (a gguf MODEL_TENSOR) says whether the file holds that
+    tensor's weight for the layer (for the optional fused q/k/v projection)."""
     out = []
-    if spec.pre_norms:
-        out.append((("attn_norm",), TN.ATTN_NORM, "weight", (d,), None))
-    if has(TN.ATTN_QKV):
-        out.append((("wq", "wk", "wv"), TN.ATTN_QKV, "weight", (hq + hk + hv, d), (hq, hk, hv)))
-    else:
-        out += [(("wq",), TN.ATTN_Q, "weight", (hq, d), None), (("wk",), TN.ATTN_K, "weight", (hk, d), None),
-                (("wv",), TN.ATTN_V, "weight", (hv, d), None)]
-    out.append((("wo",), TN.ATTN_OUT, "weight", (d, cfg.n_head * cfg.v_head_dim), None))
-    if spec.pre_norms:
-        out.append((("ffn_norm",), TN.FFN_NORM, "weight", (d,), None))
-    f = cfg.ffn_dim
-    if spec.moe:
-        e, fe = cfg.n_expert, cfg.expert_ffn_dim
-        out += [(("router",), TN.FFN_GATE_INP, "weight", (e, d), "float"),
-                (("exp_gate",), TN.FFN_GATE_EXP, "weight", (e, fe, d), "experts"),
-                (("exp_up",), TN.FFN_UP_EXP, "weight", (e, fe, d), "experts"),
-                (("exp_down",), TN.FFN_DOWN_EXP, "weight", (e, d, fe), "experts")]
-        if spec.shared_expert:
-            out += [(("sh_gate",), TN.FFN_GATE_INP_SHEXP, "weight", (d,), None),
-                    (("w_gate",), TN.FFN_GATE_SHEXP, "weight", (f, d), None),
-                    (("w_up",), TN.FFN_UP_SHEXP, "weight", (f, d), None),
-                    (("w_down",), TN.FFN_DOWN_SHEXP, "weight", (d, f), None)]
-    elif spec.fused_gate_up:
-        out += [(("w_gate", "w_up"), TN.FFN_UP, "weight", (2 * f, d), (f, f)),
-                (("w_down",), TN.FFN_DOWN, "weight", (d, f), None)]
-    else:
-        out += [(("w_gate",), TN.FFN_GATE, "weight", (f, d), None), (("w_up",), TN.FFN_UP, "weight", (f, d), None),
-                (("w_down",), TN.FFN_DOWN, "weight", (d, f), None)]
-    if spec.qk_norm or spec.qk_norm_full:
-        qn, kn = (hq, hk) if spec.qk_norm_full else (cfg.head_dim, cfg.head_dim)
-        out += [(("q_norm",), TN.ATTN_Q_NORM, "weight", (qn,), None), (("k_norm",), TN.ATTN_K_NORM, "weight", (kn,), None)]
-    if spec.post_norms:
-        out += [(("post_attn_norm",), TN.ATTN_POST_NORM, "weight", (d,), None),
-                (("post_ffn_norm",), TN.FFN_POST_NORM, "weight", (d,), None)]
-    if spec.qkv_bias:
-        out += [(("bq",), TN.ATTN_Q, "bias", (hq,), None), (("bk",), TN.ATTN_K, "bias", (hk,), None),
-                (("bv",), TN.ATTN_V, "bias", (hv,), None)]
+    for block, part in (("mixer", parts.mixer(spec, 0)), ("ffn", parts.feed_forward(spec, 0))):
+        out += [*norms.pre(spec, cfg, block), *part.tensors(spec, cfg, has), *norms.post(spec, cfg, block)]
     return out
 
 
@@ -313,19 +278,10 @@ class Model:
         batch = kb.prepare_batch(batch)
         x = self.embed(batch.token_ids)
         h = kb.empty(x.shape)
-        for i, lw in enumerate(self.layers):
-            if spec.pre_norms:
-                kb.rmsnorm(x, lw.attn_norm, cfg.norm_eps, h)
-            a = attention(kb, cfg, spec, i, lw, h if spec.pre_norms else x, batch, cache, self.layer_inv_freq(i))
-            if spec.post_norms:
-                kb.rmsnorm(a, lw.post_attn_norm, cfg.norm_eps, a)
-            kb.add_(x, a)
-            if spec.pre_norms:
-                kb.rmsnorm(x, lw.ffn_norm, cfg.norm_eps, h)
-            f = (moe_ffn if spec.moe else dense_ffn)(kb, cfg, spec, lw, h if spec.pre_norms else x)
-            if spec.post_norms:
-                kb.rmsnorm(f, lw.post_ffn_norm, cfg.norm_eps, f)
-            kb.add_(x, f)
+        for i, lw in enumerate(self.layers):  # two residual blocks a layer: the mixer's, the feed-forward's
+            at = parts.Where(i, batch, cache, self.layer_inv_freq(i))
+            parts.residual(kb, cfg, spec, parts.mixer(spec, i), lw, x, h, lw.attn_norm, lw.post_attn_norm, at)
+            parts.residual(kb, cfg, spec, parts.feed_forward(spec, i), lw, x, h, lw.ffn_norm, lw.post_ffn_norm, at)
         rows = kb.take_rows(x, batch.logits_idx)
         return self.normed(rows) if hidden else self.logits(rows)
 
@@ -345,69 +301,4 @@ class Model:
         return kb.to_host(out)
 
 
-def dense_ffn(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, w_gate=None, w_up=None, w_down=None):
-    """The gated FFN of h (T, dim): down(act(gate h) * up h), with the layer's (or the given) matrices."""
-    act = kb.gelu_tanh_mul if spec.activation == "gelu_tanh" else kb.silu_mul
-    hq = kb.quantize_input(h)  # one quantized activation for gate and up
-    if w_gate is None:
-        w_gate, w_up, w_down = lw.w_gate, lw.w_up, lw.w_down
-    g = kb.matmul(w_gate, hq)
-    act(g, kb.matmul(w_up, hq), g)
-    return kb.matmul(w_down, g)
-
-
-def moe_ffn(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h):
-    """The mixture-of-experts FFN of h (T, dim) (kernels/cpu/moe.py has the steps): the router's k
-    experts per token, each expert's tokens through its FFN together, the weighted sum; plus the shared
-    expert, gated, where the architecture has one."""
-    t, k = h.shape[0], cfg.n_expert_used
-    ids, wts = kb.moe_route(h, lw.router, k, cfg.expert_norm, cfg.expert_scale)
-    offsets, order, pos = kb.moe_plan(ids, cfg.n_expert)
-    hs = kb.take_rows(h, order)  # (T * k, dim): each expert's tokens one run of rows
-    y = kb.empty((t * k, cfg.dim))
-    for e in np.flatnonzero(np.diff(offsets)):  # the experts some token chose
-        r0, r1 = int(offsets[e]), int(offsets[e + 1])
-        y[r0:r1] = dense_ffn(kb, cfg, spec, lw, hs[r0:r1], lw.exp_gate[e], lw.exp_up[e], lw.exp_down[e])
-    out = kb.empty(h.shape)
-    kb.moe_combine(y, pos, wts, out)
-    if spec.shared_expert:
-        kb.moe_shared_add(out, dense_ffn(kb, cfg, spec, lw, h), h, lw.sh_gate)
-    return out
-
-
-def attention(kb, cfg: ModelConfig, spec: ArchSpec, layer: int, lw: LayerWeights, h, batch: Batch,
-              cache: KVCache, inv_freq) -> np.ndarray:
-    """Self-attention of one layer for the batch: h (T, dim) -> (T, dim)."""
-    t = h.shape[0]
-    hq = kb.quantize_input(h)  # one quantized activation for q, k and v
-    q2, k2, v2 = kb.matmul(lw.wq, hq), kb.matmul(lw.wk, hq), kb.matmul(lw.wv, hq)
-    if spec.qkv_bias:
-        kb.add_bias_(q2, lw.bq)
-        kb.add_bias_(k2, lw.bk)
-        kb.add_bias_(v2, lw.bv)
-    if spec.qk_norm_full:  # over each token's whole projection
-        kb.rmsnorm(q2, lw.q_norm, cfg.norm_eps, q2)
-        kb.rmsnorm(k2, lw.k_norm, cfg.norm_eps, k2)
-    q = q2.reshape(t, cfg.n_head, cfg.head_dim)
-    k = k2.reshape(t, cfg.n_kv_head, cfg.head_dim)
-    v = v2.reshape(t, cfg.n_kv_head, cfg.v_head_dim)
-    if spec.qk_norm:
-        qf = q.reshape(t * cfg.n_head, cfg.head_dim)
-        kf = k.reshape(t * cfg.n_kv_head, cfg.head_dim)
-        kb.rmsnorm(qf, lw.q_norm, cfg.norm_eps, qf)
-        kb.rmsnorm(kf, lw.k_norm, cfg.norm_eps, kf)
-    qr, kr = (q[:, :, : cfg.rope_dim], k[:, :, : cfg.rope_dim]) if cfg.rope_dim < cfg.head_dim else (q, k)
-    kb.rope(qr, batch.positions, inv_freq, cfg.rope_neox, cfg.rope_mscale)
-    kb.rope(kr, batch.positions, inv_freq, cfg.rope_neox, cfg.rope_mscale)
-    kc, vc = cache.k[layer], cache.v[layer]
-    kb.write_kv(kb.kv_store(k, cache.dtype), kb.kv_store(v, cache.dtype), batch.slot_mapping, kc, vc)
-    out = kb.empty((t, cfg.n_head, cfg.v_head_dim))
-    scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
-    window = cfg.sliding_window if cfg.is_sliding(layer) else 0
-    kb.paged_attention(q, kc, vc, batch.token_seq, batch.positions, batch.block_tables, cache.block_size,
-                       np.float32(scale), window, np.float32(cfg.attn_softcap), out)
-    return kb.matmul(lw.wo, out.reshape(t, cfg.n_head * cfg.v_head_dim))
-
-
-__all__ = ["ArchSpec", "LayerWeights", "Model", "attention", "config_from_gguf", "dense_ffn", "layer_tensors",
-           "load_layer", "moe_ffn"]
+__all__ = ["ArchSpec", "LayerWeights", "Model", "config_from_gguf", "layer_tensors", "load_layer"]

@@ -21,11 +21,6 @@ with np.errstate(invalid="ignore"):  # signalling NaNs set the invalid flag on a
 Q8_KV_BLOCK = 32
 
 
-def q8_kv_row_len(d: int) -> int:
-    """Bytes in a q8_0 KV row of d values (d a multiple of 32)."""
-    return d + d // 16
-
-
 def kv_load(cache, slot, g, i):
     """cache[slot, g, i] as float32, whatever the cache's storage (float32, float16 bits, q8_0)."""
 

@@ -3,9 +3,10 @@
 A model needs the compiled step for its KV type, paged attention for that KV type, one matmul unit per
 kernel family of its weight kinds (units.py), and a few top-level kernels (the embedding lookup, the
 output projection's activation quantization, the final norm). Each is a job: a dispatcher and the
-exact argument types it will be called with, declared here as Numba types so that no weights are
-needed to compile them. Jobs already in the cache (cache.py) are skipped; the rest run longest first in
-a pool of processes, which write the cache that this process then loads from. Numba's global compiler
+exact argument types it will be called with, as Numba types, so that no weights are needed to compile
+them (the step's are typed from a stand-in of what it is called with: step_sig). Jobs already in the
+cache (cache.py) are skipped; the rest run longest first in a pool of processes, which write the cache
+that this process then loads from. Numba's global compiler
 lock makes threads useless for this; processes share nothing but the cache folder, and each job writes
 its own index files, so they never race (units.rows_unit).
 
@@ -22,16 +23,15 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
-import numpy as np
+import numba
 from numba import types
-from numba.np.numpy_support import from_dtype
 
 from ..kinds import is_quantized, uses_q8k
 from . import units
 
 _A = types.Array
 _F32_1, _F32_2 = _A(types.float32, 1, "C"), _A(types.float32, 2, "C")
-_I64_1, _I64_2 = _A(types.int64, 1, "C"), _A(types.int64, 2, "C")
+_I64_1 = _A(types.int64, 1, "C")
 
 
 @dataclass(frozen=True)
@@ -43,14 +43,13 @@ class Job:
 
 
 def step_sig(kv: str) -> tuple:
-    """step.forward_layers' argument types for a KV cache of type kv (what LayerStack.run passes)."""
-    c = _A(from_dtype(np.dtype(units.KV_DTYPES[kv])), 4, "C")
-    mats = types.ListType(units.MAT)
-    return (_F32_2, _I64_1, _I64_1, _I64_1, _A(types.int32, 2, "C"), _I64_1, types.int64, c, c,
-            mats, mats, _I64_2, _F32_2, _F32_2, _F32_2, _F32_2, _F32_2, _F32_2,
-            types.UniTuple(_F32_2, 3), _A(types.float32, 3, "C"), _F32_2, _A(types.float64, 2, "C"), _I64_1,
-            types.UniTuple(types.int64, 12), types.UniTuple(types.int64, 5), types.UniTuple(types.float32, 5),
-            units.LUTS, types.int64, _I64_1)
+    """step.forward_layers' argument types for a KV cache of type kv: those of a stand-in LayerStack's
+    arguments (step.stand_in_args, what LayerStack.run passes), a Python list standing for the typed list
+    of its items that a real stack holds."""
+    from . import step
+
+    return tuple(types.ListType(numba.typeof(a[0])) if isinstance(a, list) else numba.typeof(a)
+                 for a in step.stand_in_args(units.KV_DTYPES[kv]))
 
 
 def resolve(ref: tuple):

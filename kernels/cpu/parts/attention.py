@@ -1,0 +1,125 @@
+"""Self-attention as a part of the compiled step: q/k/v projections (with biases and q/k norms where the
+architecture has them), RoPE, the KV writes, paged attention over the cache, the output projection.
+
+The step runs it in two halves: `project` for every row of the batch (every token's K and V go into the
+cache) and `attend` for the rows that go on (in the last layer only those that get logits).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit, prange
+
+from .. import int8, ops, units
+from . import gather, stack
+from .rows import PAR_ROWS, add_bias, norm, quantize
+
+# the matrices of a layer, by name -> the input each reads
+MATS = {"wq": "qkv", "wk": "qkv", "wv": "qkv", "wo": "o"}
+
+
+class AttnPart(NamedTuple):
+    """A model's attention layers: sizes and switches, then per-layer arrays (n_layer, ...)."""
+
+    n_head: int
+    n_kv: int
+    head_dim: int
+    v_head_dim: int
+    rope_dim: int
+    neox: int  # 1: RoPE rotates (i, i + n/2) pairs, else (2i, 2i + 1)
+    qk_norm: int  # 0: none; 1: an RMS norm on each q and k head; 2: over each token's whole q and k
+    qkv_bias: int  # 1: biases on the q, k and v projections
+    eps: np.float32  # of the q/k norms
+    scale: np.float32  # of the scores
+    softcap: np.float32  # of the scores, 0: none
+    mscale: np.float32  # RoPE's cos and sin multiplier
+    wq: np.ndarray  # (n_layer,) int64: where each layer's matrix is in the step's typed list
+    wk: np.ndarray
+    wv: np.ndarray
+    wo: np.ndarray
+    need_qkv: np.ndarray  # (n_layer,) int64: the quantizations of the input q, k and v read (rows.needs)
+    need_o: np.ndarray  # (n_layer,) int64: those of the output projection's input
+    q_norm: np.ndarray  # (n_layer, head_dim) float32, or (n_layer, n_head * head_dim) for qk_norm 2
+    k_norm: np.ndarray  # (n_layer, head_dim), or (n_layer, n_kv * head_dim)
+    bq: np.ndarray  # (n_layer, n_head * head_dim) float32 (zeros, and skipped, without qkv_bias)
+    bk: np.ndarray  # (n_layer, n_kv * head_dim)
+    bv: np.ndarray  # (n_layer, n_kv * v_head_dim)
+    inv_freq: np.ndarray  # (n_layer, rope_dim / 2) float64: each layer's RoPE inverse frequencies
+    window: np.ndarray  # (n_layer,) int64: sliding window, 0: global
+
+
+def build(cfg, layers, mats: list, inv_freqs, qk_norm: int, qkv_bias: bool) -> AttnPart:
+    """The attention part of these layers; their matrices are appended to mats."""
+    n, hd = cfg.n_layer, cfg.head_dim
+    at, need = gather(layers, MATS, mats)
+    qn, kn = (cfg.n_head * hd, cfg.n_kv_head * hd) if qk_norm == 2 else (hd, hd)
+    scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
+    return AttnPart(int(cfg.n_head), int(cfg.n_kv_head), int(hd), int(cfg.v_head_dim), int(cfg.rope_dim), int(cfg.rope_neox), int(qk_norm),
+                    int(qkv_bias), np.float32(cfg.norm_eps), np.float32(scale), np.float32(cfg.attn_softcap),
+                    np.float32(cfg.rope_mscale), at["wq"], at["wk"], at["wv"], at["wo"], need["qkv"], need["o"],
+                    stack(layers, "q_norm", qn), stack(layers, "k_norm", kn),
+                    stack(layers, "bq", cfg.n_head * hd, 0.0), stack(layers, "bk", cfg.n_kv_head * hd, 0.0),
+                    stack(layers, "bv", cfg.n_kv_head * cfg.v_head_dim, 0.0),
+                    np.stack([np.asarray(f, np.float64) for f in inv_freqs]),
+                    np.array([cfg.sliding_window if cfg.is_sliding(i) else 0 for i in range(n)], np.int64))
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _rope_kv_rows(q, k, v, positions, inv_freq, neox, rope_dim, mscale, slot_mapping, kc, vc):
+    for t_ in prange(q.shape[0]):
+        t = np.int64(t_)  # prange counts in uint64: one row function for both loops
+        ops.rope_row(q[:, :, :rope_dim], positions, inv_freq, neox, t, mscale)
+        ops.rope_row(k[:, :, :rope_dim], positions, inv_freq, neox, t, mscale)
+        ops.write_kv_row(k, v, slot_mapping, kc, vc, t)
+
+
+@njit(nogil=True, cache=True)
+def _rope_kv(q, k, v, positions, inv_freq, neox, rope_dim, mscale, slot_mapping, kc, vc):
+    # RoPE on q and k, then k and v into their KV slots
+    if q.shape[0] >= PAR_ROWS:
+        _rope_kv_rows(q, k, v, positions, inv_freq, neox, rope_dim, mscale, slot_mapping, kc, vc)
+    else:
+        for t in range(q.shape[0]):
+            ops.rope_row(q[:, :, :rope_dim], positions, inv_freq, neox, t, mscale)
+            ops.rope_row(k[:, :, :rope_dim], positions, inv_freq, neox, t, mscale)
+            ops.write_kv_row(k, v, slot_mapping, kc, vc, t)
+
+
+@njit(nogil=True, cache=True)
+def project(h, q, k, v, positions, slot_mapping, kc, vc, mats, a, layer, luts, threads, table):
+    # h (T, dim) -> q (T, H, D), k (T, KVH, D), v (T, KVH, Dv) of layer `layer` (a: AttnPart), with RoPE on
+    # q and k, and k and v written to the layer's KV cache kc/vc at slot_mapping
+    T = h.shape[0]
+    q2 = q.reshape(T, a.n_head * a.head_dim)
+    k2 = k.reshape(T, a.n_kv * a.head_dim)
+    v2 = v.reshape(T, a.n_kv * a.v_head_dim)
+    a8, a8k = quantize(h, a.need_qkv[layer])
+    int8.matmuls(mats[a.wq[layer]], mats[a.wk[layer]], mats[a.wv[layer]], np.int64(3), a8, a8k, luts, q2, k2, v2,
+                 threads, table)
+    if a.qkv_bias:
+        add_bias(q2, a.bq[layer])
+        add_bias(k2, a.bk[layer])
+        add_bias(v2, a.bv[layer])
+    if a.qk_norm == 1:  # per head
+        qf = q.reshape(T * a.n_head, a.head_dim)
+        kf = k.reshape(T * a.n_kv, a.head_dim)
+        norm(qf, a.q_norm[layer], a.eps, qf)
+        norm(kf, a.k_norm[layer], a.eps, kf)
+    elif a.qk_norm == 2:  # over each token's whole projection
+        norm(q2, a.q_norm[layer], a.eps, q2)
+        norm(k2, a.k_norm[layer], a.eps, k2)
+    _rope_kv(q, k, v, positions, a.inv_freq[layer], a.neox, a.rope_dim, a.mscale, slot_mapping, kc, vc)
+
+
+@njit(nogil=True, cache=True)
+def attend(q, positions, token_seq, block_tables, block_size, kc, vc, mats, a, layer, luts, threads, table, out):
+    # attention of q (T, H, D) over the layer's KV cache, then the output projection -> out (T, dim)
+    T = q.shape[0]
+    att = np.empty((T, a.n_head, a.v_head_dim), np.float32)
+    units.call_attention(table[units.ATTENTION], q, kc, vc, token_seq, positions, block_tables, block_size, a.scale,
+                         a.window[layer], a.softcap, att)
+    o8, o8k = quantize(att.reshape(T, a.n_head * a.v_head_dim), a.need_o[layer])
+    wo = mats[a.wo[layer]]
+    int8.matmuls(wo, wo, wo, np.int64(1), o8, o8k, luts, out, out, out, threads, table)

@@ -1,0 +1,68 @@
+"""Self-attention as a part of a decoder layer, per op: q/k/v projections (fused or not, with biases and
+q/k norms where the architecture has them), RoPE, the KV writes, paged attention, the output projection.
+The compiled step's code of it is kernels/cpu/parts/attention.py."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from gguf.constants import MODEL_TENSOR as TN
+
+if TYPE_CHECKING:
+    from ...config import ModelConfig
+    from ..decoder import ArchSpec, LayerWeights
+    from . import Where
+
+
+def tensors(spec: ArchSpec, cfg: ModelConfig, has) -> list:
+    """The attention's layer tensors (parts.LayerTensor); has(tensor): whether the file holds it (a fused
+    q/k/v projection)."""
+    d, hq, hk, hv = cfg.dim, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim, cfg.n_kv_head * cfg.v_head_dim
+    if has(TN.ATTN_QKV):
+        out = [(("wq", "wk", "wv"), TN.ATTN_QKV, "weight", (hq + hk + hv, d), (hq, hk, hv))]
+    else:
+        out = [(("wq",), TN.ATTN_Q, "weight", (hq, d), None), (("wk",), TN.ATTN_K, "weight", (hk, d), None),
+               (("wv",), TN.ATTN_V, "weight", (hv, d), None)]
+    out.append((("wo",), TN.ATTN_OUT, "weight", (d, cfg.n_head * cfg.v_head_dim), None))
+    if spec.qk_norm or spec.qk_norm_full:
+        qn, kn = (hq, hk) if spec.qk_norm_full else (cfg.head_dim, cfg.head_dim)
+        out += [(("q_norm",), TN.ATTN_Q_NORM, "weight", (qn,), None), (("k_norm",), TN.ATTN_K_NORM, "weight", (kn,), None)]
+    if spec.qkv_bias:
+        out += [(("bq",), TN.ATTN_Q, "bias", (hq,), None), (("bk",), TN.ATTN_K, "bias", (hk,), None),
+                (("bv",), TN.ATTN_V, "bias", (hv,), None)]
+    return out
+
+
+def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where):
+    """Self-attention of layer at.layer for the batch: h (T, dim) -> (T, dim)."""
+    batch, cache, layer = at.batch, at.cache, at.layer
+    t = h.shape[0]
+    hq = kb.quantize_input(h)  # one quantized activation for q, k and v
+    q2, k2, v2 = kb.matmul(lw.wq, hq), kb.matmul(lw.wk, hq), kb.matmul(lw.wv, hq)
+    if spec.qkv_bias:
+        kb.add_bias_(q2, lw.bq)
+        kb.add_bias_(k2, lw.bk)
+        kb.add_bias_(v2, lw.bv)
+    if spec.qk_norm_full:  # over each token's whole projection
+        kb.rmsnorm(q2, lw.q_norm, cfg.norm_eps, q2)
+        kb.rmsnorm(k2, lw.k_norm, cfg.norm_eps, k2)
+    q = q2.reshape(t, cfg.n_head, cfg.head_dim)
+    k = k2.reshape(t, cfg.n_kv_head, cfg.head_dim)
+    v = v2.reshape(t, cfg.n_kv_head, cfg.v_head_dim)
+    if spec.qk_norm:
+        qf = q.reshape(t * cfg.n_head, cfg.head_dim)
+        kf = k.reshape(t * cfg.n_kv_head, cfg.head_dim)
+        kb.rmsnorm(qf, lw.q_norm, cfg.norm_eps, qf)
+        kb.rmsnorm(kf, lw.k_norm, cfg.norm_eps, kf)
+    qr, kr = (q[:, :, : cfg.rope_dim], k[:, :, : cfg.rope_dim]) if cfg.rope_dim < cfg.head_dim else (q, k)
+    kb.rope(qr, batch.positions, at.inv_freq, cfg.rope_neox, cfg.rope_mscale)
+    kb.rope(kr, batch.positions, at.inv_freq, cfg.rope_neox, cfg.rope_mscale)
+    kc, vc = cache.k[layer], cache.v[layer]
+    kb.write_kv(kb.kv_store(k, cache.dtype), kb.kv_store(v, cache.dtype), batch.slot_mapping, kc, vc)
+    out = kb.empty((t, cfg.n_head, cfg.v_head_dim))
+    scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
+    window = cfg.sliding_window if cfg.is_sliding(layer) else 0
+    kb.paged_attention(q, kc, vc, batch.token_seq, batch.positions, batch.block_tables, cache.block_size,
+                       np.float32(scale), window, np.float32(cfg.attn_softcap), out)
+    return kb.matmul(lw.wo, out.reshape(t, cfg.n_head * cfg.v_head_dim))

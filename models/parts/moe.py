@@ -1,0 +1,50 @@
+"""A mixture of experts as the feed-forward part of a decoder layer, per op: the router's k experts per
+token, each expert's tokens through its FFN together, the weighted sum; plus the shared expert, gated, where
+the architecture has one (kernels/cpu/moe.py has the steps; the compiled step's code is
+kernels/cpu/parts/moe.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from gguf.constants import MODEL_TENSOR as TN
+
+from .ffn import gated
+
+if TYPE_CHECKING:
+    from ...config import ModelConfig
+    from ..decoder import ArchSpec, LayerWeights
+    from . import Where
+
+
+def tensors(spec: ArchSpec, cfg: ModelConfig, has) -> list:
+    """The router, the experts and the shared expert's tensors (parts.LayerTensor)."""
+    d, f, e, fe = cfg.dim, cfg.ffn_dim, cfg.n_expert, cfg.expert_ffn_dim
+    out = [(("router",), TN.FFN_GATE_INP, "weight", (e, d), "float"),
+           (("exp_gate",), TN.FFN_GATE_EXP, "weight", (e, fe, d), "experts"),
+           (("exp_up",), TN.FFN_UP_EXP, "weight", (e, fe, d), "experts"),
+           (("exp_down",), TN.FFN_DOWN_EXP, "weight", (e, d, fe), "experts")]
+    if spec.shared_expert:
+        out += [(("sh_gate",), TN.FFN_GATE_INP_SHEXP, "weight", (d,), None),
+                (("w_gate",), TN.FFN_GATE_SHEXP, "weight", (f, d), None),
+                (("w_up",), TN.FFN_UP_SHEXP, "weight", (f, d), None),
+                (("w_down",), TN.FFN_DOWN_SHEXP, "weight", (d, f), None)]
+    return out
+
+
+def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where = None):
+    """The mixture-of-experts FFN of h (T, dim) -> (T, dim)."""
+    t, k = h.shape[0], cfg.n_expert_used
+    ids, wts = kb.moe_route(h, lw.router, k, cfg.expert_norm, cfg.expert_scale)
+    offsets, order, pos = kb.moe_plan(ids, cfg.n_expert)
+    hs = kb.take_rows(h, order)  # (T * k, dim): each expert's tokens one run of rows
+    y = kb.empty((t * k, cfg.dim))
+    for e in np.flatnonzero(np.diff(offsets)):  # the experts some token chose
+        r0, r1 = int(offsets[e]), int(offsets[e + 1])
+        y[r0:r1] = gated(kb, spec, hs[r0:r1], lw.exp_gate[e], lw.exp_up[e], lw.exp_down[e])
+    out = kb.empty(h.shape)
+    kb.moe_combine(y, pos, wts, out)
+    if spec.shared_expert:
+        kb.moe_shared_add(out, gated(kb, spec, h, lw.w_gate, lw.w_up, lw.w_down), h, lw.sh_gate)
+    return out
