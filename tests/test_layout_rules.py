@@ -22,12 +22,24 @@ def sources():
             yield ".".join([pkg, *parts]), path, path.name == "__init__.py"
 
 
+def _import_nodes(tree: ast.AST):
+    """Every node of a module but the bodies of `if TYPE_CHECKING:` (annotations' imports, which never run)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+            continue
+        yield node
+        todo.extend(ast.iter_child_nodes(node))
+
+
 def imported(module: str, path: Path, is_pkg: bool) -> set[str]:
-    """Every edgeinfer module this file imports, at the top or lazily,
+    """Every edgeinfer module this file imports when it runs, at the top or lazily (not for annotations alone),
     resolved to absolute names; `from X import y` gives X and X.y, whether y is a module or a name."""
     here = module.split(".") if is_pkg else module.split(".")[:-1]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _import_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.startswith("edgeinfer"))
         elif isinstance(node, ast.ImportFrom):
