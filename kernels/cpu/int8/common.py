@@ -1,5 +1,6 @@
 """What the int8 kernel families share: the exactness flags, the signed-byte helper, the choice of
-implementation by ISA path, and the interleaved families' tile (X8_TOKENS) and dot product."""
+implementation by ISA path, the interleaved families' tile (X8_TOKENS) and dot product, and the block sums
+packed in pairs for the avx512 kernels' vpdpwssd (pack_pairs)."""
 
 import numpy as np
 from numba import njit
@@ -42,7 +43,7 @@ def by_path(portable, simd_impl, **paths):
 # holds only the block's eight weight vectors and a few temporaries in registers (the accumulators live
 # in the scratch, an L1 load and store per token and block), so the same shape fits AVX2's 16 vector
 # registers and AVX-512's 32 without spills, on both paths and for every weight type (on the vnni path
-# Q4_K/Q5_K read their weights from a byte scratch instead, kx8._kx8_simd). 32 tokens keep the
+# Q4_K/Q5_K read their weights from a byte scratch instead, kx8_simd._kx8_simd). 32 tokens keep the
 # scratch (1 KiB) in L1 and the tokens' activation rows (32 K bytes) in L1 or L2 while a group's blocks
 # stream past.
 X8_TOKENS = 32
@@ -86,3 +87,15 @@ def _dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
                        simd.add16(simd.maddubs(w6, x6), simd.maddubs(w7, x7)))
         return simd.add32(simd.madd(a, simd.ones16()), simd.madd(b, simd.ones16()))
     return impl
+
+
+@njit(inline="always", cache=True)
+def pack_pairs(xs):
+    # (T, M) int32 sums (each within 16 bits) -> (T * M / 2) int32: sums 2i and 2i + 1 as the low and high
+    # 16 bits of word i, the activation-side operand of simd.dpwssdw
+    T, M = xs.shape
+    out = np.empty(T * (M // 2), np.int32)
+    for t in range(T):
+        for i in range(M // 2):
+            out[t * (M // 2) + i] = (xs[t, 2 * i] & 0xFFFF) | (xs[t, 2 * i + 1] << 16)
+    return out

@@ -32,8 +32,8 @@ from numba.extending import overload
 from ... import kinds
 from .. import simd
 from ..simd import path_of
-from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8
-from .kx8 import _pack_pairs, dot4
+from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8, pack_pairs
+from .kx8_simd import dot4
 
 is_q3 = kinds.predicate("ggml:Q3_K", within="k23")
 is_q3x8 = kinds.predicate("ggml:Q3_K", within="k23x8")
@@ -275,7 +275,7 @@ def _k23_zmm_tiles(q3, qs, qh, sc, d, m, xq, xd, xb16, out, n0, n1, acc, mos, is
     T, K = xq.shape
     N = out.shape[1]
     nsb = K // 256
-    xp = _pack_pairs(xb16)  # the block sums per 16 in pairs: the activation side of vpdpwssd
+    xp = pack_pairs(xb16)  # the block sums per 16 in pairs: the activation side of vpdpwssd
     g1 = (n1 + 7) // 8
     for grp in range(n0 // 8, g1, 2):
         grp2 = min(grp + 1, g1 - 1)  # a task's odd last group fills both halves (the upper one not stored)
