@@ -92,7 +92,7 @@ def _dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
 @njit(inline="always", cache=True)
 def pack_pairs(xs):
     # (T, M) int32 sums (each within 16 bits) -> (T * M / 2) int32: sums 2i and 2i + 1 as the low and high
-    # 16 bits of word i, the activation-side operand of simd.dpwssdw
+    # 16 bits of word i, the activation-side operand of simd.dpwssd
     T, M = xs.shape
     out = np.empty(T * (M // 2), np.int32)
     for t in range(T):

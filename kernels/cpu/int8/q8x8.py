@@ -226,16 +226,16 @@ def _weights_w(nl, qs, blk, blk2):
     # IQ4_NL's grid + 128, Q8_0's bytes flipped
     if nl:
         o, p = blk * 128, blk2 * 128
-        v0, v1 = simd.load32x2(qs, o, p), simd.load32x2(qs, o + 32, p + 32)
-        v2, v3 = simd.load32x2(qs, o + 64, p + 64), simd.load32x2(qs, o + 96, p + 96)
-        return (simd.grid16uw(simd.low4w(v0)), simd.grid16uw(simd.low4w(v1)), simd.grid16uw(simd.low4w(v2)),
-                simd.grid16uw(simd.low4w(v3)), simd.grid16uw(simd.shr4w(v0)), simd.grid16uw(simd.shr4w(v1)),
-                simd.grid16uw(simd.shr4w(v2)), simd.grid16uw(simd.shr4w(v3)))
+        v0, v1 = simd.load32(qs, o, p), simd.load32(qs, o + 32, p + 32)
+        v2, v3 = simd.load32(qs, o + 64, p + 64), simd.load32(qs, o + 96, p + 96)
+        return (simd.grid16u(simd.low4(v0)), simd.grid16u(simd.low4(v1)), simd.grid16u(simd.low4(v2)),
+                simd.grid16u(simd.low4(v3)), simd.grid16u(simd.shr4(v0)), simd.grid16u(simd.shr4(v1)),
+                simd.grid16u(simd.shr4(v2)), simd.grid16u(simd.shr4(v3)))
     o, p = blk * 256, blk2 * 256
-    return (simd.flip8w(simd.load32x2(qs, o, p)), simd.flip8w(simd.load32x2(qs, o + 32, p + 32)),
-            simd.flip8w(simd.load32x2(qs, o + 64, p + 64)), simd.flip8w(simd.load32x2(qs, o + 96, p + 96)),
-            simd.flip8w(simd.load32x2(qs, o + 128, p + 128)), simd.flip8w(simd.load32x2(qs, o + 160, p + 160)),
-            simd.flip8w(simd.load32x2(qs, o + 192, p + 192)), simd.flip8w(simd.load32x2(qs, o + 224, p + 224)))
+    return (simd.flip8(simd.load32(qs, o, p)), simd.flip8(simd.load32(qs, o + 32, p + 32)),
+            simd.flip8(simd.load32(qs, o + 64, p + 64)), simd.flip8(simd.load32(qs, o + 96, p + 96)),
+            simd.flip8(simd.load32(qs, o + 128, p + 128)), simd.flip8(simd.load32(qs, o + 160, p + 160)),
+            simd.flip8(simd.load32(qs, o + 192, p + 192)), simd.flip8(simd.load32(qs, o + 224, p + 224)))
 
 
 @njit(inline="always", cache=True)
@@ -243,17 +243,17 @@ def _dot_w(w0, w1, w2, w3, w4, w5, w6, w7, xq, xo, m128):
     # sixteen rows' exact integer sums of a block against the activation bytes xq[xo:xo + 32]: the weights
     # + 128 in one chain of vpdpbusd that starts from m128, -128 times the activations' sum (a broadcast
     # load: no vector operation goes to taking it back; the tokens' chains overlap in the out-of-order core)
-    a = simd.dpbusdw(simd.dpbusdw(simd.dpbusdw(simd.dpbusdw(
+    a = simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(
         simd.splat32w(m128), w0, simd.bcast4w(xq, xo)), w1, simd.bcast4w(xq, xo + 4)),
         w2, simd.bcast4w(xq, xo + 8)), w3, simd.bcast4w(xq, xo + 12))
-    return simd.dpbusdw(simd.dpbusdw(simd.dpbusdw(simd.dpbusdw(
+    return simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(
         a, w4, simd.bcast4w(xq, xo + 16)), w5, simd.bcast4w(xq, xo + 20)),
         w6, simd.bcast4w(xq, xo + 24)), w7, simd.bcast4w(xq, xo + 28))
 
 
 @njit(cache=True, fastmath=EXACT)
 def _q8x8_zmm(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
-    # the avx512 path: two groups of eight rows per zmm vector (simd/wide.py), otherwise _q8x8_simd's tile;
+    # the avx512 path: two groups of eight rows per zmm vector (simd/vec.py), otherwise _q8x8_simd's tile;
     # the sums are the same integers and each lane's float operations the same, so the same bits
     T, K = xq.shape
     N = out.shape[1]
@@ -272,14 +272,14 @@ def _q8x8_zmm(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
                 _prefetch(nl, qs, grp * nb + b)
                 _prefetch(nl, qs, grp2 * nb + b)
                 w0, w1, w2, w3, w4, w5, w6, w7 = _weights_w(nl, qs, grp * nb + b, grp2 * nb + b)
-                dw = simd.loadf8x2(d, (grp * nb + b) * 8, (grp2 * nb + b) * 8)
+                dw = simd.loadf8(d, (grp * nb + b) * 8, (grp2 * nb + b) * 8)
                 for t in range(t0, t1):
                     isum = _dot_w(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, simd.ld(sums, t * nb + b))
                     j = (t - t0) * 16
-                    simd.storef16(acc, j, simd.fma16(simd.cvt16(isum), simd.mul16(dw, simd.splatf16(simd.ld(xd, t * nb + b))),
+                    simd.storef8(acc, j, simd.fma8(simd.cvt8(isum), simd.mul8(dw, simd.splatf16(simd.ld(xd, t * nb + b))),
                                                      simd.loadf16(acc, j)))
             for t in range(t0, t1):
-                simd.storef16_first(out, t * N + grp * 8, simd.loadf16(acc, (t - t0) * 16), rows)
+                simd.storef8_first(out, t * N + grp * 8, simd.loadf16(acc, (t - t0) * 16), rows)
 
 
 @njit(cache=True, fastmath=EXACT)
