@@ -47,6 +47,48 @@ def by_path(portable, simd_impl, **paths):
 # scratch (1 KiB) in L1 and the tokens' activation rows (32 K bytes) in L1 or L2 while a group's blocks
 # stream past.
 X8_TOKENS = 32
+
+
+def _row_tiles(lanes):
+    # the driver for vectors of `lanes` rows: 8 (ymm, one group of eight rows) or 16 (zmm, two groups); `load`
+    # and `per` are constants of the code Numba inlines
+    load = simd.loadf8 if lanes == 8 else simd.loadf16
+    per = lanes // 8  # row groups per vector
+
+    def row_tiles(tile, k, combine, out, n0, n1, T, acc, mos):
+        """The interleaved kernels' loop over a task's rows [n0, n1) and a batch's T tokens: for each vector's
+        row groups (grp, and grp2 the second of a zmm vector's, grp on ymm) and each tile of up to X8_TOKENS
+        tokens [t0, t1), the tile's accumulators zeroed (acc and, unless combine is 0, mos: a vector's
+        floats per token), tile(k, grp, grp2, t0, t1, acc, mos) adds the groups' blocks into them (k: the
+        kernel's arrays and constants), then each token's rows are stored: acc, acc + mos (combine > 0) or
+        acc - mos (combine < 0). The kernel passes its tile body as an argument; both are inline="always",
+        so Numba inlines this loop and the body into the kernel's own IR before typing (no call per tile,
+        and the body never compiled apart)."""
+        N = out.shape[1]
+        g1 = (n1 + 7) // 8
+        for grp in range(n0 // 8, g1, per):
+            grp2 = grp if per == 1 else min(grp + 1, g1 - 1)  # an odd last group fills both halves (the upper one not stored)
+            rows = N - grp * 8 if per == 1 else min(N - grp * 8, 16 if grp2 > grp else 8)
+            for t0 in range(0, T, X8_TOKENS):
+                t1 = min(T, t0 + X8_TOKENS)
+                acc[: (t1 - t0) * lanes] = 0
+                if combine != 0:
+                    mos[: (t1 - t0) * lanes] = 0
+                tile(k, grp, grp2, t0, t1, acc, mos)
+                for t in range(t0, t1):
+                    i = (t - t0) * lanes
+                    v = load(acc, i)
+                    if combine > 0:
+                        v = simd.add8(v, load(mos, i))
+                    elif combine < 0:
+                        v = simd.sub8(v, load(mos, i))
+                    simd.storef8_first(out, t * N + grp * 8, v, rows)
+
+    return njit(inline="always")(row_tiles)
+
+
+row_tiles8 = _row_tiles(8)    # ymm: eight rows per vector
+row_tiles16 = _row_tiles(16)  # zmm: two groups, sixteen rows per vector (the avx512 kernels)
 # the aarch64 paths with sdot (simd/neon.py): i8mm cores have dotprod too
 SDOT_PATHS = ("dotprod", "i8mm")
 

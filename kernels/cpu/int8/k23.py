@@ -32,7 +32,7 @@ from numba.extending import overload
 from ... import kinds
 from .. import simd
 from ..simd import path_of
-from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8, pack_pairs
+from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8, pack_pairs, row_tiles8, row_tiles16
 from .kx8_simd import dot4
 
 is_q3 = kinds.predicate("ggml:Q3_K", within="k23")
@@ -188,70 +188,63 @@ def _w(q3, plane, hv, v, bit):
 
 
 @njit(inline="always", cache=True)
-def _k23_tiles(isa, q3, qs, qh, sc, d, m, xq, xd, xb16, out, n0, n1, acc, mos, isums):
-    # Q3_K (q3 True) or Q2_K: a constant where this is inlined
-    T, K = xq.shape
-    N = out.shape[1]
+def _k23_tile(k, grp, grp2, t0, t1, acc, mos):
+    # row group grp's super-blocks for tokens [t0, t1) (common.row_tiles8): each pair of sub-blocks unpacked
+    # once for the tile's tokens; Q3_K (q3 True) or Q2_K, a constant where this is inlined
+    isa, q3, qs, qh, sc, d, m, xq, xd, xb16, isums = k
+    K = xq.shape[1]
     nsb = K // 256
-    for grp in range(n0 // 8, (n1 + 7) // 8):
-        for t0 in range(0, T, X8_TOKENS):
-            t1 = min(T, t0 + X8_TOKENS)
-            acc[: (t1 - t0) * 8] = 0
-            mos[: (t1 - t0) * 8] = 0
-            for sb in range(nsb):
-                g = grp * nsb + sb
-                isums[: (t1 - t0) * 8] = 0
-                for p in range(8):
-                    o = (g * 16 + 2 * p) * 32  # the planes of sub-blocks 2p and 2p + 1
-                    ho = (g * 8 + p) * 32
-                    if t0 == 0:
-                        simd.prefetch(qs, o + PREFETCH)
-                        if q3 and p % 2 == 0:
-                            simd.prefetch(qh, ho + PREFETCH // 2)
-                    la = simd.load32(qs, o)
-                    lb = simd.load32(qs, o + 32)
-                    hv = simd.load32(qh, ho) if q3 else la
-                    a0, a1, a2, a3 = _w(q3, la, hv, 0, 0), _w(q3, la, hv, 1, 1), _w(q3, la, hv, 2, 2), _w(q3, la, hv, 3, 3)
-                    b0, b1, b2, b3 = _w(q3, lb, hv, 0, 4), _w(q3, lb, hv, 1, 5), _w(q3, lb, hv, 2, 6), _w(q3, lb, hv, 3, 7)
-                    sa = wscale(isa, q3, sc, (g * 16 + 2 * p) * 8)
-                    sb2 = wscale(isa, q3, sc, (g * 16 + 2 * p + 1) * 8)
-                    for t in range(t0, t1):
-                        xo = t * K + sb * 256 + p * 32
-                        v = simd.add32(
-                            sdot16(isa, a0, a1, a2, a3, simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4),
-                                   simd.bcast4(xq, xo + 8), simd.bcast4(xq, xo + 12), sa),
-                            sdot16(isa, b0, b1, b2, b3, simd.bcast4(xq, xo + 16), simd.bcast4(xq, xo + 20),
-                                   simd.bcast4(xq, xo + 24), simd.bcast4(xq, xo + 28), sb2))
-                        i = (t - t0) * 8
-                        simd.store8i(isums, i, simd.add32(simd.load8i(isums, i), v))
-                dv = simd.loadf8(d, g * 8)
-                mv = dv if q3 else simd.loadf8(m, g * 8)
-                for t in range(t0, t1):
-                    i = (t - t0) * 8
-                    c = bsum_term(isa, q3, sc, g * 128, xb16, t * nsb * 16 + sb * 16)
-                    dx = simd.splatf(simd.ld(xd, t * nsb + sb))
-                    isum = simd.load8i(isums, i)
-                    if q3:
-                        isum = simd.sub32(isum, simd.mul32(c, simd.splat32(4)))
-                    else:
-                        simd.storef8(mos, i, simd.fma8(simd.cvt8(c), simd.mul8(mv, dx), simd.loadf8(mos, i)))
-                    simd.storef8(acc, i, simd.fma8(simd.cvt8(isum), simd.mul8(dv, dx), simd.loadf8(acc, i)))
+    for sb in range(nsb):
+        g = grp * nsb + sb
+        isums[: (t1 - t0) * 8] = 0
+        for p in range(8):
+            o = (g * 16 + 2 * p) * 32  # the planes of sub-blocks 2p and 2p + 1
+            ho = (g * 8 + p) * 32
+            if t0 == 0:
+                simd.prefetch(qs, o + PREFETCH)
+                if q3 and p % 2 == 0:
+                    simd.prefetch(qh, ho + PREFETCH // 2)
+            la = simd.load32(qs, o)
+            lb = simd.load32(qs, o + 32)
+            hv = simd.load32(qh, ho) if q3 else la
+            a0, a1, a2, a3 = _w(q3, la, hv, 0, 0), _w(q3, la, hv, 1, 1), _w(q3, la, hv, 2, 2), _w(q3, la, hv, 3, 3)
+            b0, b1, b2, b3 = _w(q3, lb, hv, 0, 4), _w(q3, lb, hv, 1, 5), _w(q3, lb, hv, 2, 6), _w(q3, lb, hv, 3, 7)
+            sa = wscale(isa, q3, sc, (g * 16 + 2 * p) * 8)
+            sb2 = wscale(isa, q3, sc, (g * 16 + 2 * p + 1) * 8)
             for t in range(t0, t1):
+                xo = t * K + sb * 256 + p * 32
+                v = simd.add32(
+                    sdot16(isa, a0, a1, a2, a3, simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4),
+                           simd.bcast4(xq, xo + 8), simd.bcast4(xq, xo + 12), sa),
+                    sdot16(isa, b0, b1, b2, b3, simd.bcast4(xq, xo + 16), simd.bcast4(xq, xo + 20),
+                           simd.bcast4(xq, xo + 24), simd.bcast4(xq, xo + 28), sb2))
                 i = (t - t0) * 8
-                v = simd.loadf8(acc, i) if q3 else simd.sub8(simd.loadf8(acc, i), simd.loadf8(mos, i))
-                simd.storef8_first(out, t * N + grp * 8, v, N - grp * 8)
+                simd.store8i(isums, i, simd.add32(simd.load8i(isums, i), v))
+        dv = simd.loadf8(d, g * 8)
+        mv = dv if q3 else simd.loadf8(m, g * 8)
+        for t in range(t0, t1):
+            i = (t - t0) * 8
+            c = bsum_term(isa, q3, sc, g * 128, xb16, t * nsb * 16 + sb * 16)
+            dx = simd.splatf(simd.ld(xd, t * nsb + sb))
+            isum = simd.load8i(isums, i)
+            if q3:
+                isum = simd.sub32(isum, simd.mul32(c, simd.splat32(4)))
+            else:
+                simd.storef8(mos, i, simd.fma8(simd.cvt8(c), simd.mul8(mv, dx), simd.loadf8(mos, i)))
+            simd.storef8(acc, i, simd.fma8(simd.cvt8(isum), simd.mul8(dv, dx), simd.loadf8(acc, i)))
 
 
 @njit(cache=True, fastmath=EXACT)
 def _k23x8_simd(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1):
-    tile = min(xq.shape[0], X8_TOKENS)
+    T = xq.shape[0]
+    tile = min(T, X8_TOKENS)
     acc = np.empty(tile * 8, np.float32)
     mos = np.empty(tile * 8, np.float32)
     isums = np.empty(tile * 8, np.int32)
     if is_q3x8(kind):
-        _k23_tiles(isa, True, qs, qh, sc, d, m, xq, xd, xb16, out, n0, n1, acc, mos, isums)
+        row_tiles8(_k23_tile, (isa, True, qs, qh, sc, d, m, xq, xd, xb16, isums), 0, out, n0, n1, T, acc, mos)
     else:
-        _k23_tiles(isa, False, qs, qh, sc, d, m, xq, xd, xb16, out, n0, n1, acc, mos, isums)
+        row_tiles8(_k23_tile, (isa, False, qs, qh, sc, d, m, xq, xd, xb16, isums), -1, out, n0, n1, T, acc, mos)
 
 
 @njit(inline="always", cache=True)
@@ -270,87 +263,77 @@ def _dot4w(w0, w1, w2, w3, xq, xo):
 
 
 @njit(inline="always", cache=True)
-def _k23_zmm_tiles(q3, qs, qh, sc, d, m, xq, xd, xb16, out, n0, n1, acc, mos, isums):
-    # _k23_tiles with two row groups per zmm vector (simd/vec.py): group grp in the low half, grp2 in the high
-    T, K = xq.shape
-    N = out.shape[1]
+def _k23_tile_w(k, grp, grp2, t0, t1, acc, mos):
+    # _k23_tile with two row groups per zmm vector (simd/vec.py): group grp in the low half, grp2 in the high
+    # (common.row_tiles16)
+    q3, qs, qh, sc, d, m, xq, xd, xp, isums = k
+    K = xq.shape[1]
     nsb = K // 256
-    xp = pack_pairs(xb16)  # the block sums per 16 in pairs: the activation side of vpdpwssd
-    g1 = (n1 + 7) // 8
-    for grp in range(n0 // 8, g1, 2):
-        grp2 = min(grp + 1, g1 - 1)  # a task's odd last group fills both halves (the upper one not stored)
-        rows = min(N - grp * 8, 16 if grp2 > grp else 8)
-        for t0 in range(0, T, X8_TOKENS):
-            t1 = min(T, t0 + X8_TOKENS)
-            acc[: (t1 - t0) * 16] = 0
-            mos[: (t1 - t0) * 16] = 0
-            for sb in range(nsb):
-                g = grp * nsb + sb
-                h = grp2 * nsb + sb
-                isums[: (t1 - t0) * 16] = 0
-                for p in range(8):
-                    o, op = (g * 16 + 2 * p) * 32, (h * 16 + 2 * p) * 32
-                    ho, hp = (g * 8 + p) * 32, (h * 8 + p) * 32
-                    if t0 == 0:
-                        simd.prefetch(qs, o + PREFETCH)
-                        simd.prefetch(qs, op + PREFETCH)
-                        if q3 and p % 2 == 0:
-                            simd.prefetch(qh, ho + PREFETCH // 2)
-                            simd.prefetch(qh, hp + PREFETCH // 2)
-                    la = simd.load32(qs, o, op)
-                    lb = simd.load32(qs, o + 32, op + 32)
-                    hv = simd.load32(qh, ho, hp) if q3 else la
-                    a0, a1, a2, a3 = _ww(q3, la, hv, 0, 0), _ww(q3, la, hv, 1, 1), _ww(q3, la, hv, 2, 2), _ww(q3, la, hv, 3, 3)
-                    b0, b1, b2, b3 = _ww(q3, lb, hv, 0, 4), _ww(q3, lb, hv, 1, 5), _ww(q3, lb, hv, 2, 6), _ww(q3, lb, hv, 3, 7)
-                    so, sp = (g * 16 + 2 * p) * 8, (h * 16 + 2 * p) * 8
-                    if q3:
-                        sa, sb2 = simd.widen8s(sc, so, sp), simd.widen8s(sc, so + 8, sp + 8)
-                    else:
-                        sa, sb2 = simd.low4_16(simd.widen8(sc, so, sp)), simd.low4_16(simd.widen8(sc, so + 8, sp + 8))
-                    for t in range(t0, t1):
-                        xo = t * K + sb * 256 + p * 32
-                        v = simd.add32(simd.mul32(_dot4w(a0, a1, a2, a3, xq, xo), sa),
-                                        simd.mul32(_dot4w(b0, b1, b2, b3, xq, xo + 16), sb2))
-                        i = (t - t0) * 16
-                        simd.store8i(isums, i, simd.add32(simd.load16i(isums, i), v))
-                # the super-block's float step per token, the offset (Q3_K) or the mins (Q2_K) from the block
-                # sums: one vpdpwssd per two sub-blocks, the rows' scales or mins as 16-bit pairs
-                dv = simd.loadf8(d, g * 8, h * 8)
-                mv = dv if q3 else simd.loadf8(m, g * 8, h * 8)
-                for t in range(t0, t1):
-                    i = (t - t0) * 16
-                    x0 = (t * nsb + sb) * 8
-                    c = simd.zero32w()
-                    for jp in range(8):
-                        if q3:
-                            w = simd.pairs16s(sc, g * 128 + jp * 16, h * 128 + jp * 16)
-                        else:
-                            w = simd.high4_16(simd.pairs16(sc, g * 128 + jp * 16, h * 128 + jp * 16))
-                        c = simd.dpwssd(c, w, simd.splat32w(simd.ld(xp, x0 + jp)))
-                    dx = simd.splatf16(simd.ld(xd, t * nsb + sb))
-                    isum = simd.load16i(isums, i)
-                    if q3:
-                        isum = simd.sub32(isum, simd.shl32(c, 2))
-                    else:
-                        simd.storef8(mos, i, simd.fma8(simd.cvt8(c), simd.mul8(mv, dx), simd.loadf16(mos, i)))
-                    simd.storef8(acc, i, simd.fma8(simd.cvt8(isum), simd.mul8(dv, dx), simd.loadf16(acc, i)))
+    for sb in range(nsb):
+        g = grp * nsb + sb
+        h = grp2 * nsb + sb
+        isums[: (t1 - t0) * 16] = 0
+        for p in range(8):
+            o, op = (g * 16 + 2 * p) * 32, (h * 16 + 2 * p) * 32
+            ho, hp = (g * 8 + p) * 32, (h * 8 + p) * 32
+            if t0 == 0:
+                simd.prefetch(qs, o + PREFETCH)
+                simd.prefetch(qs, op + PREFETCH)
+                if q3 and p % 2 == 0:
+                    simd.prefetch(qh, ho + PREFETCH // 2)
+                    simd.prefetch(qh, hp + PREFETCH // 2)
+            la = simd.load32(qs, o, op)
+            lb = simd.load32(qs, o + 32, op + 32)
+            hv = simd.load32(qh, ho, hp) if q3 else la
+            a0, a1, a2, a3 = _ww(q3, la, hv, 0, 0), _ww(q3, la, hv, 1, 1), _ww(q3, la, hv, 2, 2), _ww(q3, la, hv, 3, 3)
+            b0, b1, b2, b3 = _ww(q3, lb, hv, 0, 4), _ww(q3, lb, hv, 1, 5), _ww(q3, lb, hv, 2, 6), _ww(q3, lb, hv, 3, 7)
+            so, sp = (g * 16 + 2 * p) * 8, (h * 16 + 2 * p) * 8
+            if q3:
+                sa, sb2 = simd.widen8s(sc, so, sp), simd.widen8s(sc, so + 8, sp + 8)
+            else:
+                sa, sb2 = simd.low4_16(simd.widen8(sc, so, sp)), simd.low4_16(simd.widen8(sc, so + 8, sp + 8))
             for t in range(t0, t1):
+                xo = t * K + sb * 256 + p * 32
+                v = simd.add32(simd.mul32(_dot4w(a0, a1, a2, a3, xq, xo), sa),
+                                simd.mul32(_dot4w(b0, b1, b2, b3, xq, xo + 16), sb2))
                 i = (t - t0) * 16
-                v = simd.loadf16(acc, i) if q3 else simd.sub8(simd.loadf16(acc, i), simd.loadf16(mos, i))
-                simd.storef8_first(out, t * N + grp * 8, v, rows)
+                simd.store8i(isums, i, simd.add32(simd.load16i(isums, i), v))
+        # the super-block's float step per token, the offset (Q3_K) or the mins (Q2_K) from the block
+        # sums: one vpdpwssd per two sub-blocks, the rows' scales or mins as 16-bit pairs
+        dv = simd.loadf8(d, g * 8, h * 8)
+        mv = dv if q3 else simd.loadf8(m, g * 8, h * 8)
+        for t in range(t0, t1):
+            i = (t - t0) * 16
+            x0 = (t * nsb + sb) * 8
+            c = simd.zero32w()
+            for jp in range(8):
+                if q3:
+                    w = simd.pairs16s(sc, g * 128 + jp * 16, h * 128 + jp * 16)
+                else:
+                    w = simd.high4_16(simd.pairs16(sc, g * 128 + jp * 16, h * 128 + jp * 16))
+                c = simd.dpwssd(c, w, simd.splat32w(simd.ld(xp, x0 + jp)))
+            dx = simd.splatf16(simd.ld(xd, t * nsb + sb))
+            isum = simd.load16i(isums, i)
+            if q3:
+                isum = simd.sub32(isum, simd.shl32(c, 2))
+            else:
+                simd.storef8(mos, i, simd.fma8(simd.cvt8(c), simd.mul8(mv, dx), simd.loadf16(mos, i)))
+            simd.storef8(acc, i, simd.fma8(simd.cvt8(isum), simd.mul8(dv, dx), simd.loadf16(acc, i)))
 
 
 @njit(cache=True, fastmath=EXACT)
 def _k23x8_zmm(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1):
     # the avx512 path: _k23x8_simd's integers and float steps, sixteen rows per vector, so the same bits
-    tile = min(xq.shape[0], X8_TOKENS)
+    T = xq.shape[0]
+    tile = min(T, X8_TOKENS)
     acc = np.empty(tile * 16, np.float32)
     mos = np.empty(tile * 16, np.float32)
     isums = np.empty(tile * 16, np.int32)
+    xp = pack_pairs(xb16)  # the block sums per 16 in pairs: the activation side of vpdpwssd
     if is_q3x8(kind):
-        _k23_zmm_tiles(True, qs, qh, sc, d, m, xq, xd, xb16, out, n0, n1, acc, mos, isums)
+        row_tiles16(_k23_tile_w, (True, qs, qh, sc, d, m, xq, xd, xp, isums), 0, out, n0, n1, T, acc, mos)
     else:
-        _k23_zmm_tiles(False, qs, qh, sc, d, m, xq, xd, xb16, out, n0, n1, acc, mos, isums)
+        row_tiles16(_k23_tile_w, (False, qs, qh, sc, d, m, xq, xd, xp, isums), -1, out, n0, n1, T, acc, mos)
 
 
 overload(rows_k23x8)(by_path(_k23x8_portable, _k23x8_simd, avx512=_k23x8_zmm))
