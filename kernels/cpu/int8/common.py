@@ -55,15 +55,16 @@ def _row_tiles(lanes):
     load = simd.loadf8 if lanes == 8 else simd.loadf16
     per = lanes // 8  # row groups per vector
 
-    def row_tiles(tile, k, combine, out, n0, n1, T, acc, mos):
-        """The interleaved kernels' loop over a task's rows [n0, n1) and a batch's T tokens: for each vector's
+    def row_tiles(tile, k, combine, xq, out, n0, n1, acc, mos):
+        """The interleaved kernels' loop over a task's rows [n0, n1) and the tokens of xq (T, K): for each vector's
         row groups (grp, and grp2 the second of a zmm vector's, grp on ymm) and each tile of up to X8_TOKENS
         tokens [t0, t1), the tile's accumulators zeroed (acc and, unless combine is 0, mos: a vector's
-        floats per token), tile(k, grp, grp2, t0, t1, acc, mos) adds the groups' blocks into them (k: the
+        floats per token), tile(k, K, grp, grp2, t0, t1, acc, mos) adds the groups' blocks into them (k: the
         kernel's arrays and constants), then each token's rows are stored: acc, acc + mos (combine > 0) or
         acc - mos (combine < 0). The kernel passes its tile body as an argument; both are inline="always",
         so Numba inlines this loop and the body into the kernel's own IR before typing (no call per tile,
         and the body never compiled apart)."""
+        T, K = xq.shape
         N = out.shape[1]
         g1 = (n1 + 7) // 8
         for grp in range(n0 // 8, g1, per):
@@ -74,7 +75,7 @@ def _row_tiles(lanes):
                 acc[: (t1 - t0) * lanes] = 0
                 if combine != 0:
                     mos[: (t1 - t0) * lanes] = 0
-                tile(k, grp, grp2, t0, t1, acc, mos)
+                tile(k, K, grp, grp2, t0, t1, acc, mos)
                 for t in range(t0, t1):
                     i = (t - t0) * lanes
                     v = load(acc, i)

@@ -188,11 +188,10 @@ def _w(q3, plane, hv, v, bit):
 
 
 @njit(inline="always", cache=True)
-def _k23_tile(k, grp, grp2, t0, t1, acc, mos):
+def _k23_tile(k, K, grp, grp2, t0, t1, acc, mos):
     # row group grp's super-blocks for tokens [t0, t1) (common.row_tiles8): each pair of sub-blocks unpacked
     # once for the tile's tokens; Q3_K (q3 True) or Q2_K, a constant where this is inlined
     isa, q3, qs, qh, sc, d, m, xq, xd, xb16, isums = k
-    K = xq.shape[1]
     nsb = K // 256
     for sb in range(nsb):
         g = grp * nsb + sb
@@ -242,9 +241,9 @@ def _k23x8_simd(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1):
     mos = np.empty(tile * 8, np.float32)
     isums = np.empty(tile * 8, np.int32)
     if is_q3x8(kind):
-        row_tiles8(_k23_tile, (isa, True, qs, qh, sc, d, m, xq, xd, xb16, isums), 0, out, n0, n1, T, acc, mos)
+        row_tiles8(_k23_tile, (isa, True, qs, qh, sc, d, m, xq, xd, xb16, isums), 0, xq, out, n0, n1, acc, mos)
     else:
-        row_tiles8(_k23_tile, (isa, False, qs, qh, sc, d, m, xq, xd, xb16, isums), -1, out, n0, n1, T, acc, mos)
+        row_tiles8(_k23_tile, (isa, False, qs, qh, sc, d, m, xq, xd, xb16, isums), -1, xq, out, n0, n1, acc, mos)
 
 
 @njit(inline="always", cache=True)
@@ -263,11 +262,10 @@ def _dot4w(w0, w1, w2, w3, xq, xo):
 
 
 @njit(inline="always", cache=True)
-def _k23_tile_w(k, grp, grp2, t0, t1, acc, mos):
+def _k23_tile_w(k, K, grp, grp2, t0, t1, acc, mos):
     # _k23_tile with two row groups per zmm vector (simd/vec.py): group grp in the low half, grp2 in the high
     # (common.row_tiles16)
     q3, qs, qh, sc, d, m, xq, xd, xp, isums = k
-    K = xq.shape[1]
     nsb = K // 256
     for sb in range(nsb):
         g = grp * nsb + sb
@@ -331,9 +329,9 @@ def _k23x8_zmm(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1):
     isums = np.empty(tile * 16, np.int32)
     xp = pack_pairs(xb16)  # the block sums per 16 in pairs: the activation side of vpdpwssd
     if is_q3x8(kind):
-        row_tiles16(_k23_tile_w, (True, qs, qh, sc, d, m, xq, xd, xp, isums), 0, out, n0, n1, T, acc, mos)
+        row_tiles16(_k23_tile_w, (True, qs, qh, sc, d, m, xq, xd, xp, isums), 0, xq, out, n0, n1, acc, mos)
     else:
-        row_tiles16(_k23_tile_w, (False, qs, qh, sc, d, m, xq, xd, xp, isums), -1, out, n0, n1, T, acc, mos)
+        row_tiles16(_k23_tile_w, (False, qs, qh, sc, d, m, xq, xd, xp, isums), -1, xq, out, n0, n1, acc, mos)
 
 
 overload(rows_k23x8)(by_path(_k23x8_portable, _k23x8_simd, avx512=_k23x8_zmm))

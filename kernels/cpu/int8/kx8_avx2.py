@@ -22,11 +22,10 @@ def _dot45(five, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7,
 
 
 @njit(inline="always", cache=True)
-def _q45_tile(k, grp, grp2, t0, t1, acc, mos):
+def _q45_tile(k, K, grp, grp2, t0, t1, acc, mos):
     # row group grp's super-blocks for tokens [t0, t1) (common.row_tiles8): each sub-block's weight vectors
     # unpacked once for the tile's tokens
     five, qs, qh, sc, d, m, xq, xd, xb, isums = k
-    K = xq.shape[1]
     nsb = K // 256
     for sb in range(nsb):
         g = grp * nsb + sb
@@ -118,14 +117,13 @@ def _q45_avx2(five, qs, qh, sc, d, m, xq, xd, xb, out, n0, n1, acc, mos, isums):
                 av = simd.fma8(simd.cvt8(isum), simd.mul8(simd.loadf8(d, g * 8), dx), av)
             simd.storef8_first(out, grp * 8, simd.sub8(av, mo), N - grp * 8)
         return
-    row_tiles8(_q45_tile, (five, qs, qh, sc, d, m, xq, xd, xb, isums), -1, out, n0, n1, T, acc, mos)
+    row_tiles8(_q45_tile, (five, qs, qh, sc, d, m, xq, xd, xb, isums), -1, xq, out, n0, n1, acc, mos)
 
 
 @njit(inline="always", cache=True)
-def _q6_tile(k, grp, grp2, t0, t1, acc, mos):
+def _q6_tile(k, K, grp, grp2, t0, t1, acc, mos):
     # _q45_tile for Q6_K
     qs, sc, d, xq, xd, xb16, isums = k
-    K = xq.shape[1]
     nsb = K // 256
     for sb in range(nsb):
         g = grp * nsb + sb
@@ -193,7 +191,7 @@ def _q6_avx2(qs, sc, d, xq, xd, xb16, out, n0, n1, acc, isums):
                 av = simd.fma8(simd.cvt8(isum), simd.mul8(simd.loadf8(d, g * 8), simd.splatf(simd.ld(xd, sb))), av)
             simd.storef8_first(out, grp * 8, av, N - grp * 8)
         return
-    row_tiles8(_q6_tile, (qs, sc, d, xq, xd, xb16, isums), 0, out, n0, n1, T, acc, acc)
+    row_tiles8(_q6_tile, (qs, sc, d, xq, xd, xb16, isums), 0, xq, out, n0, n1, acc, acc)
 
 
 @njit(cache=True, fastmath=EXACT)

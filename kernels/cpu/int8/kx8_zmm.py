@@ -29,10 +29,9 @@ def _dot8w(w0, w1, w2, w3, w4, w5, w6, w7, xq, xo):
 
 
 @njit(inline="always", cache=True)
-def _tile(k, grp, grp2, t0, t1, acc, mos):
+def _tile(k, K, grp, grp2, t0, t1, acc, mos):
     # row groups grp and grp2's super-blocks for tokens [t0, t1) (common.row_tiles16), as _kx8_zmm describes
     q6, five, mins, qs, qh, sc, d, m, xq, xd, xp, isums = k
-    K = xq.shape[1]
     nsb = K // 256
     npair = nsb * 8 if q6 else nsb * 4  # pairs per token
     for sb in range(nsb):
@@ -128,4 +127,4 @@ def _kx8_zmm(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
     isums = np.empty(tile * 16, np.int32)
     xp = pack_pairs(xb16 if q6 else xb)
     k = (q6, has_qh(kind), has_min(kind), qs, qh, sc, d, m, xq, xd, xp, isums)
-    row_tiles16(_tile, k, -1 if has_min(kind) else 0, out, n0, n1, T, acc, mos)
+    row_tiles16(_tile, k, -1 if has_min(kind) else 0, xq, out, n0, n1, acc, mos)

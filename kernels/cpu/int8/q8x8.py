@@ -196,11 +196,10 @@ def _q8x8_portable(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
 
 
 @njit(inline="always", cache=True)
-def _tile(k, grp, grp2, t0, t1, acc, mos):
+def _tile(k, K, grp, grp2, t0, t1, acc, mos):
     # row group grp's blocks for tokens [t0, t1) (common.row_tiles8): each block's eight weight vectors loaded
     # once for the tile's tokens
     isa, qs, d, xq, xd, sums, nl = k
-    K = xq.shape[1]
     nb = K // 32
     for b in range(nb):
         _prefetch(nl, qs, grp * nb + b)
@@ -217,7 +216,7 @@ def _tile(k, grp, grp2, t0, t1, acc, mos):
 def _q8x8_simd(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
     nl = is_grid(isa, kind)
     acc = np.empty(X8_TOKENS * 8, np.float32)
-    row_tiles8(_tile, (isa, qs, d, xq, xd, _block_sums(isa, nl, xq), nl), 0, out, n0, n1, xq.shape[0], acc, acc)
+    row_tiles8(_tile, (isa, qs, d, xq, xd, _block_sums(isa, nl, xq), nl), 0, xq, out, n0, n1, acc, acc)
 
 
 @njit(inline="always", cache=True)
@@ -252,10 +251,9 @@ def _dot_w(w0, w1, w2, w3, w4, w5, w6, w7, xq, xo, m128):
 
 
 @njit(inline="always", cache=True)
-def _tile_w(k, grp, grp2, t0, t1, acc, mos):
+def _tile_w(k, K, grp, grp2, t0, t1, acc, mos):
     # _tile on zmm: the blocks of row groups grp and grp2 (common.row_tiles16)
     qs, d, xq, xd, sums, nl = k
-    K = xq.shape[1]
     nb = K // 32
     for b in range(nb):
         _prefetch(nl, qs, grp * nb + b)
@@ -274,14 +272,13 @@ def _q8x8_zmm(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
     # the avx512 path: two groups of eight rows per zmm vector (simd/vec.py), otherwise _q8x8_simd's tile;
     # the sums are the same integers and each lane's float operations the same, so the same bits
     acc = np.empty(X8_TOKENS * 16, np.float32)
-    row_tiles16(_tile_w, (qs, d, xq, xd, _sums128(xq), is_grid(isa, kind)), 0, out, n0, n1, xq.shape[0], acc, acc)
+    row_tiles16(_tile_w, (qs, d, xq, xd, _sums128(xq), is_grid(isa, kind)), 0, xq, out, n0, n1, acc, acc)
 
 
 @njit(inline="always", cache=True)
-def _tile_pairs(k, grp, grp2, t0, t1, acc, mos):
+def _tile_pairs(k, K, grp, grp2, t0, t1, acc, mos):
     # _tile for the i8mm path: the tile's tokens two at a time in smmla
     isa, qs, d, xq, xd, nl = k
-    K = xq.shape[1]
     nb = K // 32
     for b in range(nb):
         w0, w1, w2, w3, w4, w5, w6, w7 = _weights(isa, nl, qs, grp * nb + b)
@@ -305,7 +302,7 @@ def _q8x8_mmla(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
         _q8x8_simd(isa, kind, qs, d, luts, xq, xd, out, n0, n1)
         return
     acc = np.empty(X8_TOKENS * 8, np.float32)
-    row_tiles8(_tile_pairs, (isa, qs, d, xq, xd, is_grid(isa, kind)), 0, out, n0, n1, T, acc, acc)
+    row_tiles8(_tile_pairs, (isa, qs, d, xq, xd, is_grid(isa, kind)), 0, xq, out, n0, n1, acc, acc)
 
 
 overload(rows_q8x8)(by_path(_q8x8_portable, _q8x8_simd, i8mm=_q8x8_mmla, avx512=_q8x8_zmm))

@@ -65,11 +65,10 @@ def _x8_weights(five, v0, v1, v2, v3, h):
 
 
 @njit(inline="always", cache=True)
-def _x8_tile(k, grp, grp2, t0, t1, acc, mos):
+def _x8_tile(k, K, grp, grp2, t0, t1, acc, mos):
     # row group grp's blocks for tokens [t0, t1) (common.row_tiles8): each block's eight weight vectors decoded
     # once for the tile's tokens
     isa, kind, qs, qh, d, m, xq, xd, xs = k
-    K = xq.shape[1]
     nb = K // 32
     five = has_qh(kind)
     has_m = has_min(kind)
@@ -143,14 +142,13 @@ def _x8_batch(isa, kind, qs, qh, d, m, xq, xd, xs, out, n0, n1):
     # those of _x8_simd alone)
     acc = np.empty(X8_TOKENS * 8, np.float32)
     mos = np.empty(X8_TOKENS * 8, np.float32)
-    row_tiles8(_x8_tile, (isa, kind, qs, qh, d, m, xq, xd, xs), 1, out, n0, n1, xq.shape[0], acc, mos)
+    row_tiles8(_x8_tile, (isa, kind, qs, qh, d, m, xq, xd, xs), 1, xq, out, n0, n1, acc, mos)
 
 
 @njit(inline="always", cache=True)
-def _x8_pairs_tile(k, grp, grp2, t0, t1, acc, mos):
+def _x8_pairs_tile(k, K, grp, grp2, t0, t1, acc, mos):
     # _x8_tile for the i8mm path: the tile's tokens two at a time in smmla
     qs, qh, d, m, xq, xd, xs, five, has_m, offk = k
-    K = xq.shape[1]
     nb = K // 32
     for b in range(nb):
         o = grp * nb + b
@@ -190,7 +188,7 @@ def _x8_mmla(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
     offk = simd.splatf(np.float32(-16.0 if five else -8.0))
     acc = np.empty(X8_TOKENS * 8, np.float32)
     mos = np.empty(X8_TOKENS * 8, np.float32)
-    row_tiles8(_x8_pairs_tile, (qs, qh, d, m, xq, xd, xs, five, has_m, offk), 1, out, n0, n1, T, acc, mos)
+    row_tiles8(_x8_pairs_tile, (qs, qh, d, m, xq, xd, xs, five, has_m, offk), 1, xq, out, n0, n1, acc, mos)
 
 
 overload(rows_x8)(by_path(_x8_portable, _x8_simd, i8mm=_x8_mmla))
