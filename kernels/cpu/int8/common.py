@@ -142,3 +142,15 @@ def pack_pairs(xs):
         for i in range(M // 2):
             out[t * (M // 2) + i] = (xs[t, 2 * i] & 0xFFFF) | (xs[t, 2 * i + 1] << 16)
     return out
+
+
+@njit(inline="always", cache=True)
+def dot8w(acc, w0, w1, w2, w3, w4, w5, w6, w7, xq, xo):
+    # acc plus sixteen rows' sums (two row groups' zmm weights, u8) of 32 elements against the activation bytes
+    # xq[xo:xo + 32]: one chain of vpdpbusd (the avx512 kernels)
+    a = simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(
+        acc, w0, simd.bcast4w(xq, xo)), w1, simd.bcast4w(xq, xo + 4)),
+        w2, simd.bcast4w(xq, xo + 8)), w3, simd.bcast4w(xq, xo + 12))
+    return simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(
+        a, w4, simd.bcast4w(xq, xo + 16)), w5, simd.bcast4w(xq, xo + 20)),
+        w6, simd.bcast4w(xq, xo + 24)), w7, simd.bcast4w(xq, xo + 28))

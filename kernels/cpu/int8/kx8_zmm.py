@@ -5,7 +5,7 @@ import numpy as np
 from numba import njit
 
 from .. import simd
-from .common import EXACT, PREFETCH, X8_TOKENS, pack_pairs, row_tiles16
+from .common import EXACT, PREFETCH, X8_TOKENS, dot8w, pack_pairs, row_tiles16
 from .kx8_simd import has_min, has_qh, is_q6_k
 
 
@@ -15,17 +15,6 @@ def _w45(five, half, qs, qh, o, p, ho, hp, j):
     b = simd.load32(qs, o, p)
     q = simd.shr4(b) if half else simd.low4(b)
     return simd.or_(q, simd.bit_to_16(simd.load32(qh, ho, hp), j)) if five else q
-
-
-@njit(inline="always", cache=True)
-def _dot8w(w0, w1, w2, w3, w4, w5, w6, w7, xq, xo):
-    # sixteen rows' sums of a 32-element sub-block against the activation bytes xq[xo:xo + 32]: one vpdpbusd chain
-    a = simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(
-        simd.zero32w(), w0, simd.bcast4w(xq, xo)), w1, simd.bcast4w(xq, xo + 4)),
-        w2, simd.bcast4w(xq, xo + 8)), w3, simd.bcast4w(xq, xo + 12))
-    return simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(
-        a, w4, simd.bcast4w(xq, xo + 16)), w5, simd.bcast4w(xq, xo + 20)),
-        w6, simd.bcast4w(xq, xo + 24)), w7, simd.bcast4w(xq, xo + 28))
 
 
 @njit(inline="always", cache=True)
@@ -80,7 +69,7 @@ def _tile(k, K, grp, grp2, t0, t1, acc, mos):
                     s = simd.widen8(sc, g * 128 + j * 8, h * 128 + j * 8)
                     for t in range(t0, t1):
                         i = (t - t0) * 16
-                        dot = _dot8w(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + sb * 256 + j * 32)
+                        dot = dot8w(simd.zero32w(), w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + sb * 256 + j * 32)
                         simd.store8i(isums, i, simd.add32(simd.load16i(isums, i), simd.mul32(dot, s)))
         # the super-block's float step per token: Q6_K's offset or Q4_K/Q5_K's mins from the block sums
         base = g * 128 if q6 else g * 128 + 64

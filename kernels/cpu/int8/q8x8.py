@@ -15,7 +15,7 @@ from numba.extending import overload
 from ... import kinds
 from .. import simd
 from ..simd import VNNI_PATHS, kinds_of, path_of
-from .common import EXACT, PREFETCH, SDOT_PATHS, X8_TOKENS, by_path, dot8, i8, row_tiles8, row_tiles16
+from .common import EXACT, PREFETCH, SDOT_PATHS, X8_TOKENS, by_path, dot8, dot8w, i8, row_tiles8, row_tiles16
 
 GRID = np.array(simd.IQ4_GRID, np.int32)
 
@@ -238,19 +238,6 @@ def _weights_w(nl, qs, blk, blk2):
 
 
 @njit(inline="always", cache=True)
-def _dot_w(w0, w1, w2, w3, w4, w5, w6, w7, xq, xo, m128):
-    # sixteen rows' exact integer sums of a block against the activation bytes xq[xo:xo + 32]: the weights
-    # + 128 in one chain of vpdpbusd that starts from m128, -128 times the activations' sum (a broadcast
-    # load: no vector operation goes to taking it back; the tokens' chains overlap in the out-of-order core)
-    a = simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(
-        simd.splat32w(m128), w0, simd.bcast4w(xq, xo)), w1, simd.bcast4w(xq, xo + 4)),
-        w2, simd.bcast4w(xq, xo + 8)), w3, simd.bcast4w(xq, xo + 12))
-    return simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(
-        a, w4, simd.bcast4w(xq, xo + 16)), w5, simd.bcast4w(xq, xo + 20)),
-        w6, simd.bcast4w(xq, xo + 24)), w7, simd.bcast4w(xq, xo + 28))
-
-
-@njit(inline="always", cache=True)
 def _tile_w(k, K, grp, grp2, t0, t1, acc, mos):
     # _tile on zmm: the blocks of row groups grp and grp2 (common.row_tiles16)
     qs, d, xq, xd, sums, nl = k
@@ -261,7 +248,9 @@ def _tile_w(k, K, grp, grp2, t0, t1, acc, mos):
         w0, w1, w2, w3, w4, w5, w6, w7 = _weights_w(nl, qs, grp * nb + b, grp2 * nb + b)
         dw = simd.loadf8(d, (grp * nb + b) * 8, (grp2 * nb + b) * 8)
         for t in range(t0, t1):
-            isum = _dot_w(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, simd.ld(sums, t * nb + b))
+            # the weights + 128 in one chain that starts from -128 times the activations' sum (a broadcast load: no
+            # vector operation goes to taking it back; the tokens' chains overlap in the out-of-order core)
+            isum = dot8w(simd.splat32w(simd.ld(sums, t * nb + b)), w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32)
             j = (t - t0) * 16
             simd.storef8(acc, j, simd.fma8(simd.cvt8(isum), simd.mul8(dw, simd.splatf16(simd.ld(xd, t * nb + b))),
                                            simd.loadf16(acc, j)))
