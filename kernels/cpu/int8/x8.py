@@ -65,6 +65,19 @@ def _x8_weights(five, v0, v1, v2, v3, h):
 
 
 @njit(inline="always", cache=True)
+def _x8_block(five, has_m, offk, qs, qh, d, m, o):
+    # block o's eight weight vectors (_x8_weights), its eight rows' scales and their offsets (Q4_1/Q5_1's
+    # mins, or -8 / -16 times the scale)
+    v0 = simd.load32(qs, o * 128)
+    v1 = simd.load32(qs, o * 128 + 32)
+    v2 = simd.load32(qs, o * 128 + 64)
+    v3 = simd.load32(qs, o * 128 + 96)
+    w0, w1, w2, w3, w4, w5, w6, w7 = _x8_weights(five, v0, v1, v2, v3, simd.load32(qh, o * 32) if five else v3)
+    dw = simd.loadf8(d, o * 8)
+    return w0, w1, w2, w3, w4, w5, w6, w7, dw, simd.loadf8(m, o * 8) if has_m else simd.mul8(dw, offk)
+
+
+@njit(inline="always", cache=True)
 def _x8_tile(k, K, grp, grp2, t0, t1, acc, mos):
     # row group grp's blocks for tokens [t0, t1) (common.row_tiles8): each block's eight weight vectors decoded
     # once for the tile's tokens
@@ -74,15 +87,7 @@ def _x8_tile(k, K, grp, grp2, t0, t1, acc, mos):
     has_m = has_min(kind)
     offk = simd.splatf(np.float32(-16.0 if five else -8.0))
     for b in range(nb):
-        o = grp * nb + b
-        v0 = simd.load32(qs, o * 128)
-        v1 = simd.load32(qs, o * 128 + 32)
-        v2 = simd.load32(qs, o * 128 + 64)
-        v3 = simd.load32(qs, o * 128 + 96)
-        h = simd.load32(qh, o * 32) if five else v3
-        w0, w1, w2, w3, w4, w5, w6, w7 = _x8_weights(five, v0, v1, v2, v3, h)
-        dw = simd.loadf8(d, o * 8)
-        off = simd.loadf8(m, o * 8) if has_m else simd.mul8(dw, offk)
+        w0, w1, w2, w3, w4, w5, w6, w7, dw, off = _x8_block(five, has_m, offk, qs, qh, d, m, grp * nb + b)
         for t in range(t0, t1):
             xo = t * K + b * 32
             isum = dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7,
@@ -151,15 +156,7 @@ def _x8_pairs_tile(k, K, grp, grp2, t0, t1, acc, mos):
     qs, qh, d, m, xq, xd, xs, five, has_m, offk = k
     nb = K // 32
     for b in range(nb):
-        o = grp * nb + b
-        v0 = simd.load32(qs, o * 128)
-        v1 = simd.load32(qs, o * 128 + 32)
-        v2 = simd.load32(qs, o * 128 + 64)
-        v3 = simd.load32(qs, o * 128 + 96)
-        h = simd.load32(qh, o * 32) if five else v3
-        w0, w1, w2, w3, w4, w5, w6, w7 = _x8_weights(five, v0, v1, v2, v3, h)
-        dw = simd.loadf8(d, o * 8)
-        off = simd.loadf8(m, o * 8) if has_m else simd.mul8(dw, offk)
+        w0, w1, w2, w3, w4, w5, w6, w7, dw, off = _x8_block(five, has_m, offk, qs, qh, d, m, grp * nb + b)
         for t in range(t0, t1, 2):
             u = min(t + 1, t1 - 1)  # the pair's second token (t itself when t is the tile's last)
             s2 = simd.mmla8(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, u * K + b * 32)
