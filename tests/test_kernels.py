@@ -432,9 +432,9 @@ def test_vnni_instructions_sum_as_the_cpu_does():
     @njit
     def run(a, b, acc, out8, out16, outw):
         simd.store8i(out8, 0, simd.dpbusd(simd.load8i(acc, 0), simd.load32(a, 0), simd.load32(b, 0)))
-        simd.store16i(out16, 0, simd.dpbusdw(simd.load16i(acc, 0), simd.load32x2(a, 0, 32), simd.load32x2(b, 0, 32)))
-        simd.store16i(outw, 0, simd.dpwssdw(simd.load16i(acc, 0), simd.load16i(a.view(np.int32), 0),
-                                            simd.load16i(b.view(np.int32), 0)))
+        simd.store8i(out16, 0, simd.dpbusd(simd.load16i(acc, 0), simd.load32(a, 0, 32), simd.load32(b, 0, 32)))
+        simd.store8i(outw, 0, simd.dpwssd(simd.load16i(acc, 0), simd.load16i(a.view(np.int32), 0),
+                                          simd.load16i(b.view(np.int32), 0)))
 
     rng = np.random.default_rng(5)
     for extreme in (False, True):

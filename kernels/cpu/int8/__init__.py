@@ -27,8 +27,9 @@ counting on every call (measured 10x slower).
 
 The package, by kernel family (kinds.FAMILIES): quantize.py (the activations), dispatch.py (`matmuls`,
 `rows_any`), common.py (what the families share), and one module per family: q8_0, q45, k45, q6_k
-(row-major, IQ4_NL's in q45) and x8, kx8, q8x8 (interleaved; q8x8.py also runs nlx8, IQ4_NL's); k23.py
-holds both of Q3_K's and Q2_K's families (k23 row-major, k23x8 interleaved).
+(row-major, IQ4_NL's in q45) and x8, kx8, q8x8 (interleaved; q8x8.py also runs nlx8, IQ4_NL's; kx8.py's
+kernels are a module per path: kx8_simd (vnni, aarch64), kx8_avx2, kx8_zmm (avx512)); k23.py holds both of
+Q3_K's and Q2_K's families (k23 row-major, k23x8 interleaved).
 """
 
 from .dispatch import as_tuple, matmuls, rows_any, rows_per_task  # noqa: F401

@@ -22,7 +22,7 @@ exact, so every path and every batch gives each output the same bits.
   four vpmaddubsw of a sub-block add in 16 bits (at most 8 x 7 x 128 = 7168) and the scales ride on the
   vpmaddwd that widens them (scales16), as kx8's avx2 kernel does. The offset (Q3_K) and mins (Q2_K) come
   once per super-block and token from the block sums. _k23x8_zmm on avx512: the same tile with two row
-  groups per zmm vector (simd/wide.py), the offset and mins by one vpdpwssd per two sub-blocks.
+  groups per zmm vector (simd/vec.py), the offset and mins by one vpdpwssd per two sub-blocks.
 """
 
 import numpy as np
@@ -32,8 +32,8 @@ from numba.extending import overload
 from ... import kinds
 from .. import simd
 from ..simd import path_of
-from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8
-from .kx8 import _pack_pairs, dot4
+from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8, pack_pairs, row_tiles8, row_tiles16
+from .kx8_simd import dot4
 
 is_q3 = kinds.predicate("ggml:Q3_K", within="k23")
 is_q3x8 = kinds.predicate("ggml:Q3_K", within="k23x8")
@@ -188,169 +188,150 @@ def _w(q3, plane, hv, v, bit):
 
 
 @njit(inline="always", cache=True)
-def _k23_tiles(isa, q3, qs, qh, sc, d, m, xq, xd, xb16, out, n0, n1, acc, mos, isums):
-    # Q3_K (q3 True) or Q2_K: a constant where this is inlined
-    T, K = xq.shape
-    N = out.shape[1]
+def _k23_tile(k, K, grp, grp2, t0, t1, acc, mos):
+    # row group grp's super-blocks for tokens [t0, t1) (common.row_tiles8): each pair of sub-blocks unpacked
+    # once for the tile's tokens; Q3_K (q3 True) or Q2_K, a constant where this is inlined
+    isa, q3, qs, qh, sc, d, m, xq, xd, xb16, isums = k
     nsb = K // 256
-    for grp in range(n0 // 8, (n1 + 7) // 8):
-        for t0 in range(0, T, X8_TOKENS):
-            t1 = min(T, t0 + X8_TOKENS)
-            acc[: (t1 - t0) * 8] = 0
-            mos[: (t1 - t0) * 8] = 0
-            for sb in range(nsb):
-                g = grp * nsb + sb
-                isums[: (t1 - t0) * 8] = 0
-                for p in range(8):
-                    o = (g * 16 + 2 * p) * 32  # the planes of sub-blocks 2p and 2p + 1
-                    ho = (g * 8 + p) * 32
-                    if t0 == 0:
-                        simd.prefetch(qs, o + PREFETCH)
-                        if q3 and p % 2 == 0:
-                            simd.prefetch(qh, ho + PREFETCH // 2)
-                    la = simd.load32(qs, o)
-                    lb = simd.load32(qs, o + 32)
-                    hv = simd.load32(qh, ho) if q3 else la
-                    a0, a1, a2, a3 = _w(q3, la, hv, 0, 0), _w(q3, la, hv, 1, 1), _w(q3, la, hv, 2, 2), _w(q3, la, hv, 3, 3)
-                    b0, b1, b2, b3 = _w(q3, lb, hv, 0, 4), _w(q3, lb, hv, 1, 5), _w(q3, lb, hv, 2, 6), _w(q3, lb, hv, 3, 7)
-                    sa = wscale(isa, q3, sc, (g * 16 + 2 * p) * 8)
-                    sb2 = wscale(isa, q3, sc, (g * 16 + 2 * p + 1) * 8)
-                    for t in range(t0, t1):
-                        xo = t * K + sb * 256 + p * 32
-                        v = simd.add32(
-                            sdot16(isa, a0, a1, a2, a3, simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4),
-                                   simd.bcast4(xq, xo + 8), simd.bcast4(xq, xo + 12), sa),
-                            sdot16(isa, b0, b1, b2, b3, simd.bcast4(xq, xo + 16), simd.bcast4(xq, xo + 20),
-                                   simd.bcast4(xq, xo + 24), simd.bcast4(xq, xo + 28), sb2))
-                        i = (t - t0) * 8
-                        simd.store8i(isums, i, simd.add32(simd.load8i(isums, i), v))
-                dv = simd.loadf8(d, g * 8)
-                mv = dv if q3 else simd.loadf8(m, g * 8)
-                for t in range(t0, t1):
-                    i = (t - t0) * 8
-                    c = bsum_term(isa, q3, sc, g * 128, xb16, t * nsb * 16 + sb * 16)
-                    dx = simd.splatf(simd.ld(xd, t * nsb + sb))
-                    isum = simd.load8i(isums, i)
-                    if q3:
-                        isum = simd.sub32(isum, simd.mul32(c, simd.splat32(4)))
-                    else:
-                        simd.storef8(mos, i, simd.fma8(simd.cvt8(c), simd.mul8(mv, dx), simd.loadf8(mos, i)))
-                    simd.storef8(acc, i, simd.fma8(simd.cvt8(isum), simd.mul8(dv, dx), simd.loadf8(acc, i)))
+    for sb in range(nsb):
+        g = grp * nsb + sb
+        isums[: (t1 - t0) * 8] = 0
+        for p in range(8):
+            o = (g * 16 + 2 * p) * 32  # the planes of sub-blocks 2p and 2p + 1
+            ho = (g * 8 + p) * 32
+            if t0 == 0:
+                simd.prefetch(qs, o + PREFETCH)
+                if q3 and p % 2 == 0:
+                    simd.prefetch(qh, ho + PREFETCH // 2)
+            la = simd.load32(qs, o)
+            lb = simd.load32(qs, o + 32)
+            hv = simd.load32(qh, ho) if q3 else la
+            a0, a1, a2, a3 = _w(q3, la, hv, 0, 0), _w(q3, la, hv, 1, 1), _w(q3, la, hv, 2, 2), _w(q3, la, hv, 3, 3)
+            b0, b1, b2, b3 = _w(q3, lb, hv, 0, 4), _w(q3, lb, hv, 1, 5), _w(q3, lb, hv, 2, 6), _w(q3, lb, hv, 3, 7)
+            sa = wscale(isa, q3, sc, (g * 16 + 2 * p) * 8)
+            sb2 = wscale(isa, q3, sc, (g * 16 + 2 * p + 1) * 8)
             for t in range(t0, t1):
+                xo = t * K + sb * 256 + p * 32
+                v = simd.add32(
+                    sdot16(isa, a0, a1, a2, a3, simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4),
+                           simd.bcast4(xq, xo + 8), simd.bcast4(xq, xo + 12), sa),
+                    sdot16(isa, b0, b1, b2, b3, simd.bcast4(xq, xo + 16), simd.bcast4(xq, xo + 20),
+                           simd.bcast4(xq, xo + 24), simd.bcast4(xq, xo + 28), sb2))
                 i = (t - t0) * 8
-                v = simd.loadf8(acc, i) if q3 else simd.sub8(simd.loadf8(acc, i), simd.loadf8(mos, i))
-                simd.storef8_first(out, t * N + grp * 8, v, N - grp * 8)
+                simd.store8i(isums, i, simd.add32(simd.load8i(isums, i), v))
+        dv = simd.loadf8(d, g * 8)
+        mv = dv if q3 else simd.loadf8(m, g * 8)
+        for t in range(t0, t1):
+            i = (t - t0) * 8
+            c = bsum_term(isa, q3, sc, g * 128, xb16, t * nsb * 16 + sb * 16)
+            dx = simd.splatf(simd.ld(xd, t * nsb + sb))
+            isum = simd.load8i(isums, i)
+            if q3:
+                isum = simd.sub32(isum, simd.mul32(c, simd.splat32(4)))
+            else:
+                simd.storef8(mos, i, simd.fma8(simd.cvt8(c), simd.mul8(mv, dx), simd.loadf8(mos, i)))
+            simd.storef8(acc, i, simd.fma8(simd.cvt8(isum), simd.mul8(dv, dx), simd.loadf8(acc, i)))
 
 
 @njit(cache=True, fastmath=EXACT)
 def _k23x8_simd(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1):
-    tile = min(xq.shape[0], X8_TOKENS)
+    T = xq.shape[0]
+    tile = min(T, X8_TOKENS)
     acc = np.empty(tile * 8, np.float32)
     mos = np.empty(tile * 8, np.float32)
     isums = np.empty(tile * 8, np.int32)
     if is_q3x8(kind):
-        _k23_tiles(isa, True, qs, qh, sc, d, m, xq, xd, xb16, out, n0, n1, acc, mos, isums)
+        row_tiles8(_k23_tile, (isa, True, qs, qh, sc, d, m, xq, xd, xb16, isums), 0, xq, out, n0, n1, acc, mos)
     else:
-        _k23_tiles(isa, False, qs, qh, sc, d, m, xq, xd, xb16, out, n0, n1, acc, mos, isums)
+        row_tiles8(_k23_tile, (isa, False, qs, qh, sc, d, m, xq, xd, xb16, isums), -1, xq, out, n0, n1, acc, mos)
 
 
 @njit(inline="always", cache=True)
 def _ww(q3, plane, hv, v, bit):
     # _w on zmm: weight vector v of a sub-block of two row groups
-    lo = simd.bits2w(plane, 2 * v)
-    return simd.or_w(lo, simd.bit_to_4w(hv, bit)) if q3 else lo
+    lo = simd.bits2(plane, 2 * v)
+    return simd.or_(lo, simd.bit_to_4(hv, bit)) if q3 else lo
 
 
 @njit(inline="always", cache=True)
 def _dot4w(w0, w1, w2, w3, xq, xo):
     # sixteen rows' sums of a sub-block's four weight vectors against the activation bytes xq[xo:xo + 16]
-    return simd.dpbusdw(simd.dpbusdw(simd.dpbusdw(simd.dpbusdw(
+    return simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(
         simd.zero32w(), w0, simd.bcast4w(xq, xo)), w1, simd.bcast4w(xq, xo + 4)),
         w2, simd.bcast4w(xq, xo + 8)), w3, simd.bcast4w(xq, xo + 12))
 
 
 @njit(inline="always", cache=True)
-def _k23_zmm_tiles(q3, qs, qh, sc, d, m, xq, xd, xb16, out, n0, n1, acc, mos, isums):
-    # _k23_tiles with two row groups per zmm vector (simd/wide.py): group grp in the low half, grp2 in the high
-    T, K = xq.shape
-    N = out.shape[1]
+def _k23_tile_w(k, K, grp, grp2, t0, t1, acc, mos):
+    # _k23_tile with two row groups per zmm vector (simd/vec.py): group grp in the low half, grp2 in the high
+    # (common.row_tiles16)
+    q3, qs, qh, sc, d, m, xq, xd, xp, isums = k
     nsb = K // 256
-    xp = _pack_pairs(xb16)  # the block sums per 16 in pairs: the activation side of vpdpwssd
-    g1 = (n1 + 7) // 8
-    for grp in range(n0 // 8, g1, 2):
-        grp2 = min(grp + 1, g1 - 1)  # a task's odd last group fills both halves (the upper one not stored)
-        rows = min(N - grp * 8, 16 if grp2 > grp else 8)
-        for t0 in range(0, T, X8_TOKENS):
-            t1 = min(T, t0 + X8_TOKENS)
-            acc[: (t1 - t0) * 16] = 0
-            mos[: (t1 - t0) * 16] = 0
-            for sb in range(nsb):
-                g = grp * nsb + sb
-                h = grp2 * nsb + sb
-                isums[: (t1 - t0) * 16] = 0
-                for p in range(8):
-                    o, op = (g * 16 + 2 * p) * 32, (h * 16 + 2 * p) * 32
-                    ho, hp = (g * 8 + p) * 32, (h * 8 + p) * 32
-                    if t0 == 0:
-                        simd.prefetch(qs, o + PREFETCH)
-                        simd.prefetch(qs, op + PREFETCH)
-                        if q3 and p % 2 == 0:
-                            simd.prefetch(qh, ho + PREFETCH // 2)
-                            simd.prefetch(qh, hp + PREFETCH // 2)
-                    la = simd.load32x2(qs, o, op)
-                    lb = simd.load32x2(qs, o + 32, op + 32)
-                    hv = simd.load32x2(qh, ho, hp) if q3 else la
-                    a0, a1, a2, a3 = _ww(q3, la, hv, 0, 0), _ww(q3, la, hv, 1, 1), _ww(q3, la, hv, 2, 2), _ww(q3, la, hv, 3, 3)
-                    b0, b1, b2, b3 = _ww(q3, lb, hv, 0, 4), _ww(q3, lb, hv, 1, 5), _ww(q3, lb, hv, 2, 6), _ww(q3, lb, hv, 3, 7)
-                    so, sp = (g * 16 + 2 * p) * 8, (h * 16 + 2 * p) * 8
-                    if q3:
-                        sa, sb2 = simd.widen8x2s(sc, so, sp), simd.widen8x2s(sc, so + 8, sp + 8)
-                    else:
-                        sa, sb2 = simd.low4x2w(simd.widen8x2(sc, so, sp)), simd.low4x2w(simd.widen8x2(sc, so + 8, sp + 8))
-                    for t in range(t0, t1):
-                        xo = t * K + sb * 256 + p * 32
-                        v = simd.add32w(simd.mul32w(_dot4w(a0, a1, a2, a3, xq, xo), sa),
-                                        simd.mul32w(_dot4w(b0, b1, b2, b3, xq, xo + 16), sb2))
-                        i = (t - t0) * 16
-                        simd.store16i(isums, i, simd.add32w(simd.load16i(isums, i), v))
-                # the super-block's float step per token, the offset (Q3_K) or the mins (Q2_K) from the block
-                # sums: one vpdpwssd per two sub-blocks, the rows' scales or mins as 16-bit pairs
-                dv = simd.loadf8x2(d, g * 8, h * 8)
-                mv = dv if q3 else simd.loadf8x2(m, g * 8, h * 8)
-                for t in range(t0, t1):
-                    i = (t - t0) * 16
-                    x0 = (t * nsb + sb) * 8
-                    c = simd.zero32w()
-                    for jp in range(8):
-                        if q3:
-                            w = simd.pairs16x2s(sc, g * 128 + jp * 16, h * 128 + jp * 16)
-                        else:
-                            w = simd.high4x2w(simd.pairs16x2(sc, g * 128 + jp * 16, h * 128 + jp * 16))
-                        c = simd.dpwssdw(c, w, simd.splat32w(simd.ld(xp, x0 + jp)))
-                    dx = simd.splatf16(simd.ld(xd, t * nsb + sb))
-                    isum = simd.load16i(isums, i)
-                    if q3:
-                        isum = simd.sub32w(isum, simd.shl32w(c, 2))
-                    else:
-                        simd.storef16(mos, i, simd.fma16(simd.cvt16(c), simd.mul16(mv, dx), simd.loadf16(mos, i)))
-                    simd.storef16(acc, i, simd.fma16(simd.cvt16(isum), simd.mul16(dv, dx), simd.loadf16(acc, i)))
+    for sb in range(nsb):
+        g = grp * nsb + sb
+        h = grp2 * nsb + sb
+        isums[: (t1 - t0) * 16] = 0
+        for p in range(8):
+            o, op = (g * 16 + 2 * p) * 32, (h * 16 + 2 * p) * 32
+            ho, hp = (g * 8 + p) * 32, (h * 8 + p) * 32
+            if t0 == 0:
+                simd.prefetch(qs, o + PREFETCH)
+                simd.prefetch(qs, op + PREFETCH)
+                if q3 and p % 2 == 0:
+                    simd.prefetch(qh, ho + PREFETCH // 2)
+                    simd.prefetch(qh, hp + PREFETCH // 2)
+            la = simd.load32(qs, o, op)
+            lb = simd.load32(qs, o + 32, op + 32)
+            hv = simd.load32(qh, ho, hp) if q3 else la
+            a0, a1, a2, a3 = _ww(q3, la, hv, 0, 0), _ww(q3, la, hv, 1, 1), _ww(q3, la, hv, 2, 2), _ww(q3, la, hv, 3, 3)
+            b0, b1, b2, b3 = _ww(q3, lb, hv, 0, 4), _ww(q3, lb, hv, 1, 5), _ww(q3, lb, hv, 2, 6), _ww(q3, lb, hv, 3, 7)
+            so, sp = (g * 16 + 2 * p) * 8, (h * 16 + 2 * p) * 8
+            if q3:
+                sa, sb2 = simd.widen8s(sc, so, sp), simd.widen8s(sc, so + 8, sp + 8)
+            else:
+                sa, sb2 = simd.low4_16(simd.widen8(sc, so, sp)), simd.low4_16(simd.widen8(sc, so + 8, sp + 8))
             for t in range(t0, t1):
+                xo = t * K + sb * 256 + p * 32
+                v = simd.add32(simd.mul32(_dot4w(a0, a1, a2, a3, xq, xo), sa),
+                                simd.mul32(_dot4w(b0, b1, b2, b3, xq, xo + 16), sb2))
                 i = (t - t0) * 16
-                v = simd.loadf16(acc, i) if q3 else simd.sub16(simd.loadf16(acc, i), simd.loadf16(mos, i))
-                simd.storef16_first(out, t * N + grp * 8, v, rows)
+                simd.store8i(isums, i, simd.add32(simd.load16i(isums, i), v))
+        # the super-block's float step per token, the offset (Q3_K) or the mins (Q2_K) from the block
+        # sums: one vpdpwssd per two sub-blocks, the rows' scales or mins as 16-bit pairs
+        dv = simd.loadf8(d, g * 8, h * 8)
+        mv = dv if q3 else simd.loadf8(m, g * 8, h * 8)
+        for t in range(t0, t1):
+            i = (t - t0) * 16
+            x0 = (t * nsb + sb) * 8
+            c = simd.zero32w()
+            for jp in range(8):
+                if q3:
+                    w = simd.pairs16s(sc, g * 128 + jp * 16, h * 128 + jp * 16)
+                else:
+                    w = simd.high4_16(simd.pairs16(sc, g * 128 + jp * 16, h * 128 + jp * 16))
+                c = simd.dpwssd(c, w, simd.splat32w(simd.ld(xp, x0 + jp)))
+            dx = simd.splatf16(simd.ld(xd, t * nsb + sb))
+            isum = simd.load16i(isums, i)
+            if q3:
+                isum = simd.sub32(isum, simd.shl32(c, 2))
+            else:
+                simd.storef8(mos, i, simd.fma8(simd.cvt8(c), simd.mul8(mv, dx), simd.loadf16(mos, i)))
+            simd.storef8(acc, i, simd.fma8(simd.cvt8(isum), simd.mul8(dv, dx), simd.loadf16(acc, i)))
 
 
 @njit(cache=True, fastmath=EXACT)
 def _k23x8_zmm(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb16, out, n0, n1):
     # the avx512 path: _k23x8_simd's integers and float steps, sixteen rows per vector, so the same bits
-    tile = min(xq.shape[0], X8_TOKENS)
+    T = xq.shape[0]
+    tile = min(T, X8_TOKENS)
     acc = np.empty(tile * 16, np.float32)
     mos = np.empty(tile * 16, np.float32)
     isums = np.empty(tile * 16, np.int32)
+    xp = pack_pairs(xb16)  # the block sums per 16 in pairs: the activation side of vpdpwssd
     if is_q3x8(kind):
-        _k23_zmm_tiles(True, qs, qh, sc, d, m, xq, xd, xb16, out, n0, n1, acc, mos, isums)
+        row_tiles16(_k23_tile_w, (True, qs, qh, sc, d, m, xq, xd, xp, isums), 0, xq, out, n0, n1, acc, mos)
     else:
-        _k23_zmm_tiles(False, qs, qh, sc, d, m, xq, xd, xb16, out, n0, n1, acc, mos, isums)
+        row_tiles16(_k23_tile_w, (False, qs, qh, sc, d, m, xq, xd, xp, isums), -1, xq, out, n0, n1, acc, mos)
 
 
 overload(rows_k23x8)(by_path(_k23x8_portable, _k23x8_simd, avx512=_k23x8_zmm))

@@ -15,7 +15,7 @@ from numba.extending import overload
 from ... import kinds
 from .. import simd
 from ..simd import VNNI_PATHS, kinds_of, path_of
-from .common import EXACT, PREFETCH, SDOT_PATHS, X8_TOKENS, by_path, dot8, i8
+from .common import EXACT, PREFETCH, SDOT_PATHS, X8_TOKENS, by_path, dot8, dot8w, i8, row_tiles8, row_tiles16
 
 GRID = np.array(simd.IQ4_GRID, np.int32)
 
@@ -195,29 +195,28 @@ def _q8x8_portable(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
             out[t, n] = acc
 
 
+@njit(inline="always", cache=True)
+def _tile(k, K, grp, grp2, t0, t1, acc, mos):
+    # row group grp's blocks for tokens [t0, t1) (common.row_tiles8): each block's eight weight vectors loaded
+    # once for the tile's tokens
+    isa, qs, d, xq, xd, sums, nl = k
+    nb = K // 32
+    for b in range(nb):
+        _prefetch(nl, qs, grp * nb + b)
+        w0, w1, w2, w3, w4, w5, w6, w7 = _weights(isa, nl, qs, grp * nb + b)
+        dw = simd.loadf8(d, (grp * nb + b) * 8)
+        for t in range(t0, t1):
+            isum = _dot(isa, nl, sums, w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, t * nb + b)
+            j = (t - t0) * 8
+            simd.storef8(acc, j, simd.fma8(simd.cvt8(isum), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
+                                           simd.loadf8(acc, j)))
+
+
 @njit(cache=True, fastmath=EXACT)
 def _q8x8_simd(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
-    T, K = xq.shape
-    N = out.shape[1]
-    nb = K // 32
     nl = is_grid(isa, kind)
-    sums = _block_sums(isa, nl, xq)
     acc = np.empty(X8_TOKENS * 8, np.float32)
-    for grp in range(n0 // 8, (n1 + 7) // 8):
-        for t0 in range(0, T, X8_TOKENS):
-            t1 = min(T, t0 + X8_TOKENS)
-            acc[: (t1 - t0) * 8] = 0
-            for b in range(nb):
-                _prefetch(nl, qs, grp * nb + b)
-                w0, w1, w2, w3, w4, w5, w6, w7 = _weights(isa, nl, qs, grp * nb + b)
-                dw = simd.loadf8(d, (grp * nb + b) * 8)
-                for t in range(t0, t1):
-                    isum = _dot(isa, nl, sums, w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, t * nb + b)
-                    j = (t - t0) * 8
-                    simd.storef8(acc, j, simd.fma8(simd.cvt8(isum), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
-                                                   simd.loadf8(acc, j)))
-            for t in range(t0, t1):
-                simd.storef8_first(out, t * N + grp * 8, simd.loadf8(acc, (t - t0) * 8), N - grp * 8)
+    row_tiles8(_tile, (isa, qs, d, xq, xd, _block_sums(isa, nl, xq), nl), 0, xq, out, n0, n1, acc, acc)
 
 
 @njit(inline="always", cache=True)
@@ -226,91 +225,73 @@ def _weights_w(nl, qs, blk, blk2):
     # IQ4_NL's grid + 128, Q8_0's bytes flipped
     if nl:
         o, p = blk * 128, blk2 * 128
-        v0, v1 = simd.load32x2(qs, o, p), simd.load32x2(qs, o + 32, p + 32)
-        v2, v3 = simd.load32x2(qs, o + 64, p + 64), simd.load32x2(qs, o + 96, p + 96)
-        return (simd.grid16uw(simd.low4w(v0)), simd.grid16uw(simd.low4w(v1)), simd.grid16uw(simd.low4w(v2)),
-                simd.grid16uw(simd.low4w(v3)), simd.grid16uw(simd.shr4w(v0)), simd.grid16uw(simd.shr4w(v1)),
-                simd.grid16uw(simd.shr4w(v2)), simd.grid16uw(simd.shr4w(v3)))
+        v0, v1 = simd.load32(qs, o, p), simd.load32(qs, o + 32, p + 32)
+        v2, v3 = simd.load32(qs, o + 64, p + 64), simd.load32(qs, o + 96, p + 96)
+        return (simd.grid16u(simd.low4(v0)), simd.grid16u(simd.low4(v1)), simd.grid16u(simd.low4(v2)),
+                simd.grid16u(simd.low4(v3)), simd.grid16u(simd.shr4(v0)), simd.grid16u(simd.shr4(v1)),
+                simd.grid16u(simd.shr4(v2)), simd.grid16u(simd.shr4(v3)))
     o, p = blk * 256, blk2 * 256
-    return (simd.flip8w(simd.load32x2(qs, o, p)), simd.flip8w(simd.load32x2(qs, o + 32, p + 32)),
-            simd.flip8w(simd.load32x2(qs, o + 64, p + 64)), simd.flip8w(simd.load32x2(qs, o + 96, p + 96)),
-            simd.flip8w(simd.load32x2(qs, o + 128, p + 128)), simd.flip8w(simd.load32x2(qs, o + 160, p + 160)),
-            simd.flip8w(simd.load32x2(qs, o + 192, p + 192)), simd.flip8w(simd.load32x2(qs, o + 224, p + 224)))
+    return (simd.flip8(simd.load32(qs, o, p)), simd.flip8(simd.load32(qs, o + 32, p + 32)),
+            simd.flip8(simd.load32(qs, o + 64, p + 64)), simd.flip8(simd.load32(qs, o + 96, p + 96)),
+            simd.flip8(simd.load32(qs, o + 128, p + 128)), simd.flip8(simd.load32(qs, o + 160, p + 160)),
+            simd.flip8(simd.load32(qs, o + 192, p + 192)), simd.flip8(simd.load32(qs, o + 224, p + 224)))
 
 
 @njit(inline="always", cache=True)
-def _dot_w(w0, w1, w2, w3, w4, w5, w6, w7, xq, xo, m128):
-    # sixteen rows' exact integer sums of a block against the activation bytes xq[xo:xo + 32]: the weights
-    # + 128 in one chain of vpdpbusd that starts from m128, -128 times the activations' sum (a broadcast
-    # load: no vector operation goes to taking it back; the tokens' chains overlap in the out-of-order core)
-    a = simd.dpbusdw(simd.dpbusdw(simd.dpbusdw(simd.dpbusdw(
-        simd.splat32w(m128), w0, simd.bcast4w(xq, xo)), w1, simd.bcast4w(xq, xo + 4)),
-        w2, simd.bcast4w(xq, xo + 8)), w3, simd.bcast4w(xq, xo + 12))
-    return simd.dpbusdw(simd.dpbusdw(simd.dpbusdw(simd.dpbusdw(
-        a, w4, simd.bcast4w(xq, xo + 16)), w5, simd.bcast4w(xq, xo + 20)),
-        w6, simd.bcast4w(xq, xo + 24)), w7, simd.bcast4w(xq, xo + 28))
+def _tile_w(k, K, grp, grp2, t0, t1, acc, mos):
+    # _tile on zmm: the blocks of row groups grp and grp2 (common.row_tiles16)
+    qs, d, xq, xd, sums, nl = k
+    nb = K // 32
+    for b in range(nb):
+        _prefetch(nl, qs, grp * nb + b)
+        _prefetch(nl, qs, grp2 * nb + b)
+        w0, w1, w2, w3, w4, w5, w6, w7 = _weights_w(nl, qs, grp * nb + b, grp2 * nb + b)
+        dw = simd.loadf8(d, (grp * nb + b) * 8, (grp2 * nb + b) * 8)
+        for t in range(t0, t1):
+            # the weights + 128 in one chain that starts from -128 times the activations' sum (a broadcast load: no
+            # vector operation goes to taking it back; the tokens' chains overlap in the out-of-order core)
+            isum = dot8w(simd.splat32w(simd.ld(sums, t * nb + b)), w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32)
+            j = (t - t0) * 16
+            simd.storef8(acc, j, simd.fma8(simd.cvt8(isum), simd.mul8(dw, simd.splatf16(simd.ld(xd, t * nb + b))),
+                                           simd.loadf16(acc, j)))
 
 
 @njit(cache=True, fastmath=EXACT)
 def _q8x8_zmm(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
-    # the avx512 path: two groups of eight rows per zmm vector (simd/wide.py), otherwise _q8x8_simd's tile;
+    # the avx512 path: two groups of eight rows per zmm vector (simd/vec.py), otherwise _q8x8_simd's tile;
     # the sums are the same integers and each lane's float operations the same, so the same bits
-    T, K = xq.shape
-    N = out.shape[1]
-    nb = K // 32
-    nl = is_grid(isa, kind)
-    sums = _sums128(xq)
     acc = np.empty(X8_TOKENS * 16, np.float32)
-    g1 = (n1 + 7) // 8
-    for grp in range(n0 // 8, g1, 2):
-        grp2 = min(grp + 1, g1 - 1)  # a task's odd last group fills both halves (the upper one not stored)
-        rows = min(N - grp * 8, 16 if grp2 > grp else 8)
-        for t0 in range(0, T, X8_TOKENS):
-            t1 = min(T, t0 + X8_TOKENS)
-            acc[: (t1 - t0) * 16] = 0
-            for b in range(nb):
-                _prefetch(nl, qs, grp * nb + b)
-                _prefetch(nl, qs, grp2 * nb + b)
-                w0, w1, w2, w3, w4, w5, w6, w7 = _weights_w(nl, qs, grp * nb + b, grp2 * nb + b)
-                dw = simd.loadf8x2(d, (grp * nb + b) * 8, (grp2 * nb + b) * 8)
-                for t in range(t0, t1):
-                    isum = _dot_w(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, simd.ld(sums, t * nb + b))
-                    j = (t - t0) * 16
-                    simd.storef16(acc, j, simd.fma16(simd.cvt16(isum), simd.mul16(dw, simd.splatf16(simd.ld(xd, t * nb + b))),
-                                                     simd.loadf16(acc, j)))
-            for t in range(t0, t1):
-                simd.storef16_first(out, t * N + grp * 8, simd.loadf16(acc, (t - t0) * 16), rows)
+    row_tiles16(_tile_w, (qs, d, xq, xd, _sums128(xq), is_grid(isa, kind)), 0, xq, out, n0, n1, acc, acc)
+
+
+@njit(inline="always", cache=True)
+def _tile_pairs(k, K, grp, grp2, t0, t1, acc, mos):
+    # _tile for the i8mm path: the tile's tokens two at a time in smmla
+    isa, qs, d, xq, xd, nl = k
+    nb = K // 32
+    for b in range(nb):
+        w0, w1, w2, w3, w4, w5, w6, w7 = _weights(isa, nl, qs, grp * nb + b)
+        dw = simd.loadf8(d, (grp * nb + b) * 8)
+        for t in range(t0, t1, 2):
+            u = min(t + 1, t1 - 1)  # the pair's second token (t itself when t is the tile's last)
+            s2 = simd.mmla8(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, u * K + b * 32)
+            j = (t - t0) * 8
+            simd.storef8(acc, j, simd.fma8(simd.cvt8(simd.token_a(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
+                                           simd.loadf8(acc, j)))
+            if u > t:
+                simd.storef8(acc, j + 8, simd.fma8(simd.cvt8(simd.token_b(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, u * nb + b))),
+                                                   simd.loadf8(acc, j + 8)))
 
 
 @njit(cache=True, fastmath=EXACT)
 def _q8x8_mmla(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
     # the i8mm path: one token as _q8x8_simd (sdot); a batch two tokens at a time in smmla, as x8._x8_mmla
-    T, K = xq.shape
+    T = xq.shape[0]
     if T == 1:
         _q8x8_simd(isa, kind, qs, d, luts, xq, xd, out, n0, n1)
         return
-    N = out.shape[1]
-    nb = K // 32
-    nl = is_grid(isa, kind)
     acc = np.empty(X8_TOKENS * 8, np.float32)
-    for grp in range(n0 // 8, (n1 + 7) // 8):
-        for t0 in range(0, T, X8_TOKENS):
-            t1 = min(T, t0 + X8_TOKENS)
-            acc[: (t1 - t0) * 8] = 0
-            for b in range(nb):
-                w0, w1, w2, w3, w4, w5, w6, w7 = _weights(isa, nl, qs, grp * nb + b)
-                dw = simd.loadf8(d, (grp * nb + b) * 8)
-                for t in range(t0, t1, 2):
-                    u = min(t + 1, t1 - 1)  # the pair's second token (t itself when t is the tile's last)
-                    s2 = simd.mmla8(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, u * K + b * 32)
-                    j = (t - t0) * 8
-                    simd.storef8(acc, j, simd.fma8(simd.cvt8(simd.token_a(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
-                                                   simd.loadf8(acc, j)))
-                    if u > t:
-                        simd.storef8(acc, j + 8, simd.fma8(simd.cvt8(simd.token_b(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, u * nb + b))),
-                                                           simd.loadf8(acc, j + 8)))
-            for t in range(t0, t1):
-                simd.storef8_first(out, t * N + grp * 8, simd.loadf8(acc, (t - t0) * 8), N - grp * 8)
+    row_tiles8(_tile_pairs, (isa, qs, d, xq, xd, is_grid(isa, kind)), 0, xq, out, n0, n1, acc, acc)
 
 
 overload(rows_q8x8)(by_path(_q8x8_portable, _q8x8_simd, i8mm=_q8x8_mmla, avx512=_q8x8_zmm))

@@ -6,7 +6,7 @@ from numba.extending import overload
 
 from ... import kinds
 from .. import simd
-from .common import EXACT, PREFETCH, X8_TOKENS, by_path, i8, dot8
+from .common import EXACT, PREFETCH, X8_TOKENS, by_path, dot8, i8, row_tiles8
 
 has_qh = kinds.predicate("has_qh", within="x8")    # Q5_0, Q5_1
 has_min = kinds.predicate("has_min", within="x8")  # Q4_1, Q5_1
@@ -64,6 +64,42 @@ def _x8_weights(five, v0, v1, v2, v3, h):
             _x8_high(five, simd.shr4(v2), h, 6), _x8_high(five, simd.shr4(v3), h, 7))
 
 
+@njit(inline="always", cache=True)
+def _x8_block(five, has_m, offk, qs, qh, d, m, o):
+    # block o's eight weight vectors (_x8_weights), its eight rows' scales and their offsets (Q4_1/Q5_1's
+    # mins, or -8 / -16 times the scale)
+    v0 = simd.load32(qs, o * 128)
+    v1 = simd.load32(qs, o * 128 + 32)
+    v2 = simd.load32(qs, o * 128 + 64)
+    v3 = simd.load32(qs, o * 128 + 96)
+    w0, w1, w2, w3, w4, w5, w6, w7 = _x8_weights(five, v0, v1, v2, v3, simd.load32(qh, o * 32) if five else v3)
+    dw = simd.loadf8(d, o * 8)
+    return w0, w1, w2, w3, w4, w5, w6, w7, dw, simd.loadf8(m, o * 8) if has_m else simd.mul8(dw, offk)
+
+
+@njit(inline="always", cache=True)
+def _x8_tile(k, K, grp, grp2, t0, t1, acc, mos):
+    # row group grp's blocks for tokens [t0, t1) (common.row_tiles8): each block's eight weight vectors decoded
+    # once for the tile's tokens
+    isa, kind, qs, qh, d, m, xq, xd, xs = k
+    nb = K // 32
+    five = has_qh(kind)
+    has_m = has_min(kind)
+    offk = simd.splatf(np.float32(-16.0 if five else -8.0))
+    for b in range(nb):
+        w0, w1, w2, w3, w4, w5, w6, w7, dw, off = _x8_block(five, has_m, offk, qs, qh, d, m, grp * nb + b)
+        for t in range(t0, t1):
+            xo = t * K + b * 32
+            isum = dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7,
+                        simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4), simd.bcast4(xq, xo + 8),
+                        simd.bcast4(xq, xo + 12), simd.bcast4(xq, xo + 16), simd.bcast4(xq, xo + 20),
+                        simd.bcast4(xq, xo + 24), simd.bcast4(xq, xo + 28))
+            j = (t - t0) * 8
+            simd.storef8(acc, j, simd.fma8(simd.cvt8(isum), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
+                                           simd.loadf8(acc, j)))
+            simd.storef8(mos, j, simd.fma8(off, simd.splatf(simd.ld(xs, t * nb + b)), simd.loadf8(mos, j)))
+
+
 @njit(cache=True, fastmath=EXACT)
 def _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
     T, K = xq.shape
@@ -102,36 +138,36 @@ def _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
                 mo = simd.fma8(off, simd.splatf(simd.ld(xs, b)), mo)
             simd.storef8_first(out, grp * 8, simd.add8(acc, mo), N - grp * 8)
         return
+    _x8_batch(isa, kind, qs, qh, d, m, xq, xd, xs, out, n0, n1)
+
+
+@njit(cache=True, fastmath=EXACT)
+def _x8_batch(isa, kind, qs, qh, d, m, xq, xd, xs, out, n0, n1):
+    # a batch: tiles of up to X8_TOKENS tokens (a function of its own, so the decode loop's registers are
+    # those of _x8_simd alone)
     acc = np.empty(X8_TOKENS * 8, np.float32)
     mos = np.empty(X8_TOKENS * 8, np.float32)
-    for grp in range(n0 // 8, (n1 + 7) // 8):
-        for t0 in range(0, T, X8_TOKENS):
-            t1 = min(T, t0 + X8_TOKENS)
-            acc[:] = 0
-            mos[:] = 0
-            for b in range(nb):
-                o = grp * nb + b
-                v0 = simd.load32(qs, o * 128)
-                v1 = simd.load32(qs, o * 128 + 32)
-                v2 = simd.load32(qs, o * 128 + 64)
-                v3 = simd.load32(qs, o * 128 + 96)
-                h = simd.load32(qh, o * 32) if five else v3
-                w0, w1, w2, w3, w4, w5, w6, w7 = _x8_weights(five, v0, v1, v2, v3, h)
-                dw = simd.loadf8(d, o * 8)
-                off = simd.loadf8(m, o * 8) if has_m else simd.mul8(dw, offk)
-                for t in range(t0, t1):
-                    xo = t * K + b * 32
-                    isum = dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7,
-                                simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4), simd.bcast4(xq, xo + 8),
-                                simd.bcast4(xq, xo + 12), simd.bcast4(xq, xo + 16), simd.bcast4(xq, xo + 20),
-                                simd.bcast4(xq, xo + 24), simd.bcast4(xq, xo + 28))
-                    j = (t - t0) * 8
-                    simd.storef8(acc, j, simd.fma8(simd.cvt8(isum), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
-                                                   simd.loadf8(acc, j)))
-                    simd.storef8(mos, j, simd.fma8(off, simd.splatf(simd.ld(xs, t * nb + b)), simd.loadf8(mos, j)))
-            for t in range(t0, t1):
-                j = (t - t0) * 8
-                simd.storef8_first(out, t * N + grp * 8, simd.add8(simd.loadf8(acc, j), simd.loadf8(mos, j)), N - grp * 8)
+    row_tiles8(_x8_tile, (isa, kind, qs, qh, d, m, xq, xd, xs), 1, xq, out, n0, n1, acc, mos)
+
+
+@njit(inline="always", cache=True)
+def _x8_pairs_tile(k, K, grp, grp2, t0, t1, acc, mos):
+    # _x8_tile for the i8mm path: the tile's tokens two at a time in smmla
+    qs, qh, d, m, xq, xd, xs, five, has_m, offk = k
+    nb = K // 32
+    for b in range(nb):
+        w0, w1, w2, w3, w4, w5, w6, w7, dw, off = _x8_block(five, has_m, offk, qs, qh, d, m, grp * nb + b)
+        for t in range(t0, t1, 2):
+            u = min(t + 1, t1 - 1)  # the pair's second token (t itself when t is the tile's last)
+            s2 = simd.mmla8(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, u * K + b * 32)
+            j = (t - t0) * 8
+            simd.storef8(acc, j, simd.fma8(simd.cvt8(simd.token_a(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
+                                           simd.loadf8(acc, j)))
+            simd.storef8(mos, j, simd.fma8(off, simd.splatf(simd.ld(xs, t * nb + b)), simd.loadf8(mos, j)))
+            if u > t:
+                simd.storef8(acc, j + 8, simd.fma8(simd.cvt8(simd.token_b(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, u * nb + b))),
+                                                   simd.loadf8(acc, j + 8)))
+                simd.storef8(mos, j + 8, simd.fma8(off, simd.splatf(simd.ld(xs, u * nb + b)), simd.loadf8(mos, j + 8)))
 
 
 @njit(cache=True, fastmath=EXACT)
@@ -140,46 +176,16 @@ def _x8_mmla(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
     # vectors against both tokens' activations in 16 smmla (simd.mmla8; the weights' zips, which do not
     # depend on the token, are left to the compiler to hoist). The same integer sums as sdot, so the same
     # bits: a token's result does not depend on its partner.
-    T, K = xq.shape
+    T = xq.shape[0]
     if T == 1:
         _x8_simd(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1)
         return
-    N = out.shape[1]
-    nb = K // 32
     five = has_qh(kind)
     has_m = has_min(kind)
     offk = simd.splatf(np.float32(-16.0 if five else -8.0))
     acc = np.empty(X8_TOKENS * 8, np.float32)
     mos = np.empty(X8_TOKENS * 8, np.float32)
-    for grp in range(n0 // 8, (n1 + 7) // 8):
-        for t0 in range(0, T, X8_TOKENS):
-            t1 = min(T, t0 + X8_TOKENS)
-            acc[:] = 0
-            mos[:] = 0
-            for b in range(nb):
-                o = grp * nb + b
-                v0 = simd.load32(qs, o * 128)
-                v1 = simd.load32(qs, o * 128 + 32)
-                v2 = simd.load32(qs, o * 128 + 64)
-                v3 = simd.load32(qs, o * 128 + 96)
-                h = simd.load32(qh, o * 32) if five else v3
-                w0, w1, w2, w3, w4, w5, w6, w7 = _x8_weights(five, v0, v1, v2, v3, h)
-                dw = simd.loadf8(d, o * 8)
-                off = simd.loadf8(m, o * 8) if has_m else simd.mul8(dw, offk)
-                for t in range(t0, t1, 2):
-                    u = min(t + 1, t1 - 1)  # the pair's second token (t itself when t is the tile's last)
-                    s2 = simd.mmla8(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, u * K + b * 32)
-                    j = (t - t0) * 8
-                    simd.storef8(acc, j, simd.fma8(simd.cvt8(simd.token_a(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
-                                                   simd.loadf8(acc, j)))
-                    simd.storef8(mos, j, simd.fma8(off, simd.splatf(simd.ld(xs, t * nb + b)), simd.loadf8(mos, j)))
-                    if u > t:
-                        simd.storef8(acc, j + 8, simd.fma8(simd.cvt8(simd.token_b(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, u * nb + b))),
-                                                           simd.loadf8(acc, j + 8)))
-                        simd.storef8(mos, j + 8, simd.fma8(off, simd.splatf(simd.ld(xs, u * nb + b)), simd.loadf8(mos, j + 8)))
-            for t in range(t0, t1):
-                j = (t - t0) * 8
-                simd.storef8_first(out, t * N + grp * 8, simd.add8(simd.loadf8(acc, j), simd.loadf8(mos, j)), N - grp * 8)
+    row_tiles8(_x8_pairs_tile, (qs, qh, d, m, xq, xd, xs, five, has_m, offk), 1, xq, out, n0, n1, acc, mos)
 
 
 overload(rows_x8)(by_path(_x8_portable, _x8_simd, i8mm=_x8_mmla))

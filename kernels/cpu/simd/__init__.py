@@ -7,7 +7,7 @@ integer dot products are written in these names (see int8/).
 The path is chosen once, at import, from the host CPU's features (llvmlite.binding), or forced with
 EDGEINFER_KERNELS=portable|avx2|vnni|avx512|neon|dotprod|i8mm:
 
-- ``avx512``: AVX-512 VNNI on 512-bit registers, two groups of eight rows per vector (wide.py), in the
+- ``avx512``: AVX-512 VNNI on 512-bit registers, two groups of eight rows per vector (vec.py), in the
   families that have that form; the vnni path's kernels in the others;
 - ``vnni``: AVX-512 VNNI (with VL) or AVX-VNNI: u8 x s8 dot products in one ``vpdpbusd``;
 - ``avx2``: ``vpmaddubsw`` then ``vpmaddwd`` with ones (u8 x s8 -> s16 pairs -> s32);
@@ -23,13 +23,13 @@ each path is a separate specialization in Numba's on-disk cache (forcing another
 the wrong one) and calling costs no more than passing an array.
 
 Kernels call everything as ``simd.NAME``; the package is split by what it holds: paths.py (the path
-choice and the `isa` tag), vec.py (the vector types), ints.py (integer operations: loads, byte
-arithmetic, the x86 dot products), neon.py (the aarch64 dot products), floats.py (float vector operations).
+choice and the `isa` tag), vec.py (the vector types, ymm and zmm, and the typing of an operation that takes
+either width), ints.py (integer operations: loads, byte arithmetic, the x86 dot products), neon.py (the
+aarch64 dot products), floats.py (float vector operations).
 """
 
 from .floats import *  # noqa: F401,F403
 from .ints import *  # noqa: F401,F403
 from .neon import *  # noqa: F401,F403
-from .wide import *  # noqa: F401,F403
 from .paths import ALL_KINDS, ARM_PATHS, PATHS, SMALL_ENV, SMALL_TOKENS, VNNI_PATHS, X86_PATHS, EMULATE_ENV, arm_hwcaps, available_paths, choose_path, host_cpu, host_features, isa_tag, kinds_of, native_paths, path_of, small_path  # noqa: F401
-from .vec import Vec, f32x8, i8x32, i16x16, i32x8  # noqa: F401
+from .vec import Vec, f32x8, f32x16, i8x32, i8x64, i16x16, i32x8, i32x16, vec_of  # noqa: F401

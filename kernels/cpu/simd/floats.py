@@ -1,14 +1,16 @@
 """Float vector operations (attention, activations, the interleaved matmuls' accumulation).
 
 Plain IEEE operations with no fast-math flags: a kernel built from them computes the same bits in
-every calling context (one row or a tile of rows, inlined or not)."""
+every calling context (one row or a tile of rows, inlined or not). Those the avx512 kernels use take a
+ymm (f32x8) or a zmm (f32x16) vector (vec.py)."""
 
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .vec import _V8F32, _call, _elem_ptr, _splat, f32x8, i32x8
+from .vec import (_V8F32, Vec, _binary, _call, _elem_ptr, _load, _load_halves, _named, _offsets, _splat, _store, f32x8,
+                  f32x16, vec_of)
 
 @intrinsic
 def f32_bits(typingctx, x):
@@ -42,44 +44,51 @@ def hsum_f(typingctx, a):
 
 
 @intrinsic
-def loadf8(typingctx, a, i):
-    """a.flat[i : i + 8] -> f32x8: float32 values, or float16 bit patterns (uint16) widened (vcvtph2ps)."""
+def loadf8(typingctx, a, *offsets):
+    """a.flat[i : i + 8] -> f32x8: float32 values, or float16 bit patterns (uint16) widened (vcvtph2ps);
+    loadf8(a, i0, i1): the 8 at each as one f32x16, i0's the low half."""
     if a.dtype == types.float32:
-        def codegen(context, builder, signature, args):
-            return builder.load(_elem_ptr(context, builder, signature.args[0], args[0], args[1], _V8F32), align=4)
+        elem, align = ir.VectorType(ir.FloatType(), 8), 4
     elif a.dtype == types.uint16:
-        def codegen(context, builder, signature, args):
-            h8 = ir.VectorType(ir.HalfType(), 8)
-            return builder.fpext(builder.load(_elem_ptr(context, builder, signature.args[0], args[0], args[1], h8),
-                                              align=2), _V8F32)
+        elem, align = ir.VectorType(ir.HalfType(), 8), 2
     else:
         return None
-    return f32x8(a, types.intp), codegen
+    n = len(offsets)
+    if n not in (1, 2):
+        return None
+    t = f32x8 if n == 1 else f32x16
 
-
-@intrinsic
-def storef8(typingctx, a, i, v):
-    """a.flat[i : i + 8] = v, a float32 array."""
     def codegen(context, builder, signature, args):
-        builder.store(args[2], _elem_ptr(context, builder, signature.args[0], args[0], args[1], _V8F32), align=4)
-        return context.get_dummy_value()
+        v = _load_halves(context, builder, signature.args[0], args[0], _offsets(builder, args, n), elem, align, elem=True)
+        return v if a.dtype == types.float32 else builder.fpext(v, t.llvm_type())
 
-    return types.void(a, types.intp, f32x8), codegen
+    return t(a, types.StarArgTuple.from_types([types.intp] * n)), codegen
 
 
-@intrinsic
-def splatf(typingctx, x):
-    """f32x8 with x in every lane."""
-    def codegen(context, builder, signature, args):
-        return _splat(builder, context.cast(builder, args[0], signature.args[0], types.float32), _V8F32)
+loadf16 = _named("loadf16", """a.flat[i : i + 16] -> f32x16, a float32 array.""", _load(f32x16))
+storef8 = _named("storef8", """a.flat[i : i + 8] = v (f32x8), or a.flat[i : i + 16] = v (f32x16), a float32 array.""",
+                 _store("f32"))
 
-    return f32x8(x), codegen
+
+def _splatf(vt):
+    def typer(typingctx, x):
+        def codegen(context, builder, signature, args):
+            return _splat(builder, context.cast(builder, args[0], signature.args[0], types.float32), vt.llvm_type())
+
+        return vt(x), codegen
+    return typer
+
+
+splatf = _named("splatf", """f32x8 with x in every lane.""", _splatf(f32x8))
+splatf16 = _named("splatf16", """f32x16 with x in every lane.""", _splatf(f32x16))
 
 
 @intrinsic
 def fma8(typingctx, a, b, c):
-    """a * b + c, f32x8, one rounding (vfmadd)."""
-    return f32x8(f32x8, f32x8, f32x8), lambda ctx, builder, s, args: _call(builder, "llvm.fma.v8f32", _V8F32, list(args))
+    """a * b + c, f32x8 or f32x16, one rounding (vfmadd)."""
+    t = vec_of("f32", a, b, c)
+    if t is not None:
+        return t(t, t, t), lambda ctx, builder, s, args: _call(builder, f"llvm.fma.v{t.lanes}f32", t.llvm_type(), list(args))
 
 
 @intrinsic
@@ -89,28 +98,10 @@ def fma1(typingctx, a, b, c):
     return sig, lambda ctx, builder, s, args: _call(builder, "llvm.fma.f32", ir.FloatType(), list(args))
 
 
-@intrinsic
-def mul8(typingctx, a, b):
-    """a * b, f32x8."""
-    return f32x8(f32x8, f32x8), lambda ctx, builder, s, args: builder.fmul(args[0], args[1])
-
-
-@intrinsic
-def add8(typingctx, a, b):
-    """a + b, f32x8."""
-    return f32x8(f32x8, f32x8), lambda ctx, builder, s, args: builder.fadd(args[0], args[1])
-
-
-@intrinsic
-def sub8(typingctx, a, b):
-    """a - b, f32x8."""
-    return f32x8(f32x8, f32x8), lambda ctx, builder, s, args: builder.fsub(args[0], args[1])
-
-
-@intrinsic
-def div8(typingctx, a, b):
-    """a / b, f32x8 (correctly rounded)."""
-    return f32x8(f32x8, f32x8), lambda ctx, builder, s, args: builder.fdiv(args[0], args[1])
+mul8 = _named("mul8", """a * b, f32x8 or f32x16.""", _binary("f32", "fmul"))
+add8 = _named("add8", """a + b, f32x8 or f32x16.""", _binary("f32", "fadd"))
+sub8 = _named("sub8", """a - b, f32x8 or f32x16.""", _binary("f32", "fsub"))
+div8 = _named("div8", """a / b, f32x8 or f32x16 (correctly rounded).""", _binary("f32", "fdiv"))
 
 
 @intrinsic
@@ -178,32 +169,38 @@ def exp8(typingctx, v):
 
 @intrinsic
 def cvt8(typingctx, a):
-    """s32x8 -> f32x8 (vcvtdq2ps; exact below 2**24)."""
-    return f32x8(i32x8), lambda c, builder, s, args: builder.sitofp(args[0], _V8F32)
+    """s32x8 -> f32x8, or s32x16 -> f32x16 (vcvtdq2ps; exact below 2**24)."""
+    t = vec_of("i32", a)
+    if t is not None:
+        f = Vec("f32", t.lanes)
+        return f(t), lambda c, builder, s, args: builder.sitofp(args[0], f.llvm_type())
 
 
 @intrinsic
 def storef8_first(typingctx, a, i, v, n):
-    """a.flat[i : i + min(n, 8)] = the first n lanes of v, a float32 array: one store where n >= 8, a masked
-    store (vmaskmovps) of the lanes below n otherwise (the last rows of a matrix whose row count is not a
-    multiple of 8). An intrinsic, not a helper function, so the loops that call it pay no reference
-    counting for the array."""
-    def codegen(context, builder, signature, args):
-        from numba.core import cgutils
+    """a.flat[i : i + min(n, 8)] = the first n lanes of v (f32x8; f32x16: min(n, 16), n >= 1), a float32 array:
+    one store where n covers the vector, a masked store (vmaskmovps, AVX-512's k-mask) of the lanes below n
+    otherwise (the last rows of a matrix whose row count is not a multiple of 8). An intrinsic, not a
+    helper function, so the loops that call it pay no reference counting for the array."""
+    t = vec_of("f32", v)
+    if t is None:
+        return None
+    k = t.lanes
 
-        ptr = _elem_ptr(context, builder, signature.args[0], args[0], args[1], _V8F32)
+    def codegen(context, builder, signature, args):
+        ptr = _elem_ptr(context, builder, signature.args[0], args[0], args[1], t.llvm_type())
         count = context.cast(builder, args[3], signature.args[3], types.int64)
-        with builder.if_else(builder.icmp_signed(">=", count, ir.Constant(ir.IntType(64), 8))) as (full, part):
+        with builder.if_else(builder.icmp_signed(">=", count, ir.Constant(ir.IntType(64), k))) as (full, part):
             with full:
                 builder.store(args[2], ptr, align=4)
             with part:
-                lanes = ir.Constant(ir.VectorType(ir.IntType(64), 8), list(range(8)))
-                mask = builder.icmp_signed("<", lanes, _splat(builder, count, ir.VectorType(ir.IntType(64), 8)))
-                _call(builder, "llvm.masked.store.v8f32.p0", ir.VoidType(),
+                lanes = ir.Constant(ir.VectorType(ir.IntType(64), k), list(range(k)))
+                mask = builder.icmp_signed("<", lanes, _splat(builder, count, ir.VectorType(ir.IntType(64), k)))
+                _call(builder, f"llvm.masked.store.v{k}f32.p0", ir.VoidType(),
                       [args[2], ptr, ir.Constant(ir.IntType(32), 4), mask])
         return context.get_dummy_value()
 
-    return types.void(a, types.intp, f32x8, n), codegen
+    return types.void(a, types.intp, t, n), codegen
 
 
 # -- activation quantization (int8/quantize.py): whole blocks as LLVM vectors, lowered to each target's own

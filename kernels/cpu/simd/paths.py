@@ -11,7 +11,7 @@ import numpy as np
 from ... import kinds as _kinds
 
 X86_PATHS = ("avx2", "vnni", "avx512")
-VNNI_PATHS = ("vnni", "avx512")  # vpdpbusd: on ymm, or on zmm where a kernel family has a 512-bit form (simd/wide.py)
+VNNI_PATHS = ("vnni", "avx512")  # vpdpbusd: on ymm, or on zmm where a kernel family has a 512-bit form (simd/vec.py)
 ARM_PATHS = ("neon", "dotprod", "i8mm")  # aarch64 (see simd/neon.py)
 PATHS = ("portable",) + X86_PATHS + ARM_PATHS
 
