@@ -13,6 +13,9 @@ temperature 0.8; a repetition penalty; a q8_0 KV cache; a chat turn; perplexity 
 embeddings (a generative model's last hidden state, and the encoder's pooled vectors). Only the public API
 and `model.stack` (the per-op switch, present in both) are used, so any two commits can be compared.
 Each worker runs from a temporary directory, so a checkout's sources never shadow the install under test.
+`--zoo` runs the same checks on the arch zoo's random
+models (tests/arch_zoo.py, written once from their fixed seeds, the same files for both sides) instead of
+the catalog's. A kernel path is chosen for both sides as usual, with EDGEINFER_KERNELS in the environment.
 Results: a JSON line per check, and benchmarks/results/bitwise_<a>_<b>.json.
 """
 
@@ -44,35 +47,36 @@ def worker(out_path: str, models: list[str]) -> None:
     res = {}
     for name in models:
         llm = LLM(name, threads=2, progress=False)
+        key = os.path.basename(name)  # a catalog name, or a zoo file's name
         if llm.is_encoder:
-            res[f"{name}/embed"] = llm.embed(["search_query: what is a printing press?",
+            res[f"{key}/embed"] = llm.embed(["search_query: what is a printing press?",
                                               "search_document: " + TEXT[:400]])
             continue
         greedy = SamplingParams(temperature=0.0, max_tokens=24, logprobs=5)
         for i, c in enumerate(llm.generate(PROMPTS, greedy)):
-            res[f"{name}/batch8/{i}/tokens"] = np.array(c.token_ids)
-            res[f"{name}/batch8/{i}/logprobs"] = np.array([[t["logprob"]] + [lp for _, lp in t["top"]]
+            res[f"{key}/batch8/{i}/tokens"] = np.array(c.token_ids)
+            res[f"{key}/batch8/{i}/logprobs"] = np.array([[t["logprob"]] + [lp for _, lp in t["top"]]
                                                            for t in c.logprobs])
         sampled = llm.generate(PROMPTS[:2], SamplingParams(temperature=0.8, top_p=0.95, seed=1, max_tokens=24))
         for i, c in enumerate(sampled):
-            res[f"{name}/seeded/{i}"] = np.array(c.token_ids)
+            res[f"{key}/seeded/{i}"] = np.array(c.token_ids)
         pen = llm.generate(PROMPTS[4], SamplingParams(temperature=0.0, repetition_penalty=1.3, max_tokens=24))[0]
-        res[f"{name}/repetition_penalty"] = np.array(pen.token_ids)
+        res[f"{key}/repetition_penalty"] = np.array(pen.token_ids)
         chat = llm.chat([{"role": "user", "content": "Name two planets."}], SamplingParams(temperature=0.0,
                                                                                           max_tokens=16))
-        res[f"{name}/chat"] = np.array(chat.token_ids)
-        res[f"{name}/perplexity"] = np.array([llm.perplexity(TEXT, n_ctx=128, chunks=2)])
-        res[f"{name}/embed_last"] = llm.embed(PROMPTS[:2], pooling="last")
+        res[f"{key}/chat"] = np.array(chat.token_ids)
+        res[f"{key}/perplexity"] = np.array([llm.perplexity(TEXT, n_ctx=128, chunks=2)])
+        res[f"{key}/embed_last"] = llm.embed(PROMPTS[:2], pooling="last")
         stack, llm.model.stack = llm.model.stack, None  # the per-op reference forward
         c = llm.generate(PROMPTS[0], greedy)[0]
         llm.model.stack = stack
-        res[f"{name}/per_op/tokens"] = np.array(c.token_ids)
-        res[f"{name}/per_op/logprobs"] = np.array([[t["logprob"]] + [lp for _, lp in t["top"]] for t in c.logprobs])
+        res[f"{key}/per_op/tokens"] = np.array(c.token_ids)
+        res[f"{key}/per_op/logprobs"] = np.array([[t["logprob"]] + [lp for _, lp in t["top"]] for t in c.logprobs])
         del llm
         q8 = LLM(name, threads=2, kv_type="q8_0", progress=False)
         c = q8.generate(PROMPTS[2], greedy)[0]
-        res[f"{name}/kv_q8_0/tokens"] = np.array(c.token_ids)
-        res[f"{name}/kv_q8_0/logprobs"] = np.array([[t["logprob"]] + [lp for _, lp in t["top"]] for t in c.logprobs])
+        res[f"{key}/kv_q8_0/tokens"] = np.array(c.token_ids)
+        res[f"{key}/kv_q8_0/logprobs"] = np.array([[t["logprob"]] + [lp for _, lp in t["top"]] for t in c.logprobs])
         del q8
         print(f"  {name}: done", file=sys.stderr, flush=True)
     np.savez(out_path, **res)
@@ -96,6 +100,7 @@ def main() -> None:
     ap.add_argument("--b", help="the python of the second install (this change)")
     ap.add_argument("--models", nargs="+", default=MODELS)
     ap.add_argument("--label", default="", help="a name for the results file")
+    ap.add_argument("--zoo", action="store_true", help="the arch zoo's random models instead of the catalog's")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -104,6 +109,14 @@ def main() -> None:
     if not (args.a and args.b):
         ap.error("give --a and --b")
     with tempfile.TemporaryDirectory() as tmp:
+        if args.zoo:
+            sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")]
+            from arch_zoo import GOLDEN, write
+
+            args.models = []
+            for name in GOLDEN:
+                write(name, os.path.join(tmp, f"{name}.gguf"))
+                args.models.append(os.path.join(tmp, f"{name}.gguf"))
         print(f"a: {args.a}", file=sys.stderr)
         a = run_side(args.a, os.path.join(tmp, "a.npz"), args.models)
         print(f"b: {args.b}", file=sys.stderr)
