@@ -40,6 +40,18 @@ class TensorInfo:
         return self.ggml_type.name
 
 
+def _new_name(cur: Cursor, seen, what: str, empty: str, duplicate: str) -> tuple[int, str]:
+    """(offset, name) of a metadata key or tensor name read at the cursor, which must be non-empty and not
+    in `seen`; the two messages name the offset as {off} (and the name as {name!r})."""
+    off = cur.pos
+    name = cur.string(what)
+    if not name:
+        raise GGUFError(empty.format(off=off))
+    if name in seen:
+        raise GGUFError(duplicate.format(name=name, off=off))
+    return off, name
+
+
 class GGUFFile:
     """A validated GGUF file: ``metadata`` (key -> value), ``tensors`` (name -> TensorInfo)."""
 
@@ -103,12 +115,8 @@ class GGUFFile:
         metadata: dict[str, Any] = {}
         types: dict[str, tuple[GGUFValueType, GGUFValueType | None, int]] = {}
         for i in range(n_kv):
-            key_off = cur.pos
-            key = cur.string(f"metadata key #{i}")
-            if not key:
-                raise GGUFError(f"empty metadata key #{i} at offset {key_off}")
-            if key in metadata:
-                raise GGUFError(f"duplicate metadata key {key!r} at offset {key_off}")
+            key = _new_name(cur, metadata, f"metadata key #{i}", f"empty metadata key #{i} at offset {{off}}",
+                            "duplicate metadata key {name!r} at offset {off}")[1]
             type_off = cur.pos
             vtype = value_type(cur.u32(f"type of {key!r}"), type_off, f"key {key!r}")
             etype = None
@@ -134,12 +142,9 @@ class GGUFFile:
 
         tensors: dict[str, TensorInfo] = {}
         for i in range(n_tensors):
-            info_off = cur.pos
-            name = cur.string(f"name of tensor #{i}")
-            if not name:
-                raise GGUFError(f"tensor #{i} at offset {info_off} has an empty name")
-            if name in tensors:
-                raise GGUFError(f"duplicate tensor name {name!r} at offset {info_off}")
+            info_off, name = _new_name(cur, tensors, f"name of tensor #{i}",
+                                       f"tensor #{i} at offset {{off}} has an empty name",
+                                       "duplicate tensor name {name!r} at offset {off}")
             n_dims = cur.u32(f"dimension count of tensor {name!r}")
             if n_dims == 0 or n_dims > MAX_DIMS:
                 raise GGUFError(f"tensor {name!r} at offset {info_off} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
