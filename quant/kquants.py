@@ -82,27 +82,26 @@ def _nibbles(L: np.ndarray) -> np.ndarray:
     return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(-1, 128).astype(np.uint8)
 
 
+def _k45_blocks(x: np.ndarray, weights, nmax: int, rmin: float, nstep: int):
+    """Q4_K's or Q5_K's (nmax 15 or 31) scales and levels for x (rows, k): (rows, d, dmin, packed scales,
+    levels), from llama.cpp's weighted search with an imatrix row, else from the reference one (rmin, nstep)."""
+    rows, _, xb = search._blocks(x, QK_K)
+    if weights is not None:
+        return (rows,) + k45_weighted(xb, weights, rows, nmax)
+    return (rows,) + _quantize_k45(xb, nmax, rmin, nstep)
+
+
 def quantize_q4_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 144) uint8 Q4_K blocks. weights: an
     imatrix row (k,), llama.cpp's weighted search (k45_weighted)."""
-    rows = search._rows(x, QK_K)[0]
-    xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
-    if weights is not None:
-        d, dmin, sc, L = k45_weighted(xb, weights, rows, 15)
-    else:
-        d, dmin, sc, L = _quantize_k45(xb, 15, -1.0, 20)
+    rows, d, dmin, sc, L = _k45_blocks(x, weights, 15, -1.0, 20)
     out = np.concatenate([_f16_bytes(d), _f16_bytes(dmin), sc, _nibbles(L)], axis=1)
     return out.reshape(rows, -1)
 
 
 def quantize_q5_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32 -> (rows, k / 256 * 176) uint8 Q5_K blocks (weights: as quantize_q4_k)."""
-    rows = search._rows(x, QK_K)[0]
-    xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
-    if weights is not None:
-        d, dmin, sc, L = k45_weighted(xb, weights, rows, 31)
-    else:
-        d, dmin, sc, L = _quantize_k45(xb, 31, -0.5, 15)
+    rows, d, dmin, sc, L = _k45_blocks(x, weights, 31, -0.5, 15)
     hi = (L >> 4).reshape(-1, 8, 32)  # group i's fifth bit goes to bit i of qh[l]
     qh = np.zeros((L.shape[0], 32), np.uint8)
     for i in range(8):
@@ -113,8 +112,7 @@ def quantize_q5_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
 
 def quantize_q6_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32 -> (rows, k / 256 * 210) uint8 Q6_K blocks (weights: an imatrix row (k,))."""
-    rows = search._rows(x, QK_K)[0]
-    xb = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
+    rows, _, xb = search._blocks(x, QK_K)
     nb = xb.shape[0]
     if weights is not None:
         scales, fit_levels = q6_k_scales(xb.reshape(nb * 16, 16), weights, rows)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from .search import (EPS, F32, KVALUES, QK_K, _KV, _amax_signed, _f16, _f16_bytes, _importance, _rint,  # noqa: F401
-                     _rows, _safe, _ssum, best_index, make_q3, make_qkx, make_qp, make_qx)
+                     _blocks, _rows, _safe, _ssum, best_index, make_q3, make_qkx, make_qp, make_qx)
 
 
 # -- the block packings ----------------------------------------------------------------------------
@@ -35,8 +35,7 @@ def _pack2(L: np.ndarray) -> np.ndarray:
 
 def quantize_q2_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 84) uint8 Q2_K blocks."""
-    rows, k = _rows(x, QK_K)
-    xb = np.ascontiguousarray(x, F32).reshape(-1, QK_K)
+    rows, k, xb = _blocks(x, QK_K)
     nb = xb.shape[0]
     sub = xb.reshape(nb * 16, 16)
     if weights is None:
@@ -79,8 +78,7 @@ def _pack_q3_scales(l: np.ndarray) -> np.ndarray:
 
 def quantize_q3_k(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 110) uint8 Q3_K blocks."""
-    rows, k = _rows(x, QK_K)
-    xb = np.ascontiguousarray(x, F32).reshape(-1, QK_K)
+    rows, k, xb = _blocks(x, QK_K)
     nb = xb.shape[0]
     sub = xb.reshape(nb * 16, 16)
     if weights is None:
@@ -159,8 +157,7 @@ def _nibbles(L: np.ndarray) -> np.ndarray:
 
 def quantize_iq4_nl(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32, k a multiple of 32 -> (rows, k / 32 * 18) uint8 IQ4_NL blocks."""
-    rows, k = _rows(x, 32)
-    xb = np.ascontiguousarray(x, F32).reshape(-1, 32)
+    rows, k, xb = _blocks(x, 32)
     qw = None if weights is None else _importance(weights, rows, k, 32)
     d, _ = _iq4_blocks(xb, qw, 32)
     idd = np.where(d != 0, F32(1) / _safe(d, d == 0), F32(0)).astype(F32)
@@ -171,8 +168,7 @@ def quantize_iq4_nl(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndar
 
 def quantize_iq4_xs(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """x (rows, k) float32, k a multiple of 256 -> (rows, k / 256 * 136) uint8 IQ4_XS blocks."""
-    rows, k = _rows(x, QK_K)
-    xb = np.ascontiguousarray(x, F32).reshape(-1, 32)
+    rows, k, xb = _blocks(x, QK_K, 32)
     nb = xb.shape[0] // 8
     qw = None if weights is None else _importance(weights, rows, k, 32)
     scales, _ = _iq4_blocks(xb, qw, QK_K)

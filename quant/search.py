@@ -242,6 +242,13 @@ def _rows(x: np.ndarray, block: int) -> tuple[int, int]:
     return x.shape
 
 
+def _blocks(x: np.ndarray, block: int, width: int | None = None):
+    """(rows, k, xb): x's shape, checked by _rows, and its values as float32 rows of `width` (default
+    `block`) values each: where every quantizer starts."""
+    rows, k = _rows(x, block)
+    return rows, k, np.ascontiguousarray(x, F32).reshape(-1, width or block)
+
+
 def _importance(weights, rows: int, k: int, block: int) -> np.ndarray:
     """An imatrix row (k,) as per-block weights (rows * k / block, block), float32."""
     qw = np.asarray(weights, F32).reshape(-1)
