@@ -1,6 +1,6 @@
-"""The local model cache (EDGEINFER_HOME/models): its paths, never a link out of it, the lock and the
-disk-space checks every pull goes through, a catalog pull's staging folder and resume state, listing and
-removal."""
+"""The local model cache (EDGEINFER_HOME/models): its paths, never a link out of it, what every pull goes
+through (the lock, the disk-space checks, _pull_once's frame and _install's checked rename), a catalog
+pull's staging folder and resume state, listing and removal."""
 
 from __future__ import annotations
 
