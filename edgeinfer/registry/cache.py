@@ -242,7 +242,7 @@ def remove(model: str, catalog: dict[str, CatalogEntry] | None = None) -> Path:
         have = ", ".join(m.name for m in list_local()) or "none"
         raise ModelNotFoundError(f"model {model!r} is not in the cache ({models_dir()}); downloaded: {have}")
     path.unlink()
-    # its repacked weight layouts (models/layout_cache.py: NAME-PATH-ID.layout), a model's size each
+    # its repacked weight layouts (models/layout_cache.py: NAME-LAYOUT-ID.layout), a model's size each
     for layout in (home() / "layouts").glob(f"{stem}-*.layout"):
         if layout.name.count("-") == stem.count("-") + 2:
             layout.unlink(missing_ok=True)
