@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.formats.k45 import decode_k_scales
 from . import search
-from .repack import decode_k_scales
 
 QK_K = 256
 F32 = np.float32

@@ -31,7 +31,6 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
 from ..kernels import formats, kinds
-from ..kernels.formats.k45 import decode_k_scales  # noqa: F401 (quant/lowbit.py reads K-quant scales with it)
 from ..pages import MADV_HUGEPAGE, MADV_POPULATE_READ, madvise
 
 # The row-major kind each GGML type the loader takes is read as: its weight format's (kernels/formats; their

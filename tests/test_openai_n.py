@@ -15,7 +15,7 @@ pytest.importorskip("starlette")
 
 from test_openai_fields import serve  # noqa: E402
 
-from edgeinfer.openai.handlers import choice_seed  # noqa: E402
+from edgeinfer.engine.choices import choice_seed  # noqa: E402
 from edgeinfer.openai.schemas import MAX_N  # noqa: E402
 
 # longer than two KV blocks (16 tokens) in the tiny model's byte-level vocabulary

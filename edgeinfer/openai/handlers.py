@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import reasoning
-from ..engine.choices import choice_seed  # noqa: F401  (each choice's seed is the engine's: n choices)
 from ..engine.llm_engine import RequestOutput
 from ..sampling import SamplingParams
 from ..structured import GrammarError
