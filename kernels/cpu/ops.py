@@ -249,15 +249,21 @@ def rope_row(x, positions, inv_freq, neox, t, mscale=1.0):
         s = np.float32(math.sin(ang)) * ms
         for h in range(H):
             if neox:
-                a = x[t, h, i]
-                b = x[t, h, i + half]
-                x[t, h, i] = a * c - b * s
-                x[t, h, i + half] = a * s + b * c
+                _rotate_pair(x, t, h, i, i + half, c, s)
             else:
-                a = x[t, h, 2 * i]
-                b = x[t, h, 2 * i + 1]
-                x[t, h, 2 * i] = a * c - b * s
-                x[t, h, 2 * i + 1] = a * s + b * c
+                _rotate_pair(x, t, h, 2 * i, 2 * i + 1, c, s)
+
+
+def rotate_pair(x, t, h, i, j, c, s):
+    """Elements i and j of x[t, h] rotated by the angle whose cosine and sine are c and s. Plain Python:
+    compiled here for rope_row and by numba.cuda for the CUDA backend's rope, so both rotate alike."""
+    a = x[t, h, i]
+    b = x[t, h, j]
+    x[t, h, i] = a * c - b * s
+    x[t, h, j] = a * s + b * c
+
+
+_rotate_pair = njit(inline="always", nogil=True, cache=True)(rotate_pair)
 
 
 @njit(parallel=True, nogil=True, cache=True)

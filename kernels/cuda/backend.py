@@ -17,6 +17,7 @@ from .. import kinds
 from ..kv_format import KV_FORMATS  # noqa: F401  (the KV cache's row formats, for the engine; f32 only here)
 from . import quant
 from ..cpu.mask import mask_logits  # noqa: F401  (on the host: the sampler reads host logits)
+from ..cpu.ops import rotate_pair
 
 NAME = "cuda"
 MAX_HEAD_DIM = 512  # per-thread accumulator in paged attention
@@ -167,6 +168,9 @@ def rmsnorm(x, w, eps, out):
     _rmsnorm[_blocks(x.shape[0]), 128](x, w, np.float32(eps), out)
 
 
+_rotate_pair = cuda.jit(device=True)(rotate_pair)  # the CPU's pair rotation, as a device function
+
+
 @cuda.jit
 def _rope(x, positions, inv_freq, neox, mscale):
     # x (T, H, D) in place; one thread per (token, head); cos and sin times mscale (see the CPU rope)
@@ -178,15 +182,9 @@ def _rope(x, positions, inv_freq, neox, mscale):
             c = math.cos(ang) * mscale
             s = math.sin(ang) * mscale
             if neox:
-                a = x[t, h, i]
-                b = x[t, h, i + half]
-                x[t, h, i] = a * c - b * s
-                x[t, h, i + half] = a * s + b * c
+                _rotate_pair(x, t, h, i, i + half, c, s)
             else:
-                a = x[t, h, 2 * i]
-                b = x[t, h, 2 * i + 1]
-                x[t, h, 2 * i] = a * c - b * s
-                x[t, h, 2 * i + 1] = a * s + b * c
+                _rotate_pair(x, t, h, 2 * i, 2 * i + 1, c, s)
 
 
 def rope(x, positions, inv_freq, neox, mscale=1.0):
