@@ -102,10 +102,13 @@ def dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
 
 @overload(dot8, inline="always")
 def _dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
-    if path_of(isa) in SDOT_PATHS:
+    if path_of(isa) in SDOT_PATHS or path_of(isa) in VNNI_PATHS:
+        # two chains of the accumulating dot instruction, summed: sdot on aarch64, vpdpbusd on vnni
+        dot = simd.sdot if path_of(isa) in SDOT_PATHS else simd.dpbusd
+
         def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
-            a = simd.sdot(simd.sdot(simd.sdot(simd.sdot(simd.zero32(), w0, x0), w1, x1), w2, x2), w3, x3)
-            b = simd.sdot(simd.sdot(simd.sdot(simd.sdot(simd.zero32(), w4, x4), w5, x5), w6, x6), w7, x7)
+            a = dot(dot(dot(dot(simd.zero32(), w0, x0), w1, x1), w2, x2), w3, x3)
+            b = dot(dot(dot(dot(simd.zero32(), w4, x4), w5, x5), w6, x6), w7, x7)
             return simd.add32(a, b)
         return impl
     if path_of(isa) == "neon":  # eight products per 16-bit lane: at most 8 x 31 x 127 = 31496 < 2**15
@@ -115,12 +118,6 @@ def _dot8(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
             b = simd.add16x32(simd.add16x32(simd.mull16(w4, x4), simd.mull16(w5, x5)),
                               simd.add16x32(simd.mull16(w6, x6), simd.mull16(w7, x7)))
             return simd.sum4x16(simd.zero32(), simd.add16x32(a, b))
-        return impl
-    if path_of(isa) in VNNI_PATHS:
-        def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
-            a = simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.zero32(), w0, x0), w1, x1), w2, x2), w3, x3)
-            b = simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.zero32(), w4, x4), w5, x5), w6, x6), w7, x7)
-            return simd.add32(a, b)
         return impl
 
     def impl(isa, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7):
