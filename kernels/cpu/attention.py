@@ -196,6 +196,20 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
                 out[t, g * group + hh, c] = acc[r * Dv + c] * inv
 
 
+@njit(inline="always", cache=True)
+def _qk(q, t, h, d, k0, k1, a0, a1):
+    # one query row's chains a0, a1 one step on: q[t, h, d] times the key tile's two vectors at d
+    x = simd.splatf(q[t, h, d])
+    return simd.fma8(x, k0, a0), simd.fma8(x, k1, a1)
+
+
+@njit(inline="always", cache=True)
+def _store_scores(sc, o, a0, a1, sv):
+    # one query row's sixteen scores, times the scale, at sc[o:o + 16]
+    simd.storef8(sc, o, simd.mul8(a0, sv))
+    simd.storef8(sc, o + 8, simd.mul8(a1, sv))
+
+
 @njit(nogil=True, cache=True)
 def _scores(q, kt, sc, t0, g, group, R, D, scale):
     # sc[r * KEYS + j] = scale * q_r . k_j for every row r of the task: four rows at a time share each
@@ -213,36 +227,21 @@ def _scores(q, kt, sc, t0, g, group, R, D, scale):
         for d in range(D):
             k0 = simd.loadf8(kt, d * KEYS)
             k1 = simd.loadf8(kt, d * KEYS + 8)
-            x = simd.splatf(q[ta, ha, d])
-            a0 = simd.fma8(x, k0, a0)
-            a1 = simd.fma8(x, k1, a1)
-            x = simd.splatf(q[tb, hb, d])
-            b0 = simd.fma8(x, k0, b0)
-            b1 = simd.fma8(x, k1, b1)
-            x = simd.splatf(q[tc, hc, d])
-            c0 = simd.fma8(x, k0, c0)
-            c1 = simd.fma8(x, k1, c1)
-            x = simd.splatf(q[td, hd, d])
-            d0 = simd.fma8(x, k0, d0)
-            d1 = simd.fma8(x, k1, d1)
-        simd.storef8(sc, r * KEYS, simd.mul8(a0, sv))
-        simd.storef8(sc, r * KEYS + 8, simd.mul8(a1, sv))
-        simd.storef8(sc, r * KEYS + 16, simd.mul8(b0, sv))
-        simd.storef8(sc, r * KEYS + 24, simd.mul8(b1, sv))
-        simd.storef8(sc, r * KEYS + 32, simd.mul8(c0, sv))
-        simd.storef8(sc, r * KEYS + 40, simd.mul8(c1, sv))
-        simd.storef8(sc, r * KEYS + 48, simd.mul8(d0, sv))
-        simd.storef8(sc, r * KEYS + 56, simd.mul8(d1, sv))
+            a0, a1 = _qk(q, ta, ha, d, k0, k1, a0, a1)
+            b0, b1 = _qk(q, tb, hb, d, k0, k1, b0, b1)
+            c0, c1 = _qk(q, tc, hc, d, k0, k1, c0, c1)
+            d0, d1 = _qk(q, td, hd, d, k0, k1, d0, d1)
+        _store_scores(sc, r * KEYS, a0, a1, sv)
+        _store_scores(sc, r * KEYS + 16, b0, b1, sv)
+        _store_scores(sc, r * KEYS + 32, c0, c1, sv)
+        _store_scores(sc, r * KEYS + 48, d0, d1, sv)
         r += 4
     for r in range(r, R):
         t, h = t0 + r // group, g * group + r % group
         a0 = a1 = simd.splatf(np.float32(0.0))
         for d in range(D):
-            x = simd.splatf(q[t, h, d])
-            a0 = simd.fma8(x, simd.loadf8(kt, d * KEYS), a0)
-            a1 = simd.fma8(x, simd.loadf8(kt, d * KEYS + 8), a1)
-        simd.storef8(sc, r * KEYS, simd.mul8(a0, sv))
-        simd.storef8(sc, r * KEYS + 8, simd.mul8(a1, sv))
+            a0, a1 = _qk(q, t, h, d, simd.loadf8(kt, d * KEYS), simd.loadf8(kt, d * KEYS + 8), a0, a1)
+        _store_scores(sc, r * KEYS, a0, a1, sv)
 
 
 @njit(nogil=True, cache=True)
