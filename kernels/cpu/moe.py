@@ -29,37 +29,27 @@ from numba import njit, prange
 from . import simd, units
 
 
+@njit(inline="always", cache=True)
+def _ab(a, b, i):
+    # a[i] b[i], or +0.0 past the end
+    return a[i] * b[i] if i < a.shape[0] else np.float32(0.0)
+
+
 @njit(nogil=True, cache=True)
 def _dot8(a, b):
     # a (D,) . b (D,) in eight interleaved float32 partial sums, added pairwise: one fixed order (and no
-    # scratch array: it runs once per token, for the shared expert's gate)
+    # scratch array: it runs once per token, for the shared expert's gate). The last step's missing
+    # elements add +0.0, which changes no sum but a -0.0 (whose sign the gate's sigmoid does not see)
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
-    n = a.shape[0] // 8 * 8
-    for i in range(0, n, 8):
-        s0 += a[i] * b[i]
-        s1 += a[i + 1] * b[i + 1]
-        s2 += a[i + 2] * b[i + 2]
-        s3 += a[i + 3] * b[i + 3]
-        s4 += a[i + 4] * b[i + 4]
-        s5 += a[i + 5] * b[i + 5]
-        s6 += a[i + 6] * b[i + 6]
-        s7 += a[i + 7] * b[i + 7]
-    for i in range(n, a.shape[0]):
-        r = i % 8
-        if r == 0:
-            s0 += a[i] * b[i]
-        elif r == 1:
-            s1 += a[i] * b[i]
-        elif r == 2:
-            s2 += a[i] * b[i]
-        elif r == 3:
-            s3 += a[i] * b[i]
-        elif r == 4:
-            s4 += a[i] * b[i]
-        elif r == 5:
-            s5 += a[i] * b[i]
-        else:
-            s6 += a[i] * b[i]
+    for i in range(0, a.shape[0], 8):
+        s0 += _ab(a, b, i)
+        s1 += _ab(a, b, i + 1)
+        s2 += _ab(a, b, i + 2)
+        s3 += _ab(a, b, i + 3)
+        s4 += _ab(a, b, i + 4)
+        s5 += _ab(a, b, i + 5)
+        s6 += _ab(a, b, i + 6)
+        s7 += _ab(a, b, i + 7)
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 

@@ -31,44 +31,45 @@ def rows_kx8(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
     """Rows [n0, n1) (n0 a multiple of 8) of a matmul of interleaved Q4_K/Q5_K/Q6_K, every token."""
 
 
+@njit(inline="always", cache=True)
+def _kx8_lane(kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, grp, r, t, nsb):
+    # row r of row group grp times token t, the SIMD path's arithmetic lane by lane (the same bits)
+    acc = np.float32(0.0)
+    mo = np.float32(0.0)
+    for sb in range(nsb):
+        isum = np.int32(0)
+        msum = np.int32(0)
+        if is_q6_k(kind):
+            for j in range(16):
+                dot = np.int32(0)
+                for i in range(16):
+                    e = j * 16 + i
+                    dot += np.int32(qs[grp, ((sb * 64 + e // 4) * 8 + r) * 4 + e % 4]) * i8(xq[t, sb * 256 + e])
+                isum += i8(sc[grp, (sb * 16 + j) * 8 + r]) * (dot - 32 * xb16[t, sb * 16 + j])
+        else:
+            for j in range(8):
+                dot = np.int32(0)
+                for l in range(32):
+                    b = qs[grp, (((sb * 4 + j // 2) * 8 + l // 4) * 8 + r) * 4 + l % 4]
+                    q = np.int32(b & 15) if j % 2 == 0 else np.int32(b >> 4)
+                    if has_qh(kind):
+                        q |= np.int32((qh[grp, ((sb * 8 + l // 4) * 8 + r) * 4 + l % 4] >> j) & 1) << 4
+                    dot += q * i8(xq[t, sb * 256 + j * 32 + l])
+                isum += np.int32(sc[grp, (sb * 16 + j) * 8 + r]) * dot
+                msum += np.int32(sc[grp, (sb * 16 + 8 + j) * 8 + r]) * xb[t, sb * 8 + j]
+        dx = xd[t, sb]
+        acc = simd.fma1(np.float32(isum), luts[0, d[grp, sb * 8 + r]] * dx, acc)
+        if has_min(kind):
+            mo = simd.fma1(np.float32(msum), luts[0, m[grp, sb * 8 + r]] * dx, mo)
+    return acc - mo if has_min(kind) else acc
+
 
 @njit(cache=True, fastmath=EXACT)
 def _kx8_portable(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
-    # one row and one token at a time, the SIMD path's arithmetic lane by lane (the same bits)
-    T, K = xq.shape
-    nsb = K // 256
+    # one row and one token at a time
     for n in range(n0, n1):
-        grp = n // 8
-        r = n % 8
-        for t in range(T):
-            acc = np.float32(0.0)
-            mo = np.float32(0.0)
-            for sb in range(nsb):
-                isum = np.int32(0)
-                msum = np.int32(0)
-                if is_q6_k(kind):
-                    for j in range(16):
-                        dot = np.int32(0)
-                        for i in range(16):
-                            e = j * 16 + i
-                            dot += np.int32(qs[grp, ((sb * 64 + e // 4) * 8 + r) * 4 + e % 4]) * i8(xq[t, sb * 256 + e])
-                        isum += i8(sc[grp, (sb * 16 + j) * 8 + r]) * (dot - 32 * xb16[t, sb * 16 + j])
-                else:
-                    for j in range(8):
-                        dot = np.int32(0)
-                        for l in range(32):
-                            b = qs[grp, (((sb * 4 + j // 2) * 8 + l // 4) * 8 + r) * 4 + l % 4]
-                            q = np.int32(b & 15) if j % 2 == 0 else np.int32(b >> 4)
-                            if has_qh(kind):
-                                q |= np.int32((qh[grp, ((sb * 8 + l // 4) * 8 + r) * 4 + l % 4] >> j) & 1) << 4
-                            dot += q * i8(xq[t, sb * 256 + j * 32 + l])
-                        isum += np.int32(sc[grp, (sb * 16 + j) * 8 + r]) * dot
-                        msum += np.int32(sc[grp, (sb * 16 + 8 + j) * 8 + r]) * xb[t, sb * 8 + j]
-                dx = xd[t, sb]
-                acc = simd.fma1(np.float32(isum), luts[0, d[grp, sb * 8 + r]] * dx, acc)
-                if has_min(kind):
-                    mo = simd.fma1(np.float32(msum), luts[0, m[grp, sb * 8 + r]] * dx, mo)
-            out[t, n] = acc - mo if has_min(kind) else acc
+        for t in range(xq.shape[0]):
+            out[t, n] = _kx8_lane(kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, n // 8, n % 8, t, xq.shape[1] // 256)
 
 
 # vnni keeps _kx8_simd's vpdpbusd chains: the avx2 kernel runs there too, but which is faster on an

@@ -16,34 +16,34 @@ def rows_x8(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
     """Rows [n0, n1) (n0 a multiple of 8) of a matmul of interleaved Q4_0/Q4_1/Q5_0/Q5_1, every token."""
 
 
+@njit(inline="always", cache=True)
+def _x8_lane(kind, qs, qh, d, m, luts, xq, xd, xs, grp, r, t, nb):
+    # row r of row group grp times token t, the SIMD path's arithmetic lane by lane (the same bits)
+    five = has_qh(kind)
+    acc = np.float32(0.0)
+    mo = np.float32(0.0)
+    for b in range(nb):
+        isum = np.int32(0)
+        for i in range(32):
+            v = i // 4
+            q = np.int32(qs[grp, b * 128 + (v % 4) * 32 + r * 4 + i % 4])
+            q = q & 15 if v < 4 else q >> 4
+            if five:
+                q |= np.int32((qh[grp, b * 32 + r * 4 + i % 4] >> v) & 1) << 4
+            isum += q * i8(xq[t, b * 32 + i])
+        dw = luts[0, d[grp, b * 8 + r]]
+        off = luts[0, m[grp, b * 8 + r]] if has_min(kind) else dw * np.float32(-16.0 if five else -8.0)
+        acc = simd.fma1(np.float32(isum), dw * xd[t, b], acc)
+        mo = simd.fma1(off, xs[t, b], mo)
+    return acc + mo
+
+
 @njit(cache=True, fastmath=EXACT)
 def _x8_portable(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
-    # one row and one token at a time, the SIMD path's arithmetic lane by lane (the same bits)
-    T, K = xq.shape
-    N = out.shape[1]
-    nb = K // 32
-    five = has_qh(kind)
-    has_m = has_min(kind)
+    # one row and one token at a time
     for n in range(n0, n1):
-        grp = n // 8
-        r = n % 8
-        for t in range(T):
-            acc = np.float32(0.0)
-            mo = np.float32(0.0)
-            for b in range(nb):
-                isum = np.int32(0)
-                for i in range(32):
-                    v = i // 4
-                    q = np.int32(qs[grp, b * 128 + (v % 4) * 32 + r * 4 + i % 4])
-                    q = q & 15 if v < 4 else q >> 4
-                    if five:
-                        q |= np.int32((qh[grp, b * 32 + r * 4 + i % 4] >> v) & 1) << 4
-                    isum += q * i8(xq[t, b * 32 + i])
-                dw = luts[0, d[grp, b * 8 + r]]
-                off = luts[0, m[grp, b * 8 + r]] if has_m else dw * np.float32(-16.0 if five else -8.0)
-                acc = simd.fma1(np.float32(isum), dw * xd[t, b], acc)
-                mo = simd.fma1(off, xs[t, b], mo)
-            out[t, n] = acc + mo
+        for t in range(xq.shape[0]):
+            out[t, n] = _x8_lane(kind, qs, qh, d, m, luts, xq, xd, xs, n // 8, n % 8, t, xq.shape[1] // 32)
 
 
 @njit(inline="always", cache=True)
