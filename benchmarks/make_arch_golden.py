@@ -1,6 +1,7 @@
 """Reference logits from llama.cpp (llama-cpp-python) for the tiny random models of tests/arch_zoo.py:
 tests/golden/arch_zoo.json.
 usage: python benchmarks/make_arch_golden.py [OUT.json]        (default tests/golden/arch_zoo.json)
+       python benchmarks/make_arch_golden.py --only NAME...    (those models' entries again, the rest kept)
 
 For every zoo model but qwen3moe_bench: write it to a temp dir (recording its sha256, so a test can check
 that its own freshly written file is the model these numbers belong to), open it with
@@ -39,9 +40,14 @@ def sha256(path):
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
+# the hybrid models (recurrent layers) also get a prompt longer than llama.cpp's delta-net chunk (64)
+LONGER = {"lfm2": 100}
+
+
 def prompts(name, vocab):
     rng = np.random.default_rng([SEED, arch_zoo.GOLDEN.index(name)])
-    return [[int(t) for t in rng.integers(8, vocab, n)] for n in LENGTHS]  # ids >= 8: no control tokens
+    lengths = LENGTHS + ((LONGER[name],) if name in LONGER else ())
+    return [[int(t) for t in rng.integers(8, vocab, n)] for n in lengths]  # ids >= 8: no control tokens
 
 
 def open_model(path, n_ctx):
@@ -106,6 +112,44 @@ def max_diff(a, b, first=0, last=None):
     return R(max(float(np.abs(x[first:last] - y[first:last]).max()) if len(x) > first else 0.0 for x, y in zip(a, b)))
 
 
+def only(names):
+    """Add (or make again) these models' entries in OUT, keeping every other entry and the checks."""
+    out = json.load(open(OUT))
+    with tempfile.TemporaryDirectory() as d:
+        for name in names:
+            out["models"][name] = model_entry(d, name)[0]
+    json.dump(out, open(OUT, "w"), separators=(",", ":"))
+    print("wrote", OUT, os.path.getsize(OUT), "bytes")
+
+
+def model_entry(d, name):
+    """(the golden entry of zoo model `name`, written in folder d, and its logit rows)"""
+    path = os.path.join(d, f"{name}.gguf")
+    arch_zoo.write(name, path)
+    arch_zoo.write(name, path + ".again")
+    assert sha256(path) == sha256(path + ".again"), f"{name}: the writer is not deterministic"
+    llm = open_model(path, N_CTX[name])
+    vocab = llm.n_vocab()
+    ps = prompts(name, vocab)
+    entry = {"sha256": sha256(path), "file_bytes": os.path.getsize(path), "n_ctx": llm.n_ctx(),
+             "n_vocab": vocab, "rope_type": int(llama_cpp.llama_model_rope_type(llm._model.model)),
+             "prompts": []}
+    rows = []
+    for ids in ps:
+        p, r = run_prompt(llm, ids)
+        entry["prompts"].append(p); rows.append(r)
+    del llm
+    if name == "phi3":
+        llm = open_model(path, PHI3_SHORT_CTX)
+        entry["rope_factors"] = "long"
+        entry["short_context"] = {"n_ctx": llm.n_ctx(), "rope_factors": "short",
+                                  "prompts": [run_prompt(llm, ids)[0] for ids in ps]}
+        del llm
+    print(name, "n_ctx", entry["n_ctx"], "rope_type", entry["rope_type"], "sha256", entry["sha256"][:16],
+          "min greedy margin", min(min(p["greedy"]["top1_top2_margins"]) for p in entry["prompts"]), flush=True)
+    return entry, rows
+
+
 def main():
     out = {"engine": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (CPU, 2 threads)",
            "made_by": "benchmarks/make_arch_golden.py",
@@ -116,31 +160,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         base_rows = {}
         for name in arch_zoo.GOLDEN:
-            path = os.path.join(d, f"{name}.gguf")
-            arch_zoo.write(name, path)
-            arch_zoo.write(name, path + ".again")
-            assert sha256(path) == sha256(path + ".again"), f"{name}: the writer is not deterministic"
-            llm = open_model(path, N_CTX[name])
-            vocab = llm.n_vocab()
-            ps = prompts(name, vocab)
-            entry = {"sha256": sha256(path), "file_bytes": os.path.getsize(path), "n_ctx": llm.n_ctx(),
-                     "n_vocab": vocab, "rope_type": int(llama_cpp.llama_model_rope_type(llm._model.model)),
-                     "prompts": []}
-            rows = []
-            for ids in ps:
-                p, r = run_prompt(llm, ids)
-                entry["prompts"].append(p); rows.append(r)
-            base_rows[name] = rows
-            del llm
-            if name == "phi3":
-                llm = open_model(path, PHI3_SHORT_CTX)
-                entry["rope_factors"] = "long"
-                entry["short_context"] = {"n_ctx": llm.n_ctx(), "rope_factors": "short",
-                                          "prompts": [run_prompt(llm, ids)[0] for ids in ps]}
-                del llm
-            out["models"][name] = entry
-            print(name, "n_ctx", entry["n_ctx"], "rope_type", entry["rope_type"], "sha256", entry["sha256"][:16],
-                  "min greedy margin", min(min(p["greedy"]["top1_top2_margins"]) for p in entry["prompts"]), flush=True)
+            out["models"][name], base_rows[name] = model_entry(d, name)
 
         # --- probes of llama.cpp's semantics
         def probe(key, name, n_ctx, note, first=0, last=None, **kw):
@@ -178,4 +198,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 2 and sys.argv[1] == "--only":
+        OUT = os.path.join(ROOT, "tests", "golden", "arch_zoo.json")
+        only(sys.argv[2:])
+    else:
+        main()

@@ -42,9 +42,37 @@ class ModelConfig:
     shared_ffn_dim: int = 0
     expert_norm: bool = False
     expert_scale: float = 0.0
+    # layers by the memory they keep: () every layer attention (paged KV); else one mixer name a layer,
+    # "attention" or "shortconv" (LFM2's gated short convolution: a recurrent state of its last
+    # conv_l_cache - 1 inputs per sequence, no KV)
+    mixers: tuple = ()
+    conv_l_cache: int = 0
 
     def is_sliding(self, layer: int) -> bool:
         return self.sliding_window > 0 and self.swa_pattern > 0 and (layer + 1) % self.swa_pattern != 0
+
+    def mixer(self, layer: int) -> str:
+        return self.mixers[layer] if self.mixers else "attention"
+
+    @property
+    def kv_layers(self) -> tuple:
+        """The layers that keep paged KV (the attention layers), in order."""
+        return tuple(i for i in range(self.n_layer) if self.mixer(i) == "attention")
+
+    @property
+    def conv_layers(self) -> tuple:
+        """The layers that keep a convolution state per sequence, in order."""
+        return tuple(i for i in range(self.n_layer) if self.mixer(i) == "shortconv")
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether some layer keeps a recurrent state per sequence (a hybrid model)."""
+        return bool(self.conv_layers)
+
+    @property
+    def state_bytes_per_seq(self) -> int:
+        """A sequence's recurrent state, all layers: float32 convolution states."""
+        return len(self.conv_layers) * self.dim * max(self.conv_l_cache - 1, 0) * 4
 
 
 def default_threads() -> int:

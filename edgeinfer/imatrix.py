@@ -42,7 +42,7 @@ def weight_names(model, tensors, process_output: bool = False) -> dict[int, tupl
     out = {}
     for i, lw in enumerate(model.layers):
         has = lambda t, i=i: tensor_name(t, "weight", i) in tensors  # noqa: E731
-        for fields, tensor, part, shape, rows in layer_tensors(model.spec, model.cfg, has):
+        for fields, tensor, part, shape, rows in layer_tensors(model.spec, model.cfg, has, i):
             w = getattr(lw, fields[0], None)  # a fused tensor's first part sees its input; the rest unnamed
             if part != "weight" or w is None:
                 continue

@@ -127,6 +127,12 @@ def _ffn_fused(gf: GGUFFile, arch: str) -> bool:
     return ffn is not None and len(up.shape) == 2 and int(up.shape[1]) == 2 * ffn
 
 
+def _plain(v):
+    # a metadata value as JSON has it: per-layer arrays as lists
+    return [x.item() if hasattr(x, "item") else x for x in v] if isinstance(v, (list, tuple)) or hasattr(v, "tolist") \
+        else v
+
+
 def summarize(gf: GGUFFile) -> dict[str, Any]:
     arch = gf.architecture
     g = lambda key, default=None: gf.get(f"{arch}.{key}", default)  # noqa: E731
@@ -147,7 +153,7 @@ def summarize(gf: GGUFFile) -> dict[str, Any]:
         "embedding_size": g("embedding_length"),
         "feed_forward_size": g("feed_forward_length"),
         "heads": g("attention.head_count"),
-        "kv_heads": g("attention.head_count_kv", g("attention.head_count")),
+        "kv_heads": _plain(g("attention.head_count_kv", g("attention.head_count"))),  # per layer in a hybrid
         "vocab_size": int(n_vocab) if n_vocab is not None else None,
         "tokenizer": _tokenizer_kind(gf.get("tokenizer.ggml.model")),
         "tokenizer_pre": gf.get("tokenizer.ggml.pre"),

@@ -15,8 +15,10 @@ Figures are bytes unless a name says MB; an MB here is 2**20 bytes, in the flags
 
 A mixture-of-experts model's weights are all its experts (every expert is resident, whichever the router
 picks); its step buffers are sized for the experts a token uses (ModelConfig.n_expert_used). The KV per
-token is the cache's own figure: every layer holds K and V rows of head_dim (attention.key_length) and
-v_head_dim, a sliding-window layer (gemma2, gemma3) as much as a global one, as the pool allocates them.
+token is the cache's own figure: every attention layer holds K and V rows of head_dim (attention.key_length)
+and v_head_dim, a sliding-window layer (gemma2, gemma3) as much as a global one, as the pool allocates them.
+A hybrid model's recurrent layers (LFM2's short convolutions) hold no KV: a fixed state per running
+sequence instead (Estimate.state_per_seq), the same at any context length.
 """
 
 from __future__ import annotations
@@ -48,13 +50,14 @@ class Estimate:
     buffers: int  # the compiled step's activations for a full token budget, the logits, scratch
     max_context: int
     active_weights: int = 0  # MoE: the weights one token reads (its experts' share); 0: all of them
+    state_per_seq: int = 0  # a hybrid model's recurrent state, per running sequence (constant in the context)
 
     def kv(self, kv_type: str, tokens: int) -> int:
         return self.kv_per_token[kv_type] * tokens
 
     def minimum(self, kv_type: str) -> int:
         """This model's share of a budget with the smallest pool: one full context."""
-        return self.weights + self.buffers + self.kv(kv_type, self.max_context)
+        return self.weights + self.buffers + self.kv(kv_type, self.max_context) + self.state_per_seq
 
 
 def max_context(cfg: ModelConfig, config: EngineConfig) -> int:
@@ -82,7 +85,8 @@ def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig, kv_forma
     quantized = cfg.dim + ffn_q8 + cfg.n_head * cfg.v_head_dim  # int8 copies, plus scales (~1/8)
     buffers = T * (4 * per_row + quantized * 9 // 8) + 2 * config.seqs_limit * cfg.vocab_size * 4
     return Estimate(weights=weight_bytes, kv_per_token={t: f.bytes_per_token(cfg) for t, f in kv_formats.items()},
-                    buffers=buffers, max_context=max_context(cfg, config), active_weights=active_weights)
+                    buffers=buffers, max_context=max_context(cfg, config), active_weights=active_weights,
+                    state_per_seq=getattr(cfg, "state_bytes_per_seq", 0))
 
 
 def default_blocks(est: Estimate, config: EngineConfig) -> int:
@@ -135,8 +139,12 @@ def report(est: Estimate, config: EngineConfig) -> dict:
         "max_context": est.max_context,
         "default_kv_type": config.kv_dtype,
         "default_kv_pool_mb": round(kv / MB, 1),
-        "total_mb": round((RUNTIME_BYTES + est.weights + est.buffers + kv) / MB, 1),
+        "total_mb": round((RUNTIME_BYTES + est.weights + est.buffers + kv + est.state_per_seq * config.seqs_limit) / MB,
+                          1),
     }
+    if est.state_per_seq:  # a hybrid model: its recurrent layers' state, one per running sequence
+        out["recurrent_state_mb_per_seq"] = round(est.state_per_seq / MB, 3)
+        out["recurrent_state_mb"] = round(est.state_per_seq * config.seqs_limit / MB, 2)
     if est.active_weights:
         out["active_weights_mb"] = round(est.active_weights / MB, 1)  # read per token (decode's memory traffic)
     return out

@@ -36,9 +36,10 @@ class KVFormat:
                              f"model's are {head_dim} and {v_head_dim}): use kv_type 'f16'")
 
     def bytes_per_token(self, cfg) -> int:
-        """Bytes one token's K and V take in every layer of a model config cfg."""
+        """Bytes one token's K and V take in every attention layer of a model config cfg (a recurrent
+        layer keeps none)."""
         row = self.row_len(cfg.head_dim) + self.row_len(cfg.v_head_dim)
-        return cfg.n_layer * cfg.n_kv_head * row * np.dtype(self.storage).itemsize
+        return len(cfg.kv_layers) * cfg.n_kv_head * row * np.dtype(self.storage).itemsize
 
 
 KV_FORMATS = {f.name: f for f in (KVFormat("f32", np.float32), KVFormat("f16", np.uint16),

@@ -64,6 +64,10 @@ class ArchSpec:
     moe_norm_w: bool = False
     shared_expert: bool = False
     moe_scale_w: bool = False  # the weights times the file's expert_weights_scale (llama.cpp: not these three)
+    # hybrid layers (LFM2): a layer whose attention.head_count_kv entry is 0 is a gated short convolution
+    # (shortconv.l_cache taps) instead of attention
+    shortconv: bool = False
+    output_norm: str = "output_norm"  # the final norm's tensor (LFM2's is token_embd_norm)
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -90,12 +94,13 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
     if scaling not in (*ROPE_SCALINGS, None):
         raise ModelLoadError(f"rope scaling type {scaling!r} is not supported (supported: {', '.join(ROPE_SCALINGS)})")
     n_layer = meta(gf, a, "block_count", required=True)
+    mixers, n_kv_head = _layer_mixers(gf, spec, n_layer, n_head)
     cfg = ModelConfig(
         arch=a,
         n_layer=n_layer,
         dim=dim,
         n_head=n_head,
-        n_kv_head=meta(gf, a, "attention.head_count_kv", n_head),
+        n_kv_head=n_kv_head,
         head_dim=head_dim,
         v_head_dim=meta(gf, a, "attention.value_length", head_dim),
         ffn_dim=meta(gf, a, "feed_forward_length", required=not spec.moe) or 0,
@@ -109,6 +114,12 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
         # llama.cpp multiplies every rope's cos and sin by the file's attn_factor (LongRoPE files have one)
         rope_mscale=float(meta(gf, a, "rope.scaling.attn_factor", 1.0) or 1.0),
     )
+    if mixers:
+        cfg = replace(cfg, mixers=mixers, conv_l_cache=int(meta(gf, a, "shortconv.l_cache", required=True)))
+        if cfg.conv_l_cache < 2:
+            raise ModelLoadError(f"{a}.shortconv.l_cache is {cfg.conv_l_cache}: a short convolution needs at least 2 taps")
+        if meta(gf, a, "attention.sliding_window", 0):
+            raise ModelLoadError(f"{a} with sliding-window attention layers is not supported yet")
     if spec.swa_pattern:
         cfg = replace(cfg, rope_base_local=spec.rope_base_local, swa_pattern=spec.swa_pattern,
                       sliding_window=int(meta(gf, a, "attention.sliding_window", 0) or 0))
@@ -123,6 +134,23 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
     if spec.moe:
         cfg = _moe_config(gf, spec, cfg)
     return cfg
+
+
+def _layer_mixers(gf: GGUFFile, spec: ArchSpec, n_layer: int, n_head: int) -> tuple[tuple, int]:
+    """(each layer's mixer, or () where every layer is attention; the attention layers' KV heads). A hybrid
+    file (spec.shortconv) gives head_count_kv per layer, 0 for a short-convolution layer."""
+    key = f"{gf.architecture}.attention.head_count_kv"
+    if not spec.shortconv:
+        return (), meta(gf, gf.architecture, "attention.head_count_kv", n_head)
+    v = gf.metadata.get(key, n_head)
+    per = [int(h) for h in v] if isinstance(v, (list, np.ndarray)) else [int(v)] * n_layer
+    if len(per) != n_layer:
+        raise ModelLoadError(f"metadata key {key!r} has {len(per)} values for {n_layer} layers")
+    heads = sorted({h for h in per if h})
+    if len(heads) > 1:
+        raise ModelLoadError(f"metadata key {key!r} gives different KV head counts ({heads}) to the attention layers; "
+                             "edgeinfer supports one")
+    return tuple("attention" if h else "shortconv" for h in per), (heads[0] if heads else n_head)
 
 
 def _tensor_rows(gf: GGUFFile, name: str, default: int) -> int:
@@ -152,10 +180,10 @@ def _moe_config(gf: GGUFFile, spec: ArchSpec, cfg: ModelConfig) -> ModelConfig:
 class LayerWeights:
     """One layer's tensors; a field the architecture does not have is None."""
 
-    wq: object  # (n_head * head_dim, dim)
-    wk: object  # (n_kv_head * head_dim, dim)
-    wv: object  # (n_kv_head * v_head_dim, dim)
-    wo: object  # (dim, n_head * v_head_dim)
+    wq: object = None  # (n_head * head_dim, dim): an attention layer's
+    wk: object = None  # (n_kv_head * head_dim, dim)
+    wv: object = None  # (n_kv_head * v_head_dim, dim)
+    wo: object = None  # (dim, n_head * v_head_dim)
     attn_norm: np.ndarray | None = None  # (dim,) pre_norms
     ffn_norm: np.ndarray | None = None  # (dim,)
     w_gate: object = None  # (ffn, dim): the dense FFN, or a MoE layer's shared expert
@@ -173,17 +201,20 @@ class LayerWeights:
     exp_up: list | None = None  # n_expert matrices (expert_ffn, dim)
     exp_down: list | None = None  # n_expert matrices (dim, expert_ffn)
     sh_gate: np.ndarray | None = None  # (dim,) the shared expert's gate: shared_expert
+    conv_in: object = None  # (3 dim, dim): a short-convolution layer's input projection (b, c, x),
+    conv_w: np.ndarray | None = None  # (l_cache, dim) float32: its taps, transposed
+    conv_out: object = None  # (dim, dim): its output projection
 
 
 LayerTensor = parts.LayerTensor
 
 
-def layer_tensors(spec: ArchSpec, cfg: ModelConfig, has=lambda tensor: False) -> list[LayerTensor]:
-    """The tensors a layer of this architecture has, in load order: each residual block's pre-norm, part
-    and post-norm (models/parts/); has(tensor) (a gguf MODEL_TENSOR) says whether the file holds that
+def layer_tensors(spec: ArchSpec, cfg: ModelConfig, has=lambda tensor: False, layer: int = 0) -> list[LayerTensor]:
+    """The tensors layer `layer` of this architecture has, in load order: each residual block's pre-norm,
+    part and post-norm (models/parts/); has(tensor) (a gguf MODEL_TENSOR) says whether the file holds that
     tensor's weight for the layer (for the optional fused q/k/v projection)."""
     out = []
-    for block, part in (("mixer", parts.mixer(spec, 0)), ("ffn", parts.feed_forward(spec, 0))):
+    for block, part in (("mixer", parts.mixer(cfg, layer)), ("ffn", parts.feed_forward(spec, layer))):
         out += [*norms.pre(spec, cfg, block), *part.tensors(spec, cfg, has), *norms.post(spec, cfg, block)]
     return out
 
@@ -195,11 +226,11 @@ def tensor_name(tensor: TN, part: str, layer: int) -> str:
 
 def load_layer(ld: WeightLoader, spec: ArchSpec, cfg: ModelConfig, i: int) -> LayerWeights:
     got = {}
-    for fields, tensor, part, shape, rows in layer_tensors(spec, cfg, lambda t: ld.has(tensor_name(t, "weight", i))):
+    for fields, tensor, part, shape, rows in layer_tensors(spec, cfg, lambda t: ld.has(tensor_name(t, "weight", i)), i):
         name = tensor_name(tensor, part, i)
         if rows == "experts":
             got[fields[0]] = ld.matrix_rows(name, shape, [shape[1]] * shape[0])
-        elif rows == "float":  # the router, transposed (kernels/cpu/moe.py's route)
+        elif rows == "float":  # the router (kernels/cpu/moe.py's route), a convolution's taps: transposed
             got[fields[0]] = np.ascontiguousarray(ld.float_matrix(name, *shape).T, dtype=np.float32)
         elif rows is not None:
             got.update(zip(fields, ld.matrix_rows(name, shape, list(rows))))
@@ -223,12 +254,15 @@ class Model:
         if spec.moe and not hasattr(kb, "moe_route"):
             raise ModelLoadError(f"{cfg.arch} is a mixture-of-experts model: the {kb.NAME} backend cannot run "
                                  "those yet (use the CPU)")
+        if cfg.conv_layers and not hasattr(kb, "shortconv"):
+            raise ModelLoadError(f"{cfg.arch} has short-convolution layers: the {kb.NAME} backend cannot run those "
+                                 "yet (use the CPU)")
         if cfg.rope_base_local is not None:
             self.inv_freq_local = kb.upload(rope_inv_freq(cfg.rope_dim, cfg.rope_base_local))
         ld = WeightLoader(gf, kb)
         self.tok_embd = ld.matrix("token_embd.weight", cfg.vocab_size, cfg.dim)
         self.layers = [load_layer(ld, spec, cfg, i) for i in range(cfg.n_layer)]
-        self.output_norm = ld.vector("output_norm.weight", cfg.dim)
+        self.output_norm = ld.vector(f"{spec.output_norm}.weight", cfg.dim)
         self.output = ld.matrix("output.weight", cfg.vocab_size, cfg.dim) if ld.has("output.weight") else self.tok_embd
         factors = self._rope_factors(gf, ld, n_ctx)
         ld.finish()
@@ -280,7 +314,7 @@ class Model:
         h = kb.empty(x.shape)
         for i, lw in enumerate(self.layers):  # two residual blocks a layer: the mixer's, the feed-forward's
             at = parts.Where(i, batch, cache, self.layer_inv_freq(i))
-            parts.residual(kb, cfg, spec, parts.mixer(spec, i), lw, x, h, lw.attn_norm, lw.post_attn_norm, at)
+            parts.residual(kb, cfg, spec, parts.mixer(cfg, i), lw, x, h, lw.attn_norm, lw.post_attn_norm, at)
             parts.residual(kb, cfg, spec, parts.feed_forward(spec, i), lw, x, h, lw.ffn_norm, lw.post_ffn_norm, at)
         rows = kb.take_rows(x, batch.logits_idx)
         return self.normed(rows) if hidden else self.logits(rows)

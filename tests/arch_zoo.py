@@ -113,7 +113,7 @@ def _spm_vocab(w: gguf.GGUFWriter) -> int:
     return n
 
 
-def _hparams(w: gguf.GGUFWriter, name: str, *, n_layer: int, n_ctx: int, dim: int, ffn: int, n_head: int, n_kv: int,
+def _hparams(w: gguf.GGUFWriter, name: str, *, n_layer: int, n_ctx: int, dim: int, ffn: int, n_head: int, n_kv,
              head_dim: int | None = None, rope_dim: int | None = None, base: float = 10000.0, eps: float = 1e-6) -> None:
     w.add_block_count(n_layer)
     w.add_context_length(n_ctx)
@@ -591,6 +591,42 @@ def write_qwen3moe_bench(path) -> None:
     _finish(w)
 
 
+def write_lfm2(path) -> None:
+    """lfm2 (LFM2/LFM2.5 dense): 5 layers, dim 256, layers 0, 2 and 4 gated short convolutions (3 taps: a
+    state of 2 inputs per sequence), 1 and 3 attention (4 heads / 2 kv heads, head_dim 64, per-head q/k
+    RMS norms, NeoX RoPE base 1e6), which the per-layer head_count_kv says (0: a convolution); SiLU-gated
+    FFN 512 in every layer; the final norm is token_embd_norm; tied embedding. Q4_K_M-like matrices, the
+    taps F32 (as llama-quantize leaves them). The last layer is a convolution, so the rows that get logits
+    are chosen after one (llama.cpp's inp_out_ids)."""
+    n_layer, dim, n_head, n_kv, hd, ffn, taps = 5, 256, 4, 2, 64, 512, 3
+    conv = [i % 2 == 0 for i in range(n_layer)]
+    r = _Init(10)
+    w = gguf.GGUFWriter(str(path), "lfm2")
+    _hparams(w, "lfm2", n_layer=n_layer, n_ctx=512, dim=dim, ffn=ffn, n_head=n_head,
+             n_kv=[0 if c else n_kv for c in conv], base=1e6, eps=1e-5)  # a head_count_kv per layer
+    w.add_shortconv_l_cache(taps)
+    vocab = _gpt2_vocab(w, ["<|pad|>", "<|startoftext|>", "<|im_start|>", "<|im_end|>"], pre="lfm2", bos=1, eos=3,
+                        add_bos=True)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.12), T.Q6_K)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        if conv[i]:
+            _add(w, p + "shortconv.in_proj.weight", r.mat(3 * dim, dim, 1.5), T.Q4_K)
+            _add(w, p + "shortconv.conv.weight", r.mat(dim, taps, 0.8))
+            _add(w, p + "shortconv.out_proj.weight", r.mat(dim, dim), _q4km("attn_v", i, n_layer))
+        else:
+            _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, vtype=_q4km("attn_v", i, n_layer), o_mult=1.5,
+                       between=[("attn_q_norm.weight", lambda: 0.65 * r.norm(hd)),
+                                ("attn_k_norm.weight", lambda: 0.65 * r.norm(hd))])
+        _add(w, p + "ffn_norm.weight", r.norm(dim))
+        _add(w, p + "ffn_gate.weight", r.mat(ffn, dim), T.Q4_K)
+        _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.Q4_K)
+        _add(w, p + "ffn_down.weight", r.mat(dim, ffn, 1.5), _q4km("ffn_down", i, n_layer))
+    _add(w, "token_embd_norm.weight", 1.6 * r.norm(dim))
+    _finish(w)
+
+
 ZOO = {
     "qwen3": write_qwen3,
     "llama3": write_llama3,
@@ -602,6 +638,7 @@ ZOO = {
     "olmoe": write_olmoe,
     "qwen2moe": write_qwen2moe,
     "qwen3moe_bench": write_qwen3moe_bench,
+    "lfm2": write_lfm2,
 }
 GOLDEN = [n for n in ZOO if n != "qwen3moe_bench"]  # the models tests/golden/arch_zoo.json covers
 

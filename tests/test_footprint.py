@@ -61,6 +61,7 @@ def test_q8_0_kv_rows_are_ggml_q8_0_blocks_and_attention_reads_them_exactly():
 def test_q8_0_kv_cache_is_about_half_of_f16():
     class Cfg:
         n_layer, n_kv_head, head_dim, v_head_dim = 30, 3, 64, 64
+        kv_layers = range(30)  # every layer attention
 
     f16, q8 = kb.KV_FORMATS["f16"].bytes_per_token(Cfg), kb.KV_FORMATS["q8_0"].bytes_per_token(Cfg)
     assert q8 / f16 == pytest.approx(34 / 64)  # llama.cpp's q8_0: 34 bytes per 32 values, against 64

@@ -41,6 +41,7 @@ def test_the_engines_cache_and_memorys_estimate_read_the_table():
     class Cfg:
         n_layer, n_kv_head, head_dim, v_head_dim, context_length = 2, 3, 64, 32, 512
         dim, n_head, ffn_dim, vocab_size = 64, 3, 128, 100
+        kv_layers, conv_layers = (0, 1), ()  # both layers attention
 
     kb = get_backend("cpu")
     est = memory.estimate(0, Cfg, EngineConfig(), KV_FORMATS)

@@ -32,9 +32,15 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int = 16, model_id: str = "", enable_prefix_caching: bool = True):
+    """num_state_slots: a hybrid model's slots of recurrent state (0: none); a sequence holds one from
+    allocate to free_seq, so admission needs a free slot as well as its blocks."""
+
+    def __init__(self, num_blocks: int, block_size: int = 16, model_id: str = "", enable_prefix_caching: bool = True,
+                 num_state_slots: int = 0):
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
+        self.num_state_slots = num_state_slots
+        self.free_states = list(range(num_state_slots - 1, -1, -1))  # popped from the end: slot 0 first
         self.block_size = block_size
         self.model_id = model_id
         self.enable_prefix_caching = enable_prefix_caching
@@ -112,6 +118,8 @@ class BlockManager:
         return hits
 
     def can_allocate(self, seq: Sequence) -> bool:
+        if self.num_state_slots and not self.free_states:
+            return False
         hits = self._cached_prefix(seq)
         in_use = sum(1 for b in hits if self.blocks[b].ref_count > 0)
         return self.blocks_needed(seq.num_tokens) - in_use <= self.num_free
@@ -119,6 +127,8 @@ class BlockManager:
     def allocate(self, seq: Sequence) -> int:
         """Give seq blocks for all its tokens, reusing cached prefix blocks. Returns cached tokens."""
         assert not seq.block_table, "sequence already has blocks"
+        if self.num_state_slots:
+            seq.state_slot = self.free_states.pop()
         bs = self.block_size
         hits = self._cached_prefix(seq)
         n_full = seq.num_tokens // bs
@@ -187,6 +197,9 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free[bid] = None
         seq.block_table = []
+        if seq.state_slot >= 0:
+            self.free_states.append(seq.state_slot)
+            seq.state_slot = -1
 
     def check_invariants(self, live: list[Sequence]) -> None:
         """For tests: ref counts equal table references, and free = unreferenced."""
@@ -199,3 +212,6 @@ class BlockManager:
             assert (b.block_id in self.free) == (b.ref_count == 0), b
         for h, bid in self.hash_to_block.items():
             assert self.blocks[bid].hash == h
+        held = [s.state_slot for s in live if s.state_slot >= 0]
+        assert len(set(held)) == len(held) and not set(held) & set(self.free_states), (held, self.free_states)
+        assert len(held) + len(self.free_states) == self.num_state_slots

@@ -69,8 +69,16 @@ class LLMEngine:
         est = memory.estimate(0, cfg, config, model.kb.KV_FORMATS)  # the backend's KV row formats
         self.max_context = est.max_context
         n_blocks = config.num_kv_blocks or memory.default_blocks(est, config)
-        self.runner = ModelRunner(model, n_blocks, config.block_size, config.kv_dtype)
-        self.block_manager = BlockManager(n_blocks, config.block_size, model_id=model_id)
+        # a hybrid model: a slot of recurrent state per running sequence; no prefix caching (cached KV
+        # blocks without the state at their end would be reused wrong) and no speculation (a rejected
+        # draft token would leave its update in the state): both recompute instead, for now
+        states = config.seqs_limit if cfg.recurrent else 0
+        if states and speculation is not None:
+            raise ValueError(f"speculative decoding is not supported yet for {cfg.arch}, whose recurrent layers keep "
+                             "a state per sequence: run it without a draft model or prompt lookup")
+        self.runner = ModelRunner(model, n_blocks, config.block_size, config.kv_dtype, n_state_slots=max(states, 1))
+        self.block_manager = BlockManager(n_blocks, config.block_size, model_id=model_id,
+                                          enable_prefix_caching=not states, num_state_slots=states)
         self.proposer = _make_proposer(speculation, config, n_blocks) if speculation is not None else None
         self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens,
                                    plan_spec=self._plan_spec if self.proposer is not None else None)

@@ -15,18 +15,21 @@ class Batch:
 
     token_ids (T,) int64; positions (T,) int64; token_seq (T,) row of block_tables for each token;
     slot_mapping (T,) KV slot each token writes; block_tables (S, max_blocks) int32;
-    logits_idx (L,) which tokens get logits (the last scheduled token of each sequence by default).
+    logits_idx (L,) which tokens get logits (the last scheduled token of each sequence by default);
+    state_slots (S,) int64 each sequence's slot of recurrent state (a hybrid model's; default: its row).
     """
 
-    __slots__ = ("token_ids", "positions", "token_seq", "slot_mapping", "block_tables", "logits_idx")
+    __slots__ = ("token_ids", "positions", "token_seq", "slot_mapping", "block_tables", "logits_idx", "state_slots")
 
-    def __init__(self, token_ids, positions, token_seq, slot_mapping, block_tables, logits_idx):
+    def __init__(self, token_ids, positions, token_seq, slot_mapping, block_tables, logits_idx, state_slots=None):
         self.token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
         self.positions = np.ascontiguousarray(positions, dtype=np.int64)
         self.token_seq = np.ascontiguousarray(token_seq, dtype=np.int64)
         self.slot_mapping = np.ascontiguousarray(slot_mapping, dtype=np.int64)
         self.block_tables = np.ascontiguousarray(block_tables, dtype=np.int32)
         self.logits_idx = np.ascontiguousarray(logits_idx, dtype=np.int64)
+        self.state_slots = np.ascontiguousarray(np.arange(len(self.block_tables)) if state_slots is None else state_slots,
+                                                dtype=np.int64)
 
     @classmethod
     def prefix(cls, token_ids, n_blocks: int, logits_idx) -> "Batch":
@@ -51,9 +54,12 @@ def make_batch(pieces: list[Piece], block_size: int) -> Batch:
     token_ids, positions, token_seq, slots, logits_idx = [], [], [], [], []
     max_blocks = max(len(p.seq.block_table) for p in pieces)
     tables = np.zeros((len(pieces), max_blocks), np.int32)
+    state_slots = np.arange(len(pieces))
     for i, (seq, start, tokens, n_logits) in enumerate(pieces):
         n = len(tokens)
         tables[i, : len(seq.block_table)] = seq.block_table
+        if seq.state_slot >= 0:
+            state_slots[i] = seq.state_slot
         pos = np.arange(start, start + n)
         bt = np.asarray(seq.block_table, np.int64)
         token_ids.extend(tokens)
@@ -62,7 +68,7 @@ def make_batch(pieces: list[Piece], block_size: int) -> Batch:
         slots.append(bt[pos // block_size] * block_size + pos % block_size)
         logits_idx.extend(range(len(token_ids) - n_logits, len(token_ids)))
     return Batch(token_ids, np.concatenate(positions), np.concatenate(token_seq), np.concatenate(slots), tables,
-                 logits_idx)
+                 logits_idx, state_slots)
 
 
 def build_batch(sched: ScheduledBatch, block_size: int) -> tuple[Batch, list[tuple[int, int, int]]]:
@@ -86,9 +92,11 @@ class ModelRunner:
     """A model and the KV cache it computes into: allocates the cache, turns scheduled batches into
     forward passes."""
 
-    def __init__(self, model, n_blocks: int, block_size: int, kv_dtype: str = "f32"):
+    def __init__(self, model, n_blocks: int, block_size: int, kv_dtype: str = "f32", n_state_slots: int = 1):
         self.model = model
-        self.cache = KVCache.for_model(model.cfg, n_blocks, block_size, kv_dtype, kb=model.kb)
+        # n_state_slots: sequences at once with a recurrent state (a hybrid model's; the block manager's)
+        self.cache = KVCache.for_model(model.cfg, n_blocks, block_size, kv_dtype, kb=model.kb,
+                                       n_state_slots=n_state_slots)
         self.block_size = block_size
         self.num_forward_tokens = 0  # counts every token computed (prefix-cache tests read it)
 

@@ -13,6 +13,7 @@ from .dense import dense, encoder_attention, layernorm, set_blas_threads, silu  
 from .layout import INTERLEAVED, interleave8
 from .mask import mask_logits  # noqa: F401  (a sampling helper: structured output's mask)
 from .ops import gelu_tanh_mul, rmsnorm, rope, silu_mul, softcap, write_kv  # noqa: F401
+from .recurrent import shortconv  # noqa: F401
 
 NAME = "cpu"
 # The instruction-set path of the int8 kernels, chosen once from the host CPU (or EDGEINFER_KERNELS).
@@ -127,6 +128,8 @@ def layer_stack(cfg, layers, inv_freqs, **flags):
     inv_freqs: each layer's RoPE inverse frequencies; flags: the architecture's (ArchSpec.stack_flags)."""
     from .step import LayerStack
 
+    if cfg.recurrent:  # hybrid models run the per-op forward until the step has their recurrent parts
+        return None
     mats = [getattr(lw, name) for lw in layers for name in LayerStack.MATS]
     mats += [w for lw in layers for name in ("exp_gate", "exp_up", "exp_down") for w in (getattr(lw, name) or ())]
     quantized = {k for w in mats if (k := getattr(w, "kind", None)) is not None and kinds.is_quantized(k)}

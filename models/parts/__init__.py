@@ -1,4 +1,4 @@
-"""The parts of a decoder layer, one module per kind: norms.py, attention.py (the mixer), ffn.py and moe.py
+"""The parts of a decoder layer, one module per kind: norms.py, attention.py (the mixer), shortconv.py (LFM2's recurrent mixer), ffn.py and moe.py
 (the feed-forward: dense, or a mixture of experts).
 
 A layer is two residual blocks, each a sequence of parts: a norm (pre_norms), the part, a norm on its
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import attention, ffn, moe
+from . import attention, ffn, moe, shortconv
 
 if TYPE_CHECKING:
     from ...config import ModelConfig
@@ -31,7 +31,8 @@ LayerTensor = tuple
 
 
 class Where(NamedTuple):
-    """Where a part runs: the layer's index, the batch and its KV cache, the layer's RoPE frequencies."""
+    """Where a part runs: the layer's index, the batch and its KV cache (with the recurrent state), the
+    layer's RoPE frequencies."""
 
     layer: int
     batch: Any  # engine.model_runner.Batch, prepared by the backend
@@ -39,9 +40,12 @@ class Where(NamedTuple):
     inv_freq: Any  # (rope_dim / 2,) float64, on the backend
 
 
-def mixer(spec: ArchSpec, layer: int):
-    """The module of layer `layer`'s mixer (every layer's is attention so far)."""
-    return attention
+MIXERS = {"attention": attention, "shortconv": shortconv}
+
+
+def mixer(cfg: ModelConfig, layer: int):
+    """The module of layer `layer`'s mixer: attention, or a hybrid model's recurrent one (cfg.mixers)."""
+    return MIXERS[cfg.mixer(layer)]
 
 
 def feed_forward(spec: ArchSpec, layer: int):

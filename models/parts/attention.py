@@ -58,7 +58,7 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
     qr, kr = (q[:, :, : cfg.rope_dim], k[:, :, : cfg.rope_dim]) if cfg.rope_dim < cfg.head_dim else (q, k)
     kb.rope(qr, batch.positions, at.inv_freq, cfg.rope_neox, cfg.rope_mscale)
     kb.rope(kr, batch.positions, at.inv_freq, cfg.rope_neox, cfg.rope_mscale)
-    kc, vc = cache.k[layer], cache.v[layer]
+    kc, vc = cache.layer(layer)
     kb.write_kv(kb.kv_store(k, cache.dtype), kb.kv_store(v, cache.dtype), batch.slot_mapping, kc, vc)
     out = kb.empty((t, cfg.n_head, cfg.v_head_dim))
     scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)

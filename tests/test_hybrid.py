@@ -1,0 +1,158 @@
+"""Hybrid models (recurrent layers beside attention) in the engine, on the arch zoo's LFM2: each running
+sequence holds a slot of recurrent state; continuous batching, chunked prefill, preemption and aborts give
+what each request alone gives; prefix caching and speculation recompute rather than reuse a state they do
+not have; memory counts KV for the attention layers alone and the state per sequence."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from edgeinfer import LLM, SamplingParams
+from edgeinfer.config import EngineConfig
+from edgeinfer.engine.block_manager import BlockManager
+from edgeinfer.engine.sequence import Sequence
+from edgeinfer.file_estimate import estimate_file
+from edgeinfer.gguf_file import GGUFFile
+from edgeinfer.kernels import get_backend
+from edgeinfer.models import load_model
+from test_arch_zoo import _rewrite
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+PROMPTS = [[int(t) for t in np.random.default_rng(i).integers(8, 260, n)] for i, n in enumerate((5, 23, 40, 9, 17, 31))]
+
+
+@pytest.fixture(scope="module")
+def lfm2(zoo):
+    return str(zoo("lfm2"))
+
+
+@pytest.fixture(scope="module")
+def llm(lfm2):
+    return LLM(lfm2, engine_config=EngineConfig(max_seqs=4, num_kv_blocks=64, block_size=4), progress=False)
+
+
+def _alone(llm, prompts, params=GREEDY):
+    return [llm.generate(p, params)[0].token_ids for p in prompts]
+
+
+def test_the_config_says_which_layers_keep_what(lfm2):
+    cfg = load_model(GGUFFile(lfm2), get_backend("cpu")).cfg
+    assert cfg.mixers == ("shortconv", "attention", "shortconv", "attention", "shortconv")
+    assert cfg.kv_layers == (1, 3) and cfg.conv_layers == (0, 2, 4) and cfg.recurrent
+    assert cfg.state_bytes_per_seq == 3 * cfg.dim * (cfg.conv_l_cache - 1) * 4
+
+
+def test_batched_sequences_equal_each_alone_with_more_requests_than_state_slots(llm):
+    alone = _alone(llm, PROMPTS)
+    batched = [c.token_ids for c in llm.generate(PROMPTS, GREEDY)]  # 6 requests, 4 slots: some wait
+    assert batched == alone
+    bm = llm.engine.block_manager
+    assert bm.num_used == 0 and len(bm.free_states) == bm.num_state_slots == 4
+
+
+def test_chunked_prefill_equals_one_pass(lfm2, llm):
+    chunked = LLM(lfm2, engine_config=EngineConfig(max_seqs=4, num_kv_blocks=64, block_size=4,
+                                                   max_num_batched_tokens=7), progress=False)
+    assert [c.token_ids for c in chunked.generate(PROMPTS[:3], GREEDY)] == _alone(llm, PROMPTS[:3])
+
+
+def test_preemption_recomputes_the_state(lfm2, llm):
+    tight = LLM(lfm2, engine_config=EngineConfig(num_kv_blocks=16, block_size=4, max_seqs=4), progress=False)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    got = [c.token_ids for c in tight.generate(PROMPTS[:4], params)]
+    assert tight.stats()["preemptions"] > 0
+    assert got == _alone(llm, PROMPTS[:4], params)
+    tight.engine.block_manager.check_invariants([])
+
+
+def test_a_repeated_prompt_is_recomputed_not_reused(llm):
+    eng = llm.engine
+    assert not eng.block_manager.enable_prefix_caching
+    before = eng.runner.num_forward_tokens
+    first = llm.generate(PROMPTS[2], GREEDY)[0].token_ids
+    second = llm.generate(PROMPTS[2], GREEDY)[0].token_ids
+    assert first == second
+    assert eng.runner.num_forward_tokens - before == 2 * (len(PROMPTS[2]) + GREEDY.max_tokens - 1)
+
+
+def test_an_abort_frees_the_state_slot(llm):
+    eng = llm.engine
+    rid = eng.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
+    for _ in range(3):
+        eng.step()
+    assert len(eng.block_manager.free_states) == 3
+    eng.abort(rid)
+    eng.step()
+    assert not eng.has_unfinished() and len(eng.block_manager.free_states) == 4
+
+
+def test_admission_waits_for_a_state_slot():
+    bm = BlockManager(64, 4, num_state_slots=2)
+    seqs = [Sequence([1, 2, 3], GREEDY) for _ in range(3)]
+    for s in seqs[:2]:
+        assert bm.can_allocate(s)
+        bm.allocate(s)
+    assert {s.state_slot for s in seqs[:2]} == {0, 1}
+    assert not bm.can_allocate(seqs[2])  # blocks to spare, no slot
+    bm.free_seq(seqs[0])
+    assert bm.can_allocate(seqs[2]) and seqs[0].state_slot == -1
+    bm.allocate(seqs[2])
+    bm.check_invariants(seqs[1:])
+
+
+def test_speculation_on_a_hybrid_model_is_refused_in_one_line(lfm2):
+    r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "generate", lfm2, "hi", "--max-tokens", "2",
+                        "--speculate", "lookup"], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    err = r.stderr.split("\x1b[K")[-1].strip()
+    assert len(err.splitlines()) == 1 and "speculative decoding is not supported yet for lfm2" in err, r.stderr
+
+
+def test_memory_counts_kv_of_the_attention_layers_alone(lfm2):
+    est = estimate_file(GGUFFile(lfm2), EngineConfig())
+    cfg = load_model(GGUFFile(lfm2), get_backend("cpu")).cfg
+    assert est.kv_per_token["f32"] == 2 * cfg.n_kv_head * (cfg.head_dim + cfg.v_head_dim) * 4  # 2 of 5 layers
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"drop": ["blk.2.shortconv.conv.weight"]}, "missing tensor 'blk.2.shortconv.conv.weight'"),
+    ({"drop": ["blk.0.shortconv.in_proj.weight"]}, "missing tensor 'blk.0.shortconv.in_proj.weight'"),
+    ({"meta": {"lfm2.shortconv.l_cache": 4}}, "tensor 'blk.0.shortconv.conv.weight' has shape"),
+    ({"meta": {"lfm2.shortconv.l_cache": 1}}, "lfm2.shortconv.l_cache is 1"),
+])
+def test_a_broken_hybrid_file_is_a_one_line_error(lfm2, tmp_path, change, message):
+    p = tmp_path / "broken.gguf"
+    _rewrite(lfm2, p, **change)
+    r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "generate", str(p), "hi", "--max-tokens", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    err = r.stderr.split("\x1b[K")[-1].strip()
+    assert len(err.splitlines()) == 1 and message in err, r.stderr[-2000:]
+
+
+def test_a_hybrid_model_on_the_cuda_backend_is_a_one_line_error(lfm2):
+    pytest.importorskip("numba.cuda")
+    from edgeinfer.models.common import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="lfm2 has short-convolution layers: the cuda backend cannot run those yet"):
+        load_model(GGUFFile(lfm2), get_backend("cuda"))
+
+
+def test_inspect_memory_reports_the_state_apart_from_the_kv(lfm2):
+    import json
+
+    runs = {}
+    for ctx in (256, 512):
+        r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "inspect", lfm2, "--memory", "--json",
+                            "--max-context", str(ctx)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        runs[ctx] = json.loads(r.stdout)
+    cfg = load_model(GGUFFile(lfm2), get_backend("cpu")).cfg
+    mem = runs[256]["memory"] if "memory" in runs[256] else runs[256]
+    assert mem["recurrent_state_mb_per_seq"] == round(cfg.state_bytes_per_seq / 2**20, 3)
+    per_1k = mem["kv_mb_per_1k_tokens"][mem["default_kv_type"]]
+    assert per_1k == round(2 * cfg.n_kv_head * (cfg.head_dim + cfg.v_head_dim) * 2 * 1000 / 2**20, 2)  # f16, 2 layers
+    other = runs[512]["memory"] if "memory" in runs[512] else runs[512]
+    assert other["recurrent_state_mb"] == mem["recurrent_state_mb"]  # constant in the context
