@@ -112,12 +112,27 @@ def max_diff(a, b, first=0, last=None):
     return R(max(float(np.abs(x[first:last] - y[first:last]).max()) if len(x) > first else 0.0 for x, y in zip(a, b)))
 
 
+QUANTIZED = ["lfm2"]  # zoo models whose F16 form llama-quantize makes Q4_K_M of (quantize-model's check)
+
+
+def quantized_sha256(d, name):
+    """sha256 of llama-quantize's Q4_K_M of zoo model `name` in its F16 form (arch_zoo.write_f16)."""
+    src, dst = os.path.join(d, f"{name}-f16.gguf"), os.path.join(d, f"{name}-q4_k_m.gguf")
+    arch_zoo.write_f16(name, src, os.path.join(d, f"{name}-scratch.gguf"))
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.nthread = 15, 2  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    assert llama_cpp.llama_model_quantize(src.encode(), dst.encode(), p) == 0
+    return sha256(dst)
+
+
 def only(names):
     """Add (or make again) these models' entries in OUT, keeping every other entry and the checks."""
     out = json.load(open(OUT))
     with tempfile.TemporaryDirectory() as d:
         for name in names:
             out["models"][name] = model_entry(d, name)[0]
+            if name in QUANTIZED:
+                out["models"][name]["llama_quantize_q4_k_m_sha256"] = quantized_sha256(d, name)
     json.dump(out, open(OUT, "w"), separators=(",", ":"))
     print("wrote", OUT, os.path.getsize(OUT), "bytes")
 
@@ -161,6 +176,8 @@ def main():
         base_rows = {}
         for name in arch_zoo.GOLDEN:
             out["models"][name], base_rows[name] = model_entry(d, name)
+            if name in QUANTIZED:
+                out["models"][name]["llama_quantize_q4_k_m_sha256"] = quantized_sha256(d, name)
 
         # --- probes of llama.cpp's semantics
         def probe(key, name, n_ctx, note, first=0, last=None, **kw):

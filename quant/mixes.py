@@ -83,8 +83,9 @@ class PlannedTensor:
 # never quantized whatever their shape (llama.cpp's tensor_allows_quantization, the parts that apply here):
 # the MoE routers (ffn_gate_inp, and qwen2moe's shared-expert gate ffn_gate_inp_shexp), the RoPE
 # frequency tables (rope_freqs: Llama 3.x; rope_factors_short/long: Phi-3), BERT's position and
-# token-type embeddings; norms (attn_q_norm, ffn_post_norm, ...) by their "_norm.weight" suffix
-_KEEP_PARTS = ("_norm.weight", "ffn_gate_inp", "rope_freqs", "rope_factors")
+# token-type embeddings; norms (attn_q_norm, ffn_post_norm, ...) by their "_norm.weight" suffix; the small
+# convolution taps of the recurrent layers (Mamba's ssm_conv1d, LFM2's shortconv.conv)
+_KEEP_PARTS = ("_norm.weight", "ffn_gate_inp", "rope_freqs", "rope_factors", "ssm_conv1d", "shortconv.conv.weight")
 _KEEP_NAMES = ("position_embd.weight", "token_types.weight")
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
@@ -200,7 +201,7 @@ def plan(tensors: list[tuple[str, tuple[int, ...], T]], type_name: str, *, pure:
     out = []
     # llama.cpp counts attn_v and ffn_down layers in its loader's order (weight_name_comparer: by block number,
     # then name), not the file's: a file written blk.0, blk.1, blk.10, ... gets its bumps on the same layers
-    for name, shape, src in sorted(tensors, key=_loader_order):
+    for name, shape, src in sorted(tensors, key=lambda t: loader_order(t[0])):
         if not _quantizable(name, len(shape)):
             out.append(PlannedTensor(name, shape, src, src, "kept"))
             continue
@@ -254,6 +255,7 @@ def plan(tensors: list[tuple[str, tuple[int, ...], T]], type_name: str, *, pure:
     return [by_name[t[0]] for t in tensors]  # in the file's order
 
 
-def _loader_order(t) -> tuple[int, str]:
-    m = _BLOCK.match(t[0])
-    return (int(m.group(1)) if m else -1, t[0])
+def loader_order(name: str) -> tuple[int, str]:
+    """llama.cpp's loader order of tensors (weight_name_comparer): by block (none first), then by name."""
+    m = _BLOCK.match(name)
+    return (int(m.group(1)) if m else -1, name)

@@ -23,7 +23,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFValueType as VT
 
 from . import kquants, lowbit
-from .mixes import QUANTIZED, TYPES, PlannedTensor, plan
+from .mixes import QUANTIZED, TYPES, PlannedTensor, loader_order, plan
 
 READABLE = {T.F32, T.F16, T.BF16} | QUANTIZED  # source tensor types we can turn into float32
 SKIP_KEYS = {"general.architecture", "general.file_type", "general.quantization_version", "general.alignment"}
@@ -180,6 +180,8 @@ def quantize_model(src, dst_path, type_name: str, *, pure: bool = False, output_
         raise QuantizeError(f"the output folder {dst_path.parent} does not exist")
     p = make_plan(src, type_name, pure=pure, output_type=output_type, token_embedding_type=token_embedding_type,
                   has_imatrix=imatrix is not None)
+    # written in llama-quantize's order, its loader's (by block, then name), whatever the source's order
+    p = sorted(p, key=lambda x: loader_order(x.name))
     requant = sorted({x.src_type.name for x in p if x.src_type in QUANTIZED and x.dst_type != x.src_type})
     if requant:
         warn(f"the source is already quantized ({', '.join(requant)}): re-quantizing loses quality; "
@@ -194,8 +196,9 @@ def quantize_model(src, dst_path, type_name: str, *, pure: bool = False, output_
     try:
         writer = gguf.GGUFWriter(tmp, src.architecture)
         _copy_metadata(src, writer)
-        writer.add_file_type(int(TYPES[type_name][0]))
+        # llama-quantize sets these two in this order: new keys land at the end in it
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        writer.add_file_type(int(TYPES[type_name][0]))
         if imatrix is not None:
             _add_imatrix_keys(writer, imatrix)
         for x in p:

@@ -646,3 +646,29 @@ GOLDEN = [n for n in ZOO if n != "qwen3moe_bench"]  # the models tests/golden/ar
 def write(name: str, path) -> None:
     """Write zoo model `name` to `path`."""
     ZOO[name](path)
+
+
+def write_f16(name: str, path, scratch) -> None:
+    """Zoo model `name` as an F16 source for quantize-model: written to `scratch`, then every quantized
+    tensor dequantized (gguf's numpy dequantize) to F16, F32 tensors and all metadata as they are."""
+    write(name, scratch)
+    r = gguf.GGUFReader(str(scratch))
+    w = gguf.GGUFWriter(str(path), bytes(r.fields["general.architecture"].parts[-1]).decode())
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            sub = f.types[1]
+            val = [bytes(f.parts[i]).decode() if sub == gguf.GGUFValueType.STRING else f.parts[i].tolist()[0]
+                   for i in f.data]
+            w.add_key_value(key, val, vt, sub_type=sub)
+        else:
+            w.add_key_value(key, bytes(f.parts[f.data[0]]).decode() if vt == gguf.GGUFValueType.STRING
+                            else f.parts[f.data[0]].tolist()[0], vt)
+    for t in r.tensors:
+        if t.tensor_type == T.F32:
+            w.add_tensor(t.name, np.array(t.data))
+        else:
+            w.add_tensor(t.name, gguf.dequantize(t.data, t.tensor_type).astype(np.float16))
+    _finish(w)

@@ -156,3 +156,23 @@ def test_inspect_memory_reports_the_state_apart_from_the_kv(lfm2):
     assert per_1k == round(2 * cfg.n_kv_head * (cfg.head_dim + cfg.v_head_dim) * 2 * 1000 / 2**20, 2)  # f16, 2 layers
     other = runs[512]["memory"] if "memory" in runs[512] else runs[512]
     assert other["recurrent_state_mb"] == mem["recurrent_state_mb"]  # constant in the context
+
+
+def test_quantize_model_writes_llama_quantizes_file_byte_for_byte(tmp_path):
+    """Q4_K_M of the LFM2 zoo model's F16 form: the convolution taps kept F32 (llama.cpp never quantizes
+    them), the rest by the usual rules, tensors in llama-quantize's order; sha256 from llama.cpp
+    (benchmarks/make_arch_golden.py)."""
+    import hashlib
+    import json
+
+    from arch_zoo import write_f16
+    from conftest import golden_path
+
+    want = json.load(open(golden_path("arch_zoo.json")))["models"]["lfm2"]["llama_quantize_q4_k_m_sha256"]
+    src, dst = tmp_path / "f16.gguf", tmp_path / "q4_k_m.gguf"
+    write_f16("lfm2", src, tmp_path / "scratch.gguf")
+    r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "quantize-model", str(src), str(dst), "--type",
+                        "Q4_K_M"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert hashlib.sha256(dst.read_bytes()).hexdigest() == want
+    assert GGUFFile(dst).tensors["blk.0.shortconv.conv.weight"].ggml_type.name == "F32"
