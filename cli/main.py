@@ -139,7 +139,7 @@ def inspect(model, as_json, memory, kv_type, max_context):
         if "active_weights_mb" in m:  # MoE: what decoding one token reads, its experts' share of the weights
             rows.insert(1, ("weights read per token (MoE)", m["active_weights_mb"]))
         if "recurrent_state_mb" in m:  # a hybrid model: a fixed state per running sequence, not per token
-            rows.append((f"recurrent state, {m['recurrent_state_mb_per_seq'] * 1024:.0f} KB a sequence",
+            rows.append((f"recurrent state, {m['recurrent_state_seqs']} x {m['recurrent_state_mb_per_seq'] * 1024:.0f} KB",
                          m["recurrent_state_mb"]))
         for label, v in rows:
             click.echo(f"  {label:<32} {v:>8.1f} MB")

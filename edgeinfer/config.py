@@ -43,10 +43,16 @@ class ModelConfig:
     expert_norm: bool = False
     expert_scale: float = 0.0
     # layers by the memory they keep: () every layer attention (paged KV); else one mixer name a layer,
-    # "attention" or "shortconv" (LFM2's gated short convolution: a recurrent state of its last
-    # conv_l_cache - 1 inputs per sequence, no KV)
+    # "attention", "shortconv" (LFM2's gated short convolution: a recurrent state of its last
+    # conv_l_cache - 1 inputs per sequence, no KV) or "mamba2" (a selective state-space layer: a state of
+    # its convolution's last ssm_conv - 1 inputs and an (ssm_heads, head, ssm_state) matrix per sequence)
     mixers: tuple = ()
     conv_l_cache: int = 0
+    ssm_conv: int = 0  # Mamba2: the convolution's taps (d_conv),
+    ssm_inner: int = 0  # d_inner (ssm_heads heads of ssm_inner / ssm_heads),
+    ssm_state: int = 0  # d_state,
+    ssm_heads: int = 0  # heads (time_step_rank),
+    ssm_groups: int = 0  # groups of B and C (n_group)
 
     def is_sliding(self, layer: int) -> bool:
         return self.sliding_window > 0 and self.swa_pattern > 0 and (layer + 1) % self.swa_pattern != 0
@@ -65,14 +71,26 @@ class ModelConfig:
         return tuple(i for i in range(self.n_layer) if self.mixer(i) == "shortconv")
 
     @property
+    def ssm_layers(self) -> tuple:
+        """The Mamba2 layers, in order."""
+        return tuple(i for i in range(self.n_layer) if self.mixer(i) == "mamba2")
+
+    @property
+    def ssm_conv_dim(self) -> int:
+        """Channels of a Mamba2 layer's convolution: x, B and C."""
+        return self.ssm_inner + 2 * self.ssm_groups * self.ssm_state
+
+    @property
     def recurrent(self) -> bool:
-        """Whether some layer keeps a recurrent state per sequence (a hybrid model)."""
-        return bool(self.conv_layers)
+        """Whether some layer keeps a recurrent state per sequence (a hybrid or state-space model)."""
+        return bool(self.conv_layers or self.ssm_layers)
 
     @property
     def state_bytes_per_seq(self) -> int:
-        """A sequence's recurrent state, all layers: float32 convolution states."""
-        return len(self.conv_layers) * self.dim * max(self.conv_l_cache - 1, 0) * 4
+        """A sequence's recurrent state, all layers, float32: convolution states and SSM matrices."""
+        conv = len(self.conv_layers) * self.dim * max(self.conv_l_cache - 1, 0)
+        ssm = len(self.ssm_layers) * ((self.ssm_conv - 1) * self.ssm_conv_dim + self.ssm_inner * self.ssm_state)
+        return 4 * (conv + ssm)
 
 
 def default_threads() -> int:

@@ -92,7 +92,7 @@ def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig, kv_forma
 def default_blocks(est: Estimate, config: EngineConfig) -> int:
     """The pool without a budget: one full context, within config.kv_cache_mb."""
     bs = config.block_size
-    per_block = est.kv_per_token[config.kv_dtype] * bs
+    per_block = max(est.kv_per_token[config.kv_dtype] * bs, 1)  # 0 for a model with no attention layer
     return max(1, min(-(-est.max_context // bs), int(config.kv_cache_mb * MB // per_block)))
 
 
@@ -114,12 +114,12 @@ def fit_budget(estimates: list[Estimate], configs: list[EngineConfig], budget_mb
             f"a memory budget of {budget_mb:g} MB is too small: {'; '.join(parts)}; the smallest budget that fits "
             f"is {-(-need // MB)} MB (a shorter --max-context or --kv-type q8_0 needs less)")
     spare = budget - need
-    weights = [e.kv_per_token[c.kv_dtype] * e.max_context for e, c in zip(estimates, configs)]
+    weights = [max(e.kv_per_token[c.kv_dtype], 1) * e.max_context for e, c in zip(estimates, configs)]
     out = []
     for e, c, w in zip(estimates, configs, weights):
         bs = c.block_size
         kv_bytes = e.kv(c.kv_dtype, e.max_context) + spare * w // sum(weights)
-        blocks = kv_bytes // (e.kv_per_token[c.kv_dtype] * bs)
+        blocks = kv_bytes // max(e.kv_per_token[c.kv_dtype] * bs, 1)
         ctx_blocks = -(-e.max_context // bs)
         blocks = max(ctx_blocks, min(blocks, c.seqs_limit * ctx_blocks))
         seqs = max(1, min(c.seqs_limit, blocks * bs // MIN_TOKENS_PER_SEQ))
@@ -145,6 +145,7 @@ def report(est: Estimate, config: EngineConfig) -> dict:
     if est.state_per_seq:  # a hybrid model: its recurrent layers' state, one per running sequence
         out["recurrent_state_mb_per_seq"] = round(est.state_per_seq / MB, 3)
         out["recurrent_state_mb"] = round(est.state_per_seq * config.seqs_limit / MB, 2)
+        out["recurrent_state_seqs"] = config.seqs_limit  # a slot for each sequence that may run at once
     if est.active_weights:
         out["active_weights_mb"] = round(est.active_weights / MB, 1)  # read per token (decode's memory traffic)
     return out

@@ -64,9 +64,10 @@ class ArchSpec:
     moe_norm_w: bool = False
     shared_expert: bool = False
     moe_scale_w: bool = False  # the weights times the file's expert_weights_scale (llama.cpp: not these three)
-    # hybrid layers (LFM2): a layer whose attention.head_count_kv entry is 0 is a gated short convolution
-    # (shortconv.l_cache taps) instead of attention
-    shortconv: bool = False
+    # recurrent layers: the mixer ("shortconv": LFM2's gated short convolution; "mamba2") of every layer
+    # whose attention.head_count_kv entry is 0 (every layer where attention.head_count is 0); "": none
+    recurrent: str = ""
+    feed_forward: bool = True  # a feed-forward block in every layer (Mamba2 has none)
     output_norm: str = "output_norm"  # the final norm's tensor (LFM2's is token_embd_norm)
 
     def __post_init__(self):
@@ -85,7 +86,7 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
     a = gf.architecture
     dim = meta(gf, a, "embedding_length", required=True)
     n_head = meta(gf, a, "attention.head_count", required=True)
-    head_dim = meta(gf, a, "attention.key_length", dim // n_head)
+    head_dim = meta(gf, a, "attention.key_length", dim // n_head if n_head else 0)
     emb = gf.tensors.get("token_embd.weight")
     if emb is None:
         raise ModelLoadError("missing tensor 'token_embd.weight'")
@@ -115,11 +116,7 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
         rope_mscale=float(meta(gf, a, "rope.scaling.attn_factor", 1.0) or 1.0),
     )
     if mixers:
-        cfg = replace(cfg, mixers=mixers, conv_l_cache=int(meta(gf, a, "shortconv.l_cache", required=True)))
-        if cfg.conv_l_cache < 2:
-            raise ModelLoadError(f"{a}.shortconv.l_cache is {cfg.conv_l_cache}: a short convolution needs at least 2 taps")
-        if meta(gf, a, "attention.sliding_window", 0):
-            raise ModelLoadError(f"{a} with sliding-window attention layers is not supported yet")
+        cfg = _recurrent_config(gf, spec, replace(cfg, mixers=mixers))
     if spec.swa_pattern:
         cfg = replace(cfg, rope_base_local=spec.rope_base_local, swa_pattern=spec.swa_pattern,
                       sliding_window=int(meta(gf, a, "attention.sliding_window", 0) or 0))
@@ -138,9 +135,10 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
 
 def _layer_mixers(gf: GGUFFile, spec: ArchSpec, n_layer: int, n_head: int) -> tuple[tuple, int]:
     """(each layer's mixer, or () where every layer is attention; the attention layers' KV heads). A hybrid
-    file (spec.shortconv) gives head_count_kv per layer, 0 for a short-convolution layer."""
+    file (spec.recurrent) gives head_count_kv per layer, 0 for a recurrent layer; a state-space model's
+    head_count is 0."""
     key = f"{gf.architecture}.attention.head_count_kv"
-    if not spec.shortconv:
+    if not spec.recurrent:
         return (), meta(gf, gf.architecture, "attention.head_count_kv", n_head)
     v = gf.metadata.get(key, n_head)
     per = [int(h) for h in v] if isinstance(v, (list, np.ndarray)) else [int(v)] * n_layer
@@ -150,7 +148,31 @@ def _layer_mixers(gf: GGUFFile, spec: ArchSpec, n_layer: int, n_head: int) -> tu
     if len(heads) > 1:
         raise ModelLoadError(f"metadata key {key!r} gives different KV head counts ({heads}) to the attention layers; "
                              "edgeinfer supports one")
-    return tuple("attention" if h else "shortconv" for h in per), (heads[0] if heads else n_head)
+    return tuple("attention" if h else spec.recurrent for h in per), (heads[0] if heads else n_head)
+
+
+def _recurrent_config(gf: GGUFFile, spec: ArchSpec, cfg: ModelConfig) -> ModelConfig:
+    # the recurrent layers' sizes, checked
+    a = cfg.arch
+    if meta(gf, a, "attention.sliding_window", 0):
+        raise ModelLoadError(f"{a} with sliding-window attention layers is not supported yet")
+    if spec.recurrent == "shortconv":
+        cfg = replace(cfg, conv_l_cache=int(meta(gf, a, "shortconv.l_cache", required=True)))
+        if cfg.conv_l_cache < 2:
+            raise ModelLoadError(f"{a}.shortconv.l_cache is {cfg.conv_l_cache}: a short convolution needs at least 2 taps")
+        return cfg
+    cfg = replace(cfg, ssm_conv=int(meta(gf, a, "ssm.conv_kernel", required=True)),
+                  ssm_inner=int(meta(gf, a, "ssm.inner_size", required=True)),
+                  ssm_state=int(meta(gf, a, "ssm.state_size", required=True)),
+                  ssm_heads=int(meta(gf, a, "ssm.time_step_rank", required=True)),
+                  ssm_groups=int(meta(gf, a, "ssm.group_count", 1) or 1))
+    if cfg.ssm_conv < 2:
+        raise ModelLoadError(f"{a}.ssm.conv_kernel is {cfg.ssm_conv}: a convolution needs at least 2 taps")
+    if min(cfg.ssm_inner, cfg.ssm_state, cfg.ssm_heads) < 1 or cfg.ssm_inner % cfg.ssm_heads \
+            or cfg.ssm_heads % cfg.ssm_groups:
+        raise ModelLoadError(f"{a}: ssm.inner_size {cfg.ssm_inner} must be a multiple of ssm.time_step_rank "
+                             f"{cfg.ssm_heads}, and that of ssm.group_count {cfg.ssm_groups}")
+    return cfg
 
 
 def _tensor_rows(gf: GGUFFile, name: str, default: int) -> int:
@@ -204,6 +226,14 @@ class LayerWeights:
     conv_in: object = None  # (3 dim, dim): a short-convolution layer's input projection (b, c, x),
     conv_w: np.ndarray | None = None  # (l_cache, dim) float32: its taps, transposed
     conv_out: object = None  # (dim, dim): its output projection
+    ssm_in: object = None  # Mamba2: (d_inner + conv channels + heads, dim), the input projection (z, xBC, dt)
+    ssm_conv1d: np.ndarray | None = None  # (d_conv, conv channels) float32: the convolution's taps, transposed
+    ssm_conv1d_b: np.ndarray | None = None  # (conv channels,)
+    ssm_dt_b: np.ndarray | None = None  # (heads,)
+    ssm_a: np.ndarray | None = None  # (heads,): the decays (-exp(A_log))
+    ssm_d: np.ndarray | None = None  # (heads,): the skips
+    ssm_norm: np.ndarray | None = None  # (d_inner,): the grouped RMS norm's weights
+    ssm_out: object = None  # (dim, d_inner)
 
 
 LayerTensor = parts.LayerTensor
@@ -214,14 +244,17 @@ def layer_tensors(spec: ArchSpec, cfg: ModelConfig, has=lambda tensor: False, la
     part and post-norm (models/parts/); has(tensor) (a gguf MODEL_TENSOR) says whether the file holds that
     tensor's weight for the layer (for the optional fused q/k/v projection)."""
     out = []
-    for block, part in (("mixer", parts.mixer(cfg, layer)), ("ffn", parts.feed_forward(spec, layer))):
+    blocks = (("mixer", parts.mixer(cfg, layer)), ("ffn", parts.feed_forward(spec, layer)))
+    for block, part in blocks[:2 if spec.feed_forward else 1]:
         out += [*norms.pre(spec, cfg, block), *part.tensors(spec, cfg, has), *norms.post(spec, cfg, block)]
     return out
 
 
 def tensor_name(tensor: TN, part: str, layer: int) -> str:
-    """gguf's name of a layer's tensor: tensor_name(TN.ATTN_Q, "weight", 3) is "blk.3.attn_q.weight"."""
-    return f"{TENSOR_NAMES[tensor].format(bid=layer)}.{part}"
+    """gguf's name of a layer's tensor: tensor_name(TN.ATTN_Q, "weight", 3) is "blk.3.attn_q.weight"; part
+    "": no suffix (Mamba's ssm_a, ssm_d)."""
+    name = TENSOR_NAMES[tensor].format(bid=layer)
+    return f"{name}.{part}" if part else name
 
 
 def load_layer(ld: WeightLoader, spec: ArchSpec, cfg: ModelConfig, i: int) -> LayerWeights:
@@ -232,6 +265,8 @@ def load_layer(ld: WeightLoader, spec: ArchSpec, cfg: ModelConfig, i: int) -> La
             got[fields[0]] = ld.matrix_rows(name, shape, [shape[1]] * shape[0])
         elif rows == "float":  # the router (kernels/cpu/moe.py's route), a convolution's taps: transposed
             got[fields[0]] = np.ascontiguousarray(ld.float_matrix(name, *shape).T, dtype=np.float32)
+        elif rows == "flat":  # a float 2-D tensor read as one vector (Mamba2's A, D and group norm)
+            got[fields[0]] = np.ascontiguousarray(ld.float_matrix(name, *shape).reshape(-1), dtype=np.float32)
         elif rows is not None:
             got.update(zip(fields, ld.matrix_rows(name, shape, list(rows))))
         elif len(shape) == 1:
@@ -254,9 +289,9 @@ class Model:
         if spec.moe and not hasattr(kb, "moe_route"):
             raise ModelLoadError(f"{cfg.arch} is a mixture-of-experts model: the {kb.NAME} backend cannot run "
                                  "those yet (use the CPU)")
-        if cfg.conv_layers and not hasattr(kb, "shortconv"):
-            raise ModelLoadError(f"{cfg.arch} has short-convolution layers: the {kb.NAME} backend cannot run those "
-                                 "yet (use the CPU)")
+        if cfg.recurrent and not hasattr(kb, "ssm_scan"):
+            raise ModelLoadError(f"{cfg.arch} has recurrent layers ({spec.recurrent}): the {kb.NAME} backend cannot "
+                                 "run those yet (use the CPU)")
         if cfg.rope_base_local is not None:
             self.inv_freq_local = kb.upload(rope_inv_freq(cfg.rope_dim, cfg.rope_base_local))
         ld = WeightLoader(gf, kb)
@@ -315,7 +350,9 @@ class Model:
         for i, lw in enumerate(self.layers):  # two residual blocks a layer: the mixer's, the feed-forward's
             at = parts.Where(i, batch, cache, self.layer_inv_freq(i))
             parts.residual(kb, cfg, spec, parts.mixer(cfg, i), lw, x, h, lw.attn_norm, lw.post_attn_norm, at)
-            parts.residual(kb, cfg, spec, parts.feed_forward(spec, i), lw, x, h, lw.ffn_norm, lw.post_ffn_norm, at)
+            if spec.feed_forward:
+                parts.residual(kb, cfg, spec, parts.feed_forward(spec, i), lw, x, h, lw.ffn_norm, lw.post_ffn_norm,
+                               at)
         rows = kb.take_rows(x, batch.logits_idx)
         return self.normed(rows) if hidden else self.logits(rows)
 

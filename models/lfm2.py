@@ -5,4 +5,4 @@ FFN in every layer; the final norm is the file's token_embd_norm."""
 
 from .decoder import ArchSpec
 
-SPEC = ArchSpec("lfm2", rope_neox=True, qk_norm=True, shortconv=True, output_norm="token_embd_norm")
+SPEC = ArchSpec("lfm2", rope_neox=True, qk_norm=True, recurrent="shortconv", output_norm="token_embd_norm")

@@ -627,6 +627,45 @@ def write_lfm2(path) -> None:
     _finish(w)
 
 
+def write_mamba2(path) -> None:
+    """mamba2: 3 layers, dim 256, Mamba2 mixers only (no attention, no FFN): d_inner 512 in 8 heads of 64,
+    d_state 32 in 2 groups of B and C, 4 convolution taps with a bias, dt biases, A = -exp(.) per head (as
+    the converter stores A_log), D per head, a grouped RMS norm (2 groups of 256) on silu(z) y; head_count
+    0, as convert_hf_to_gguf writes it; untied output. Q4_K in/out projections (Q6_K on the use_more_bits
+    layers' out), the small tensors F32 (llama-quantize keeps ssm_conv1d)."""
+    n_layer, dim, inner, n_state, heads, groups, taps = 3, 256, 512, 32, 8, 2, 4
+    conv = inner + 2 * groups * n_state
+    r = _Init(11)
+    w = gguf.GGUFWriter(str(path), "mamba2")
+    w.add_context_length(1 << 20)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_block_count(n_layer)
+    w.add_ssm_conv_kernel(taps)
+    w.add_ssm_inner_size(inner)
+    w.add_ssm_state_size(n_state)
+    w.add_ssm_time_step_rank(heads)
+    w.add_ssm_group_count(groups)
+    w.add_layer_norm_rms_eps(1e-5)
+    vocab = _gpt2_vocab(w, ["<|endoftext|>", "<|padding|>"], eos=0, template=None)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.5), T.Q6_K)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _add(w, p + "ssm_in.weight", r.mat(inner + conv + heads, dim, 1.5), T.Q4_K)
+        _add(w, p + "ssm_conv1d.weight", r.mat(conv, taps, 1.0))
+        _add(w, p + "ssm_conv1d.bias", r.vec(conv, 0.1))
+        _add(w, p + "ssm_dt.bias", r.vec(heads, 0.5) - 1.0)
+        _add(w, p + "ssm_a", -np.exp(r.vec(heads, 0.5)).reshape(heads, 1))
+        _add(w, p + "ssm_d", (1 + 0.1 * r.vec(heads)).reshape(heads, 1))
+        _add(w, p + "ssm_norm.weight", r.norm(inner).reshape(groups, inner // groups))
+        _add(w, p + "ssm_out.weight", r.mat(dim, inner, 1.5), _q4km("ffn_down", i, n_layer))
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 2.0), T.Q6_K)
+    _finish(w)
+
+
 ZOO = {
     "qwen3": write_qwen3,
     "llama3": write_llama3,
@@ -639,6 +678,7 @@ ZOO = {
     "qwen2moe": write_qwen2moe,
     "qwen3moe_bench": write_qwen3moe_bench,
     "lfm2": write_lfm2,
+    "mamba2": write_mamba2,
 }
 GOLDEN = [n for n in ZOO if n != "qwen3moe_bench"]  # the models tests/golden/arch_zoo.json covers
 

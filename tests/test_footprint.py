@@ -59,9 +59,11 @@ def test_q8_0_kv_rows_are_ggml_q8_0_blocks_and_attention_reads_them_exactly():
 
 
 def test_q8_0_kv_cache_is_about_half_of_f16():
-    class Cfg:
-        n_layer, n_kv_head, head_dim, v_head_dim = 30, 3, 64, 64
-        kv_layers = range(30)  # every layer attention
+    from edgeinfer.config import ModelConfig
+
+    Cfg = ModelConfig(arch="llama", n_layer=30, dim=576, n_head=9, n_kv_head=3, head_dim=64, v_head_dim=64,
+                      ffn_dim=1536, vocab_size=100, context_length=512, norm_eps=1e-5, rope_base=1e4, rope_dim=64,
+                      rope_neox=False)
 
     f16, q8 = kb.KV_FORMATS["f16"].bytes_per_token(Cfg), kb.KV_FORMATS["q8_0"].bytes_per_token(Cfg)
     assert q8 / f16 == pytest.approx(34 / 64)  # llama.cpp's q8_0: 34 bytes per 32 values, against 64

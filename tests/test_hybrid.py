@@ -28,20 +28,29 @@ def lfm2(zoo):
     return str(zoo("lfm2"))
 
 
+@pytest.fixture(scope="module", params=["lfm2", "mamba2"])
+def model(request, zoo):
+    return str(zoo(request.param))
+
+
 @pytest.fixture(scope="module")
-def llm(lfm2):
-    return LLM(lfm2, engine_config=EngineConfig(max_seqs=4, num_kv_blocks=64, block_size=4), progress=False)
+def llm(model):
+    return LLM(model, engine_config=EngineConfig(max_seqs=4, num_kv_blocks=64, block_size=4), progress=False)
 
 
 def _alone(llm, prompts, params=GREEDY):
     return [llm.generate(p, params)[0].token_ids for p in prompts]
 
 
-def test_the_config_says_which_layers_keep_what(lfm2):
+def test_the_config_says_which_layers_keep_what(lfm2, zoo):
     cfg = load_model(GGUFFile(lfm2), get_backend("cpu")).cfg
     assert cfg.mixers == ("shortconv", "attention", "shortconv", "attention", "shortconv")
     assert cfg.kv_layers == (1, 3) and cfg.conv_layers == (0, 2, 4) and cfg.recurrent
     assert cfg.state_bytes_per_seq == 3 * cfg.dim * (cfg.conv_l_cache - 1) * 4
+    m = load_model(GGUFFile(zoo("mamba2")), get_backend("cpu")).cfg
+    assert m.mixers == ("mamba2",) * 3 and m.kv_layers == () and m.ssm_layers == (0, 1, 2)
+    # per layer: the convolution's last 3 inputs of x, B and C, and 8 heads' (64, 32) matrices
+    assert m.state_bytes_per_seq == 3 * 4 * (3 * (512 + 2 * 2 * 32) + 512 * 32)
 
 
 def test_batched_sequences_equal_each_alone_with_more_requests_than_state_slots(llm):
@@ -52,14 +61,14 @@ def test_batched_sequences_equal_each_alone_with_more_requests_than_state_slots(
     assert bm.num_used == 0 and len(bm.free_states) == bm.num_state_slots == 4
 
 
-def test_chunked_prefill_equals_one_pass(lfm2, llm):
-    chunked = LLM(lfm2, engine_config=EngineConfig(max_seqs=4, num_kv_blocks=64, block_size=4,
+def test_chunked_prefill_equals_one_pass(model, llm):
+    chunked = LLM(model, engine_config=EngineConfig(max_seqs=4, num_kv_blocks=64, block_size=4,
                                                    max_num_batched_tokens=7), progress=False)
     assert [c.token_ids for c in chunked.generate(PROMPTS[:3], GREEDY)] == _alone(llm, PROMPTS[:3])
 
 
-def test_preemption_recomputes_the_state(lfm2, llm):
-    tight = LLM(lfm2, engine_config=EngineConfig(num_kv_blocks=16, block_size=4, max_seqs=4), progress=False)
+def test_preemption_recomputes_the_state(model, llm):
+    tight = LLM(model, engine_config=EngineConfig(num_kv_blocks=16, block_size=4, max_seqs=4), progress=False)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     got = [c.token_ids for c in tight.generate(PROMPTS[:4], params)]
     assert tight.stats()["preemptions"] > 0
@@ -116,15 +125,19 @@ def test_memory_counts_kv_of_the_attention_layers_alone(lfm2):
     assert est.kv_per_token["f32"] == 2 * cfg.n_kv_head * (cfg.head_dim + cfg.v_head_dim) * 4  # 2 of 5 layers
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"drop": ["blk.2.shortconv.conv.weight"]}, "missing tensor 'blk.2.shortconv.conv.weight'"),
-    ({"drop": ["blk.0.shortconv.in_proj.weight"]}, "missing tensor 'blk.0.shortconv.in_proj.weight'"),
-    ({"meta": {"lfm2.shortconv.l_cache": 4}}, "tensor 'blk.0.shortconv.conv.weight' has shape"),
-    ({"meta": {"lfm2.shortconv.l_cache": 1}}, "lfm2.shortconv.l_cache is 1"),
+@pytest.mark.parametrize("name, change, message", [
+    ("lfm2", {"drop": ["blk.2.shortconv.conv.weight"]}, "missing tensor 'blk.2.shortconv.conv.weight'"),
+    ("lfm2", {"drop": ["blk.0.shortconv.in_proj.weight"]}, "missing tensor 'blk.0.shortconv.in_proj.weight'"),
+    ("lfm2", {"meta": {"lfm2.shortconv.l_cache": 4}}, "tensor 'blk.0.shortconv.conv.weight' has shape"),
+    ("lfm2", {"meta": {"lfm2.shortconv.l_cache": 1}}, "lfm2.shortconv.l_cache is 1"),
+    ("mamba2", {"drop": ["blk.1.ssm_a"]}, "missing tensor 'blk.1.ssm_a'"),
+    ("mamba2", {"drop": ["blk.2.ssm_norm.weight"]}, "missing tensor 'blk.2.ssm_norm.weight'"),
+    ("mamba2", {"meta": {"mamba2.ssm.state_size": 16}}, "tensor 'blk.0.ssm_in.weight' has shape"),
+    ("mamba2", {"meta": {"mamba2.ssm.time_step_rank": 7}}, "ssm.inner_size 512 must be a multiple of"),
 ])
-def test_a_broken_hybrid_file_is_a_one_line_error(lfm2, tmp_path, change, message):
+def test_a_broken_hybrid_file_is_a_one_line_error(zoo, tmp_path, name, change, message):
     p = tmp_path / "broken.gguf"
-    _rewrite(lfm2, p, **change)
+    _rewrite(zoo(name), p, **change)
     r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "generate", str(p), "hi", "--max-tokens", "1"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0
@@ -136,7 +149,7 @@ def test_a_hybrid_model_on_the_cuda_backend_is_a_one_line_error(lfm2):
     pytest.importorskip("numba.cuda")
     from edgeinfer.models.common import ModelLoadError
 
-    with pytest.raises(ModelLoadError, match="lfm2 has short-convolution layers: the cuda backend cannot run those yet"):
+    with pytest.raises(ModelLoadError, match=r"lfm2 has recurrent layers \(shortconv\): the cuda backend cannot run those yet"):
         load_model(GGUFFile(lfm2), get_backend("cuda"))
 
 
@@ -158,9 +171,10 @@ def test_inspect_memory_reports_the_state_apart_from_the_kv(lfm2):
     assert other["recurrent_state_mb"] == mem["recurrent_state_mb"]  # constant in the context
 
 
-def test_quantize_model_writes_llama_quantizes_file_byte_for_byte(tmp_path):
-    """Q4_K_M of the LFM2 zoo model's F16 form: the convolution taps kept F32 (llama.cpp never quantizes
-    them), the rest by the usual rules, tensors in llama-quantize's order; sha256 from llama.cpp
+@pytest.mark.parametrize("name, taps", [("lfm2", "blk.0.shortconv.conv.weight"), ("mamba2", "blk.0.ssm_conv1d.weight")])
+def test_quantize_model_writes_llama_quantizes_file_byte_for_byte(tmp_path, name, taps):
+    """Q4_K_M of the LFM2 and Mamba2 zoo models' F16 forms: the convolution taps kept F32 (llama.cpp never
+    quantizes them), the rest by the usual rules, tensors in llama-quantize's order; sha256 from llama.cpp
     (benchmarks/make_arch_golden.py)."""
     import hashlib
     import json
@@ -168,11 +182,11 @@ def test_quantize_model_writes_llama_quantizes_file_byte_for_byte(tmp_path):
     from arch_zoo import write_f16
     from conftest import golden_path
 
-    want = json.load(open(golden_path("arch_zoo.json")))["models"]["lfm2"]["llama_quantize_q4_k_m_sha256"]
+    want = json.load(open(golden_path("arch_zoo.json")))["models"][name]["llama_quantize_q4_k_m_sha256"]
     src, dst = tmp_path / "f16.gguf", tmp_path / "q4_k_m.gguf"
-    write_f16("lfm2", src, tmp_path / "scratch.gguf")
+    write_f16(name, src, tmp_path / "scratch.gguf")
     r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "quantize-model", str(src), str(dst), "--type",
                         "Q4_K_M"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert hashlib.sha256(dst.read_bytes()).hexdigest() == want
-    assert GGUFFile(dst).tensors["blk.0.shortconv.conv.weight"].ggml_type.name == "F32"
+    assert GGUFFile(dst).tensors[taps].ggml_type.name == "F32"

@@ -38,10 +38,10 @@ def test_the_engines_cache_and_memorys_estimate_read_the_table():
     from edgeinfer.engine.kv_cache import KVCache
     from edgeinfer.kernels import get_backend
 
-    class Cfg:
-        n_layer, n_kv_head, head_dim, v_head_dim, context_length = 2, 3, 64, 32, 512
-        dim, n_head, ffn_dim, vocab_size = 64, 3, 128, 100
-        kv_layers, conv_layers = (0, 1), ()  # both layers attention
+    from edgeinfer.config import ModelConfig
+
+    Cfg = ModelConfig(arch="llama", n_layer=2, dim=64, n_head=3, n_kv_head=3, head_dim=64, v_head_dim=32, ffn_dim=128,
+                      vocab_size=100, context_length=512, norm_eps=1e-5, rope_base=1e4, rope_dim=64, rope_neox=False)
 
     kb = get_backend("cpu")
     est = memory.estimate(0, Cfg, EngineConfig(), KV_FORMATS)

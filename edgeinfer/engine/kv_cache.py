@@ -18,7 +18,9 @@ class KVCache:
     kv_layers: the model layers that have KV, in order (None: all n_layer); `layer(i)` is model layer i's
     (K, V). A hybrid model's recurrent layers keep a state per sequence slot instead (n_state_slots of
     them, a sequence's slot chosen by the block manager): `conv` (n_conv_layers, n_state_slots,
-    conv_l_cache - 1, dim) float32, the last inputs of each short convolution, zeroed where a sequence starts."""
+    conv_l_cache - 1, dim) float32, the last inputs of each short convolution; a Mamba2 layer's `ssm_conv`
+    (n_ssm_layers, slots, ssm_conv - 1, conv channels) and `ssm` (n_ssm_layers, slots, heads, head dim,
+    d_state) float32. Each is zeroed where a sequence starts (position 0), by the kernels."""
 
     @classmethod
     def for_model(cls, cfg, n_blocks: int, block_size: int, dtype: str = "f32", *, kb,
@@ -27,10 +29,15 @@ class KVCache:
         recurrent state where the model has recurrent layers."""
         cache = cls(cfg.n_layer, n_blocks, block_size, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim, dtype, kb=kb,
                     kv_layers=cfg.kv_layers)
+        slots = max(n_state_slots, 1)
         if cfg.conv_layers:
-            cache.conv = kb.zeros((len(cfg.conv_layers), max(n_state_slots, 1), cfg.conv_l_cache - 1, cfg.dim),
-                                  np.float32)
-            cache.state_index = {layer: i for i, layer in enumerate(cfg.conv_layers)}
+            cache.conv = kb.zeros((len(cfg.conv_layers), slots, cfg.conv_l_cache - 1, cfg.dim), np.float32)
+            cache.state_index.update({layer: i for i, layer in enumerate(cfg.conv_layers)})
+        if cfg.ssm_layers:
+            n, heads = len(cfg.ssm_layers), cfg.ssm_heads
+            cache.ssm_conv = kb.zeros((n, slots, cfg.ssm_conv - 1, cfg.ssm_conv_dim), np.float32)
+            cache.ssm = kb.zeros((n, slots, heads, cfg.ssm_inner // heads, cfg.ssm_state), np.float32)
+            cache.state_index.update({layer: i for i, layer in enumerate(cfg.ssm_layers)})
         return cache
 
     def __init__(self, n_layer: int, n_blocks: int, block_size: int, n_kv_head: int, head_dim: int,
@@ -45,7 +52,8 @@ class KVCache:
         kv_layers = tuple(range(n_layer)) if kv_layers is None else tuple(kv_layers)
         self.kv_index = {layer: i for i, layer in enumerate(kv_layers)}
         self.conv = None  # recurrent state (for_model makes it for a hybrid model)
-        self.state_index: dict = {}
+        self.ssm_conv = self.ssm = None
+        self.state_index: dict = {}  # a recurrent layer -> its index in its kind's state arrays
         n_slots = n_blocks * block_size
         self.k = kb.zeros((len(kv_layers), n_slots, n_kv_head, fmt.row_len(head_dim)), fmt.storage)
         self.v = kb.zeros((len(kv_layers), n_slots, n_kv_head, fmt.row_len(v_head_dim)), fmt.storage)
@@ -61,8 +69,13 @@ class KVCache:
         return self.k[i], self.v[i]
 
     @property
+    def states(self) -> list:
+        """The recurrent state arrays, (layers of the kind, slots, ...) each."""
+        return [a for a in (self.conv, self.ssm_conv, self.ssm) if a is not None]
+
+    @property
     def n_state_slots(self) -> int:
-        return 0 if self.conv is None else int(self.conv.shape[1])
+        return int(self.states[0].shape[1]) if self.states else 0
 
     @property
     def nbytes(self) -> int:
@@ -72,4 +85,4 @@ class KVCache:
     @property
     def state_nbytes(self) -> int:
         """The recurrent state's bytes (every slot)."""
-        return 0 if self.conv is None else int(self.conv.nbytes)
+        return sum(int(a.nbytes) for a in self.states)

@@ -13,7 +13,7 @@ from .dense import dense, encoder_attention, layernorm, set_blas_threads, silu  
 from .layout import INTERLEAVED, interleave8
 from .mask import mask_logits  # noqa: F401  (a sampling helper: structured output's mask)
 from .ops import gelu_tanh_mul, rmsnorm, rope, silu_mul, softcap, write_kv  # noqa: F401
-from .recurrent import shortconv  # noqa: F401
+from .recurrent import gated_group_norm, shortconv, ssm_conv, ssm_scan  # noqa: F401
 
 NAME = "cpu"
 # The instruction-set path of the int8 kernels, chosen once from the host CPU (or EDGEINFER_KERNELS).
