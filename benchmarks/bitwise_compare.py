@@ -15,7 +15,7 @@ and `model.stack` (the per-op switch, present in both) are used, so any two comm
 Each worker runs from a temporary directory, so a checkout's sources never shadow the install under test.
 `--zoo` runs the same checks on the arch zoo's random
 models (tests/arch_zoo.py, written once from their fixed seeds, the same files for both sides) instead of
-the catalog's. A kernel path is chosen for both sides as usual, with EDGEINFER_KERNELS in the environment.
+the catalog's (`--models` then names zoo models: those an older commit can run). A kernel path is chosen for both sides as usual, with EDGEINFER_KERNELS in the environment.
 Results: a JSON line per check, and benchmarks/results/bitwise_<a>_<b>.json.
 """
 
@@ -113,8 +113,9 @@ def main() -> None:
             sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")]
             from arch_zoo import GOLDEN, write
 
+            names = GOLDEN if args.models == MODELS else args.models  # --models: zoo names (both sides run them)
             args.models = []
-            for name in GOLDEN:
+            for name in names:
                 write(name, os.path.join(tmp, f"{name}.gguf"))
                 args.models.append(os.path.join(tmp, f"{name}.gguf"))
         print(f"a: {args.a}", file=sys.stderr)

@@ -87,7 +87,7 @@ def _rope_kv(q, k, v, positions, inv_freq, neox, rope_dim, mscale, slot_mapping,
             ops.write_kv_row(k, v, slot_mapping, kc, vc, t)
 
 
-@njit(nogil=True, cache=True)
+@njit(inline="always", nogil=True, cache=True)
 def project(h, q, k, v, positions, slot_mapping, kc, vc, mats, a, layer, luts, threads, table):
     # h (T, dim) -> q (T, H, D), k (T, KVH, D), v (T, KVH, Dv) of layer `layer` (a: AttnPart), with RoPE on
     # q and k, and k and v written to the layer's KV cache kc/vc at slot_mapping
@@ -113,7 +113,7 @@ def project(h, q, k, v, positions, slot_mapping, kc, vc, mats, a, layer, luts, t
     _rope_kv(q, k, v, positions, a.inv_freq[layer], a.neox, a.rope_dim, a.mscale, slot_mapping, kc, vc)
 
 
-@njit(nogil=True, cache=True)
+@njit(inline="always", nogil=True, cache=True)
 def attend(q, positions, token_seq, block_tables, block_size, kc, vc, mats, a, layer, luts, threads, table, out):
     # attention of q (T, H, D) over the layer's KV cache, then the output projection -> out (T, dim)
     T = q.shape[0]

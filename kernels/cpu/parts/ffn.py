@@ -38,7 +38,7 @@ def build(cfg, layers, mats: list, gelu: bool, moe: bool, shared_expert: bool) -
                    need["gate_up"], need["down"])
 
 
-@njit(nogil=True, cache=True)
+@njit(inline="always", nogil=True, cache=True)
 def scratch_size(T, f):
     # floats of room for the gate and up outputs of T rows (`forward`'s scratch), 0 without a dense FFN
     return 2 * T * f.ffn if f.dense or f.shared else 0
