@@ -3,7 +3,7 @@ tests/golden/arch_zoo.json.
 usage: python benchmarks/make_arch_golden.py [OUT.json]        (default tests/golden/arch_zoo.json)
        python benchmarks/make_arch_golden.py --only NAME...    (those models' entries again, the rest kept)
 
-For every zoo model but qwen3moe_bench: write it to a temp dir (recording its sha256, so a test can check
+For every zoo model but the benchmarks-only ones (NAME_bench): write it to a temp dir (recording its sha256, so a test can check
 that its own freshly written file is the model these numbers belong to), open it with
 Llama(n_threads=2, n_ctx=N_CTX[name], logits_all=True), and for 3 prompts of random token ids (lengths
 7, 24, 40; fixed seed; no BOS) evaluate the prompt in one batch and keep, for every position, the top-20

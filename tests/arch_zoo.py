@@ -666,6 +666,103 @@ def write_mamba2(path) -> None:
     _finish(w)
 
 
+def write_lfm2_bench(path) -> None:
+    """A realistic-shape random lfm2 for benchmarks only (not in the golden file): LFM2-1.2B's shape, 16
+    layers, dim 2048, 10 gated short convolutions (3 taps) and 6 attention layers (2, 5, 8, 10, 12, 14: 32
+    heads / 8 kv heads of 64), FFN 8192, vocabulary 65536, tied embedding; Q4_K_M-like (Q6_K attn_v and
+    ffn_down on llama.cpp's use_more_bits layers, Q6_K token_embd). About 0.7 GB, from pooled blocks."""
+    n_layer, dim, n_head, n_kv, hd, ffn, taps = 16, 2048, 32, 8, 64, 8192, 3
+    attn = {2, 5, 8, 10, 12, 14}
+    rng = np.random.default_rng(12)
+    pool: dict = {}
+    w = gguf.GGUFWriter(str(path), "lfm2")
+    _hparams(w, "lfm2", n_layer=n_layer, n_ctx=4096, dim=dim, ffn=ffn, n_head=n_head,
+             n_kv=[n_kv if i in attn else 0 for i in range(n_layer)], base=1e6, eps=1e-5)
+    w.add_shortconv_l_cache(taps)
+    specials = ["<|pad|>", "<|startoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = _gpt2_vocab(w, specials, pre="lfm2", bos=1, eos=3, add_bos=True,
+                        n_extra=65536 - len(specials) - 256 - len(GPT2_MERGES))
+
+    def q(name: str, shape: tuple, qtype: T, mult: float = 1.0) -> None:
+        b = _random_blocks(rng, shape, qtype, round(mult / np.sqrt(shape[-1]), 6), pool)
+        w.add_tensor(name, b, raw_shape=b.shape, raw_dtype=qtype)
+
+    def f32(name: str, x: np.ndarray) -> None:
+        w.add_tensor(name, x.astype(np.float32))
+
+    q("token_embd.weight", (vocab, dim), T.Q6_K, 0.5 * np.sqrt(dim))
+    n_v = 0
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        f32(p + "attn_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+        if i in attn:
+            q(p + "attn_q.weight", (n_head * hd, dim), T.Q4_K, 2)
+            q(p + "attn_k.weight", (n_kv * hd, dim), T.Q4_K, 2)
+            q(p + "attn_v.weight", (n_kv * hd, dim), _q4km("attn_v", n_v, len(attn)))
+            f32(p + "attn_q_norm.weight", 1 + 0.1 * rng.standard_normal(hd))
+            f32(p + "attn_k_norm.weight", 1 + 0.1 * rng.standard_normal(hd))
+            q(p + "attn_output.weight", (dim, n_head * hd), T.Q4_K)
+            n_v += 1
+        else:
+            q(p + "shortconv.in_proj.weight", (3 * dim, dim), T.Q4_K, 1.5)
+            f32(p + "shortconv.conv.weight", rng.standard_normal((dim, taps)) * 0.5)
+            q(p + "shortconv.out_proj.weight", (dim, dim), T.Q4_K)
+        f32(p + "ffn_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+        q(p + "ffn_gate.weight", (ffn, dim), T.Q4_K)
+        q(p + "ffn_up.weight", (ffn, dim), T.Q4_K)
+        q(p + "ffn_down.weight", (dim, ffn), _q4km("ffn_down", i, n_layer))
+    f32("token_embd_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+    _finish(w)
+
+
+def write_mamba2_bench(path) -> None:
+    """A realistic-shape random mamba2 for benchmarks only: Mamba2-370M's shape, 48 layers, dim 1024,
+    d_inner 2048 in 32 heads of 64, d_state 128, 1 group, 4 taps, vocabulary 50288, untied output; Q4_K
+    in/out projections (as llama-quantize gives them: neither is ffn_down), Q6_K embedding and output. About
+    0.3 GB."""
+    n_layer, dim, inner, n_state, heads, groups, taps = 48, 1024, 2048, 128, 32, 1, 4
+    conv = inner + 2 * groups * n_state
+    rng = np.random.default_rng(13)
+    pool: dict = {}
+    w = gguf.GGUFWriter(str(path), "mamba2")
+    w.add_context_length(1 << 20)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_block_count(n_layer)
+    w.add_ssm_conv_kernel(taps)
+    w.add_ssm_inner_size(inner)
+    w.add_ssm_state_size(n_state)
+    w.add_ssm_time_step_rank(heads)
+    w.add_ssm_group_count(groups)
+    w.add_layer_norm_rms_eps(1e-5)
+    vocab = _gpt2_vocab(w, ["<|endoftext|>", "<|padding|>"], eos=0, template=None,
+                        n_extra=50288 - 2 - 256 - len(GPT2_MERGES))
+
+    def q(name: str, shape: tuple, qtype: T, mult: float = 1.0) -> None:
+        b = _random_blocks(rng, shape, qtype, round(mult / np.sqrt(shape[-1]), 6), pool)
+        w.add_tensor(name, b, raw_shape=b.shape, raw_dtype=qtype)
+
+    def f32(name: str, x: np.ndarray) -> None:
+        w.add_tensor(name, np.asarray(x, np.float32))
+
+    q("token_embd.weight", (vocab, dim), T.Q6_K, 0.5 * np.sqrt(dim))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        f32(p + "attn_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+        q(p + "ssm_in.weight", (inner + conv + heads, dim), T.Q4_K, 1.5)
+        f32(p + "ssm_conv1d.weight", rng.standard_normal((conv, taps)) * 0.5)
+        f32(p + "ssm_conv1d.bias", 0.1 * rng.standard_normal(conv))
+        f32(p + "ssm_dt.bias", 0.5 * rng.standard_normal(heads) - 1.0)
+        f32(p + "ssm_a", -np.exp(0.5 * rng.standard_normal((heads, 1))))
+        f32(p + "ssm_d", 1 + 0.1 * rng.standard_normal((heads, 1)))
+        f32(p + "ssm_norm.weight", 1 + 0.1 * rng.standard_normal((groups, inner // groups)))
+        q(p + "ssm_out.weight", (dim, inner), T.Q4_K, 1.5)
+    f32("output_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+    q("output.weight", (vocab, dim), T.Q6_K, 2)
+    _finish(w)
+
+
 ZOO = {
     "qwen3": write_qwen3,
     "llama3": write_llama3,
@@ -679,8 +776,10 @@ ZOO = {
     "qwen3moe_bench": write_qwen3moe_bench,
     "lfm2": write_lfm2,
     "mamba2": write_mamba2,
+    "lfm2_bench": write_lfm2_bench,
+    "mamba2_bench": write_mamba2_bench,
 }
-GOLDEN = [n for n in ZOO if n != "qwen3moe_bench"]  # the models tests/golden/arch_zoo.json covers
+GOLDEN = [n for n in ZOO if not n.endswith("_bench")]  # the models tests/golden/arch_zoo.json covers
 
 
 def write(name: str, path) -> None:
