@@ -17,10 +17,12 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .ops import gated_act_range
+
 _CH = 64  # channels a task (state rows are contiguous in the channel)
 
 
-@njit(nogil=True, cache=True)
+@njit(inline="always", cache=True)
 def _taps(st, w, v, out, c0, c1):
     # channels [c0, c1) of a causal depthwise convolution: out = the taps w (L, C) over the state st (L - 1,
     # C, oldest first) and the new values v (C,), added in tap order from 0.0; the state moves on by one.
@@ -71,17 +73,30 @@ def ssm_conv(xbc, w, bias, state, token_seq, positions, slots, out):
     for task in prange((C + _CH - 1) // _CH):
         c0 = task * _CH
         c1 = min(c0 + _CH, C)
-        v = np.empty(C, np.float32)  # this task's channels of the token's input, contiguous
-        for t in range(T):
-            st = state[slots[token_seq[t]]]
-            if positions[t] == 0:
-                st[:, c0:c1] = 0.0
-            for ch in range(c0, c1):
-                v[ch] = xbc[t, ch]
-            _taps(st, w, v, out[t], c0, c1)
-            for ch in range(c0, c1):
-                o = out[t, ch] + bias[ch]
-                out[t, ch] = o / (np.float32(1.0) + np.float32(math.exp(-o)))
+        _conv_block(xbc, w, bias, state, token_seq, positions, slots, out, c0, c1)
+
+
+@njit(nogil=True, cache=True)
+def _conv_block(xbc, w, bias, state, token_seq, positions, slots, out, c0, c1):
+    # ssm_conv's channels [c0, c1) for every token, in one call (calls with arrays cost reference counts)
+    T, C = xbc.shape[0], w.shape[1]
+    n = c1 - c0
+    v = np.empty(C, np.float32)  # the token's input, contiguous
+    pre = np.empty((T, n), np.float32)  # convolution plus bias, for the vector SiLU
+    ones = np.ones((1, n), np.float32)
+    for t in range(T):
+        st = state[slots[token_seq[t]]]
+        if positions[t] == 0:
+            st[:, c0:c1] = 0.0
+        for ch in range(c0, c1):
+            v[ch] = xbc[t, ch]
+        _taps(st, w, v, out[t], c0, c1)
+        for ch in range(c0, c1):
+            pre[t, ch - c0] = out[t, ch] + bias[ch]
+    for t in range(T):
+        gated_act_range(pre[t:t + 1], ones, pre[t:t + 1], False, 0, 0, n)  # SiLU eight lanes at a time (exp8)
+        for ch in range(c0, c1):
+            out[t, ch] = pre[t, ch - c0]
 
 
 @njit(inline="always", cache=True)
@@ -132,16 +147,19 @@ def ssm_scan(xbc, dt, dt_bias, a, d, n_group, state, token_seq, positions, slots
 
 @njit(parallel=True, nogil=True, cache=True)
 def gated_group_norm(y, z, w, n_group, eps, out):
-    """out (T, E) = rmsnorm(silu(z) y) per group of E / n_group channels, times w (E,)."""
+    """out (T, E) = rmsnorm(silu(z) y) per group of E / n_group channels, times w (E,); y and out C-contiguous
+    (out may be y), z any rows (a view of the input projection)."""
     T, E = y.shape
     per = E // n_group
     for t in prange(T):
+        zt = np.empty((1, E), np.float32)
+        for i in range(E):
+            zt[0, i] = z[t, i]
+        gated_act_range(zt, y[t:t + 1], out[t:t + 1], False, 0, 0, E)  # silu(z) y, eight lanes at a time
         for g in range(n_group):
             ss = 0.0
             for i in range(g * per, (g + 1) * per):
-                zi = z[t, i]
-                v = zi / (np.float32(1.0) + np.float32(math.exp(-zi))) * y[t, i]
-                out[t, i] = v
+                v = out[t, i]
                 ss += np.float64(v) * np.float64(v)
             scale = np.float32(1.0 / math.sqrt(ss / per + eps))
             for i in range(g * per, (g + 1) * per):
