@@ -168,6 +168,14 @@ def _attention(w, r: "_Init", p: str, dim: int, n_head: int, n_kv: int, hd: int,
     _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd, o_mult), otype or qtype)
 
 
+def _swiglu(w, r: "_Init", p: str, dim: int, ffn: int, down: T) -> None:
+    """A layer's pre-FFN norm and SiLU-gated FFN (Q4_K gate and up, the down projection x1.5 as `down`)."""
+    _add(w, p + "ffn_norm.weight", r.norm(dim))
+    _add(w, p + "ffn_gate.weight", r.mat(ffn, dim), T.Q4_K)
+    _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.Q4_K)
+    _add(w, p + "ffn_down.weight", r.mat(dim, ffn, 1.5), down)
+
+
 def _q4km(kind: str, i: int, n: int) -> T:
     """Q4_K_M-like: Q4_K everywhere, Q6_K for attn_v / ffn_down on llama.cpp's use_more_bits layers."""
     return T.Q6_K if kind in ("attn_v", "ffn_down", "ffn_down_exps") and _more_bits(i, n) else T.Q4_K
@@ -198,10 +206,7 @@ def write_qwen3(path) -> None:
         _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, vtype=_q4km("attn_v", i, n_layer), o_mult=1.5,
                    between=[("attn_q_norm.weight", lambda: 0.65 * r.norm(hd)),
                             ("attn_k_norm.weight", lambda: 0.65 * r.norm(hd))])
-        _add(w, p + "ffn_norm.weight", r.norm(dim))
-        _add(w, p + "ffn_gate.weight", r.mat(ffn, dim), T.Q4_K)
-        _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.Q4_K)
-        _add(w, p + "ffn_down.weight", r.mat(dim, ffn, 1.5), _q4km("ffn_down", i, n_layer))
+        _swiglu(w, r, p, dim, ffn, _q4km("ffn_down", i, n_layer))
     _add(w, "output_norm.weight", 1.6 * r.norm(dim))
     _finish(w)
 
@@ -545,6 +550,19 @@ def _random_blocks(rng: np.random.Generator, shape: tuple, qtype: T, sigma: floa
     return blocks[idx].reshape(*shape[:-1], shape[-1] // block * type_size)
 
 
+def _pooled_writers(w: gguf.GGUFWriter, rng: np.random.Generator, pool: dict):
+    """(q, f32) for the benchmark models: q(name, shape, qtype, mult) adds a quantized tensor of N(0,
+    (mult / sqrt(cols))^2) values from pooled blocks (_random_blocks); f32(name, x) a float32 one."""
+    def q(name: str, shape: tuple, qtype: T, mult: float = 1.0) -> None:
+        b = _random_blocks(rng, shape, qtype, round(mult / np.sqrt(shape[-1]), 6), pool)
+        w.add_tensor(name, b, raw_shape=b.shape, raw_dtype=qtype)
+
+    def f32(name: str, x: np.ndarray) -> None:
+        w.add_tensor(name, np.asarray(x, np.float32))
+
+    return q, f32
+
+
 def write_qwen3moe_bench(path) -> None:
     """A realistic-shape random qwen3moe for benchmarks only (not in the golden file): 16 layers, dim 1024,
     16 heads / 4 kv heads, head_dim 128 (q 2048 wide), 32 experts, 4 used, expert FFN 512, vocabulary
@@ -564,12 +582,7 @@ def write_qwen3moe_bench(path) -> None:
     vocab = _gpt2_vocab(w, specials, pre="qwen2", eos=2, template=QWEN3_TEMPLATE,
                         n_extra=32768 - len(specials) - 256 - len(GPT2_MERGES))
 
-    def q(name: str, shape: tuple, qtype: T, mult: float = 1.0) -> None:
-        b = _random_blocks(rng, shape, qtype, round(mult / np.sqrt(shape[-1]), 6), pool)
-        w.add_tensor(name, b, raw_shape=b.shape, raw_dtype=qtype)
-
-    def f32(name: str, x: np.ndarray) -> None:
-        w.add_tensor(name, x.astype(np.float32))
+    q, f32 = _pooled_writers(w, rng, pool)
 
     q("token_embd.weight", (vocab, dim), T.Q4_K, 0.5 * np.sqrt(dim))
     for i in range(n_layer):
@@ -619,12 +632,25 @@ def write_lfm2(path) -> None:
             _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, vtype=_q4km("attn_v", i, n_layer), o_mult=1.5,
                        between=[("attn_q_norm.weight", lambda: 0.65 * r.norm(hd)),
                                 ("attn_k_norm.weight", lambda: 0.65 * r.norm(hd))])
-        _add(w, p + "ffn_norm.weight", r.norm(dim))
-        _add(w, p + "ffn_gate.weight", r.mat(ffn, dim), T.Q4_K)
-        _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.Q4_K)
-        _add(w, p + "ffn_down.weight", r.mat(dim, ffn, 1.5), _q4km("ffn_down", i, n_layer))
+        _swiglu(w, r, p, dim, ffn, _q4km("ffn_down", i, n_layer))
     _add(w, "token_embd_norm.weight", 1.6 * r.norm(dim))
     _finish(w)
+
+
+def _mamba2_hparams(w: gguf.GGUFWriter, n_layer: int, dim: int, inner: int, n_state: int, heads: int, groups: int,
+                    taps: int) -> None:
+    # what convert_hf_to_gguf writes for a Mamba2 model (head_count 0, feed_forward_length 0)
+    w.add_context_length(1 << 20)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_block_count(n_layer)
+    w.add_ssm_conv_kernel(taps)
+    w.add_ssm_inner_size(inner)
+    w.add_ssm_state_size(n_state)
+    w.add_ssm_time_step_rank(heads)
+    w.add_ssm_group_count(groups)
+    w.add_layer_norm_rms_eps(1e-5)
 
 
 def write_mamba2(path) -> None:
@@ -637,17 +663,7 @@ def write_mamba2(path) -> None:
     conv = inner + 2 * groups * n_state
     r = _Init(11)
     w = gguf.GGUFWriter(str(path), "mamba2")
-    w.add_context_length(1 << 20)
-    w.add_embedding_length(dim)
-    w.add_feed_forward_length(0)
-    w.add_head_count(0)
-    w.add_block_count(n_layer)
-    w.add_ssm_conv_kernel(taps)
-    w.add_ssm_inner_size(inner)
-    w.add_ssm_state_size(n_state)
-    w.add_ssm_time_step_rank(heads)
-    w.add_ssm_group_count(groups)
-    w.add_layer_norm_rms_eps(1e-5)
+    _mamba2_hparams(w, n_layer, dim, inner, n_state, heads, groups, taps)
     vocab = _gpt2_vocab(w, ["<|endoftext|>", "<|padding|>"], eos=0, template=None)
     _add(w, "token_embd.weight", r.embd(vocab, dim, 0.5), T.Q6_K)
     for i in range(n_layer):
@@ -683,12 +699,7 @@ def write_lfm2_bench(path) -> None:
     vocab = _gpt2_vocab(w, specials, pre="lfm2", bos=1, eos=3, add_bos=True,
                         n_extra=65536 - len(specials) - 256 - len(GPT2_MERGES))
 
-    def q(name: str, shape: tuple, qtype: T, mult: float = 1.0) -> None:
-        b = _random_blocks(rng, shape, qtype, round(mult / np.sqrt(shape[-1]), 6), pool)
-        w.add_tensor(name, b, raw_shape=b.shape, raw_dtype=qtype)
-
-    def f32(name: str, x: np.ndarray) -> None:
-        w.add_tensor(name, x.astype(np.float32))
+    q, f32 = _pooled_writers(w, rng, pool)
 
     q("token_embd.weight", (vocab, dim), T.Q6_K, 0.5 * np.sqrt(dim))
     n_v = 0
@@ -725,26 +736,11 @@ def write_mamba2_bench(path) -> None:
     rng = np.random.default_rng(13)
     pool: dict = {}
     w = gguf.GGUFWriter(str(path), "mamba2")
-    w.add_context_length(1 << 20)
-    w.add_embedding_length(dim)
-    w.add_feed_forward_length(0)
-    w.add_head_count(0)
-    w.add_block_count(n_layer)
-    w.add_ssm_conv_kernel(taps)
-    w.add_ssm_inner_size(inner)
-    w.add_ssm_state_size(n_state)
-    w.add_ssm_time_step_rank(heads)
-    w.add_ssm_group_count(groups)
-    w.add_layer_norm_rms_eps(1e-5)
+    _mamba2_hparams(w, n_layer, dim, inner, n_state, heads, groups, taps)
     vocab = _gpt2_vocab(w, ["<|endoftext|>", "<|padding|>"], eos=0, template=None,
                         n_extra=50288 - 2 - 256 - len(GPT2_MERGES))
 
-    def q(name: str, shape: tuple, qtype: T, mult: float = 1.0) -> None:
-        b = _random_blocks(rng, shape, qtype, round(mult / np.sqrt(shape[-1]), 6), pool)
-        w.add_tensor(name, b, raw_shape=b.shape, raw_dtype=qtype)
-
-    def f32(name: str, x: np.ndarray) -> None:
-        w.add_tensor(name, np.asarray(x, np.float32))
+    q, f32 = _pooled_writers(w, rng, pool)
 
     q("token_embd.weight", (vocab, dim), T.Q6_K, 0.5 * np.sqrt(dim))
     for i in range(n_layer):
@@ -787,24 +783,32 @@ def write(name: str, path) -> None:
     ZOO[name](path)
 
 
+def copy_fields(r: gguf.GGUFReader, w: gguf.GGUFWriter, meta: dict | None = None, old_arch: str = "",
+                arch: str = "") -> None:
+    """Every metadata field of reader r into writer w but the header's and the architecture (w has its
+    own): values replaced by meta ({key: value}, the type kept), keys of old_arch renamed to arch."""
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        new_key = key.replace(old_arch + ".", arch + ".", 1) if old_arch and arch else key
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            sub = f.types[1]
+            val = [bytes(f.parts[i]).decode() if sub == gguf.GGUFValueType.STRING else f.parts[i].tolist()[0]
+                   for i in f.data]
+            w.add_key_value(new_key, val, vt, sub_type=sub)
+            continue
+        val = bytes(f.parts[f.data[0]]).decode() if vt == gguf.GGUFValueType.STRING else f.parts[f.data[0]].tolist()[0]
+        w.add_key_value(new_key, (meta or {}).get(key, val), vt)
+
+
 def write_f16(name: str, path, scratch) -> None:
     """Zoo model `name` as an F16 source for quantize-model: written to `scratch`, then every quantized
     tensor dequantized (gguf's numpy dequantize) to F16, F32 tensors and all metadata as they are."""
     write(name, scratch)
     r = gguf.GGUFReader(str(scratch))
     w = gguf.GGUFWriter(str(path), bytes(r.fields["general.architecture"].parts[-1]).decode())
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            sub = f.types[1]
-            val = [bytes(f.parts[i]).decode() if sub == gguf.GGUFValueType.STRING else f.parts[i].tolist()[0]
-                   for i in f.data]
-            w.add_key_value(key, val, vt, sub_type=sub)
-        else:
-            w.add_key_value(key, bytes(f.parts[f.data[0]]).decode() if vt == gguf.GGUFValueType.STRING
-                            else f.parts[f.data[0]].tolist()[0], vt)
+    copy_fields(r, w)
     for t in r.tensors:
         if t.tensor_type == T.F32:
             w.add_tensor(t.name, np.array(t.data))

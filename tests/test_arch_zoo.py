@@ -205,23 +205,13 @@ def _rewrite(src, dst, *, drop=(), meta=None, arch=None):
     ({key: value}, the value's type kept) and the architecture renamed to `arch`."""
     import gguf
 
+    from arch_zoo import copy_fields
+
     r = gguf.GGUFReader(str(src))
     old_arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
     arch = arch or old_arch
     w = gguf.GGUFWriter(str(dst), arch)
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            sub = f.types[1]
-            val = [bytes(f.parts[i]).decode() if sub == gguf.GGUFValueType.STRING else f.parts[i].tolist()[0]
-                   for i in f.data]
-            w.add_key_value(key.replace(old_arch + ".", arch + ".", 1), val, vt, sub_type=sub)
-            continue
-        val = bytes(f.parts[f.data[0]]).decode() if vt == gguf.GGUFValueType.STRING else f.parts[f.data[0]].tolist()[0]
-        val = (meta or {}).get(key, val)
-        w.add_key_value(key.replace(old_arch + ".", arch + ".", 1), val, vt)
+    copy_fields(r, w, meta, old_arch, arch)
     for t in r.tensors:
         if t.name not in drop:
             w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
@@ -240,6 +230,14 @@ def _rewrite(src, dst, *, drop=(), meta=None, arch=None):
     ("olmo2", {"drop": ["blk.2.attn_k_norm.weight"]}, "missing tensor 'blk.2.attn_k_norm.weight'"),
     ("gemma2", {"drop": ["blk.0.post_ffw_norm.weight"]}, "missing tensor 'blk.0.post_ffw_norm.weight'"),
     ("qwen3", {"arch": "qwen9"}, "unsupported architecture 'qwen9'"),
+    ("lfm2", {"drop": ["blk.2.shortconv.conv.weight"]}, "missing tensor 'blk.2.shortconv.conv.weight'"),
+    ("lfm2", {"drop": ["blk.0.shortconv.in_proj.weight"]}, "missing tensor 'blk.0.shortconv.in_proj.weight'"),
+    ("lfm2", {"meta": {"lfm2.shortconv.l_cache": 4}}, "tensor 'blk.0.shortconv.conv.weight' has shape"),
+    ("lfm2", {"meta": {"lfm2.shortconv.l_cache": 1}}, "lfm2.shortconv.l_cache is 1"),
+    ("mamba2", {"drop": ["blk.1.ssm_a"]}, "missing tensor 'blk.1.ssm_a'"),
+    ("mamba2", {"drop": ["blk.2.ssm_norm.weight"]}, "missing tensor 'blk.2.ssm_norm.weight'"),
+    ("mamba2", {"meta": {"mamba2.ssm.state_size": 16}}, "tensor 'blk.0.ssm_in.weight' has shape"),
+    ("mamba2", {"meta": {"mamba2.ssm.time_step_rank": 7}}, "ssm.inner_size 512 must be a multiple of"),
 ])
 def test_a_broken_file_of_a_new_architecture_is_a_one_line_error(zoo, tmp_path, name, change, message):
     p = tmp_path / "broken.gguf"

@@ -403,6 +403,10 @@ class LLMEngine:
             "kv_blocks_used": bm.num_used,
             "kv_blocks_free": bm.num_free,
             "kv_blocks_cached": bm.num_cached,
+            "kv_bytes": self.runner.cache.nbytes,  # memory by layer kind: the attention layers' KV pool,
+            "state_slots_total": bm.num_state_slots,  # a hybrid model's slots of recurrent state,
+            "state_slots_used": bm.num_state_slots - len(bm.free_states),
+            "state_bytes": self.runner.cache.state_nbytes,  # and their memory (0 for a model without)
             "prefix_cache_hit_rate": bm.hit_rate,
             "prefix_cache_queries": bm.prefix_queries,  # full prompt blocks looked up, and found: counters,
             "prefix_cache_hits": bm.prefix_hits,        # so a load test can take the hit rate of its own run

@@ -28,6 +28,10 @@ class _EngineCollector:
             ("kv_blocks_total", "KV cache blocks in all"),
             ("kv_blocks_cached", "Full blocks registered for prefix reuse"),
             ("prefix_cache_hit_rate", "Fraction of full prompt blocks found in the prefix cache"),
+            ("kv_bytes", "Memory of the attention layers' KV pool"),
+            ("state_slots_used", "Slots of recurrent state held by running sequences (hybrid models)"),
+            ("state_slots_total", "Slots of recurrent state in all (hybrid models; 0 for others)"),
+            ("state_bytes", "Memory of the recurrent layers' state, every slot (hybrid models)"),
         )}
         preempt = _per_model("preemptions", "Sequences preempted (to be recomputed)")
         queries = _per_model("prefix_cache_queries", "Full prompt blocks looked up in the prefix cache")
@@ -68,6 +72,8 @@ class _EngineCollector:
             g["kv_blocks_total"].add_metric([sm.name], s["kv_blocks_total"])
             g["kv_blocks_cached"].add_metric([sm.name], s["kv_blocks_cached"])
             g["prefix_cache_hit_rate"].add_metric([sm.name], s["prefix_cache_hit_rate"])
+            for key in ("kv_bytes", "state_slots_used", "state_slots_total", "state_bytes"):
+                g[key].add_metric([sm.name], s[key])
             preempt.add_metric([sm.name], s["preemptions"])
             queries.add_metric([sm.name], s["prefix_cache_queries"])
             hits.add_metric([sm.name], s["prefix_cache_hits"])
