@@ -32,8 +32,7 @@ def _logits_per_path(m, ids):
     out = {}
     for path in ["portable"] + ARM:
         backend.UNITS = units.Table(path)
-        c = m.cfg
-        cache = KVCache(c.n_layer, 8, 16, c.n_kv_head, c.head_dim, c.v_head_dim, kb=backend)
+        cache = KVCache.for_model(m.cfg, 8, 16, kb=backend, n_state_slots=1)  # a hybrid model's state too
         out[path] = m.forward_per_op(batch, cache)
     return out
 
