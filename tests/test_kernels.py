@@ -600,3 +600,55 @@ def test_paged_attention_with_float16_cache():
     # exact against a reference that reads the same float16-rounded K and V
     k16, v16 = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
     np.testing.assert_allclose(out, _attention_reference(q, k16, v16, positions, 0.25, 0), rtol=1e-4, atol=1e-5)
+
+
+_WIDEN = """
+import json, sys
+import numpy as np
+import edgeinfer.kernels.cpu
+from numba import njit
+from edgeinfer import LLM, SamplingParams
+from edgeinfer.kernels.cpu import simd
+from edgeinfer.kernels.cpu.simd.floats import half_in_hardware
+
+@njit
+def widen(a, out):
+    for i in range(0, a.shape[0], 8):
+        simd.storef8(out, i, simd.loadf8(a, i))
+
+bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+out = np.empty(65536, np.float32)
+widen(bits, out)
+with np.errstate(invalid="ignore"):
+    want = bits.view(np.float16).astype(np.float32)
+nan = np.isnan(want)
+exact = bool(np.array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32)) and np.isnan(out[nan]).all())
+llm = LLM(sys.argv[1], kv_type="f16", progress=False)
+ids = llm.generate("the hen sat", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].token_ids
+print(json.dumps({"native": half_in_hardware(), "exact": exact, "ids": ids}))
+"""
+
+
+def test_float16_widening_is_exact_and_the_portable_path_runs_an_f16_kv_cache(tiny_llama_path):
+    """loadf8 widens float16 bits exactly on every tier: with F16C (vcvtph2ps) and on the portable
+    x86-64-v2 tier, which has no F16C (integer lanes: LLVM's own conversion there is a call Numba cannot
+    link, which aborted the process); and the portable path decodes with the default f16 KV cache, giving
+    the native path's tokens."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    runs = {}
+    for path in ("portable", None):
+        env = {k: v for k, v in os.environ.items() if k != "EDGEINFER_KERNELS"}
+        if path:
+            env["EDGEINFER_KERNELS"] = path
+        r = subprocess.run([sys.executable, "-c", _WIDEN, str(tiny_llama_path)], capture_output=True, text=True,
+                           env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs[path] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert runs["portable"]["exact"] and runs[None]["exact"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert runs["portable"]["native"] is False
+    assert runs["portable"]["ids"] == runs[None]["ids"] and len(runs[None]["ids"]) == 8

@@ -43,14 +43,53 @@ def hsum_f(typingctx, a):
     return types.float32(f32x8), codegen
 
 
+def half_in_hardware() -> bool:
+    """Whether the code generator's target converts float16 itself (F16C on x86-64, every aarch64 core).
+    Without it (the portable x86-64-v2 tier) LLVM would call compiler-rt's __extendhfsf2, which Numba's
+    JIT cannot link: the widening is then done in integer lanes (_half_bits_to_f32), exactly."""
+    import platform
+
+    import numba
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return True
+    features = numba.config.CPU_FEATURES or ""
+    if "+f16c" in features or "-f16c" in features:
+        return "+f16c" in features
+    name = (numba.config.CPU_NAME or "host").lower()
+    if name == "host":
+        from llvmlite import binding
+
+        return bool(binding.get_host_cpu_features().get("f16c", False))
+    return name not in ("generic", "x86-64", "x86-64-v2", "core2", "nehalem", "westmere", "penryn")
+
+
+def _half_bits_to_f32(builder, h16, n: int):
+    # <n x i16> float16 bit patterns -> <n x float>, exactly (F. Giesen's half_to_float: the exponent
+    # rebiased; infinities and NaNs given the full exponent; zeros and subnormals renormalised by a subtraction)
+    i32, f32 = ir.VectorType(ir.IntType(32), n), ir.VectorType(ir.FloatType(), n)
+    c = lambda v: ir.Constant(i32, [v] * n)  # noqa: E731
+    h = builder.zext(h16, i32)
+    o = builder.shl(builder.and_(h, c(0x7FFF)), c(13))
+    exp = builder.and_(o, c(0x0F800000))
+    o = builder.add(o, c((127 - 15) << 23))
+    inf_nan = builder.add(o, c((128 - 16) << 23))
+    small = builder.bitcast(builder.fsub(builder.bitcast(builder.add(o, c(1 << 23)), f32),
+                                         builder.bitcast(c(113 << 23), f32)), i32)
+    o = builder.select(builder.icmp_unsigned("==", exp, c(0x0F800000)), inf_nan, o)
+    o = builder.select(builder.icmp_unsigned("==", exp, c(0)), small, o)
+    return builder.bitcast(builder.or_(o, builder.shl(builder.and_(h, c(0x8000)), c(16))), f32)
+
+
 @intrinsic
 def loadf8(typingctx, a, *offsets):
     """a.flat[i : i + 8] -> f32x8: float32 values, or float16 bit patterns (uint16) widened (vcvtph2ps);
     loadf8(a, i0, i1): the 8 at each as one f32x16, i0's the low half."""
+    native = half_in_hardware()
     if a.dtype == types.float32:
         elem, align = ir.VectorType(ir.FloatType(), 8), 4
     elif a.dtype == types.uint16:
-        elem, align = ir.VectorType(ir.HalfType(), 8), 2
+        elem, align = ir.VectorType(ir.HalfType() if native else ir.IntType(16), 8), 2
     else:
         return None
     n = len(offsets)
@@ -60,7 +99,9 @@ def loadf8(typingctx, a, *offsets):
 
     def codegen(context, builder, signature, args):
         v = _load_halves(context, builder, signature.args[0], args[0], _offsets(builder, args, n), elem, align, elem=True)
-        return v if a.dtype == types.float32 else builder.fpext(v, t.llvm_type())
+        if a.dtype == types.float32:
+            return v
+        return builder.fpext(v, t.llvm_type()) if native else _half_bits_to_f32(builder, v, 8 * n)
 
     return t(a, types.StarArgTuple.from_types([types.intp] * n)), codegen
 
