@@ -100,7 +100,8 @@ def fit_budget(estimates: list[Estimate], configs: list[EngineConfig], budget_mb
                names: list[str] | None = None) -> list[EngineConfig]:
     """Engine configs for models that share one process and a budget of budget_mb MiB: each model's KV
     pool gets one full context plus a share of what is left (in proportion to its KV per token), up
-    to one context per sequence; its sequences are cut so each has MIN_TOKENS_PER_SEQ tokens of KV.
+    to one context per sequence; its sequences are cut so each has MIN_TOKENS_PER_SEQ tokens of KV, and
+    a hybrid model's to those whose recurrent state its share holds.
     Raises MemoryBudgetError naming the parts and the smallest budget that would fit."""
     names = names or [f"model {i + 1}" for i in range(len(estimates))]
     budget = int(budget_mb * MB)
@@ -118,11 +119,15 @@ def fit_budget(estimates: list[Estimate], configs: list[EngineConfig], budget_mb
     out = []
     for e, c, w in zip(estimates, configs, weights):
         bs = c.block_size
-        kv_bytes = e.kv(c.kv_dtype, e.max_context) + spare * w // sum(weights)
+        share = spare * w // sum(weights)
+        # a hybrid model: the recurrent state of each sequence past the first comes out of its share
+        state_seqs = min(c.seqs_limit - 1, share // e.state_per_seq) if e.state_per_seq else c.seqs_limit
+        share -= state_seqs * e.state_per_seq
+        kv_bytes = e.kv(c.kv_dtype, e.max_context) + share
         blocks = kv_bytes // max(e.kv_per_token[c.kv_dtype] * bs, 1)
         ctx_blocks = -(-e.max_context // bs)
         blocks = max(ctx_blocks, min(blocks, c.seqs_limit * ctx_blocks))
-        seqs = max(1, min(c.seqs_limit, blocks * bs // MIN_TOKENS_PER_SEQ))
+        seqs = max(1, min(c.seqs_limit, blocks * bs // MIN_TOKENS_PER_SEQ, 1 + state_seqs))
         out.append(replace(c, num_kv_blocks=int(blocks), max_seqs=int(seqs), max_context=e.max_context))
     return out
 

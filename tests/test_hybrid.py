@@ -194,3 +194,18 @@ def test_n_choices_and_priorities_on_a_hybrid_model(llm):
         for o in eng.step():
             got.setdefault(o.request_id, []).extend(o.new_token_ids)
     assert got[hi] == alone and all(len(got[r]) == GREEDY.max_tokens for r in low)
+
+
+def test_a_memory_budget_counts_the_state_of_every_sequence():
+    """A state-space model's sequences are cut to the states its budget holds (the KV pool of a model with
+    no attention is empty): each sequence's state comes out of the budget."""
+    from edgeinfer import memory
+    from edgeinfer.memory import MB, RUNTIME_BYTES
+
+    est = memory.Estimate(weights=100 * MB, kv_per_token={"f16": 0}, buffers=10 * MB, max_context=4096,
+                          state_per_seq=50 * MB)
+    for extra, seqs in ((0, 1), (120, 3), (1000, 8)):  # MB beyond one sequence's needs
+        budget = (RUNTIME_BYTES + 160 * MB) // MB + extra
+        (cfg,) = memory.fit_budget([est], [EngineConfig(kv_dtype="f16", max_seqs=8)], budget)
+        assert cfg.max_seqs == seqs
+        assert RUNTIME_BYTES + est.weights + est.buffers + cfg.max_seqs * est.state_per_seq <= budget * MB
