@@ -74,10 +74,6 @@ class KVCache:
         return [a for a in (self.conv, self.ssm_conv, self.ssm) if a is not None]
 
     @property
-    def n_state_slots(self) -> int:
-        return int(self.states[0].shape[1]) if self.states else 0
-
-    @property
     def nbytes(self) -> int:
         """The KV blocks' bytes."""
         return int(self.k.nbytes + self.v.nbytes)
