@@ -176,6 +176,14 @@ def _swiglu(w, r: "_Init", p: str, dim: int, ffn: int, down: T) -> None:
     _add(w, p + "ffn_down.weight", r.mat(dim, ffn, 1.5), down)
 
 
+def _qk_norm_attention(w, r: "_Init", p: str, dim: int, n_head: int, n_kv: int, hd: int, vtype: T) -> None:
+    """Qwen3-style attention (qwen3, lfm2): Q4_K q/k/o (o x1.5), v as `vtype`, per-head q/k norm weights
+    at 0.65 so attention is not so sharp that rounding decides it."""
+    _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, vtype=vtype, o_mult=1.5,
+               between=[("attn_q_norm.weight", lambda: 0.65 * r.norm(hd)),
+                        ("attn_k_norm.weight", lambda: 0.65 * r.norm(hd))])
+
+
 def _q4km(kind: str, i: int, n: int) -> T:
     """Q4_K_M-like: Q4_K everywhere, Q6_K for attn_v / ffn_down on llama.cpp's use_more_bits layers."""
     return T.Q6_K if kind in ("attn_v", "ffn_down", "ffn_down_exps") and _more_bits(i, n) else T.Q4_K
@@ -203,9 +211,7 @@ def write_qwen3(path) -> None:
         p = f"blk.{i}."
         _add(w, p + "attn_norm.weight", r.norm(dim))
         # q.k/sqrt(head_dim) after the norms ~ N(0, 3.4^2)
-        _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, vtype=_q4km("attn_v", i, n_layer), o_mult=1.5,
-                   between=[("attn_q_norm.weight", lambda: 0.65 * r.norm(hd)),
-                            ("attn_k_norm.weight", lambda: 0.65 * r.norm(hd))])
+        _qk_norm_attention(w, r, p, dim, n_head, n_kv, hd, _q4km("attn_v", i, n_layer))
         _swiglu(w, r, p, dim, ffn, _q4km("ffn_down", i, n_layer))
     _add(w, "output_norm.weight", 1.6 * r.norm(dim))
     _finish(w)
@@ -629,9 +635,7 @@ def write_lfm2(path) -> None:
             _add(w, p + "shortconv.conv.weight", r.mat(dim, taps, 0.8))
             _add(w, p + "shortconv.out_proj.weight", r.mat(dim, dim), _q4km("attn_v", i, n_layer))
         else:
-            _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, vtype=_q4km("attn_v", i, n_layer), o_mult=1.5,
-                       between=[("attn_q_norm.weight", lambda: 0.65 * r.norm(hd)),
-                                ("attn_k_norm.weight", lambda: 0.65 * r.norm(hd))])
+            _qk_norm_attention(w, r, p, dim, n_head, n_kv, hd, _q4km("attn_v", i, n_layer))
         _swiglu(w, r, p, dim, ffn, _q4km("ffn_down", i, n_layer))
     _add(w, "token_embd_norm.weight", 1.6 * r.norm(dim))
     _finish(w)
