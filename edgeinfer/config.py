@@ -33,6 +33,11 @@ class ModelConfig:
     final_softcap: float = 0.0
     embed_scale: float = 1.0
     rope_mscale: float = 1.0  # rotated q/k values times this (LongRoPE's attn_factor); 1: none
+    rope: bool = True  # False: the attention layers have no positions at all (NoPE: Granite 4 H, Nemotron-H)
+    # Granite's multipliers (0: none): each block's output times residual_scale before its residual add,
+    # the logits divided by logit_scale
+    residual_scale: float = 0.0
+    logit_scale: float = 0.0
     # mixture-of-experts (0 experts: a dense FFN): n_expert_used of n_expert experts per token, each an
     # FFN of expert_ffn_dim; shared_ffn_dim > 0: a shared expert too (qwen2moe); expert_norm: the chosen
     # experts' weights renormalised to sum 1; expert_scale (not 0 or 1): the weights times it
@@ -44,8 +49,9 @@ class ModelConfig:
     expert_scale: float = 0.0
     # layers by the memory they keep: () every layer attention (paged KV); else one mixer name a layer,
     # "attention", "shortconv" (LFM2's gated short convolution: a recurrent state of its last
-    # conv_l_cache - 1 inputs per sequence, no KV) or "mamba2" (a selective state-space layer: a state of
+    # conv_l_cache - 1 inputs per sequence, no KV), "mamba2" (a selective state-space layer: a state of
     # its convolution's last ssm_conv - 1 inputs and an (ssm_heads, head, ssm_state) matrix per sequence)
+    # or "mlp" (a layer that is a feed-forward block alone, Nemotron-H's: no memory)
     mixers: tuple = ()
     conv_l_cache: int = 0
     ssm_conv: int = 0  # Mamba2: the convolution's taps (d_conv),

@@ -1,14 +1,15 @@
 """The architectures: decoders declared by an ArchSpec each (llama.py, qwen2.py, qwen3.py, gemma2.py,
-gemma3.py, phi3.py, olmo2.py, lfm2.py (a hybrid with short convolutions), mamba2.py (state-space layers), and
+gemma3.py, phi3.py, olmo2.py, lfm2.py (a hybrid with short convolutions), mamba2.py (state-space layers),
+granite.py and nemotron_h.py (hybrids of Mamba2 and attention layers), and
 moe.py's mixture-of-experts models; read by decoder.py), and the nomic-bert encoder, a module of its own."""
 
 from __future__ import annotations
 
-from . import decoder, gemma2, gemma3, lfm2, llama, mamba2, moe, nomic_bert, olmo2, phi3, qwen2, qwen3
+from . import decoder, gemma2, gemma3, granite, lfm2, llama, mamba2, moe, nemotron_h, nomic_bert, olmo2, phi3, qwen2, qwen3
 from .common import ModelLoadError
 
 DECODERS = {s.name: s for s in (llama.SPEC, qwen2.SPEC, qwen3.SPEC, gemma2.SPEC, gemma3.SPEC, phi3.SPEC, olmo2.SPEC,
-                                 lfm2.SPEC, mamba2.SPEC, *moe.SPECS)}
+                                 lfm2.SPEC, mamba2.SPEC, granite.HYBRID, nemotron_h.SPEC, *moe.SPECS)}
 ENCODERS = {nomic_bert.ARCH: nomic_bert}
 ARCHITECTURES = sorted([*DECODERS, *ENCODERS])
 
@@ -23,7 +24,7 @@ def _check(gf) -> str:
 def model_config(gf):
     """The ModelConfig of the model in gf, without loading its weights."""
     arch = _check(gf)
-    return decoder.config_from_gguf(gf, DECODERS[arch]) if arch in DECODERS else ENCODERS[arch].config_from_gguf(gf)
+    return decoder.config_from_gguf(gf, decoder.resolve(gf, DECODERS[arch])) if arch in DECODERS else ENCODERS[arch].config_from_gguf(gf)
 
 
 def load_model(gf, kb, n_ctx: int | None = None):
@@ -31,6 +32,6 @@ def load_model(gf, kb, n_ctx: int | None = None):
     their rope factors by it; None: the engine's default)."""
     arch = _check(gf)
     if arch in DECODERS:
-        return decoder.Model(gf, kb, DECODERS[arch], n_ctx=n_ctx)
+        return decoder.Model(gf, kb, decoder.resolve(gf, DECODERS[arch]), n_ctx=n_ctx)
     module = ENCODERS[arch]
     return module.Model(gf, kb, module.config_from_gguf(gf))

@@ -69,6 +69,18 @@ class ArchSpec:
     recurrent: str = ""
     feed_forward: bool = True  # a feed-forward block in every layer (Mamba2 has none)
     output_norm: str = "output_norm"  # the final norm's tensor (LFM2's is token_embd_norm)
+    # a layer is one block of one kind (Nemotron-H): mixer `recurrent` where head_count_kv and
+    # feed_forward_length (per layer) are both 0, attention where only the latter is, else a feed-forward
+    # block alone ("mlp": up, ReLU squared, down)
+    mlp_layers: bool = False
+    rope: bool = True  # RoPE in the attention layers; False: none (NoPE)
+    # Granite's multipliers from the metadata (embedding_scale, residual_scale, attention.scale,
+    # logit_scale), and RoPE only where rope.scaling.finetuned is true (Granite 4 H files: false)
+    granite: bool = False
+    # the spec's changes (field, value) for a file with experts (expert_count > 0: Granite 4 H Tiny/Small);
+    # a shared expert where the file gives expert_shared_feed_forward_length
+    with_experts: tuple = ()
+    shared_gate: bool = True  # the shared expert's output gated by sigmoid(h . sh_gate) (qwen2moe); else added
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -80,6 +92,16 @@ class ArchSpec:
         return {"qk_norm": 2 if self.qk_norm_full else int(self.qk_norm), "post_norms": self.post_norms,
                 "gelu": self.activation == "gelu_tanh", "qkv_bias": self.qkv_bias, "pre_norms": self.pre_norms,
                 "moe": self.moe, "shared_expert": self.shared_expert}
+
+
+def resolve(gf: GGUFFile, spec: ArchSpec) -> ArchSpec:
+    """The spec of this file: spec.with_experts applied where the file has experts."""
+    a = gf.architecture
+    if spec.with_experts and meta(gf, a, "expert_count", 0):
+        spec = replace(spec, **dict(spec.with_experts))
+        if not spec.shared_gate:  # an ungated shared expert is there where the file sizes one
+            spec = replace(spec, shared_expert=bool(meta(gf, a, "expert_shared_feed_forward_length", 0)))
+    return spec
 
 
 def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
@@ -104,10 +126,12 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
         n_kv_head=n_kv_head,
         head_dim=head_dim,
         v_head_dim=meta(gf, a, "attention.value_length", head_dim),
-        ffn_dim=meta(gf, a, "feed_forward_length", required=not spec.moe) or 0,
+        ffn_dim=(max(_per_layer(gf, "feed_forward_length", n_layer)) if spec.mlp_layers
+                 else meta(gf, a, "feed_forward_length", required=not spec.moe) or 0),
         vocab_size=int(emb.shape[1]),
         context_length=meta(gf, a, "context_length", 2048),
-        norm_eps=float(meta(gf, a, "attention.layer_norm_rms_epsilon", 1e-5)),
+        # Nemotron-H's llama.cpp falls back to the layer-norm epsilon
+        norm_eps=float(meta(gf, a, "attention.layer_norm_rms_epsilon", meta(gf, a, "attention.layer_norm_epsilon", 1e-5))),
         rope_base=float(meta(gf, a, "rope.freq_base", 10000.0)),
         rope_dim=meta(gf, a, "rope.dimension_count", head_dim),
         rope_neox=spec.rope_neox,
@@ -126,10 +150,26 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
                       final_softcap=float(meta(gf, a, "final_logit_softcapping", cap_f) or 0.0))
     if spec.embed_scale:
         cfg = replace(cfg, embed_scale=float(np.sqrt(dim)))
+    if not spec.rope or (spec.granite and not meta(gf, a, "rope.scaling.finetuned", True)):
+        cfg = replace(cfg, rope=False)
+    if spec.granite:
+        cfg = _granite_config(gf, cfg)
     if spec.gemma2_scale and n_layer == 46:  # llama.cpp's rule for Gemma 2 27B (query_pre_attn_scalar)
         cfg = replace(cfg, attn_scale=float(1.0 / np.sqrt(dim / n_head)))
     if spec.moe:
         cfg = _moe_config(gf, spec, cfg)
+    return cfg
+
+
+def _granite_config(gf: GGUFFile, cfg: ModelConfig) -> ModelConfig:
+    # Granite's multipliers, float32 as llama.cpp reads them (0 or absent: none)
+    a = cfg.arch
+    f32 = lambda key: float(np.float32(meta(gf, a, key, 0.0) or 0.0))  # noqa: E731
+    cfg = replace(cfg, residual_scale=f32("residual_scale"), logit_scale=f32("logit_scale"))
+    if f32("embedding_scale"):
+        cfg = replace(cfg, embed_scale=f32("embedding_scale"))
+    if f32("attention.scale"):
+        cfg = replace(cfg, attn_scale=f32("attention.scale"))
     return cfg
 
 
@@ -140,15 +180,30 @@ def _layer_mixers(gf: GGUFFile, spec: ArchSpec, n_layer: int, n_head: int) -> tu
     key = f"{gf.architecture}.attention.head_count_kv"
     if not spec.recurrent:
         return (), meta(gf, gf.architecture, "attention.head_count_kv", n_head)
-    v = gf.metadata.get(key, n_head)
-    per = [int(h) for h in v] if isinstance(v, (list, np.ndarray)) else [int(v)] * n_layer
-    if len(per) != n_layer:
-        raise ModelLoadError(f"metadata key {key!r} has {len(per)} values for {n_layer} layers")
+    per = _per_layer(gf, "attention.head_count_kv", n_layer) if key in gf.metadata else [n_head] * n_layer
     heads = sorted({h for h in per if h})
     if len(heads) > 1:
         raise ModelLoadError(f"metadata key {key!r} gives different KV head counts ({heads}) to the attention layers; "
                              "edgeinfer supports one")
-    return tuple("attention" if h else spec.recurrent for h in per), (heads[0] if heads else n_head)
+    mixers = ["attention" if h else spec.recurrent for h in per]
+    if spec.mlp_layers:  # Nemotron-H: a layer with a feed-forward length is a feed-forward block alone
+        ffn = _per_layer(gf, "feed_forward_length", n_layer)
+        mixers = ["mlp" if f else m for m, f in zip(mixers, ffn)]
+        sizes = sorted({f for f in ffn if f})
+        if len(sizes) > 1:
+            raise ModelLoadError(f"metadata key '{gf.architecture}.feed_forward_length' gives different sizes "
+                                 f"({sizes}) to the feed-forward layers; edgeinfer supports one")
+    return tuple(mixers), (heads[0] if heads else n_head)
+
+
+def _per_layer(gf: GGUFFile, key: str, n_layer: int) -> list[int]:
+    # a metadata value given once or per layer, as one int per layer
+    name = f"{gf.architecture}.{key}"
+    v = gf.metadata.get(name, 0)
+    per = [int(x) for x in v] if isinstance(v, (list, np.ndarray)) else [int(v)] * n_layer
+    if len(per) != n_layer:
+        raise ModelLoadError(f"metadata key {name!r} has {len(per)} values for {n_layer} layers")
+    return per
 
 
 def _recurrent_config(gf: GGUFFile, spec: ArchSpec, cfg: ModelConfig) -> ModelConfig:
@@ -337,7 +392,7 @@ class Model:
 
     def embed(self, token_ids):
         x = self.kb.embed(self.tok_embd, token_ids)
-        if self.spec.embed_scale:
+        if self.cfg.embed_scale != 1.0:  # Gemma's sqrt(dim), Granite's embedding_scale
             self.kb.scale_(x, self.cfg.embed_scale)
         return x
 
@@ -367,6 +422,8 @@ class Model:
         h = kb.empty(x.shape)
         kb.rmsnorm(x, self.output_norm, np.float32(cfg.norm_eps), h)  # float32 eps: the step's own rmsnorm
         out = kb.matmul(self.output, h)
+        if cfg.logit_scale:  # Granite: llama.cpp scales by the float32 1 / logit_scale
+            kb.scale_(out, np.float32(1.0) / np.float32(cfg.logit_scale))
         if cfg.final_softcap > 0:
             kb.softcap(out, np.float32(cfg.final_softcap))
         return kb.to_host(out)

@@ -236,9 +236,11 @@ def plan(tensors: list[tuple[str, tuple[int, ...], T]], type_name: str, *, pure:
                 elif cat == "attn_output":
                     new, note = _attn_output_type(type_name, new, n_expert)
                 elif cat == "ffn_down":
-                    # a dense model's layer is the count of ffn_down tensors so far; an MoE model's is read
-                    # from the name (its experts and shared expert are more than one ffn_down per layer)
-                    i, n = i_ffn_down, n_ffn_down
+                    # a dense model's layer is the count of ffn_down tensors so far, of as many as the model
+                    # has layers (llama.cpp's n_layer_all, also where some layers have none: Nemotron-H); an MoE
+                    # model's is read from the name (its experts and shared expert are more than one ffn_down
+                    # per layer)
+                    i, n = i_ffn_down, n_layer
                     m = _BLOCK.match(name)
                     if n_expert > 1 and m:
                         i, n = int(m.group(1)), n_layer

@@ -69,6 +69,12 @@ PHI3_TEMPLATE = (
     "{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )
+# Granite 4's template, cut down: roles in <|start_of_role|>ROLE<|end_of_role|> ... <|end_of_text|>
+GRANITE_TEMPLATE = (
+    "{%- for message in messages %}{{ '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + message['content'] "
+    "+ '<|end_of_text|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ '<|start_of_role|>assistant"
+    "<|end_of_role|>' }}{%- endif %}"
+)
 GEMMA_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' "
     "else message['role'] %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
@@ -657,6 +663,21 @@ def _mamba2_hparams(w: gguf.GGUFWriter, n_layer: int, dim: int, inner: int, n_st
     w.add_layer_norm_rms_eps(1e-5)
 
 
+def _mamba2_layer(w, r: "_Init", p: str, i: int, n_layer: int, dim: int, inner: int, n_state: int, heads: int,
+                  groups: int, taps: int) -> None:
+    """A Mamba2 mixer's tensors (write_mamba2's draws, in its order): Q4_K in/out projections (Q6_K on the
+    use_more_bits layers' out), the small tensors F32."""
+    conv = inner + 2 * groups * n_state
+    _add(w, p + "ssm_in.weight", r.mat(inner + conv + heads, dim, 1.5), T.Q4_K)
+    _add(w, p + "ssm_conv1d.weight", r.mat(conv, taps, 1.0))
+    _add(w, p + "ssm_conv1d.bias", r.vec(conv, 0.1))
+    _add(w, p + "ssm_dt.bias", r.vec(heads, 0.5) - 1.0)
+    _add(w, p + "ssm_a", -np.exp(r.vec(heads, 0.5)).reshape(heads, 1))
+    _add(w, p + "ssm_d", (1 + 0.1 * r.vec(heads)).reshape(heads, 1))
+    _add(w, p + "ssm_norm.weight", r.norm(inner).reshape(groups, inner // groups))
+    _add(w, p + "ssm_out.weight", r.mat(dim, inner, 1.5), _q4km("ffn_down", i, n_layer))
+
+
 def write_mamba2(path) -> None:
     """mamba2: 3 layers, dim 256, Mamba2 mixers only (no attention, no FFN): d_inner 512 in 8 heads of 64,
     d_state 32 in 2 groups of B and C, 4 convolution taps with a bias, dt biases, A = -exp(.) per head (as
@@ -664,7 +685,6 @@ def write_mamba2(path) -> None:
     0, as convert_hf_to_gguf writes it; untied output. Q4_K in/out projections (Q6_K on the use_more_bits
     layers' out), the small tensors F32 (llama-quantize keeps ssm_conv1d)."""
     n_layer, dim, inner, n_state, heads, groups, taps = 3, 256, 512, 32, 8, 2, 4
-    conv = inner + 2 * groups * n_state
     r = _Init(11)
     w = gguf.GGUFWriter(str(path), "mamba2")
     _mamba2_hparams(w, n_layer, dim, inner, n_state, heads, groups, taps)
@@ -673,14 +693,93 @@ def write_mamba2(path) -> None:
     for i in range(n_layer):
         p = f"blk.{i}."
         _add(w, p + "attn_norm.weight", r.norm(dim))
-        _add(w, p + "ssm_in.weight", r.mat(inner + conv + heads, dim, 1.5), T.Q4_K)
-        _add(w, p + "ssm_conv1d.weight", r.mat(conv, taps, 1.0))
-        _add(w, p + "ssm_conv1d.bias", r.vec(conv, 0.1))
-        _add(w, p + "ssm_dt.bias", r.vec(heads, 0.5) - 1.0)
-        _add(w, p + "ssm_a", -np.exp(r.vec(heads, 0.5)).reshape(heads, 1))
-        _add(w, p + "ssm_d", (1 + 0.1 * r.vec(heads)).reshape(heads, 1))
-        _add(w, p + "ssm_norm.weight", r.norm(inner).reshape(groups, inner // groups))
-        _add(w, p + "ssm_out.weight", r.mat(dim, inner, 1.5), _q4km("ffn_down", i, n_layer))
+        _mamba2_layer(w, r, p, i, n_layer, dim, inner, n_state, heads, groups, taps)
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 2.0), T.Q6_K)
+    _finish(w)
+
+
+def write_granitehybrid(path) -> None:
+    """granitehybrid (Granite 4.0 H Tiny/Small's shape of layer): 4 layers, dim 256, layers 0, 2 and 3
+    Mamba2 mixers (d_inner 512 in 8 heads of 64, d_state 32 in 2 groups, 4 taps), layer 1 attention (4
+    heads / 2 kv heads of 64, no RoPE: rope.scaling.finetuned false, as the converter writes Granite 4 H),
+    per-layer head_count_kv (0: Mamba2); in every layer a mixture of experts (8 experts, 2 used, expert FFN
+    256, softmax routing, renormalised weights) plus an ungated shared expert (FFN 256); Granite's
+    multipliers: embedding 8, residual 0.5, attention 0.09 (not 1/sqrt(64)), logits divided by 4. Untied
+    output; Q4_K_M-like matrices, SSM tensors and the router F32."""
+    n_layer, dim, n_head, n_kv, hd = 4, 256, 4, 2, 64
+    inner, n_state, heads, groups, taps = 512, 32, 8, 2, 4
+    n_expert, n_used, ffn_exp, ffn_sh = 8, 2, 256, 256
+    attn = {1}
+    r = _Init(14)
+    w = gguf.GGUFWriter(str(path), "granitehybrid")
+    _hparams(w, "granitehybrid", n_layer=n_layer, n_ctx=4096, dim=dim, ffn=ffn_exp, n_head=n_head,
+             n_kv=[n_kv if i in attn else 0 for i in range(n_layer)], eps=1e-5)
+    w.add_ssm_conv_kernel(taps)
+    w.add_ssm_inner_size(inner)
+    w.add_ssm_state_size(n_state)
+    w.add_ssm_time_step_rank(heads)
+    w.add_ssm_group_count(groups)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_used)
+    w.add_expert_shared_feed_forward_length(ffn_sh)
+    w.add_embedding_scale(8.0)
+    w.add_residual_scale(0.5)
+    w.add_attention_scale(0.09)
+    w.add_logit_scale(4.0)
+    w.add_rope_scaling_finetuned(False)
+    vocab = _gpt2_vocab(w, ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>"], pre="refact", eos=0,
+                        template=GRANITE_TEMPLATE)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.06), T.Q6_K)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        if i in attn:
+            _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, vtype=_q4km("attn_v", i, n_layer), o_mult=1.5)
+        else:
+            _mamba2_layer(w, r, p, i, n_layer, dim, inner, n_state, heads, groups, taps)
+        _add(w, p + "ffn_norm.weight", r.norm(dim))
+        _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp,
+                   {"gate": T.Q4_K, "up": T.Q4_K, "down": lambda i, n: _q4km("ffn_down_exps", i, n)}, router=5)
+        _add(w, p + "ffn_gate_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
+        _add(w, p + "ffn_up_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
+        _add(w, p + "ffn_down_shexp.weight", r.mat(dim, ffn_sh, 1.5), _q4km("ffn_down", i, n_layer))
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 8.0), T.Q6_K)
+    _finish(w)
+
+
+def write_nemotron_h(path) -> None:
+    """nemotron_h (Nemotron-H / Nemotron Nano 2's layer kinds): 5 layers "M-*M-", each one block after an
+    RMS norm: layers 0 and 3 Mamba2 mixers (d_inner 512 in 8 heads of 64, d_state 32 in 2 groups, 4 taps),
+    layer 2 attention without RoPE (4 heads / 2 kv heads of 64), layers 1 and 4 a feed-forward block alone
+    (up 512, ReLU squared, down; no gate); head_count_kv and feed_forward_length per layer (both 0: Mamba2).
+    The last layer is a feed-forward one. Untied output; Q4_K_M-like, SSM tensors F32."""
+    n_layer, dim, n_head, n_kv, hd, ffn = 5, 256, 4, 2, 64, 512
+    inner, n_state, heads, groups, taps = 512, 32, 8, 2, 4
+    kinds = "M-*M-"
+    r = _Init(15)
+    w = gguf.GGUFWriter(str(path), "nemotron_h")
+    _hparams(w, "nemotron_h", n_layer=n_layer, n_ctx=4096, dim=dim, ffn=[ffn if k == "-" else 0 for k in kinds],
+             n_head=n_head, n_kv=[n_kv if k == "*" else 0 for k in kinds], head_dim=hd, eps=1e-5)
+    w.add_layer_norm_eps(1e-5)  # the converter writes both; llama.cpp requires this one
+    w.add_ssm_conv_kernel(taps)
+    w.add_ssm_inner_size(inner)
+    w.add_ssm_state_size(n_state)
+    w.add_ssm_time_step_rank(heads)
+    w.add_ssm_group_count(groups)
+    vocab = _gpt2_vocab(w, ["<unk>", "<s>", "</s>", "<SPECIAL_10>", "<SPECIAL_11>"], bos=1, eos=2)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.5), T.Q6_K)
+    for i, kind in enumerate(kinds):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        if kind == "M":
+            _mamba2_layer(w, r, p, i, n_layer, dim, inner, n_state, heads, groups, taps)
+        elif kind == "*":
+            _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, vtype=_q4km("attn_v", i, n_layer), o_mult=1.5)
+        else:
+            _add(w, p + "ffn_up.weight", r.mat(ffn, dim, 1.2), T.Q4_K)
+            _add(w, p + "ffn_down.weight", r.mat(dim, ffn, 1.2), _q4km("ffn_down", i, n_layer))
     _add(w, "output_norm.weight", r.norm(dim))
     _add(w, "output.weight", r.mat(vocab, dim, 2.0), T.Q6_K)
     _finish(w)
@@ -776,6 +875,8 @@ ZOO = {
     "qwen3moe_bench": write_qwen3moe_bench,
     "lfm2": write_lfm2,
     "mamba2": write_mamba2,
+    "granitehybrid": write_granitehybrid,
+    "nemotron_h": write_nemotron_h,
     "lfm2_bench": write_lfm2_bench,
     "mamba2_bench": write_mamba2_bench,
 }

@@ -238,6 +238,12 @@ def _rewrite(src, dst, *, drop=(), meta=None, arch=None):
     ("mamba2", {"drop": ["blk.2.ssm_norm.weight"]}, "missing tensor 'blk.2.ssm_norm.weight'"),
     ("mamba2", {"meta": {"mamba2.ssm.state_size": 16}}, "tensor 'blk.0.ssm_in.weight' has shape"),
     ("mamba2", {"meta": {"mamba2.ssm.time_step_rank": 7}}, "ssm.inner_size 512 must be a multiple of"),
+    ("granitehybrid", {"drop": ["blk.2.ffn_up_shexp.weight"]}, "missing tensor 'blk.2.ffn_up_shexp.weight'"),
+    ("granitehybrid", {"drop": ["blk.0.ssm_dt.bias"]}, "missing tensor 'blk.0.ssm_dt.bias'"),
+    ("nemotron_h", {"drop": ["blk.4.ffn_down.weight"]}, "missing tensor 'blk.4.ffn_down.weight'"),
+    ("nemotron_h", {"drop": ["blk.2.attn_k.weight"]}, "missing tensor 'blk.2.attn_k.weight'"),
+    ("nemotron_h", {"meta": {"nemotron_h.ssm.group_count": 3}}, "must be a multiple of ssm.time_step_rank 8, and that of "
+                                                                "ssm.group_count 3"),
 ])
 def test_a_broken_file_of_a_new_architecture_is_a_one_line_error(zoo, tmp_path, name, change, message):
     p = tmp_path / "broken.gguf"

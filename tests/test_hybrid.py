@@ -1,4 +1,5 @@
-"""Hybrid models (recurrent layers beside attention) in the engine, on the arch zoo's LFM2: each running
+"""Hybrid models (recurrent layers beside attention) in the engine, on the arch zoo's LFM2, Mamba2, Granite 4 H
+and Nemotron-H: each running
 sequence holds a slot of recurrent state; continuous batching, chunked prefill, preemption and aborts give
 what each request alone gives; prefix caching and speculation recompute rather than reuse a state they do
 not have; memory counts KV for the attention layers alone and the state per sequence. (Their golden checks
@@ -28,7 +29,7 @@ def lfm2(zoo):
     return str(zoo("lfm2"))
 
 
-@pytest.fixture(scope="module", params=["lfm2", "mamba2"])
+@pytest.fixture(scope="module", params=["lfm2", "mamba2", "granitehybrid", "nemotron_h"])
 def model(request, zoo):
     return str(zoo(request.param))
 
@@ -51,6 +52,14 @@ def test_the_config_says_which_layers_keep_what(lfm2, zoo):
     assert m.mixers == ("mamba2",) * 3 and m.kv_layers == () and m.ssm_layers == (0, 1, 2)
     # per layer: the convolution's last 3 inputs of x, B and C, and 8 heads' (64, 32) matrices
     assert m.state_bytes_per_seq == 3 * 4 * (3 * (512 + 2 * 2 * 32) + 512 * 32)
+    n = load_model(GGUFFile(zoo("nemotron_h")), get_backend("cpu"))
+    assert n.cfg.mixers == ("mamba2", "mlp", "attention", "mamba2", "mlp") and n.cfg.kv_layers == (2,)
+    assert not n.cfg.rope and n.stack is None and n.cfg.ffn_dim == 512
+    g = load_model(GGUFFile(zoo("granitehybrid")), get_backend("cpu"))
+    assert g.cfg.mixers == ("mamba2", "attention", "mamba2", "mamba2") and not g.cfg.rope
+    assert g.spec.moe and g.spec.shared_expert and not g.spec.shared_gate and g.cfg.n_expert == 8
+    assert (g.cfg.embed_scale, g.cfg.residual_scale, g.cfg.attn_scale, g.cfg.logit_scale) == \
+        tuple(float(np.float32(v)) for v in (8.0, 0.5, 0.09, 4.0))
 
 
 def test_batched_sequences_equal_each_alone_with_more_requests_than_state_slots(llm):
@@ -153,7 +162,9 @@ def test_inspect_memory_reports_the_state_apart_from_the_kv(lfm2):
     assert other["recurrent_state_mb"] == mem["recurrent_state_mb"]  # constant in the context
 
 
-@pytest.mark.parametrize("name, taps", [("lfm2", "blk.0.shortconv.conv.weight"), ("mamba2", "blk.0.ssm_conv1d.weight")])
+@pytest.mark.parametrize("name, taps", [("lfm2", "blk.0.shortconv.conv.weight"), ("mamba2", "blk.0.ssm_conv1d.weight"),
+                                        ("granitehybrid", "blk.0.ssm_conv1d.weight"),
+                                        ("nemotron_h", "blk.3.ssm_conv1d.weight")])
 def test_quantize_model_writes_llama_quantizes_file_byte_for_byte(tmp_path, name, taps):
     """Q4_K_M of the LFM2 and Mamba2 zoo models' F16 forms: the convolution taps kept F32 (llama.cpp never
     quantizes them), the rest by the usual rules, tensors in llama-quantize's order; sha256 from llama.cpp

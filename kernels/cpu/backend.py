@@ -128,7 +128,7 @@ def layer_stack(cfg, layers, inv_freqs, **flags):
     inv_freqs: each layer's RoPE inverse frequencies; flags: the architecture's (ArchSpec.stack_flags)."""
     from .step import LayerStack
 
-    if cfg.recurrent:  # hybrid models run the per-op forward until the step has their recurrent parts
+    if cfg.recurrent or not cfg.rope or cfg.residual_scale:  # the per-op forward until the step has these
         return None
     mats = [getattr(lw, name) for lw in layers for name in LayerStack.MATS]
     mats += [w for lw in layers for name in ("exp_gate", "exp_up", "exp_down") for w in (getattr(lw, name) or ())]
@@ -244,6 +244,12 @@ def add_bias_(x, b) -> None:
 def scale_(x, s: float) -> None:
     # x *= s
     x *= np.float32(s)
+
+
+def relu_sqr_(x) -> None:
+    # x = relu(x)^2, in place (Nemotron-H's feed-forward activation)
+    np.maximum(x, np.float32(0.0), out=x)
+    x *= x
 
 
 def take_rows(x, idx):

@@ -369,6 +369,14 @@ def _scale(x, s):
 
 
 @cuda.jit
+def _relu_sqr(x):
+    r, c = cuda.grid(2)
+    if r < x.shape[0] and c < x.shape[1]:
+        v = max(x[r, c], np.float32(0.0))
+        x[r, c] = v * v
+
+
+@cuda.jit
 def _take_rows(x, idx, out):
     r, c = cuda.grid(2)
     if r < out.shape[0] and c < out.shape[1]:
@@ -403,6 +411,11 @@ def add_bias_(x, b) -> None:
 def scale_(x, s: float) -> None:
     grid, tb = _grid2(x.shape[0], x.shape[1])
     _scale[grid, tb](x, np.float32(s))
+
+
+def relu_sqr_(x) -> None:
+    grid, tb = _grid2(x.shape[0], x.shape[1])
+    _relu_sqr[grid, tb](x)
 
 
 def take_rows(x, idx):

@@ -1,5 +1,5 @@
-"""The parts of a decoder layer, one module per kind: norms.py, attention.py (the mixer), shortconv.py and mamba2.py (recurrent mixers), ffn.py and moe.py
-(the feed-forward: dense, or a mixture of experts).
+"""The parts of a decoder layer, one module per kind: norms.py, attention.py (the mixer), shortconv.py and mamba2.py (recurrent mixers), mlp.py (a layer that
+is a feed-forward block alone), ffn.py and moe.py (the feed-forward: dense, or a mixture of experts).
 
 A layer is two residual blocks, each a sequence of parts: a norm (pre_norms), the part, a norm on its
 output (post_norms), the residual add; the first block's part is the mixer, the second's the
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import attention, ffn, mamba2, moe, shortconv
+from . import attention, ffn, mamba2, mlp, moe, shortconv
 
 if TYPE_CHECKING:
     from ...config import ModelConfig
@@ -40,7 +40,7 @@ class Where(NamedTuple):
     inv_freq: Any  # (rope_dim / 2,) float64, on the backend
 
 
-MIXERS = {"attention": attention, "shortconv": shortconv, "mamba2": mamba2}
+MIXERS = {"attention": attention, "shortconv": shortconv, "mamba2": mamba2, "mlp": mlp}
 
 
 def mixer(cfg: ModelConfig, layer: int):
@@ -55,10 +55,13 @@ def feed_forward(spec: ArchSpec, layer: int):
 
 def residual(kb, cfg: ModelConfig, spec: ArchSpec, part, lw, x, h, norm, post_norm, at: Where) -> None:
     """One residual block of a layer, per op: x += post_norm(part(norm(x))) (each norm where the
-    architecture has it); h: room for the normed x (T, dim)."""
+    architecture has it; times cfg.residual_scale where the model has one); h: room for the normed x
+    (T, dim)."""
     if spec.pre_norms:
         kb.rmsnorm(x, norm, cfg.norm_eps, h)
     y = part.forward(kb, cfg, spec, lw, h if spec.pre_norms else x, at)
     if spec.post_norms:
         kb.rmsnorm(y, post_norm, cfg.norm_eps, y)
+    if cfg.residual_scale:  # Granite
+        kb.scale_(y, cfg.residual_scale)
     kb.add_(x, y)

@@ -1,5 +1,5 @@
 """A mixture of experts as the feed-forward part of a decoder layer, per op: the router's k experts per
-token, each expert's tokens through its FFN together, the weighted sum; plus the shared expert, gated, where
+token, each expert's tokens through its FFN together, the weighted sum; plus the shared expert (gated or not) where
 the architecture has one (kernels/cpu/moe.py has the steps; the compiled step's code is
 kernels/cpu/parts/moe.py)."""
 
@@ -26,8 +26,8 @@ def tensors(spec: ArchSpec, cfg: ModelConfig, has) -> list:
            (("exp_up",), TN.FFN_UP_EXP, "weight", (e, fe, d), "experts"),
            (("exp_down",), TN.FFN_DOWN_EXP, "weight", (e, d, fe), "experts")]
     if spec.shared_expert:
-        out += [(("sh_gate",), TN.FFN_GATE_INP_SHEXP, "weight", (d,), None),
-                (("w_gate",), TN.FFN_GATE_SHEXP, "weight", (f, d), None),
+        out += [(("sh_gate",), TN.FFN_GATE_INP_SHEXP, "weight", (d,), None)] if spec.shared_gate else []
+        out += [(("w_gate",), TN.FFN_GATE_SHEXP, "weight", (f, d), None),
                 (("w_up",), TN.FFN_UP_SHEXP, "weight", (f, d), None),
                 (("w_down",), TN.FFN_DOWN_SHEXP, "weight", (d, f), None)]
     return out
@@ -45,6 +45,8 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
         y[r0:r1] = gated(kb, spec, hs[r0:r1], lw.exp_gate[e], lw.exp_up[e], lw.exp_down[e])
     out = kb.empty(h.shape)
     kb.moe_combine(y, pos, wts, out)
-    if spec.shared_expert:
+    if spec.shared_expert and spec.shared_gate:  # qwen2moe: gated by sigmoid(h . sh_gate)
         kb.moe_shared_add(out, gated(kb, spec, h, lw.w_gate, lw.w_up, lw.w_down), h, lw.sh_gate)
+    elif spec.shared_expert:  # granitehybrid: added as it is
+        kb.add_(out, gated(kb, spec, h, lw.w_gate, lw.w_up, lw.w_down))
     return out
