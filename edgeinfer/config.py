@@ -34,6 +34,9 @@ class ModelConfig:
     embed_scale: float = 1.0
     rope_mscale: float = 1.0  # rotated q/k values times this (LongRoPE's attn_factor); 1: none
     rope: bool = True  # False: the attention layers have no positions at all (NoPE: Granite 4 H, Nemotron-H)
+    # interleaved multi-section RoPE (Qwen3.5's IMRoPE): text tokens rotate every pair by their position but
+    # the pairs of the fourth section, which stay unrotated; () none
+    rope_sections: tuple = ()
     # Granite's multipliers (0: none): each block's output times residual_scale before its residual add,
     # the logits divided by logit_scale
     residual_scale: float = 0.0
@@ -51,7 +54,9 @@ class ModelConfig:
     # "attention", "shortconv" (LFM2's gated short convolution: a recurrent state of its last
     # conv_l_cache - 1 inputs per sequence, no KV), "mamba2" (a selective state-space layer: a state of
     # its convolution's last ssm_conv - 1 inputs and an (ssm_heads, head, ssm_state) matrix per sequence)
-    # or "mlp" (a layer that is a feed-forward block alone, Nemotron-H's: no memory)
+    # "deltanet" (a gated delta net, Qwen3.5's linear attention: a state of its convolution's last ssm_conv - 1
+    # inputs and an (ssm_heads, ssm_state, ssm_state) matrix per sequence) or "mlp" (a layer that is a
+    # feed-forward block alone, Nemotron-H's: no memory)
     mixers: tuple = ()
     conv_l_cache: int = 0
     ssm_conv: int = 0  # Mamba2: the convolution's taps (d_conv),
@@ -78,12 +83,13 @@ class ModelConfig:
 
     @property
     def ssm_layers(self) -> tuple:
-        """The Mamba2 layers, in order."""
-        return tuple(i for i in range(self.n_layer) if self.mixer(i) == "mamba2")
+        """The layers with a convolution and a state matrix per sequence (Mamba2, the gated delta net), in
+        order."""
+        return tuple(i for i in range(self.n_layer) if self.mixer(i) in ("mamba2", "deltanet"))
 
     @property
     def ssm_conv_dim(self) -> int:
-        """Channels of a Mamba2 layer's convolution: x, B and C."""
+        """Channels of a Mamba2 layer's convolution: x, B and C (a delta net's: q, k and v)."""
         return self.ssm_inner + 2 * self.ssm_groups * self.ssm_state
 
     @property

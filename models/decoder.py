@@ -81,6 +81,9 @@ class ArchSpec:
     # a shared expert where the file gives expert_shared_feed_forward_length
     with_experts: tuple = ()
     shared_gate: bool = True  # the shared expert's output gated by sigmoid(h . sh_gate) (qwen2moe); else added
+    attn_gate: bool = False  # attn_q holds each head's query then its gate: the output times sigmoid(gate) (qwen35)
+    ffn_norm: TN = TN.FFN_NORM  # the norm before the feed-forward block (qwen35: post_attention_norm)
+    imrope: bool = False  # the file's rope.dimension_sections (interleaved multi-section RoPE, qwen35)
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -150,6 +153,8 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
                       final_softcap=float(meta(gf, a, "final_logit_softcapping", cap_f) or 0.0))
     if spec.embed_scale:
         cfg = replace(cfg, embed_scale=float(np.sqrt(dim)))
+    if spec.imrope:
+        cfg = replace(cfg, rope_sections=_rope_sections(gf, cfg))
     if not spec.rope or (spec.granite and not meta(gf, a, "rope.scaling.finetuned", True)):
         cfg = replace(cfg, rope=False)
     if spec.granite:
@@ -159,6 +164,31 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
     if spec.moe:
         cfg = _moe_config(gf, spec, cfg)
     return cfg
+
+
+def _rope_sections(gf: GGUFFile, cfg: ModelConfig) -> tuple:
+    key = f"{cfg.arch}.rope.dimension_sections"
+    v = gf.metadata.get(key)
+    if v is None:
+        raise ModelLoadError(f"missing metadata key {key!r}")
+    sections = tuple(int(x) for x in (list(v) + [0, 0, 0, 0])[:4])
+    if not 0 < sum(sections) <= cfg.rope_dim // 2 or min(sections) < 0:
+        raise ModelLoadError(f"metadata key {key!r} is {list(v)}: its sections must add up to between 1 and "
+                             f"{cfg.rope_dim // 2} (half the rotated dimensions)")
+    return sections
+
+
+def imrope_pairs(sections: tuple, n_pairs: int) -> np.ndarray:
+    """Which of n_pairs rotated pairs a text token rotates under interleaved multi-section RoPE (llama.cpp's
+    ggml_mrope_cache_init with is_imrope: a pair of the fourth section takes the fourth position, which is 0
+    for text)."""
+    total = sum(sections)
+    keep = np.ones(n_pairs, bool)
+    for i in range(n_pairs):
+        s = i % total
+        keep[i] = (s % 3 == 1 and s < 3 * sections[1]) or (s % 3 == 2 and s < 3 * sections[2]) \
+            or (s % 3 == 0 and s < 3 * sections[0])
+    return keep
 
 
 def _granite_config(gf: GGUFFile, cfg: ModelConfig) -> ModelConfig:
@@ -175,11 +205,14 @@ def _granite_config(gf: GGUFFile, cfg: ModelConfig) -> ModelConfig:
 
 def _layer_mixers(gf: GGUFFile, spec: ArchSpec, n_layer: int, n_head: int) -> tuple[tuple, int]:
     """(each layer's mixer, or () where every layer is attention; the attention layers' KV heads). A hybrid
-    file (spec.recurrent) gives head_count_kv per layer, 0 for a recurrent layer; a state-space model's
-    head_count is 0."""
+    file (spec.recurrent) gives head_count_kv per layer, 0 for a recurrent layer (a qwen35 file says which
+    layers are linear attention apart); a state-space model's head_count is 0."""
     key = f"{gf.architecture}.attention.head_count_kv"
     if not spec.recurrent:
         return (), meta(gf, gf.architecture, "attention.head_count_kv", n_head)
+    if spec.recurrent == "deltanet":  # Qwen3.5: one head_count_kv; which layers are which said apart
+        return (tuple(spec.recurrent if r else "attention" for r in _deltanet_layers(gf, n_layer)),
+                meta(gf, gf.architecture, "attention.head_count_kv", n_head))
     per = _per_layer(gf, "attention.head_count_kv", n_layer) if key in gf.metadata else [n_head] * n_layer
     heads = sorted({h for h in per if h})
     if len(heads) > 1:
@@ -194,6 +227,22 @@ def _layer_mixers(gf: GGUFFile, spec: ArchSpec, n_layer: int, n_head: int) -> tu
             raise ModelLoadError(f"metadata key '{gf.architecture}.feed_forward_length' gives different sizes "
                                  f"({sizes}) to the feed-forward layers; edgeinfer supports one")
     return tuple(mixers), (heads[0] if heads else n_head)
+
+
+def _deltanet_layers(gf: GGUFFile, n_layer: int) -> list[bool]:
+    # which layers are linear attention: attention.recurrent_layers (one bool a layer), else all but every
+    # full_attention_interval-th (llama.cpp's default interval: 4)
+    a = gf.architecture
+    v = gf.metadata.get(f"{a}.attention.recurrent_layers")
+    if v is not None:
+        flags = [bool(x) for x in v]
+        if len(flags) < n_layer:
+            raise ModelLoadError(f"metadata key '{a}.attention.recurrent_layers' has {len(flags)} values for {n_layer} layers")
+        return flags[:n_layer]
+    interval = int(meta(gf, a, "full_attention_interval", 4) or 0)
+    if interval < 1:
+        raise ModelLoadError(f"metadata key '{a}.full_attention_interval' is {interval}: it must be at least 1")
+    return [(i + 1) % interval != 0 for i in range(n_layer)]
 
 
 def _per_layer(gf: GGUFFile, key: str, n_layer: int) -> list[int]:
@@ -223,6 +272,10 @@ def _recurrent_config(gf: GGUFFile, spec: ArchSpec, cfg: ModelConfig) -> ModelCo
                   ssm_groups=int(meta(gf, a, "ssm.group_count", 1) or 1))
     if cfg.ssm_conv < 2:
         raise ModelLoadError(f"{a}.ssm.conv_kernel is {cfg.ssm_conv}: a convolution needs at least 2 taps")
+    if spec.recurrent == "deltanet" and (cfg.ssm_heads % cfg.ssm_groups or cfg.ssm_inner != cfg.ssm_heads * cfg.ssm_state):
+        raise ModelLoadError(f"{a}: ssm.inner_size {cfg.ssm_inner} must be ssm.time_step_rank {cfg.ssm_heads} value heads "
+                             f"of ssm.state_size {cfg.ssm_state}, and the value heads a multiple of ssm.group_count "
+                             f"{cfg.ssm_groups}")
     if min(cfg.ssm_inner, cfg.ssm_state, cfg.ssm_heads) < 1 or cfg.ssm_inner % cfg.ssm_heads \
             or cfg.ssm_heads % cfg.ssm_groups:
         raise ModelLoadError(f"{a}: ssm.inner_size {cfg.ssm_inner} must be a multiple of ssm.time_step_rank "
@@ -289,6 +342,10 @@ class LayerWeights:
     ssm_d: np.ndarray | None = None  # (heads,): the skips
     ssm_norm: np.ndarray | None = None  # (d_inner,): the grouped RMS norm's weights
     ssm_out: object = None  # (dim, d_inner)
+    ssm_qkv: object = None  # a delta net's: (2 Hk Dk + H Dv, dim), q, k and v
+    ssm_z: object = None  # (H Dv, dim): the output gate
+    ssm_beta: object = None  # (H, dim)
+    ssm_alpha: object = None  # (H, dim)
 
 
 LayerTensor = parts.LayerTensor
@@ -356,7 +413,10 @@ class Model:
         self.output = ld.matrix("output.weight", cfg.vocab_size, cfg.dim) if ld.has("output.weight") else self.tok_embd
         factors = self._rope_factors(gf, ld, n_ctx)
         ld.finish()
-        self.inv_freq = kb.upload(rope_inv_freq(cfg.rope_dim, cfg.rope_base, cfg.rope_freq_scale, factors))
+        inv_freq = rope_inv_freq(cfg.rope_dim, cfg.rope_base, cfg.rope_freq_scale, factors)
+        if cfg.rope_sections:  # IMRoPE: the fourth section's pairs keep angle 0 for text
+            inv_freq = np.where(imrope_pairs(cfg.rope_sections, inv_freq.shape[0]), inv_freq, 0.0)
+        self.inv_freq = kb.upload(inv_freq)
         # every layer in one compiled call where the backend has one; forward_per_op is the reference
         self.stack = kb.layer_stack(cfg, self.layers, [self.layer_inv_freq(i) for i in range(cfg.n_layer)],
                                     **spec.stack_flags)

@@ -785,6 +785,106 @@ def write_nemotron_h(path) -> None:
     _finish(w)
 
 
+def _qwen35_hparams(w: gguf.GGUFWriter, arch: str, n_layer: int, dim: int, ffn: int, heads: tuple, dk: int,
+                    kheads: int, vheads: int, taps: int, rope_dim: int, sections: list, base: float = 1e7) -> None:
+    # what convert_hf_to_gguf writes for Qwen3.5 (full_attention_interval, not recurrent_layers)
+    n_head, n_kv, hd = heads
+    _hparams(w, arch, n_layer=n_layer, n_ctx=4096, dim=dim, ffn=ffn, n_head=n_head, n_kv=n_kv, head_dim=hd,
+             rope_dim=rope_dim, base=base)
+    w.add_rope_dimension_sections(sections)
+    w.add_ssm_conv_kernel(taps)
+    w.add_ssm_state_size(dk)
+    w.add_ssm_group_count(kheads)
+    w.add_ssm_time_step_rank(vheads)
+    w.add_ssm_inner_size(dk * vheads)
+    w.add_full_attention_interval(4)
+
+
+def _qwen35_layer_mixer(w, r: "_Init", p: str, i: int, n_layer: int, dim: int, heads: tuple, dk: int, kheads: int,
+                        vheads: int, taps: int, qk: float = 0.65) -> None:
+    """A qwen35 layer's mixer tensors: gated full attention on every fourth layer (attn_q twice as wide: each
+    head's query then its gate), else a gated delta net; Q4_K_M-like, the taps, A, dt bias and norms F32."""
+    n_head, n_kv, hd = heads
+    if (i + 1) % 4 == 0:
+        _add(w, p + "attn_q.weight", r.mat(2 * n_head * hd, dim), T.Q4_K)
+        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim), T.Q4_K)
+        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), _q4km("attn_v", i, n_layer))
+        _add(w, p + "attn_q_norm.weight", qk * r.norm(hd))
+        _add(w, p + "attn_k_norm.weight", qk * r.norm(hd))
+        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd, 1.5), T.Q4_K)
+        return
+    conv = 2 * kheads * dk + vheads * dk
+    _add(w, p + "attn_qkv.weight", r.mat(conv, dim, 1.5), T.Q4_K)
+    _add(w, p + "attn_gate.weight", r.mat(vheads * dk, dim), T.Q4_K)
+    _add(w, p + "ssm_conv1d.weight", r.mat(conv, taps, 1.0))
+    _add(w, p + "ssm_dt.bias", r.vec(vheads, 0.5))
+    _add(w, p + "ssm_a", -np.exp(r.vec(vheads, 0.5)))
+    _add(w, p + "ssm_beta.weight", r.mat(vheads, dim), T.Q4_K)
+    _add(w, p + "ssm_alpha.weight", r.mat(vheads, dim), T.Q4_K)
+    _add(w, p + "ssm_norm.weight", r.norm(dk))
+    _add(w, p + "ssm_out.weight", r.mat(dim, vheads * dk, 1.5), T.Q4_K)
+
+
+def write_qwen35(path) -> None:
+    """qwen35 (Qwen3.5 dense): 4 layers, dim 256; layers 0-2 gated delta nets (2 key heads and 4 value heads
+    of 64, 4 taps: a state of 3 inputs of 512 channels and four (64, 64) matrices per sequence), layer 3
+    gated full attention (full_attention_interval 4: 4 heads / 2 kv heads of 64, per-head q/k norms, RoPE
+    on all 64 dimensions, base 10000, IMRoPE sections [1, 1, 1, 29]: pairs 3-31, the fourth section's, stay
+    unrotated for text; qwen35moe has Qwen3.5's partial rotation); post_attention_norm before a SiLU-gated FFN 512; tied embedding. The last layer is
+    attention; llama.cpp's chunked delta net is checked by the 100-token prompt (chunk 64)."""
+    n_layer, dim, ffn, heads, dk, kheads, vheads, taps = 4, 256, 512, (4, 2, 64), 64, 2, 4, 4
+    r = _Init(16)
+    w = gguf.GGUFWriter(str(path), "qwen35")
+    _qwen35_hparams(w, "qwen35", n_layer, dim, ffn, heads, dk, kheads, vheads, taps, 64, [1, 1, 1, 29], base=1e4)
+    vocab = _gpt2_vocab(w, ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"], pre="qwen35",
+                        eos=2, template=QWEN3_TEMPLATE)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.12), T.Q6_K)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        # q/k norm weights 1.8: attention sharp enough that its positions show in the logits
+        _qwen35_layer_mixer(w, r, p, i, n_layer, dim, heads, dk, kheads, vheads, taps, qk=1.8)
+        _add(w, p + "post_attention_norm.weight", r.norm(dim))
+        _add(w, p + "ffn_gate.weight", r.mat(ffn, dim), T.Q4_K)
+        _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.Q4_K)
+        _add(w, p + "ffn_down.weight", r.mat(dim, ffn, 1.5), _q4km("ffn_down", i, n_layer))
+    _add(w, "output_norm.weight", 1.6 * r.norm(dim))
+    _finish(w)
+
+
+def write_qwen35moe(path) -> None:
+    """qwen35moe (Qwen3.5/3.6 MoE): write_qwen35's layers (5 of them: the delta nets with 2 key heads and 4
+    value heads, layer 3 attention) with a mixture of experts in every layer: 8 experts, 2 used, expert
+    FFN 256 (expert_feed_forward_length), softmax routing renormalised, and a shared expert (FFN 256) gated
+    by sigmoid(h . ffn_gate_inp_shexp); IMRoPE sections [3, 3, 2, 0]; untied output."""
+    n_layer, dim, heads, dk, kheads, vheads, taps = 5, 256, (4, 2, 64), 64, 2, 4, 4
+    n_expert, n_used, ffn_exp, ffn_sh = 8, 2, 256, 256
+    r = _Init(17)
+    w = gguf.GGUFWriter(str(path), "qwen35moe")
+    _qwen35_hparams(w, "qwen35moe", n_layer, dim, 768, heads, dk, kheads, vheads, taps, 16, [3, 3, 2, 0])
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_used)
+    w.add_expert_feed_forward_length(ffn_exp)
+    w.add_expert_shared_feed_forward_length(ffn_sh)
+    vocab = _gpt2_vocab(w, ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"], pre="qwen35",
+                        eos=2, template=QWEN3_TEMPLATE)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.5), T.Q4_K)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _qwen35_layer_mixer(w, r, p, i, n_layer, dim, heads, dk, kheads, vheads, taps)
+        _add(w, p + "post_attention_norm.weight", r.norm(dim))
+        _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp,
+                   {"gate": T.Q4_K, "up": T.Q4_K, "down": lambda i, n: _q4km("ffn_down_exps", i, n)}, router=5)
+        _add(w, p + "ffn_gate_inp_shexp.weight", r.vec(dim, 1 / np.sqrt(dim)))
+        _add(w, p + "ffn_gate_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
+        _add(w, p + "ffn_up_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
+        _add(w, p + "ffn_down_shexp.weight", r.mat(dim, ffn_sh, 1.5), _q4km("ffn_down", i, n_layer))
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 3.0), T.Q6_K)
+    _finish(w)
+
+
 def write_lfm2_bench(path) -> None:
     """A realistic-shape random lfm2 for benchmarks only (not in the golden file): LFM2-1.2B's shape, 16
     layers, dim 2048, 10 gated short convolutions (3 taps) and 6 attention layers (2, 5, 8, 10, 12, 14: 32
@@ -877,6 +977,8 @@ ZOO = {
     "mamba2": write_mamba2,
     "granitehybrid": write_granitehybrid,
     "nemotron_h": write_nemotron_h,
+    "qwen35": write_qwen35,
+    "qwen35moe": write_qwen35moe,
     "lfm2_bench": write_lfm2_bench,
     "mamba2_bench": write_mamba2_bench,
 }

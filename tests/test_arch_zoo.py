@@ -242,6 +242,11 @@ def _rewrite(src, dst, *, drop=(), meta=None, arch=None):
     ("granitehybrid", {"drop": ["blk.0.ssm_dt.bias"]}, "missing tensor 'blk.0.ssm_dt.bias'"),
     ("nemotron_h", {"drop": ["blk.4.ffn_down.weight"]}, "missing tensor 'blk.4.ffn_down.weight'"),
     ("nemotron_h", {"drop": ["blk.2.attn_k.weight"]}, "missing tensor 'blk.2.attn_k.weight'"),
+    ("qwen35", {"drop": ["blk.1.ssm_beta.weight"]}, "missing tensor 'blk.1.ssm_beta.weight'"),
+    ("qwen35", {"drop": ["blk.0.ssm_a"]}, "missing tensor 'blk.0.ssm_a'"),
+    ("qwen35", {"meta": {"qwen35.ssm.inner_size": 512}}, "ssm.inner_size 512 must be ssm.time_step_rank 4 value heads"),
+    ("qwen35", {"meta": {"qwen35.full_attention_interval": 2}}, "missing tensor 'blk.1.attn_q.weight'"),
+    ("qwen35moe", {"drop": ["blk.3.ffn_gate_inp_shexp.weight"]}, "missing tensor 'blk.3.ffn_gate_inp_shexp.weight'"),
     ("nemotron_h", {"meta": {"nemotron_h.ssm.group_count": 3}}, "must be a multiple of ssm.time_step_rank 8, and that of "
                                                                 "ssm.group_count 3"),
 ])

@@ -368,3 +368,12 @@ def add_row(x, y, r):
     # x[r] += y[r]
     for i in range(x.shape[1]):
         x[r, i] += y[r, i]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def sigmoid_mul_(x, g):
+    """x (T, F) *= sigmoid(g) (T, F) in place, 1 / (1 + expf(-g)) one element at a time (ggml_sigmoid's
+    scalar form: the same bits wherever an element sits in a batch): the gated attention's output gate."""
+    for t in prange(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[t, i] = x[t, i] * (np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-g[t, i]))))

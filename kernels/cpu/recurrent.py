@@ -9,6 +9,8 @@ never over tokens.
 - ssm_conv: Mamba2's causal depthwise convolution over x, B and C, plus its bias, then SiLU.
 - ssm_scan: Mamba2's selective state-space update (a scalar decay per head), one token at a time.
 - gated_group_norm: Mamba2's output gate silu(z) * y and its RMS norm per group of channels.
+- delta_rule: the gated delta rule (Qwen3.5's and Qwen3-Next's linear attention), one token at a time.
+- norm_gate: the delta rule's output RMS-normed per head, times the norm's weights and silu(z).
 Convolution taps are added in order from 0.0, oldest first, as llama.cpp's ggml_ssm_conv.
 """
 
@@ -164,3 +166,87 @@ def gated_group_norm(y, z, w, n_group, eps, out):
             scale = np.float32(1.0 / math.sqrt(ss / per + eps))
             for i in range(g * per, (g + 1) * per):
                 out[t, i] = out[t, i] * scale * w[i]
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _delta_row(m, k, q, eg, v, beta):
+    # one row j of a head's state (row j of the transposed S, (dk,)), updated by the gated delta rule:
+    # m = m eg; d = (v_j - m . k) beta; m += d k; returns m . q. Fast math, so that each pass vectorizes
+    # (the sums' order is the compiled loop's, the same for every token and batch)
+    s = np.float32(0.0)
+    for i in range(m.shape[0]):
+        x = m[i] * eg
+        m[i] = x
+        s += x * k[i]
+    d = (v - s) * beta
+    acc = np.float32(0.0)
+    for i in range(m.shape[0]):
+        x = m[i] + d * k[i]
+        m[i] = x
+        acc += x * q[i]
+    return acc
+
+
+@njit(inline="always", cache=True)
+def _l2_norm(x, eps, out):
+    # llama.cpp's build_gdn_l2_norm: rms_norm(x, eps / n) / sqrt(n), the squares summed in float64
+    n = x.shape[0]
+    ss = 0.0
+    for i in range(n):
+        v = x[i] * x[i]
+        ss += np.float64(v)
+    fn = np.float32(n)
+    scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(ss / n) + np.float32(eps) / fn))
+    inv = np.float32(1.0) / np.float32(math.sqrt(fn))
+    for i in range(n):
+        out[i] = (x[i] * scale) * inv
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def delta_rule(qkv, alpha, beta, dt_bias, a, n_kheads, eps, state, token_seq, positions, slots, y):
+    """The gated delta rule. qkv (T, 2 Hk Dk + H Dv) after the convolution: q and k (Hk heads of Dk each),
+    then v (H heads of Dv); alpha, beta (T, H) before their activations; dt_bias, a (H,); state (n_slots,
+    H, Dv, Dk), S transposed, updated -> y (T, H Dv). Value head h reads key head h % Hk (llama.cpp's
+    layout), q and k L2-normed; per token: g = softplus(alpha + dt_bias) a, S = S exp(g),
+    S += k ((v - S^T k) sigmoid(beta))^T, y = S^T q / sqrt(Dv)."""
+    T = qkv.shape[0]
+    H, DV, DK = state.shape[1], state.shape[2], state.shape[3]
+    key = n_kheads * DK
+    scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(DV)))
+    for h in prange(H):
+        kh = h % n_kheads
+        qn = np.empty(DK, np.float32)
+        kn = np.empty(DK, np.float32)
+        for t in range(T):
+            st = state[slots[token_seq[t]], h]
+            if positions[t] == 0:
+                st[:, :] = 0.0
+            _l2_norm(qkv[t, kh * DK:(kh + 1) * DK], eps, qn)
+            _l2_norm(qkv[t, key + kh * DK:key + (kh + 1) * DK], eps, kn)
+            g = _softplus(alpha[t, h] + dt_bias[h]) * a[h]
+            eg = np.float32(math.exp(g))
+            b = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-beta[t, h])))
+            v0 = 2 * key + h * DV
+            for j in range(DV):
+                y[t, h * DV + j] = _delta_row(st[j], kn, qn, eg, qkv[t, v0 + j], b) * scale
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def norm_gate(y, z, w, n_head, eps, out):
+    """out (T, E) = rmsnorm(y) per head of E / n_head channels, times w (E / n_head,), times silu(z); y and
+    out C-contiguous (out may be y), z any rows (as llama.cpp's qwen35 build_norm_gated)."""
+    T, E = y.shape
+    per = E // n_head
+    for t in prange(T):
+        zt = np.empty((1, E), np.float32)
+        for i in range(E):
+            zt[0, i] = z[t, i]
+        for h in range(n_head):
+            ss = 0.0
+            for i in range(h * per, (h + 1) * per):
+                v = y[t, i] * y[t, i]
+                ss += np.float64(v)
+            scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(ss / per) + np.float32(eps)))
+            for i in range(h * per, (h + 1) * per):
+                out[t, i] = (y[t, i] * scale) * w[i - h * per]
+        gated_act_range(zt, out[t:t + 1], out[t:t + 1], False, 0, 0, E)  # silu(z) * normed, eight lanes at a time

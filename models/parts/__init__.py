@@ -1,4 +1,4 @@
-"""The parts of a decoder layer, one module per kind: norms.py, attention.py (the mixer), shortconv.py and mamba2.py (recurrent mixers), mlp.py (a layer that
+"""The parts of a decoder layer, one module per kind: norms.py, attention.py (the mixer), shortconv.py, mamba2.py and deltanet.py (recurrent mixers), mlp.py (a layer that
 is a feed-forward block alone), ffn.py and moe.py (the feed-forward: dense, or a mixture of experts).
 
 A layer is two residual blocks, each a sequence of parts: a norm (pre_norms), the part, a norm on its
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import attention, ffn, mamba2, mlp, moe, shortconv
+from . import attention, deltanet, ffn, mamba2, mlp, moe, shortconv
 
 if TYPE_CHECKING:
     from ...config import ModelConfig
@@ -40,7 +40,7 @@ class Where(NamedTuple):
     inv_freq: Any  # (rope_dim / 2,) float64, on the backend
 
 
-MIXERS = {"attention": attention, "shortconv": shortconv, "mamba2": mamba2, "mlp": mlp}
+MIXERS = {"attention": attention, "shortconv": shortconv, "mamba2": mamba2, "deltanet": deltanet, "mlp": mlp}
 
 
 def mixer(cfg: ModelConfig, layer: int):

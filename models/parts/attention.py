@@ -19,7 +19,9 @@ def tensors(spec: ArchSpec, cfg: ModelConfig, has) -> list:
     """The attention's layer tensors (parts.LayerTensor); has(tensor): whether the file holds it (a fused
     q/k/v projection)."""
     d, hq, hk, hv = cfg.dim, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim, cfg.n_kv_head * cfg.v_head_dim
-    if has(TN.ATTN_QKV):
+    if spec.attn_gate:  # each head's query then its gate
+        hq *= 2
+    if has(TN.ATTN_QKV) and spec.recurrent != "deltanet":  # (a delta net layer's attn_qkv is its own)
         out = [(("wq", "wk", "wv"), TN.ATTN_QKV, "weight", (hq + hk + hv, d), (hq, hk, hv))]
     else:
         out = [(("wq",), TN.ATTN_Q, "weight", (hq, d), None), (("wk",), TN.ATTN_K, "weight", (hk, d), None),
@@ -40,6 +42,10 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
     t = h.shape[0]
     hq = kb.quantize_input(h)  # one quantized activation for q, k and v
     q2, k2, v2 = kb.matmul(lw.wq, hq), kb.matmul(lw.wk, hq), kb.matmul(lw.wv, hq)
+    if spec.attn_gate:  # qwen35: (T, heads, [query, gate], head_dim) -> the queries, and the gates for later
+        qg = q2.reshape(t, cfg.n_head, 2, cfg.head_dim)
+        q2 = np.ascontiguousarray(qg[:, :, 0]).reshape(t, cfg.n_head * cfg.head_dim)
+        gate = np.ascontiguousarray(qg[:, :, 1]).reshape(t, cfg.n_head * cfg.head_dim)
     if spec.qkv_bias:
         kb.add_bias_(q2, lw.bq)
         kb.add_bias_(k2, lw.bk)
@@ -66,4 +72,7 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
     window = cfg.sliding_window if cfg.is_sliding(layer) else 0
     kb.paged_attention(q, kc, vc, batch.token_seq, batch.positions, batch.block_tables, cache.block_size,
                        np.float32(scale), window, np.float32(cfg.attn_softcap), out)
-    return kb.matmul(lw.wo, out.reshape(t, cfg.n_head * cfg.v_head_dim))
+    out = out.reshape(t, cfg.n_head * cfg.v_head_dim)
+    if spec.attn_gate:
+        kb.sigmoid_mul_(out, gate)
+    return kb.matmul(lw.wo, out)

@@ -1,0 +1,57 @@
+"""The gated delta net (Qwen3.5's and Qwen3-Next's linear attention) as a part of a decoder layer, per op
+(llama.cpp's src/models/qwen35.cpp build_layer_attn_linear, delta-net-base.cpp):
+
+    qkv, z = attn_qkv(h), attn_gate(h)          (2 Hk Dk + H Dv, and H Dv columns)
+    beta, alpha = ssm_beta(h), ssm_alpha(h)     (H columns each)
+    qkv = silu(conv(qkv))                       (a causal depthwise convolution of d_conv taps, no bias)
+    y = delta_rule(l2norm(q), l2norm(k), v, softplus(alpha + dt_bias) a, sigmoid(beta))
+    y = rmsnorm_per_head(y) * norm * silu(z)
+    out = ssm_out(y)
+
+The convolution's last d_conv - 1 inputs and each value head's (Dv, Dk) matrix are the sequence's
+recurrent state (cache.ssm_conv, cache.ssm), in its state slot. Sizes from the ssm.* keys: state_size Dk
+(= Dv), group_count Hk, time_step_rank H, inner_size H Dv."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from gguf.constants import MODEL_TENSOR as TN
+
+if TYPE_CHECKING:
+    from ...config import ModelConfig
+    from ..decoder import ArchSpec, LayerWeights
+    from . import Where
+
+
+def tensors(spec: ArchSpec, cfg: ModelConfig, has) -> list:
+    """The delta net's layer tensors (parts.LayerTensor); the taps stay float32, transposed."""
+    d, e, h, conv = cfg.dim, cfg.ssm_inner, cfg.ssm_heads, cfg.ssm_conv_dim
+    return [(("ssm_qkv",), TN.ATTN_QKV, "weight", (conv, d), None),
+            (("ssm_z",), TN.ATTN_GATE, "weight", (e, d), None),
+            (("ssm_conv1d",), TN.SSM_CONV1D, "weight", (conv, cfg.ssm_conv), "float"),
+            (("ssm_dt_b",), TN.SSM_DT, "bias", (h,), None),
+            (("ssm_a",), TN.SSM_A, "", (h,), None),
+            (("ssm_beta",), TN.SSM_BETA, "weight", (h, d), None),
+            (("ssm_alpha",), TN.SSM_ALPHA, "weight", (h, d), None),
+            (("ssm_norm",), TN.SSM_NORM, "weight", (cfg.ssm_state,), None),
+            (("ssm_out",), TN.SSM_OUT, "weight", (d, e), None)]
+
+
+def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where):
+    """The gated delta net of layer at.layer for the batch: h (T, dim) -> (T, dim)."""
+    batch, cache = at.batch, at.cache
+    i = cache.state_index[at.layer]
+    t, e, conv = h.shape[0], cfg.ssm_inner, cfg.ssm_conv_dim
+    hq = kb.quantize_input(h)  # one quantized activation for the four projections
+    qkv, z = kb.matmul(lw.ssm_qkv, hq), kb.matmul(lw.ssm_z, hq)
+    beta, alpha = kb.matmul(lw.ssm_beta, hq), kb.matmul(lw.ssm_alpha, hq)
+    x = kb.empty((t, conv))
+    kb.ssm_conv(qkv, lw.ssm_conv1d, kb.zeros((conv,), np.float32), cache.ssm_conv[i], batch.token_seq,
+                batch.positions, batch.state_slots, x)
+    y = kb.empty((t, e))
+    kb.delta_rule(x, alpha, beta, lw.ssm_dt_b, lw.ssm_a, cfg.ssm_groups, cfg.norm_eps, cache.ssm[i], batch.token_seq,
+                  batch.positions, batch.state_slots, y)
+    kb.norm_gate(y, z, lw.ssm_norm, cfg.ssm_heads, cfg.norm_eps, y)
+    return kb.matmul(lw.ssm_out, y)
