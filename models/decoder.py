@@ -84,6 +84,9 @@ class ArchSpec:
     attn_gate: bool = False  # attn_q holds each head's query then its gate: the output times sigmoid(gate) (qwen35)
     ffn_norm: TN = TN.FFN_NORM  # the norm before the feed-forward block (qwen35: post_attention_norm)
     imrope: bool = False  # the file's rope.dimension_sections (interleaved multi-section RoPE, qwen35)
+    # Qwen3-Next's delta net: beta and alpha in one ssm_ba grouped by key head, value head h reading key head
+    # h // (H / Hk); else Qwen3.5's (ssm_beta and ssm_alpha, key head h % Hk)
+    delta_next: bool = False
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -102,7 +105,7 @@ def resolve(gf: GGUFFile, spec: ArchSpec) -> ArchSpec:
     a = gf.architecture
     if spec.with_experts and meta(gf, a, "expert_count", 0):
         spec = replace(spec, **dict(spec.with_experts))
-        if not spec.shared_gate:  # an ungated shared expert is there where the file sizes one
+        if spec.shared_expert:  # a shared expert is there where the file sizes one
             spec = replace(spec, shared_expert=bool(meta(gf, a, "expert_shared_feed_forward_length", 0)))
     return spec
 
@@ -334,7 +337,8 @@ class LayerWeights:
     conv_in: object = None  # (3 dim, dim): a short-convolution layer's input projection (b, c, x),
     conv_w: np.ndarray | None = None  # (l_cache, dim) float32: its taps, transposed
     conv_out: object = None  # (dim, dim): its output projection
-    ssm_in: object = None  # Mamba2: (d_inner + conv channels + heads, dim), the input projection (z, xBC, dt)
+    ssm_in: object = None  # Mamba2: (d_inner + conv channels + heads, dim), the input projection (z, xBC, dt);
+    # older Qwen3-Next files: q, k, v and z grouped by key head
     ssm_conv1d: np.ndarray | None = None  # (d_conv, conv channels) float32: the convolution's taps, transposed
     ssm_conv1d_b: np.ndarray | None = None  # (conv channels,)
     ssm_dt_b: np.ndarray | None = None  # (heads,)
@@ -346,6 +350,7 @@ class LayerWeights:
     ssm_z: object = None  # (H Dv, dim): the output gate
     ssm_beta: object = None  # (H, dim)
     ssm_alpha: object = None  # (H, dim)
+    ssm_ba: object = None  # (2 H, dim): Qwen3-Next's beta and alpha, grouped by key head
 
 
 LayerTensor = parts.LayerTensor

@@ -885,6 +885,62 @@ def write_qwen35moe(path) -> None:
     _finish(w)
 
 
+def write_qwen3next(path) -> None:
+    """qwen3next (Qwen3-Next-80B-A3B's layer kinds): 4 layers, dim 256, layers 0-2 gated delta nets (2 key
+    heads and 4 value heads of 64: value head h reads key head h // 2, Qwen3-Next's repeat-interleave; beta
+    and alpha in one ssm_ba grouped by key head; attn_qkv and attn_gate as the current converter writes
+    them), layer 3 gated full attention with plain NeoX RoPE on 16 of 64 dimensions; experts in every layer
+    (8, 2 used, FFN 256) with a gated shared expert (256); untied output."""
+    n_layer, dim, (n_head, n_kv, hd), dk, kheads, vheads, taps = 4, 256, (4, 2, 64), 64, 2, 4, 4
+    n_expert, n_used, ffn_exp, ffn_sh = 8, 2, 256, 256
+    r = _Init(23)  # a seed where no token's expert choice is within rounding of a tie
+    w = gguf.GGUFWriter(str(path), "qwen3next")
+    _hparams(w, "qwen3next", n_layer=n_layer, n_ctx=4096, dim=dim, ffn=768, n_head=n_head, n_kv=n_kv, head_dim=hd,
+             rope_dim=16, base=1e4)
+    w.add_ssm_conv_kernel(taps)
+    w.add_ssm_state_size(dk)
+    w.add_ssm_group_count(kheads)
+    w.add_ssm_time_step_rank(vheads)
+    w.add_ssm_inner_size(dk * vheads)
+    w.add_full_attention_interval(4)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_used)
+    w.add_expert_feed_forward_length(ffn_exp)
+    w.add_expert_shared_feed_forward_length(ffn_sh)
+    vocab = _gpt2_vocab(w, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], pre="qwen2", eos=2)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.5), T.Q4_K)
+    conv = 2 * kheads * dk + vheads * dk
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        if i == 3:
+            _add(w, p + "attn_q.weight", r.mat(2 * n_head * hd, dim), T.Q4_K)
+            _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim), T.Q4_K)
+            _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), _q4km("attn_v", i, n_layer))
+            _add(w, p + "attn_q_norm.weight", 0.65 * r.norm(hd))
+            _add(w, p + "attn_k_norm.weight", 0.65 * r.norm(hd))
+            _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd, 1.5), T.Q4_K)
+        else:
+            _add(w, p + "attn_qkv.weight", r.mat(conv, dim, 1.5), T.Q4_K)
+            _add(w, p + "attn_gate.weight", r.mat(vheads * dk, dim), T.Q4_K)
+            _add(w, p + "ssm_conv1d.weight", r.mat(conv, taps, 1.0))
+            _add(w, p + "ssm_dt.bias", r.vec(vheads, 0.5))
+            _add(w, p + "ssm_a", -np.exp(r.vec(vheads, 0.5)))
+            _add(w, p + "ssm_ba.weight", r.mat(2 * vheads, dim), T.Q4_K)
+            _add(w, p + "ssm_norm.weight", r.norm(dk))
+            _add(w, p + "ssm_out.weight", r.mat(dim, vheads * dk, 1.5), T.Q4_K)
+        _add(w, p + "post_attention_norm.weight", r.norm(dim))
+        _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp,
+                   {"gate": T.Q4_K, "up": T.Q4_K, "down": lambda i, n: _q4km("ffn_down_exps", i, n)}, router=5)
+        _add(w, p + "ffn_gate_inp_shexp.weight", r.vec(dim, 1 / np.sqrt(dim)))
+        _add(w, p + "ffn_gate_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
+        _add(w, p + "ffn_up_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
+        _add(w, p + "ffn_down_shexp.weight", r.mat(dim, ffn_sh, 1.5), _q4km("ffn_down", i, n_layer))
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 3.0), T.Q6_K)
+    _finish(w)
+
+
 def write_lfm2_bench(path) -> None:
     """A realistic-shape random lfm2 for benchmarks only (not in the golden file): LFM2-1.2B's shape, 16
     layers, dim 2048, 10 gated short convolutions (3 taps) and 6 attention layers (2, 5, 8, 10, 12, 14: 32
@@ -979,6 +1035,7 @@ ZOO = {
     "nemotron_h": write_nemotron_h,
     "qwen35": write_qwen35,
     "qwen35moe": write_qwen35moe,
+    "qwen3next": write_qwen3next,
     "lfm2_bench": write_lfm2_bench,
     "mamba2_bench": write_mamba2_bench,
 }

@@ -29,7 +29,8 @@ def lfm2(zoo):
     return str(zoo("lfm2"))
 
 
-@pytest.fixture(scope="module", params=["lfm2", "mamba2", "granitehybrid", "nemotron_h", "qwen35", "qwen35moe"])
+@pytest.fixture(scope="module", params=["lfm2", "mamba2", "granitehybrid", "nemotron_h", "qwen35", "qwen35moe",
+                                        "qwen3next"])
 def model(request, zoo):
     return str(zoo(request.param))
 
@@ -165,7 +166,8 @@ def test_inspect_memory_reports_the_state_apart_from_the_kv(lfm2):
 @pytest.mark.parametrize("name, taps", [("lfm2", "blk.0.shortconv.conv.weight"), ("mamba2", "blk.0.ssm_conv1d.weight"),
                                         ("granitehybrid", "blk.0.ssm_conv1d.weight"),
                                         ("nemotron_h", "blk.3.ssm_conv1d.weight"), ("qwen35", "blk.0.ssm_conv1d.weight"),
-                                        ("qwen35moe", "blk.1.ssm_conv1d.weight")])
+                                        ("qwen35moe", "blk.1.ssm_conv1d.weight"),
+                                        ("qwen3next", "blk.2.ssm_conv1d.weight")])
 def test_quantize_model_writes_llama_quantizes_file_byte_for_byte(tmp_path, name, taps):
     """Q4_K_M of the LFM2 and Mamba2 zoo models' F16 forms: the convolution taps kept F32 (llama.cpp never
     quantizes them), the rest by the usual rules, tensors in llama-quantize's order; sha256 from llama.cpp
@@ -221,3 +223,51 @@ def test_a_memory_budget_counts_the_state_of_every_sequence():
         (cfg,) = memory.fit_budget([est], [EngineConfig(kv_dtype="f16", max_seqs=8)], budget)
         assert cfg.max_seqs == seqs
         assert RUNTIME_BYTES + est.weights + est.buffers + cfg.max_seqs * est.state_per_seq <= budget * MB
+
+
+def test_older_qwen3next_files_with_one_ssm_in_projection_give_the_same_logits(zoo, tmp_path):
+    """Qwen3-Next files from before the converter split the delta net's input projection hold q, k, v and z in
+    one ssm_in, grouped by key head (llama.cpp's legacy path): the same rows regrouped give the same logits,
+    bit for bit."""
+    import gguf
+
+    from arch_zoo import copy_fields
+
+    src, dst = zoo("qwen3next"), tmp_path / "legacy.gguf"
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), "qwen3next")
+    copy_fields(r, w)
+    cfg = load_model(GGUFFile(src), get_backend("cpu")).cfg
+    nk, dk, rep = cfg.ssm_groups, cfg.ssm_state, cfg.ssm_heads // cfg.ssm_groups
+    tensors = {t.name: t for t in r.tensors}
+    for t in r.tensors:
+        if t.name.endswith("attn_gate.weight"):
+            continue
+        if not t.name.endswith("attn_qkv.weight"):
+            w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+            continue
+        qkv, z = np.asarray(t.data), np.asarray(tensors[t.name.replace("attn_qkv", "attn_gate")].data)
+        key = nk * dk
+        rows = []
+        for g in range(nk):  # per key head: its q, its k, its value heads' v, their z
+            rows += [qkv[g * dk:(g + 1) * dk], qkv[key + g * dk:key + (g + 1) * dk],
+                     qkv[2 * key + g * rep * dk:2 * key + (g + 1) * rep * dk], z[g * rep * dk:(g + 1) * rep * dk]]
+        data = np.concatenate(rows)
+        w.add_tensor(t.name.replace("attn_qkv", "ssm_in"), data, raw_shape=data.shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    from edgeinfer.engine.kv_cache import KVCache
+    from edgeinfer.engine.model_runner import Batch
+
+    kb = get_backend("cpu")
+    models = [load_model(GGUFFile(p), kb) for p in (src, dst)]
+    assert models[1].layers[0].ssm_in is not None and models[1].layers[0].ssm_qkv is None
+    ids, outs = PROMPTS[2], []
+    for m in models:
+        cache = KVCache.for_model(m.cfg, 64, 4, "f16", kb=kb, n_state_slots=1)
+        n = len(ids)
+        batch = Batch(ids, list(range(n)), [0] * n, list(range(n)), np.arange(64)[None], list(range(n)))
+        outs.append(m.forward(batch, cache))
+    assert np.array_equal(outs[0], outs[1])

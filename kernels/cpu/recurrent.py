@@ -203,18 +203,18 @@ def _l2_norm(x, eps, out):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def delta_rule(qkv, alpha, beta, dt_bias, a, n_kheads, eps, state, token_seq, positions, slots, y):
+def delta_rule(qkv, alpha, beta, dt_bias, a, n_kheads, interleaved, eps, state, token_seq, positions, slots, y):
     """The gated delta rule. qkv (T, 2 Hk Dk + H Dv) after the convolution: q and k (Hk heads of Dk each),
     then v (H heads of Dv); alpha, beta (T, H) before their activations; dt_bias, a (H,); state (n_slots,
-    H, Dv, Dk), S transposed, updated -> y (T, H Dv). Value head h reads key head h % Hk (llama.cpp's
-    layout), q and k L2-normed; per token: g = softplus(alpha + dt_bias) a, S = S exp(g),
-    S += k ((v - S^T k) sigmoid(beta))^T, y = S^T q / sqrt(Dv)."""
+    H, Dv, Dk), S transposed, updated -> y (T, H Dv). Value head h reads key head h % Hk (Qwen3.5's layout),
+    or h // (H / Hk) where `interleaved` (Qwen3-Next's); q and k L2-normed; per token:
+    g = softplus(alpha + dt_bias) a, S = S exp(g), S += k ((v - S^T k) sigmoid(beta))^T, y = S^T q / sqrt(Dv)."""
     T = qkv.shape[0]
     H, DV, DK = state.shape[1], state.shape[2], state.shape[3]
     key = n_kheads * DK
     scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(DV)))
     for h in prange(H):
-        kh = h % n_kheads
+        kh = h // (H // n_kheads) if interleaved else h % n_kheads
         qn = np.empty(DK, np.float32)
         kn = np.empty(DK, np.float32)
         for t in range(T):
