@@ -50,6 +50,8 @@ class ModelConfig:
     shared_ffn_dim: int = 0
     expert_norm: bool = False
     expert_scale: float = 0.0
+    expert_sigmoid: bool = False  # each expert's probability a sigmoid, not a softmax over them (lfm2moe)
+    dense_lead: int = 0  # the first dense_lead layers have a dense FFN of ffn_dim instead of experts (lfm2moe)
     # layers by the memory they keep: () every layer attention (paged KV); else one mixer name a layer,
     # "attention", "shortconv" (LFM2's gated short convolution: a recurrent state of its last
     # conv_l_cache - 1 inputs per sequence, no KV), "mamba2" (a selective state-space layer: a state of

@@ -11,7 +11,7 @@ from . import (decoder, gemma2, gemma3, granite, lfm2, llama, mamba2, moe, nemot
 from .common import ModelLoadError
 
 DECODERS = {s.name: s for s in (llama.SPEC, qwen2.SPEC, qwen3.SPEC, gemma2.SPEC, gemma3.SPEC, phi3.SPEC, olmo2.SPEC,
-                                 lfm2.SPEC, mamba2.SPEC, granite.HYBRID, nemotron_h.SPEC, qwen35.SPEC, qwen35.MOE,
+                                 lfm2.SPEC, lfm2.MOE, mamba2.SPEC, granite.HYBRID, nemotron_h.SPEC, qwen35.SPEC, qwen35.MOE,
                                  qwen35.NEXT, *moe.SPECS)}
 ENCODERS = {nomic_bert.ARCH: nomic_bert}
 ARCHITECTURES = sorted([*DECODERS, *ENCODERS])

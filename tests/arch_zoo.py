@@ -647,6 +647,54 @@ def write_lfm2(path) -> None:
     _finish(w)
 
 
+
+
+def write_lfm2moe(path) -> None:
+    """lfm2moe (LFM2-8B-A1B's layer kinds): write_lfm2's layers (convolutions 0, 2 and 4, attention 1 and
+    3) with the first layer's FFN dense (leading_dense_block_count 1, FFN 512) and experts in the others:
+    8 experts, 4 used, expert FFN 256, sigmoid gating (expert_gating_func 2), the experts chosen by
+    probability plus a per-expert selection bias (exp_probs_b), their weights renormalised; tied embedding.
+    Sigmoid scores lie closer together than softmax ones, so rounding flips near-tied choices more often: 4
+    experts a token (a flip swaps a quarter of the output), the router at x2, the experts' down projections at
+    x0.8 and a seed without a near-tie at a golden prompt keep the check within the tolerance (the selection
+    bias ignored moves log-probabilities by 1.5, softmax gating by 2.5)."""
+    n_layer, dim, n_head, n_kv, hd, ffn, taps = 5, 256, 4, 2, 64, 512, 3
+    n_expert, n_used, ffn_exp = 8, 4, 256
+    conv = [i % 2 == 0 for i in range(n_layer)]
+    r = _Init(29)
+    w = gguf.GGUFWriter(str(path), "lfm2moe")
+    _hparams(w, "lfm2moe", n_layer=n_layer, n_ctx=512, dim=dim, ffn=ffn, n_head=n_head,
+             n_kv=[0 if c else n_kv for c in conv], base=1e6, eps=1e-5)
+    w.add_shortconv_l_cache(taps)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_used)
+    w.add_expert_feed_forward_length(ffn_exp)
+    w.add_leading_dense_block_count(1)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    vocab = _gpt2_vocab(w, ["<|pad|>", "<|startoftext|>", "<|im_start|>", "<|im_end|>"], pre="lfm2", bos=1, eos=3,
+                        add_bos=True)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.12), T.Q6_K)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        if conv[i]:
+            _add(w, p + "shortconv.in_proj.weight", r.mat(3 * dim, dim, 1.5), T.Q4_K)
+            _add(w, p + "shortconv.conv.weight", r.mat(dim, taps, 0.8))
+            _add(w, p + "shortconv.out_proj.weight", r.mat(dim, dim), _q4km("attn_v", i, n_layer))
+        else:
+            _qk_norm_attention(w, r, p, dim, n_head, n_kv, hd, _q4km("attn_v", i, n_layer))
+        if i == 0:
+            _swiglu(w, r, p, dim, ffn, _q4km("ffn_down", i, n_layer))
+            continue
+        _add(w, p + "ffn_norm.weight", r.norm(dim))
+        _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp,
+                   {"gate": T.Q4_K, "up": T.Q4_K, "down": lambda i, n: _q4km("ffn_down_exps", i, n)}, router=2,
+                   down=0.8)
+        _add(w, p + "exp_probs_b.bias", r.vec(n_expert, 0.1))
+    _add(w, "token_embd_norm.weight", 1.6 * r.norm(dim))
+    _finish(w)
+
+
 def _mamba2_hparams(w: gguf.GGUFWriter, n_layer: int, dim: int, inner: int, n_state: int, heads: int, groups: int,
                     taps: int) -> None:
     # what convert_hf_to_gguf writes for a Mamba2 model (head_count 0, feed_forward_length 0)
@@ -842,8 +890,8 @@ def write_qwen35(path) -> None:
     for i in range(n_layer):
         p = f"blk.{i}."
         _add(w, p + "attn_norm.weight", r.norm(dim))
-        # q/k norm weights 1.8: attention sharp enough that its positions show in the logits
-        _qwen35_layer_mixer(w, r, p, i, n_layer, dim, heads, dk, kheads, vheads, taps, qk=1.8)
+        # q/k norm weights 1.3: attention sharp enough that its positions show in the logits
+        _qwen35_layer_mixer(w, r, p, i, n_layer, dim, heads, dk, kheads, vheads, taps, qk=1.3)
         _add(w, p + "post_attention_norm.weight", r.norm(dim))
         _add(w, p + "ffn_gate.weight", r.mat(ffn, dim), T.Q4_K)
         _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.Q4_K)
@@ -856,10 +904,11 @@ def write_qwen35moe(path) -> None:
     """qwen35moe (Qwen3.5/3.6 MoE): write_qwen35's layers (5 of them: the delta nets with 2 key heads and 4
     value heads, layer 3 attention) with a mixture of experts in every layer: 8 experts, 2 used, expert
     FFN 256 (expert_feed_forward_length), softmax routing renormalised, and a shared expert (FFN 256) gated
-    by sigmoid(h . ffn_gate_inp_shexp); IMRoPE sections [3, 3, 2, 0]; untied output."""
+    by sigmoid(h . ffn_gate_inp_shexp), the experts' down projections at x0.6 (a choice flipped by rounding
+    stays within the tolerance); IMRoPE sections [3, 3, 2, 0]; untied output."""
     n_layer, dim, heads, dk, kheads, vheads, taps = 5, 256, (4, 2, 64), 64, 2, 4, 4
     n_expert, n_used, ffn_exp, ffn_sh = 8, 2, 256, 256
-    r = _Init(17)
+    r = _Init(34)
     w = gguf.GGUFWriter(str(path), "qwen35moe")
     _qwen35_hparams(w, "qwen35moe", n_layer, dim, 768, heads, dk, kheads, vheads, taps, 16, [3, 3, 2, 0])
     w.add_expert_count(n_expert)
@@ -875,7 +924,8 @@ def write_qwen35moe(path) -> None:
         _qwen35_layer_mixer(w, r, p, i, n_layer, dim, heads, dk, kheads, vheads, taps)
         _add(w, p + "post_attention_norm.weight", r.norm(dim))
         _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp,
-                   {"gate": T.Q4_K, "up": T.Q4_K, "down": lambda i, n: _q4km("ffn_down_exps", i, n)}, router=5)
+                   {"gate": T.Q4_K, "up": T.Q4_K, "down": lambda i, n: _q4km("ffn_down_exps", i, n)}, router=5,
+                   down=0.6)
         _add(w, p + "ffn_gate_inp_shexp.weight", r.vec(dim, 1 / np.sqrt(dim)))
         _add(w, p + "ffn_gate_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
         _add(w, p + "ffn_up_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
@@ -1030,6 +1080,7 @@ ZOO = {
     "qwen2moe": write_qwen2moe,
     "qwen3moe_bench": write_qwen3moe_bench,
     "lfm2": write_lfm2,
+    "lfm2moe": write_lfm2moe,
     "mamba2": write_mamba2,
     "granitehybrid": write_granitehybrid,
     "nemotron_h": write_nemotron_h,

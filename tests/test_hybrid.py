@@ -29,8 +29,8 @@ def lfm2(zoo):
     return str(zoo("lfm2"))
 
 
-@pytest.fixture(scope="module", params=["lfm2", "mamba2", "granitehybrid", "nemotron_h", "qwen35", "qwen35moe",
-                                        "qwen3next"])
+@pytest.fixture(scope="module", params=["lfm2", "lfm2moe", "mamba2", "granitehybrid", "nemotron_h", "qwen35",
+                                        "qwen35moe", "qwen3next"])
 def model(request, zoo):
     return str(zoo(request.param))
 
@@ -167,7 +167,8 @@ def test_inspect_memory_reports_the_state_apart_from_the_kv(lfm2):
                                         ("granitehybrid", "blk.0.ssm_conv1d.weight"),
                                         ("nemotron_h", "blk.3.ssm_conv1d.weight"), ("qwen35", "blk.0.ssm_conv1d.weight"),
                                         ("qwen35moe", "blk.1.ssm_conv1d.weight"),
-                                        ("qwen3next", "blk.2.ssm_conv1d.weight")])
+                                        ("qwen3next", "blk.2.ssm_conv1d.weight"),
+                                        ("lfm2moe", "blk.0.shortconv.conv.weight")])
 def test_quantize_model_writes_llama_quantizes_file_byte_for_byte(tmp_path, name, taps):
     """Q4_K_M of the LFM2 and Mamba2 zoo models' F16 forms: the convolution taps kept F32 (llama.cpp never
     quantizes them), the rest by the usual rules, tensors in llama-quantize's order; sha256 from llama.cpp

@@ -148,6 +148,15 @@ def moe_route(h, router_t, k: int, norm_w: bool, w_scale: float):
     return ids, wts
 
 
+def moe_route_scored(h, router_t, k: int, sigmoid: bool, bias, norm_w: bool, w_scale: float):
+    """moe_route with a sigmoid (or softmax) gating and a per-expert selection bias (E,) (lfm2moe)."""
+    t = h.shape[0]
+    ids, wts = np.empty((t, k), np.int64), np.empty((t, k), np.float32)
+    moe.route_scored(np.ascontiguousarray(h), router_t, np.int64(k), bool(sigmoid), bias, bool(norm_w),
+                     np.float32(w_scale), ids, wts)
+    return ids, wts
+
+
 def moe_plan(ids, n_expert: int):
     """ids (T, k) -> (offsets (E + 1,), order (T * k,), pos (T, k)): the (token, slot) pairs sorted by expert."""
     return moe.plan(ids, np.int64(n_expert))

@@ -117,6 +117,51 @@ def _route_row(h, router_t, k, norm_w, w_scale, ids, wts, t, logits, taken):
             wts[t, j] = wts[t, j] * np.float32(w_scale)
 
 
+@njit(parallel=True, nogil=True, cache=True)
+def route_scored(h, router_t, k, sigmoid, bias, norm_w, w_scale, ids, wts):
+    """route with llama.cpp's other gating (lfm2moe): probabilities by softmax or, where `sigmoid`, each
+    expert's sigmoid; the k experts chosen by probability plus a per-expert selection bias (E,) (zeros: none),
+    most first (ties: the lower index); their weights the unbiased probabilities, divided by their sum
+    (clamped below at 6.103515625e-5, as llama.cpp) when norm_w, times w_scale when neither 0 nor 1."""
+    E = router_t.shape[1]
+    for t_ in prange(h.shape[0]):
+        t = np.int64(t_)
+        p = np.empty(E, np.float32)
+        _logits(h, router_t, t, p)
+        if sigmoid:
+            for e in range(E):
+                p[e] = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-p[e])))
+        else:
+            m = p[0]
+            for e in range(1, E):
+                m = max(m, p[e])
+            s = np.float32(0.0)
+            for e in range(E):
+                p[e] = np.float32(math.exp(p[e] - m))
+                s += p[e]
+            for e in range(E):
+                p[e] = p[e] / s
+        taken = np.zeros(E, np.bool_)
+        for j in range(k):
+            best = -1
+            for e in range(E):
+                if not taken[e] and (best < 0 or p[e] + bias[e] > p[best] + bias[best]):
+                    best = e
+            taken[best] = True
+            ids[t, j] = best
+            wts[t, j] = p[best]
+        if norm_w:
+            total = np.float32(0.0)
+            for j in range(k):
+                total += wts[t, j]
+            total = max(total, np.float32(6.103515625e-5))
+            for j in range(k):
+                wts[t, j] = wts[t, j] / total
+        if w_scale != 0.0 and w_scale != 1.0:
+            for j in range(k):
+                wts[t, j] = wts[t, j] * np.float32(w_scale)
+
+
 @njit(nogil=True, cache=True)
 def _logits(h, router_t, t, logits):
     # logits[e] = h[t] . router_t[:, e]: for each expert a chain of fused multiply-adds over i in order,

@@ -48,9 +48,9 @@ def mixer(cfg: ModelConfig, layer: int):
     return MIXERS[cfg.mixer(layer)]
 
 
-def feed_forward(spec: ArchSpec, layer: int):
-    """The module of layer `layer`'s feed-forward part."""
-    return moe if spec.moe else ffn
+def feed_forward(spec: ArchSpec, cfg: ModelConfig, layer: int):
+    """The module of layer `layer`'s feed-forward part (an MoE model's first cfg.dense_lead layers: dense)."""
+    return moe if spec.moe and layer >= cfg.dense_lead else ffn
 
 
 def residual(kb, cfg: ModelConfig, spec: ArchSpec, part, lw, x, h, norm, post_norm, at: Where) -> None:

@@ -25,6 +25,8 @@ def tensors(spec: ArchSpec, cfg: ModelConfig, has) -> list:
            (("exp_gate",), TN.FFN_GATE_EXP, "weight", (e, fe, d), "experts"),
            (("exp_up",), TN.FFN_UP_EXP, "weight", (e, fe, d), "experts"),
            (("exp_down",), TN.FFN_DOWN_EXP, "weight", (e, d, fe), "experts")]
+    if spec.moe_bias:
+        out.append((("exp_bias",), TN.FFN_EXP_PROBS_B, "bias", (e,), None))
     if spec.shared_expert:
         out += [(("sh_gate",), TN.FFN_GATE_INP_SHEXP, "weight", (d,), None)] if spec.shared_gate else []
         out += [(("w_gate",), TN.FFN_GATE_SHEXP, "weight", (f, d), None),
@@ -36,7 +38,11 @@ def tensors(spec: ArchSpec, cfg: ModelConfig, has) -> list:
 def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where = None):
     """The mixture-of-experts FFN of h (T, dim) -> (T, dim)."""
     t, k = h.shape[0], cfg.n_expert_used
-    ids, wts = kb.moe_route(h, lw.router, k, cfg.expert_norm, cfg.expert_scale)
+    if spec.moe_bias:  # lfm2moe: sigmoid (or softmax) gating, the experts chosen with a selection bias
+        ids, wts = kb.moe_route_scored(h, lw.router, k, cfg.expert_sigmoid, lw.exp_bias, cfg.expert_norm,
+                                       cfg.expert_scale)
+    else:
+        ids, wts = kb.moe_route(h, lw.router, k, cfg.expert_norm, cfg.expert_scale)
     offsets, order, pos = kb.moe_plan(ids, cfg.n_expert)
     hs = kb.take_rows(h, order)  # (T * k, dim): each expert's tokens one run of rows
     y = kb.empty((t * k, cfg.dim))

@@ -1,0 +1,241 @@
+"""The GGUF metadata of a decoder architecture into its ModelConfig, read as its ArchSpec says (decoder.py):
+the sizes, RoPE and its variants (scaling, IMRoPE sections), which mixer each layer has (attention, or a
+hybrid model's recurrent layers, by head_count_kv, recurrent_layers or full_attention_interval), the
+recurrent layers' sizes, the mixture of experts, Granite's multipliers. A value the runtime cannot honour
+is a ModelLoadError naming the key."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..gguf_file import GGUFFile
+from .common import ModelLoadError, meta
+
+if TYPE_CHECKING:
+    from .decoder import ArchSpec
+
+# rope.scaling.type values that are supported ("longrope": the rope_factors_short/long tensors, chosen
+# by the context length, as llama.cpp does)
+ROPE_SCALINGS = ("none", "linear", "longrope")
+
+
+def resolve(gf: GGUFFile, spec: ArchSpec) -> ArchSpec:
+    """The spec of this file: spec.with_experts applied where the file has experts."""
+    a = gf.architecture
+    if spec.with_experts and meta(gf, a, "expert_count", 0):
+        spec = replace(spec, **dict(spec.with_experts))
+        if spec.shared_expert:  # a shared expert is there where the file sizes one
+            spec = replace(spec, shared_expert=bool(meta(gf, a, "expert_shared_feed_forward_length", 0)))
+    return spec
+
+
+def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
+    a = gf.architecture
+    dim = meta(gf, a, "embedding_length", required=True)
+    n_head = meta(gf, a, "attention.head_count", required=True)
+    head_dim = meta(gf, a, "attention.key_length", dim // n_head if n_head else 0)
+    emb = gf.tensors.get("token_embd.weight")
+    if emb is None:
+        raise ModelLoadError("missing tensor 'token_embd.weight'")
+    scaling = meta(gf, a, "rope.scaling.type", "none")
+    factor = meta(gf, a, "rope.scaling.factor", 1.0) or 1.0
+    if scaling not in (*ROPE_SCALINGS, None):
+        raise ModelLoadError(f"rope scaling type {scaling!r} is not supported (supported: {', '.join(ROPE_SCALINGS)})")
+    n_layer = meta(gf, a, "block_count", required=True)
+    mixers, n_kv_head = _layer_mixers(gf, spec, n_layer, n_head)
+    cfg = ModelConfig(
+        arch=a,
+        n_layer=n_layer,
+        dim=dim,
+        n_head=n_head,
+        n_kv_head=n_kv_head,
+        head_dim=head_dim,
+        v_head_dim=meta(gf, a, "attention.value_length", head_dim),
+        ffn_dim=(max(_per_layer(gf, "feed_forward_length", n_layer)) if spec.mlp_layers
+                 else meta(gf, a, "feed_forward_length", required=not spec.moe) or 0),
+        vocab_size=int(emb.shape[1]),
+        context_length=meta(gf, a, "context_length", 2048),
+        # Nemotron-H's llama.cpp falls back to the layer-norm epsilon
+        norm_eps=float(meta(gf, a, "attention.layer_norm_rms_epsilon", meta(gf, a, "attention.layer_norm_epsilon", 1e-5))),
+        rope_base=float(meta(gf, a, "rope.freq_base", 10000.0)),
+        rope_dim=meta(gf, a, "rope.dimension_count", head_dim),
+        rope_neox=spec.rope_neox,
+        rope_freq_scale=1.0 / float(factor) if scaling == "linear" else 1.0,
+        # llama.cpp multiplies every rope's cos and sin by the file's attn_factor (LongRoPE files have one)
+        rope_mscale=float(meta(gf, a, "rope.scaling.attn_factor", 1.0) or 1.0),
+    )
+    if mixers:
+        cfg = _recurrent_config(gf, spec, replace(cfg, mixers=mixers))
+    if spec.swa_pattern:
+        cfg = replace(cfg, rope_base_local=spec.rope_base_local, swa_pattern=spec.swa_pattern,
+                      sliding_window=int(meta(gf, a, "attention.sliding_window", 0) or 0))
+    if spec.softcaps:
+        cap_a, cap_f = spec.softcap_defaults
+        cfg = replace(cfg, attn_softcap=float(meta(gf, a, "attn_logit_softcapping", cap_a) or 0.0),
+                      final_softcap=float(meta(gf, a, "final_logit_softcapping", cap_f) or 0.0))
+    if spec.embed_scale:
+        cfg = replace(cfg, embed_scale=float(np.sqrt(dim)))
+    if spec.imrope:
+        cfg = replace(cfg, rope_sections=_rope_sections(gf, cfg))
+    if not spec.rope or (spec.granite and not meta(gf, a, "rope.scaling.finetuned", True)):
+        cfg = replace(cfg, rope=False)
+    if spec.granite:
+        cfg = _granite_config(gf, cfg)
+    if spec.gemma2_scale and n_layer == 46:  # llama.cpp's rule for Gemma 2 27B (query_pre_attn_scalar)
+        cfg = replace(cfg, attn_scale=float(1.0 / np.sqrt(dim / n_head)))
+    if spec.moe:
+        cfg = _moe_config(gf, spec, cfg)
+    return cfg
+
+
+def _rope_sections(gf: GGUFFile, cfg: ModelConfig) -> tuple:
+    key = f"{cfg.arch}.rope.dimension_sections"
+    v = gf.metadata.get(key)
+    if v is None:
+        raise ModelLoadError(f"missing metadata key {key!r}")
+    sections = tuple(int(x) for x in (list(v) + [0, 0, 0, 0])[:4])
+    if not 0 < sum(sections) <= cfg.rope_dim // 2 or min(sections) < 0:
+        raise ModelLoadError(f"metadata key {key!r} is {list(v)}: its sections must add up to between 1 and "
+                             f"{cfg.rope_dim // 2} (half the rotated dimensions)")
+    return sections
+
+
+def imrope_pairs(sections: tuple, n_pairs: int) -> np.ndarray:
+    """Which of n_pairs rotated pairs a text token rotates under interleaved multi-section RoPE (llama.cpp's
+    ggml_mrope_cache_init with is_imrope: a pair of the fourth section takes the fourth position, which is 0
+    for text)."""
+    total = sum(sections)
+    keep = np.ones(n_pairs, bool)
+    for i in range(n_pairs):
+        s = i % total
+        keep[i] = (s % 3 == 1 and s < 3 * sections[1]) or (s % 3 == 2 and s < 3 * sections[2]) \
+            or (s % 3 == 0 and s < 3 * sections[0])
+    return keep
+
+
+def _granite_config(gf: GGUFFile, cfg: ModelConfig) -> ModelConfig:
+    # Granite's multipliers, float32 as llama.cpp reads them (0 or absent: none)
+    a = cfg.arch
+    f32 = lambda key: float(np.float32(meta(gf, a, key, 0.0) or 0.0))  # noqa: E731
+    cfg = replace(cfg, residual_scale=f32("residual_scale"), logit_scale=f32("logit_scale"))
+    if f32("embedding_scale"):
+        cfg = replace(cfg, embed_scale=f32("embedding_scale"))
+    if f32("attention.scale"):
+        cfg = replace(cfg, attn_scale=f32("attention.scale"))
+    return cfg
+
+
+def _layer_mixers(gf: GGUFFile, spec: ArchSpec, n_layer: int, n_head: int) -> tuple[tuple, int]:
+    """(each layer's mixer, or () where every layer is attention; the attention layers' KV heads). A hybrid
+    file (spec.recurrent) gives head_count_kv per layer, 0 for a recurrent layer (a qwen35 file says which
+    layers are linear attention apart); a state-space model's head_count is 0."""
+    key = f"{gf.architecture}.attention.head_count_kv"
+    if not spec.recurrent:
+        return (), meta(gf, gf.architecture, "attention.head_count_kv", n_head)
+    if spec.recurrent == "deltanet":  # Qwen3.5: one head_count_kv; which layers are which said apart
+        return (tuple(spec.recurrent if r else "attention" for r in _deltanet_layers(gf, n_layer)),
+                meta(gf, gf.architecture, "attention.head_count_kv", n_head))
+    per = _per_layer(gf, "attention.head_count_kv", n_layer) if key in gf.metadata else [n_head] * n_layer
+    heads = sorted({h for h in per if h})
+    if len(heads) > 1:
+        raise ModelLoadError(f"metadata key {key!r} gives different KV head counts ({heads}) to the attention layers; "
+                             "edgeinfer supports one")
+    mixers = ["attention" if h else spec.recurrent for h in per]
+    if spec.mlp_layers:  # Nemotron-H: a layer with a feed-forward length is a feed-forward block alone
+        ffn = _per_layer(gf, "feed_forward_length", n_layer)
+        mixers = ["mlp" if f else m for m, f in zip(mixers, ffn)]
+        sizes = sorted({f for f in ffn if f})
+        if len(sizes) > 1:
+            raise ModelLoadError(f"metadata key '{gf.architecture}.feed_forward_length' gives different sizes "
+                                 f"({sizes}) to the feed-forward layers; edgeinfer supports one")
+    return tuple(mixers), (heads[0] if heads else n_head)
+
+
+def _deltanet_layers(gf: GGUFFile, n_layer: int) -> list[bool]:
+    # which layers are linear attention: attention.recurrent_layers (one bool a layer), else all but every
+    # full_attention_interval-th (llama.cpp's default interval: 4)
+    a = gf.architecture
+    v = gf.metadata.get(f"{a}.attention.recurrent_layers")
+    if v is not None:
+        flags = [bool(x) for x in v]
+        if len(flags) < n_layer:
+            raise ModelLoadError(f"metadata key '{a}.attention.recurrent_layers' has {len(flags)} values for {n_layer} layers")
+        return flags[:n_layer]
+    interval = int(meta(gf, a, "full_attention_interval", 4) or 0)
+    if interval < 1:
+        raise ModelLoadError(f"metadata key '{a}.full_attention_interval' is {interval}: it must be at least 1")
+    return [(i + 1) % interval != 0 for i in range(n_layer)]
+
+
+def _per_layer(gf: GGUFFile, key: str, n_layer: int) -> list[int]:
+    # a metadata value given once or per layer, as one int per layer
+    name = f"{gf.architecture}.{key}"
+    v = gf.metadata.get(name, 0)
+    per = [int(x) for x in v] if isinstance(v, (list, np.ndarray)) else [int(v)] * n_layer
+    if len(per) != n_layer:
+        raise ModelLoadError(f"metadata key {name!r} has {len(per)} values for {n_layer} layers")
+    return per
+
+
+def _recurrent_config(gf: GGUFFile, spec: ArchSpec, cfg: ModelConfig) -> ModelConfig:
+    # the recurrent layers' sizes, checked
+    a = cfg.arch
+    if meta(gf, a, "attention.sliding_window", 0):
+        raise ModelLoadError(f"{a} with sliding-window attention layers is not supported yet")
+    if spec.recurrent == "shortconv":
+        cfg = replace(cfg, conv_l_cache=int(meta(gf, a, "shortconv.l_cache", required=True)))
+        if cfg.conv_l_cache < 2:
+            raise ModelLoadError(f"{a}.shortconv.l_cache is {cfg.conv_l_cache}: a short convolution needs at least 2 taps")
+        return cfg
+    cfg = replace(cfg, ssm_conv=int(meta(gf, a, "ssm.conv_kernel", required=True)),
+                  ssm_inner=int(meta(gf, a, "ssm.inner_size", required=True)),
+                  ssm_state=int(meta(gf, a, "ssm.state_size", required=True)),
+                  ssm_heads=int(meta(gf, a, "ssm.time_step_rank", required=True)),
+                  ssm_groups=int(meta(gf, a, "ssm.group_count", 1) or 1))
+    if cfg.ssm_conv < 2:
+        raise ModelLoadError(f"{a}.ssm.conv_kernel is {cfg.ssm_conv}: a convolution needs at least 2 taps")
+    if spec.recurrent == "deltanet" and (cfg.ssm_heads % cfg.ssm_groups or cfg.ssm_inner != cfg.ssm_heads * cfg.ssm_state):
+        raise ModelLoadError(f"{a}: ssm.inner_size {cfg.ssm_inner} must be ssm.time_step_rank {cfg.ssm_heads} value heads "
+                             f"of ssm.state_size {cfg.ssm_state}, and the value heads a multiple of ssm.group_count "
+                             f"{cfg.ssm_groups}")
+    if min(cfg.ssm_inner, cfg.ssm_state, cfg.ssm_heads) < 1 or cfg.ssm_inner % cfg.ssm_heads \
+            or cfg.ssm_heads % cfg.ssm_groups:
+        raise ModelLoadError(f"{a}: ssm.inner_size {cfg.ssm_inner} must be a multiple of ssm.time_step_rank "
+                             f"{cfg.ssm_heads}, and that of ssm.group_count {cfg.ssm_groups}")
+    return cfg
+
+
+def _tensor_rows(gf: GGUFFile, name: str, default: int) -> int:
+    # the rows of each matrix of a 2-D or 3-D tensor (gguf shape (cols, rows[, n])), if the file has it
+    t = gf.tensors.get(name)
+    return int(t.shape[1]) if t is not None and len(t.shape) >= 2 else default
+
+
+def _moe_config(gf: GGUFFile, spec: ArchSpec, cfg: ModelConfig) -> ModelConfig:
+    a = cfg.arch
+    n_expert = int(meta(gf, a, "expert_count", required=True))
+    used = int(meta(gf, a, "expert_used_count", required=True))
+    if not 0 < used <= n_expert:
+        raise ModelLoadError(f"the file asks for {used} experts per token out of {n_expert}")
+    ffn = meta(gf, a, "expert_feed_forward_length", None)
+    if not ffn:  # olmoe: feed_forward_length; qwen2moe's llama.cpp default: ffn / used; else the tensor
+        ffn = _tensor_rows(gf, "blk.0.ffn_gate_exps.weight", cfg.ffn_dim // used if cfg.ffn_dim else 0)
+    shared = 0
+    if spec.shared_expert:
+        shared = meta(gf, a, "expert_shared_feed_forward_length", None) or cfg.ffn_dim
+    cfg = replace(cfg, n_expert=n_expert, n_expert_used=used, expert_ffn_dim=int(ffn), shared_ffn_dim=int(shared),
+                  ffn_dim=int(shared or cfg.ffn_dim), expert_norm=spec.moe_norm_w,
+                  expert_scale=float(meta(gf, a, "expert_weights_scale", 0.0) or 0.0) if spec.moe_scale_w else 0.0)
+    if spec.moe_bias:
+        gating = int(meta(gf, a, "expert_gating_func", 1) or 1)
+        if gating not in (1, 2):  # gguf.ExpertGatingFuncType: SOFTMAX 1, SIGMOID 2
+            raise ModelLoadError(f"{a}.expert_gating_func is {gating}: edgeinfer supports 1 (softmax) and 2 (sigmoid)")
+        lead = int(meta(gf, a, "leading_dense_block_count", 0) or 0)
+        if not 0 <= lead <= cfg.n_layer:
+            raise ModelLoadError(f"{a}.leading_dense_block_count is {lead} for {cfg.n_layer} layers")
+        cfg = replace(cfg, expert_sigmoid=gating == 2, dense_lead=lead)
+    return cfg
