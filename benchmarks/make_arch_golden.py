@@ -42,7 +42,7 @@ def sha256(path):
 
 # the hybrid models (recurrent layers) also get a prompt longer than llama.cpp's delta-net chunk (64)
 LONGER = {name: 100 for name in ("lfm2", "lfm2moe", "mamba2", "granitehybrid", "nemotron_h", "qwen35", "qwen35moe",
-                                  "qwen3next")}
+                                  "qwen3next", "falcon-h1")}
 
 
 def prompts(name, vocab):
@@ -113,7 +113,8 @@ def max_diff(a, b, first=0, last=None):
     return R(max(float(np.abs(x[first:last] - y[first:last]).max()) if len(x) > first else 0.0 for x, y in zip(a, b)))
 
 
-QUANTIZED = ["lfm2", "lfm2moe", "mamba2", "granitehybrid", "nemotron_h", "qwen35", "qwen35moe", "qwen3next"]  # zoo models whose F16 form llama-quantize makes Q4_K_M of (quantize-model's check)
+QUANTIZED = ["lfm2", "lfm2moe", "mamba2", "granitehybrid", "nemotron_h", "qwen35", "qwen35moe", "qwen3next",
+             "falcon-h1"]  # zoo models whose F16 form llama-quantize makes Q4_K_M of (quantize-model's check)
 
 
 def quantized_sha256(d, name):

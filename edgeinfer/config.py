@@ -58,7 +58,8 @@ class ModelConfig:
     # its convolution's last ssm_conv - 1 inputs and an (ssm_heads, head, ssm_state) matrix per sequence)
     # "deltanet" (a gated delta net, Qwen3.5's linear attention: a state of its convolution's last ssm_conv - 1
     # inputs and an (ssm_heads, ssm_state, ssm_state) matrix per sequence) or "mlp" (a layer that is a
-    # feed-forward block alone, Nemotron-H's: no memory)
+    # feed-forward block alone, Nemotron-H's: no memory), or "attn_mamba2" (attention and a Mamba2 mixer side by
+    # side, Falcon-H1's: both KV and a state)
     mixers: tuple = ()
     conv_l_cache: int = 0
     ssm_conv: int = 0  # Mamba2: the convolution's taps (d_conv),
@@ -76,7 +77,7 @@ class ModelConfig:
     @property
     def kv_layers(self) -> tuple:
         """The layers that keep paged KV (the attention layers), in order."""
-        return tuple(i for i in range(self.n_layer) if self.mixer(i) == "attention")
+        return tuple(i for i in range(self.n_layer) if self.mixer(i) in ("attention", "attn_mamba2"))
 
     @property
     def conv_layers(self) -> tuple:
@@ -87,7 +88,7 @@ class ModelConfig:
     def ssm_layers(self) -> tuple:
         """The layers with a convolution and a state matrix per sequence (Mamba2, the gated delta net), in
         order."""
-        return tuple(i for i in range(self.n_layer) if self.mixer(i) in ("mamba2", "deltanet"))
+        return tuple(i for i in range(self.n_layer) if self.mixer(i) in ("mamba2", "deltanet", "attn_mamba2"))
 
     @property
     def ssm_conv_dim(self) -> int:

@@ -84,10 +84,12 @@ class ArchSpec:
     shared_gate: bool = True  # the shared expert's output gated by sigmoid(h . sh_gate) (qwen2moe); else added
     attn_gate: bool = False  # attn_q holds each head's query then its gate: the output times sigmoid(gate) (qwen35)
     ffn_norm: TN = TN.FFN_NORM  # the norm before the feed-forward block (qwen35: post_attention_norm)
+    ffn_norm_part: str = "weight"  # its name's suffix (Falcon-H1's converter writes blk.N.ffn_norm with none)
     imrope: bool = False  # the file's rope.dimension_sections (interleaved multi-section RoPE, qwen35)
     # Qwen3-Next's delta net: beta and alpha in one ssm_ba grouped by key head, value head h reading key head
     # h // (H / Hk); else Qwen3.5's (ssm_beta and ssm_alpha, key head h % Hk)
     delta_next: bool = False
+    ssm_norm_optional: bool = False  # a Mamba2 layer's grouped norm only where the file has it (Falcon-H1)
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:

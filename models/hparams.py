@@ -136,6 +136,8 @@ def _layer_mixers(gf: GGUFFile, spec: ArchSpec, n_layer: int, n_head: int) -> tu
     key = f"{gf.architecture}.attention.head_count_kv"
     if not spec.recurrent:
         return (), meta(gf, gf.architecture, "attention.head_count_kv", n_head)
+    if spec.recurrent == "attn_mamba2":  # Falcon-H1: attention and Mamba2 in every layer
+        return (spec.recurrent,) * n_layer, meta(gf, gf.architecture, "attention.head_count_kv", n_head)
     if spec.recurrent == "deltanet":  # Qwen3.5: one head_count_kv; which layers are which said apart
         return (tuple(spec.recurrent if r else "attention" for r in _deltanet_layers(gf, n_layer)),
                 meta(gf, gf.architecture, "attention.head_count_kv", n_head))

@@ -712,7 +712,7 @@ def _mamba2_hparams(w: gguf.GGUFWriter, n_layer: int, dim: int, inner: int, n_st
 
 
 def _mamba2_layer(w, r: "_Init", p: str, i: int, n_layer: int, dim: int, inner: int, n_state: int, heads: int,
-                  groups: int, taps: int) -> None:
+                  groups: int, taps: int, norm: bool = True) -> None:
     """A Mamba2 mixer's tensors (write_mamba2's draws, in its order): Q4_K in/out projections (Q6_K on the
     use_more_bits layers' out), the small tensors F32."""
     conv = inner + 2 * groups * n_state
@@ -722,7 +722,8 @@ def _mamba2_layer(w, r: "_Init", p: str, i: int, n_layer: int, dim: int, inner: 
     _add(w, p + "ssm_dt.bias", r.vec(heads, 0.5) - 1.0)
     _add(w, p + "ssm_a", -np.exp(r.vec(heads, 0.5)).reshape(heads, 1))
     _add(w, p + "ssm_d", (1 + 0.1 * r.vec(heads)).reshape(heads, 1))
-    _add(w, p + "ssm_norm.weight", r.norm(inner).reshape(groups, inner // groups))
+    if norm:
+        _add(w, p + "ssm_norm.weight", r.norm(inner).reshape(groups, inner // groups))
     _add(w, p + "ssm_out.weight", r.mat(dim, inner, 1.5), _q4km("ffn_down", i, n_layer))
 
 
@@ -991,6 +992,39 @@ def write_qwen3next(path) -> None:
     _finish(w)
 
 
+def write_falcon_h1(path) -> None:
+    """falcon-h1 (Falcon-H1's layer): 3 layers, dim 256, each with attention (4 heads / 2 kv heads of 64, NeoX
+    RoPE) and a Mamba2 mixer (d_inner 512 in 8 heads of 64, d_state 32 in 2 groups, 4 taps) side by side on
+    the same normed input, summed into the residual, then a SiLU-gated FFN 512 (its norm blk.N.ffn_norm, no
+    suffix, as the converter writes Falcon-H1's); the Mamba2 group
+    norm in layers 0 and 2 only (Falcon-H1 files may have none: silu(z) y alone). Untied output."""
+    n_layer, dim, n_head, n_kv, hd, ffn = 3, 256, 4, 2, 64, 512
+    inner, n_state, heads, groups, taps = 512, 32, 8, 2, 4
+    r = _Init(27)
+    w = gguf.GGUFWriter(str(path), "falcon-h1")
+    _hparams(w, "falcon-h1", n_layer=n_layer, n_ctx=4096, dim=dim, ffn=ffn, n_head=n_head, n_kv=n_kv, head_dim=hd,
+             eps=1e-5)
+    w.add_ssm_conv_kernel(taps)
+    w.add_ssm_inner_size(inner)
+    w.add_ssm_state_size(n_state)
+    w.add_ssm_time_step_rank(heads)
+    w.add_ssm_group_count(groups)
+    vocab = _gpt2_vocab(w, ["<|pad|>", "<|begin_of_text|>", "<|end_of_text|>"], pre="falcon-h1", bos=1, eos=2)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.5), T.Q6_K)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, vtype=_q4km("attn_v", i, n_layer))
+        _mamba2_layer(w, r, p, i, n_layer, dim, inner, n_state, heads, groups, taps, norm=i != 1)
+        _add(w, p + "ffn_norm", r.norm(dim))  # no suffix: the converter's FFN_PRE_NORM mapping
+        _add(w, p + "ffn_gate.weight", r.mat(ffn, dim), T.Q4_K)
+        _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.Q4_K)
+        _add(w, p + "ffn_down.weight", r.mat(dim, ffn, 1.5), _q4km("ffn_down", i, n_layer))
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 2.0), T.Q6_K)
+    _finish(w)
+
+
 def write_lfm2_bench(path) -> None:
     """A realistic-shape random lfm2 for benchmarks only (not in the golden file): LFM2-1.2B's shape, 16
     layers, dim 2048, 10 gated short convolutions (3 taps) and 6 attention layers (2, 5, 8, 10, 12, 14: 32
@@ -1087,6 +1121,7 @@ ZOO = {
     "qwen35": write_qwen35,
     "qwen35moe": write_qwen35moe,
     "qwen3next": write_qwen3next,
+    "falcon-h1": write_falcon_h1,
     "lfm2_bench": write_lfm2_bench,
     "mamba2_bench": write_mamba2_bench,
 }

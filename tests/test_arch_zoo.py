@@ -250,6 +250,8 @@ def _rewrite(src, dst, *, drop=(), meta=None, arch=None):
     ("qwen3next", {"drop": ["blk.0.ssm_ba.weight"]}, "missing tensor 'blk.0.ssm_ba.weight'"),
     ("lfm2moe", {"drop": ["blk.2.exp_probs_b.bias"]}, "missing tensor 'blk.2.exp_probs_b.bias'"),
     ("lfm2moe", {"meta": {"lfm2moe.expert_gating_func": 3}}, "lfm2moe.expert_gating_func is 3"),
+    ("falcon-h1", {"drop": ["blk.1.ffn_norm"]}, "missing tensor 'blk.1.ffn_norm'"),
+    ("falcon-h1", {"drop": ["blk.2.attn_v.weight"]}, "missing tensor 'blk.2.attn_v.weight'"),
     ("nemotron_h", {"meta": {"nemotron_h.ssm.group_count": 3}}, "must be a multiple of ssm.time_step_rank 8, and that of "
                                                                 "ssm.group_count 3"),
 ])

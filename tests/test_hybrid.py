@@ -1,5 +1,5 @@
 """Hybrid models (recurrent layers beside attention) in the engine, on the arch zoo's LFM2, Mamba2, Granite 4 H
-Nemotron-H and Qwen3.5: each running
+Nemotron-H, Qwen3.5 and Falcon-H1: each running
 sequence holds a slot of recurrent state; continuous batching, chunked prefill, preemption and aborts give
 what each request alone gives; prefix caching and speculation recompute rather than reuse a state they do
 not have; memory counts KV for the attention layers alone and the state per sequence. (Their golden checks
@@ -30,7 +30,7 @@ def lfm2(zoo):
 
 
 @pytest.fixture(scope="module", params=["lfm2", "lfm2moe", "mamba2", "granitehybrid", "nemotron_h", "qwen35",
-                                        "qwen35moe", "qwen3next"])
+                                        "qwen35moe", "qwen3next", "falcon-h1"])
 def model(request, zoo):
     return str(zoo(request.param))
 
@@ -168,7 +168,8 @@ def test_inspect_memory_reports_the_state_apart_from_the_kv(lfm2):
                                         ("nemotron_h", "blk.3.ssm_conv1d.weight"), ("qwen35", "blk.0.ssm_conv1d.weight"),
                                         ("qwen35moe", "blk.1.ssm_conv1d.weight"),
                                         ("qwen3next", "blk.2.ssm_conv1d.weight"),
-                                        ("lfm2moe", "blk.0.shortconv.conv.weight")])
+                                        ("lfm2moe", "blk.0.shortconv.conv.weight"),
+                                        ("falcon-h1", "blk.1.ssm_conv1d.weight")])
 def test_quantize_model_writes_llama_quantizes_file_byte_for_byte(tmp_path, name, taps):
     """Q4_K_M of the LFM2 and Mamba2 zoo models' F16 forms: the convolution taps kept F32 (llama.cpp never
     quantizes them), the rest by the usual rules, tensors in llama-quantize's order; sha256 from llama.cpp

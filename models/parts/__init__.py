@@ -1,5 +1,5 @@
 """The parts of a decoder layer, one module per kind: norms.py, attention.py (the mixer), shortconv.py, mamba2.py and deltanet.py (recurrent mixers), mlp.py (a layer that
-is a feed-forward block alone), ffn.py and moe.py (the feed-forward: dense, or a mixture of experts).
+is a feed-forward block alone), parallel.py (attention and Mamba2 side by side), ffn.py and moe.py (the feed-forward: dense, or a mixture of experts).
 
 A layer is two residual blocks, each a sequence of parts: a norm (pre_norms), the part, a norm on its
 output (post_norms), the residual add; the first block's part is the mixer, the second's the
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import attention, deltanet, ffn, mamba2, mlp, moe, shortconv
+from . import attention, deltanet, ffn, mamba2, mlp, moe, parallel, shortconv
 
 if TYPE_CHECKING:
     from ...config import ModelConfig
@@ -40,7 +40,8 @@ class Where(NamedTuple):
     inv_freq: Any  # (rope_dim / 2,) float64, on the backend
 
 
-MIXERS = {"attention": attention, "shortconv": shortconv, "mamba2": mamba2, "deltanet": deltanet, "mlp": mlp}
+MIXERS = {"attention": attention, "shortconv": shortconv, "mamba2": mamba2, "deltanet": deltanet, "mlp": mlp,
+          "attn_mamba2": parallel}
 
 
 def mixer(cfg: ModelConfig, layer: int):

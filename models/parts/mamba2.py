@@ -5,7 +5,8 @@ build_mamba2_layer, src/models/mamba-base.cpp):
     xBC = silu(conv(xBC) + conv_bias)            (a causal depthwise convolution of d_conv taps)
     y = scan(x, dt, A, B, C) + D x               (per head: s = s exp(softplus(dt + dt_bias) A) + dt' x B,
                                                   y = s . C)
-    y = rmsnorm_per_group(silu(z) y) * norm      (G groups of d_inner / G channels)
+    y = rmsnorm_per_group(silu(z) y) * norm      (G groups of d_inner / G channels; Falcon-H1 files may have
+                                                  no norm: silu(z) y)
     out = out_proj(y)
 
 The convolution's last d_conv - 1 inputs and the scan's (H, P, N) matrix are the sequence's recurrent
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 from gguf.constants import MODEL_TENSOR as TN
 
 if TYPE_CHECKING:
@@ -33,7 +35,8 @@ def tensors(spec: ArchSpec, cfg: ModelConfig, has) -> list:
             (("ssm_dt_b",), TN.SSM_DT, "bias", (h,), None),
             (("ssm_a",), TN.SSM_A, "", (h, 1), "flat"),
             (("ssm_d",), TN.SSM_D, "", (h, 1), "flat"),
-            (("ssm_norm",), TN.SSM_NORM, "weight", (cfg.ssm_groups, e // cfg.ssm_groups), "flat"),
+            *([(("ssm_norm",), TN.SSM_NORM, "weight", (cfg.ssm_groups, e // cfg.ssm_groups), "flat")]
+              if has(TN.SSM_NORM) or not spec.ssm_norm_optional else []),
             (("ssm_out",), TN.SSM_OUT, "weight", (d, e), None)]
 
 
@@ -49,5 +52,8 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
     y = kb.empty((t, e))
     kb.ssm_scan(xbc, zxbcdt[:, e + conv:], lw.ssm_dt_b, lw.ssm_a, lw.ssm_d, cfg.ssm_groups, cache.ssm[i],
                 batch.token_seq, batch.positions, batch.state_slots, y)
-    kb.gated_group_norm(y, zxbcdt[:, :e], lw.ssm_norm, cfg.ssm_groups, cfg.norm_eps, y)
+    if lw.ssm_norm is not None:
+        kb.gated_group_norm(y, zxbcdt[:, :e], lw.ssm_norm, cfg.ssm_groups, cfg.norm_eps, y)
+    else:  # Falcon-H1 files without the norm: the gate alone
+        kb.silu_mul(np.ascontiguousarray(zxbcdt[:, :e]), y, y)
     return kb.matmul(lw.ssm_out, y)

@@ -19,9 +19,10 @@ BLOCKS = {"mixer": (("attn_norm", TN.ATTN_NORM), ("post_attn_norm", TN.ATTN_POST
 def pre(spec: ArchSpec, cfg: ModelConfig, block: str) -> list:
     """The norm before `block`'s part ("mixer" or "ffn"), where the architecture has one."""
     (field, tensor), _ = BLOCKS[block]
-    if block == "ffn":
-        tensor = spec.ffn_norm  # qwen35 names it post_attention_norm
-    return [((field,), tensor, "weight", (cfg.dim,), None)] if spec.pre_norms else []
+    part = "weight"
+    if block == "ffn":  # qwen35 names it post_attention_norm; Falcon-H1's has no suffix
+        tensor, part = spec.ffn_norm, spec.ffn_norm_part
+    return [((field,), tensor, part, (cfg.dim,), None)] if spec.pre_norms else []
 
 
 def post(spec: ArchSpec, cfg: ModelConfig, block: str) -> list:
