@@ -17,8 +17,9 @@ A mixture-of-experts model's weights are all its experts (every expert is reside
 picks); its step buffers are sized for the experts a token uses (ModelConfig.n_expert_used). The KV per
 token is the cache's own figure: every attention layer holds K and V rows of head_dim (attention.key_length)
 and v_head_dim, a sliding-window layer (gemma2, gemma3) as much as a global one, as the pool allocates them.
-A hybrid model's recurrent layers (LFM2's short convolutions) hold no KV: a fixed state per running
-sequence instead (Estimate.state_per_seq), the same at any context length.
+A hybrid model's recurrent layers (short convolutions, Mamba2, gated delta nets) hold no KV: a fixed state
+per running sequence instead, the same at any context length, and as many checkpoints of state for prefix
+caching (Estimate.state_per_seq counts both).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig, kv_forma
     buffers = T * (4 * per_row + quantized * 9 // 8) + 2 * config.seqs_limit * cfg.vocab_size * 4
     return Estimate(weights=weight_bytes, kv_per_token={t: f.bytes_per_token(cfg) for t, f in kv_formats.items()},
                     buffers=buffers, max_context=max_context(cfg, config), active_weights=active_weights,
-                    state_per_seq=getattr(cfg, "state_bytes_per_seq", 0))
+                    state_per_seq=2 * getattr(cfg, "state_bytes_per_seq", 0))  # its slot, and a checkpoint's
 
 
 def default_blocks(est: Estimate, config: EngineConfig) -> int:

@@ -1102,6 +1102,53 @@ def write_mamba2_bench(path) -> None:
     _finish(w)
 
 
+def write_qwen35_bench(path) -> None:
+    """A realistic-shape random qwen35 for benchmarks only: a 2B-class Qwen3.5 shape, 24 layers (18 gated
+    delta nets of 16 key and 16 value heads of 128, 4 taps; every fourth layer gated attention of 8 heads / 2
+    kv heads of 256, 64 rotary dimensions, IMRoPE sections [11, 11, 10, 0]), dim 2048, FFN 6144, vocabulary
+    151936, tied embedding; Q4_K_M-like (Q6_K attn_v / ffn_down on llama.cpp's use_more_bits layers, Q6_K
+    token_embd). About 1.2 GB, from pooled blocks."""
+    n_layer, dim, ffn, (n_head, n_kv, hd), dk, kheads, vheads, taps = 24, 2048, 6144, (8, 2, 256), 128, 16, 16, 4
+    rng = np.random.default_rng(14)
+    pool: dict = {}
+    w = gguf.GGUFWriter(str(path), "qwen35")
+    _qwen35_hparams(w, "qwen35", n_layer, dim, ffn, (n_head, n_kv, hd), dk, kheads, vheads, taps, 64, [11, 11, 10, 0])
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+    vocab = _gpt2_vocab(w, specials, pre="qwen35", eos=2, template=QWEN3_TEMPLATE,
+                        n_extra=151936 - len(specials) - 256 - len(GPT2_MERGES))
+    q, f32 = _pooled_writers(w, rng, pool)
+    q("token_embd.weight", (vocab, dim), T.Q6_K, 0.5 * np.sqrt(dim))
+    conv = 2 * kheads * dk + vheads * dk
+    n_attn = 0
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        f32(p + "attn_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+        if (i + 1) % 4 == 0:
+            q(p + "attn_q.weight", (2 * n_head * hd, dim), T.Q4_K)
+            q(p + "attn_k.weight", (n_kv * hd, dim), T.Q4_K)
+            q(p + "attn_v.weight", (n_kv * hd, dim), _q4km("attn_v", n_attn, n_layer // 4))
+            f32(p + "attn_q_norm.weight", 1 + 0.1 * rng.standard_normal(hd))
+            f32(p + "attn_k_norm.weight", 1 + 0.1 * rng.standard_normal(hd))
+            q(p + "attn_output.weight", (dim, n_head * hd), T.Q4_K)
+            n_attn += 1
+        else:
+            q(p + "attn_qkv.weight", (conv, dim), T.Q4_K, 1.5)
+            q(p + "attn_gate.weight", (vheads * dk, dim), T.Q4_K)
+            f32(p + "ssm_conv1d.weight", rng.standard_normal((conv, taps)) * 0.5)
+            f32(p + "ssm_dt.bias", 0.5 * rng.standard_normal(vheads))
+            f32(p + "ssm_a", -np.exp(0.5 * rng.standard_normal(vheads)))
+            q(p + "ssm_beta.weight", (vheads, dim), T.Q4_K)
+            q(p + "ssm_alpha.weight", (vheads, dim), T.Q4_K)
+            f32(p + "ssm_norm.weight", 1 + 0.1 * rng.standard_normal(dk))
+            q(p + "ssm_out.weight", (dim, vheads * dk), T.Q4_K)
+        f32(p + "post_attention_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+        q(p + "ffn_gate.weight", (ffn, dim), T.Q4_K)
+        q(p + "ffn_up.weight", (ffn, dim), T.Q4_K)
+        q(p + "ffn_down.weight", (dim, ffn), _q4km("ffn_down", i, n_layer))
+    f32("output_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+    _finish(w)
+
+
 ZOO = {
     "qwen3": write_qwen3,
     "llama3": write_llama3,
@@ -1124,6 +1171,7 @@ ZOO = {
     "falcon-h1": write_falcon_h1,
     "lfm2_bench": write_lfm2_bench,
     "mamba2_bench": write_mamba2_bench,
+    "qwen35_bench": write_qwen35_bench,
 }
 GOLDEN = [n for n in ZOO if not n.endswith("_bench")]  # the models tests/golden/arch_zoo.json covers
 

@@ -1,8 +1,8 @@
 """Hybrid models (recurrent layers beside attention) in the engine, on the arch zoo's LFM2, Mamba2, Granite 4 H
 Nemotron-H, Qwen3.5 and Falcon-H1: each running
 sequence holds a slot of recurrent state; continuous batching, chunked prefill, preemption and aborts give
-what each request alone gives; prefix caching and speculation recompute rather than reuse a state they do
-not have; memory counts KV for the attention layers alone and the state per sequence. (Their golden checks
+what each request alone gives; prefix caching reuses a prefix only from a checkpoint of the state at its
+end, and speculation is refused; memory counts KV for the attention layers alone and the state per sequence. (Their golden checks
 against llama.cpp and broken-file errors are test_arch_zoo's.)"""
 
 import subprocess
@@ -86,14 +86,63 @@ def test_preemption_recomputes_the_state(model, llm):
     tight.engine.block_manager.check_invariants([])
 
 
-def test_a_repeated_prompt_is_recomputed_not_reused(llm):
+def test_a_repeated_prompt_reuses_its_prefix_from_a_state_checkpoint(model, llm):
+    """The prompt's prefill stops at its last block boundary and the state there is checkpointed: the same
+    prompt again computes only its last partial block, with the same output as an engine that never cached."""
     eng = llm.engine
-    assert not eng.block_manager.enable_prefix_caching
+    assert eng.block_manager.enable_prefix_caching and eng.block_manager.num_checkpoints == 4
+    prompt = PROMPTS[2]  # 40 tokens: blocks of 4, the hit ends at the boundary before its last token (36)
+    fresh = LLM(model, engine_config=EngineConfig(max_seqs=4, num_kv_blocks=64, block_size=4), progress=False)
+    want = fresh.generate(prompt, GREEDY)[0].token_ids
+    assert llm.generate(prompt, GREEDY)[0].token_ids == want
     before = eng.runner.num_forward_tokens
-    first = llm.generate(PROMPTS[2], GREEDY)[0].token_ids
-    second = llm.generate(PROMPTS[2], GREEDY)[0].token_ids
-    assert first == second
-    assert eng.runner.num_forward_tokens - before == 2 * (len(PROMPTS[2]) + GREEDY.max_tokens - 1)
+    assert llm.generate(prompt, GREEDY)[0].token_ids == want
+    assert eng.runner.num_forward_tokens - before == (len(prompt) - 36) + GREEDY.max_tokens - 1
+    eng.block_manager.check_invariants([])
+
+
+def test_the_next_turn_of_a_conversation_reuses_the_last_one(model, llm):
+    """A follow-up whose prompt is the previous prompt and answer plus new tokens starts from the state the
+    answer's decoding checkpointed at its last block boundary, and gives what a fresh engine gives."""
+    eng = llm.engine
+    first = PROMPTS[1]
+    answer = llm.generate(first, GREEDY)[0].token_ids
+    follow = first + answer + PROMPTS[3]
+    fresh = LLM(model, engine_config=EngineConfig(max_seqs=4, num_kv_blocks=64, block_size=4), progress=False)
+    before = eng.runner.num_forward_tokens
+    assert llm.generate(follow, GREEDY)[0].token_ids == fresh.generate(follow, GREEDY)[0].token_ids
+    computed_before_answer_end = (len(first) + len(answer) - 1) // 4 * 4  # the answer's last boundary
+    assert eng.runner.num_forward_tokens - before == len(follow) - computed_before_answer_end + GREEDY.max_tokens - 1
+
+
+def test_state_checkpoints_cut_a_hit_back_to_a_saved_state_and_evict_least_recently_used():
+    bm = BlockManager(64, 4, num_state_slots=2, num_checkpoints=2)
+    a = Sequence(list(range(100, 113)), GREEDY)  # 13 tokens: 3 full blocks before the last token
+    bm.allocate(a)
+    assert bm.chunk_end(a, 13) == 12 and bm.chunk_end(a, 5) == 5
+    a.num_computed_tokens = 8  # a chunk that ends at a boundary mid-prompt: its block registered, state saved
+    bm.commit(a)
+    bm.checkpoint(a)
+    assert bm.take_copies("saves") == [(a.state_slot, 2)] and bm.take_copies("saves") == []  # slots 2, 3: checkpoints
+    a.num_computed_tokens = 10  # not at a boundary: nothing saved
+    bm.commit(a)
+    bm.checkpoint(a)
+    assert bm.saves == []
+    bm.free_seq(a)
+    b = Sequence(list(range(100, 113)), GREEDY)  # 3 cached-able blocks, KV for 2, a checkpoint after 2
+    assert bm.allocate(b) == 8 and bm.take_copies("restores") == [(2, b.state_slot)]
+    bm.free_seq(b)
+    c = Sequence(list(range(200, 213)), GREEDY)  # nothing cached: nothing restored
+    assert bm.allocate(c) == 0 and bm.restores == []
+    for n in (4, 8):  # two more checkpoints: the least recently used (a's, used by b) goes first
+        c.num_computed_tokens = n
+        bm.commit(c)
+        bm.checkpoint(c)
+    assert len(bm.checkpoints) == 2 and [d for _, d in bm.take_copies("saves")] == [3, 2]
+    bm.check_invariants([c])
+    d = Sequence(list(range(100, 113)), GREEDY)  # a's blocks still cached, its checkpoint evicted: recomputed
+    assert bm.allocate(d) == 0 and bm.restores == []
+    bm.check_invariants([c, d])
 
 
 def test_an_abort_frees_the_state_slot(llm):
@@ -102,7 +151,8 @@ def test_an_abort_frees_the_state_slot(llm):
     for _ in range(3):
         eng.step()
     s = eng.stats()
-    assert (s["state_slots_used"], s["state_slots_total"]) == (1, 4) and s["state_bytes"] == 4 * llm.config.state_bytes_per_seq
+    # 4 slots for running sequences and 4 for prefix caching's checkpoints
+    assert (s["state_slots_used"], s["state_slots_total"]) == (1, 4) and s["state_bytes"] == 8 * llm.config.state_bytes_per_seq
     assert len(eng.block_manager.free_states) == 3
     eng.abort(rid)
     eng.step()
@@ -156,7 +206,7 @@ def test_inspect_memory_reports_the_state_apart_from_the_kv(lfm2):
         runs[ctx] = json.loads(r.stdout)
     cfg = load_model(GGUFFile(lfm2), get_backend("cpu")).cfg
     mem = runs[256]["memory"] if "memory" in runs[256] else runs[256]
-    assert mem["recurrent_state_mb_per_seq"] == round(cfg.state_bytes_per_seq / 2**20, 3)
+    assert mem["recurrent_state_mb_per_seq"] == round(2 * cfg.state_bytes_per_seq / 2**20, 3)  # and its checkpoint
     per_1k = mem["kv_mb_per_1k_tokens"][mem["default_kv_type"]]
     assert per_1k == round(2 * cfg.n_kv_head * (cfg.head_dim + cfg.v_head_dim) * 2 * 1000 / 2**20, 2)  # f16, 2 layers
     other = runs[512]["memory"] if "memory" in runs[512] else runs[512]

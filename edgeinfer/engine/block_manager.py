@@ -9,6 +9,13 @@ handed out again, so cached prefixes are evicted least-recently-used first.
 The partly filled last block is never shared. When a whole prompt is cached, its last token is
 computed again to get logits; that rewrites one slot of a shared block with identical values (the
 kernels' results do not depend on the batch), so no copy is needed.
+
+A hybrid model's recurrent layers keep a state per sequence, not per token: cached KV blocks are reusable
+only with the state their last token left. When a sequence's computed tokens end exactly at a block
+boundary whose block is registered, its state is copied to a checkpoint slot keyed by that block's hash
+(`saves`, done by the runner after the step; at most num_checkpoints, least recently used evicted); a hit
+is cut back to the longest prefix that ends at a checkpoint, whose state is copied into the sequence's slot
+before its first step (`restores`). With no checkpoint the prefix is recomputed, never reused wrong.
 """
 
 from __future__ import annotations
@@ -36,11 +43,17 @@ class BlockManager:
     allocate to free_seq, so admission needs a free slot as well as its blocks."""
 
     def __init__(self, num_blocks: int, block_size: int = 16, model_id: str = "", enable_prefix_caching: bool = True,
-                 num_state_slots: int = 0):
+                 num_state_slots: int = 0, num_checkpoints: int = 0):
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_state_slots = num_state_slots
         self.free_states = list(range(num_state_slots - 1, -1, -1))  # popped from the end: slot 0 first
+        # a hybrid model's state checkpoints for prefix caching: slots after the sequences' own
+        self.num_checkpoints = num_checkpoints if num_state_slots else 0
+        self.free_checkpoints = list(range(num_state_slots + self.num_checkpoints - 1, num_state_slots - 1, -1))
+        self.checkpoints: OrderedDict[int, int] = OrderedDict()  # block hash -> slot, least recently used first
+        self.restores: list[tuple[int, int]] = []  # (checkpoint slot, sequence slot) to copy before the next step
+        self.saves: list[tuple[int, int]] = []  # (sequence slot, checkpoint slot) to copy after this step
         self.block_size = block_size
         self.model_id = model_id
         self.enable_prefix_caching = enable_prefix_caching
@@ -104,23 +117,30 @@ class BlockManager:
         block.ref_count = 1
         return block
 
-    def _cached_prefix(self, seq: Sequence) -> list[int]:
-        """Block ids of the cached full blocks that start seq's tokens."""
+    def _cached_prefix(self, seq: Sequence) -> tuple[list[int], int]:
+        """(block ids of the cached full blocks that start seq's tokens, the checkpoint slot of the state
+        after them or -1). A hybrid model's hit is cut back to the longest prefix that ends at a checkpoint
+        and leaves its last token to compute."""
         if not self.enable_prefix_caching:
-            return []
+            return [], -1
         bs = self.block_size
-        hits, parent = [], None
-        for i in range(seq.num_tokens // bs):
+        n = (seq.num_tokens - 1) // bs if self.num_state_slots else seq.num_tokens // bs
+        hits, parent, ckpt, upto = [], None, -1, 0
+        for i in range(n):
             parent, bid = self._lookup(parent, seq.token_ids[i * bs:(i + 1) * bs])
             if bid is None:
                 break
             hits.append(bid)
-        return hits
+            if parent in self.checkpoints:
+                ckpt, upto = self.checkpoints[parent], len(hits)
+        if self.num_state_slots:
+            return hits[:upto], ckpt
+        return hits, -1
 
     def can_allocate(self, seq: Sequence) -> bool:
         if self.num_state_slots and not self.free_states:
             return False
-        hits = self._cached_prefix(seq)
+        hits, _ = self._cached_prefix(seq)
         in_use = sum(1 for b in hits if self.blocks[b].ref_count > 0)
         return self.blocks_needed(seq.num_tokens) - in_use <= self.num_free
 
@@ -130,7 +150,10 @@ class BlockManager:
         if self.num_state_slots:
             seq.state_slot = self.free_states.pop()
         bs = self.block_size
-        hits = self._cached_prefix(seq)
+        hits, ckpt = self._cached_prefix(seq)
+        if ckpt >= 0:  # the state after the hit, into the sequence's slot before its first step
+            self.checkpoints.move_to_end(self.blocks[hits[-1]].hash)
+            self.restores.append((ckpt, seq.state_slot))
         n_full = seq.num_tokens // bs
         self.prefix_queries += n_full
         self.prefix_hits += len(hits)
@@ -185,8 +208,50 @@ class BlockManager:
                 h = self.chain_hash(parent, tokens)
                 block.hash = h
                 block.token_ids = tokens
-                self.hash_to_block.setdefault(h, block.block_id)
+                # the newest block of these tokens: an older copy (a hybrid model's tokens computed again
+                # past its last checkpoint) may be evicted first, and its eviction must not unregister them
+                self.hash_to_block[h] = block.block_id
             parent = block.hash
+
+    def checkpoint(self, seq: Sequence) -> None:
+        """A hybrid model's sequence whose computed tokens end at a registered block boundary: its state
+        there is saved (queued in `saves`) under that block's hash, unless already saved. Past its prompt a
+        sequence keeps one checkpoint, its latest (a conversation's next turn starts there), beside the
+        one at its prompt's last boundary (a repeated prompt, the other choices of a request)."""
+        bs, n = self.block_size, seq.num_computed_tokens
+        if not self.num_checkpoints or n == 0 or n % bs or n // bs > len(seq.block_table):
+            return
+        h = self.blocks[seq.block_table[n // bs - 1]].hash
+        if h is None:
+            return
+        if n > seq.num_prompt_tokens:
+            old, seq.decode_checkpoint = seq.decode_checkpoint, h
+            if old is not None and old != h and old in self.checkpoints:
+                self.free_checkpoints.append(self.checkpoints.pop(old))
+        if h in self.checkpoints:  # the same tokens leave the same state
+            self.checkpoints.move_to_end(h)
+            return
+        if self.free_checkpoints:
+            slot = self.free_checkpoints.pop()
+        else:
+            _, slot = self.checkpoints.popitem(last=False)
+        self.checkpoints[h] = slot
+        self.saves.append((seq.state_slot, slot))
+
+    def chunk_end(self, seq: Sequence, n: int) -> int:
+        """How many of n tokens to compute now: a hybrid model's prompt chunk stops at the last block
+        boundary before its last token, so the state there can be checkpointed."""
+        if not self.num_checkpoints:
+            return n
+        bs, done = self.block_size, seq.num_computed_tokens
+        boundary = (seq.num_tokens - 1) // bs * bs
+        return boundary - done if done < boundary < done + n else n
+
+    def take_copies(self, which: str) -> list[tuple[int, int]]:
+        """The queued state copies ("restores" or "saves"), handed over and forgotten."""
+        out = getattr(self, which)
+        setattr(self, which, [])
+        return out
 
     def free_seq(self, seq: Sequence) -> None:
         """Release seq's blocks; those no longer referenced join the free list (newest last)."""
@@ -215,3 +280,6 @@ class BlockManager:
         held = [s.state_slot for s in live if s.state_slot >= 0]
         assert len(set(held)) == len(held) and not set(held) & set(self.free_states), (held, self.free_states)
         assert len(held) + len(self.free_states) == self.num_state_slots
+        ckpts = list(self.checkpoints.values())
+        assert len(set(ckpts)) == len(ckpts) and not set(ckpts) & set(self.free_checkpoints)
+        assert len(ckpts) + len(self.free_checkpoints) == self.num_checkpoints

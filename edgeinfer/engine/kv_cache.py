@@ -73,6 +73,12 @@ class KVCache:
         """The recurrent state arrays, (layers of the kind, slots, ...) each."""
         return [a for a in (self.conv, self.ssm_conv, self.ssm) if a is not None]
 
+    def copy_states(self, pairs) -> None:
+        """Copy each (src, dst) slot's recurrent state, every layer (prefix caching's checkpoints)."""
+        for src, dst in pairs:
+            for a in self.states:
+                a[:, dst] = a[:, src]
+
     @property
     def nbytes(self) -> int:
         """The KV blocks' bytes."""

@@ -69,16 +69,17 @@ class LLMEngine:
         est = memory.estimate(0, cfg, config, model.kb.KV_FORMATS)  # the backend's KV row formats
         self.max_context = est.max_context
         n_blocks = config.num_kv_blocks or memory.default_blocks(est, config)
-        # a hybrid model: a slot of recurrent state per running sequence; no prefix caching (cached KV
-        # blocks without the state at their end would be reused wrong) and no speculation (a rejected
-        # draft token would leave its update in the state): both recompute instead, for now
+        # a hybrid model: a slot of recurrent state per running sequence, and as many checkpoint slots of
+        # state for prefix caching (block_manager.py); no speculation (a rejected draft token would leave its
+        # update in the state) for now
         states = config.seqs_limit if cfg.recurrent else 0
         if states and speculation is not None:
             raise ValueError(f"speculative decoding is not supported yet for {cfg.arch}, whose recurrent layers keep "
                              "a state per sequence: run it without a draft model or prompt lookup")
-        self.runner = ModelRunner(model, n_blocks, config.block_size, config.kv_dtype, n_state_slots=max(states, 1))
-        self.block_manager = BlockManager(n_blocks, config.block_size, model_id=model_id,
-                                          enable_prefix_caching=not states, num_state_slots=states)
+        self.runner = ModelRunner(model, n_blocks, config.block_size, config.kv_dtype,
+                                  n_state_slots=max(2 * states, 1))
+        self.block_manager = BlockManager(n_blocks, config.block_size, model_id=model_id, num_state_slots=states,
+                                          num_checkpoints=states)
         self.proposer = _make_proposer(speculation, config, n_blocks) if speculation is not None else None
         self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens,
                                    plan_spec=self._plan_spec if self.proposer is not None else None)
@@ -239,11 +240,15 @@ class LLMEngine:
             return self._fan_out(outs)
         if self.proposer is not None and self.speculate:
             self._propose(sched)
+        bm = self.block_manager
+        self.runner.cache.copy_states(bm.take_copies("restores"))  # hybrid models: prefix hits' states
         logits, sampling = self.runner.run(sched)
         for seq, n, k in zip(sched.seqs, sched.num_tokens, sched.num_spec):
             if not k:  # a verifying sequence's count depends on how many proposals it accepts
                 seq.num_computed_tokens += n
                 self._commit(seq)
+                bm.checkpoint(seq)
+        self.runner.cache.copy_states(bm.take_copies("saves"))
         for i, row, n_rows in sampling:
             seq = sched.seqs[i]
             st = self.requests[(seq.request_id, seq.choice)]

@@ -85,7 +85,7 @@ class Scheduler:
                 break
             if seq not in self.running:  # preempted below for an earlier one
                 continue
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = self.bm.chunk_end(seq, min(seq.num_tokens - seq.num_computed_tokens, budget))
             if n <= 0:
                 continue
             k = 0
@@ -119,7 +119,7 @@ class Scheduler:
                 seq.spec.draft_computed = seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = self.bm.chunk_end(seq, min(seq.num_tokens - seq.num_computed_tokens, budget))
             out.seqs.append(seq)
             out.num_tokens.append(n)
             out.num_spec.append(0)

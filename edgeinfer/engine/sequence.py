@@ -28,6 +28,7 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at the last admission
         self.block_table: list[int] = []
         self.state_slot = -1  # its slot of recurrent state while it has blocks (a hybrid model's), else -1
+        self.decode_checkpoint = None  # the block hash of its latest state checkpoint past the prompt, if any
         self.status = SequenceStatus.WAITING
         self.params = params
         self.priority = priority  # lower value: served first (as vLLM)
