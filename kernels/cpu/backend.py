@@ -81,6 +81,25 @@ def matmul(w, x, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+def matmul_many(ws, x) -> list:
+    """[W_j @ x for W_j in ws]: up to three matrices reading the same x (q/k/v, gate/up, a recurrent layer's
+    projections) in one parallel region of the int8 kernels, the same bits as matmul on each; float
+    matrices (or more than three) one by one."""
+    qx = quantize_input(x)
+    if not 1 < len(ws) <= 3 or any(isinstance(w, np.ndarray) or kinds.is_dense(w.kind) for w in ws):
+        return [matmul(w, qx) for w in ws]
+    outs = [np.empty((qx.shape[0], w.shape[0]), np.float32) for w in ws]
+    q8k = [kinds.uses_q8k(w.kind) for w in ws]
+    q8 = qx.q8() if not all(q8k) else _NO_Q8
+    q8kx = qx.q8k() if any(q8k) else _NO_Q8K
+    wt = [int8.as_tuple(w) for w in ws]
+    wt += wt[:1] * (3 - len(ws))
+    o = outs + outs[:1] * (3 - len(ws))
+    int8.matmuls(wt[0], wt[1], wt[2], len(ws), q8, q8kx, quant.HALF_TO_F32, o[0], o[1], o[2], numba.get_num_threads(),
+                 UNITS.for_kinds(tuple(w.kind for w in ws)))
+    return outs
+
+
 def matmul_int8(w, qx: QInput, out: np.ndarray, table: np.ndarray) -> None:
     # W (N, K) quantized @ qx (T, K) -> out (T, N) (C-contiguous), through the units in `table` (units.Table)
     q8, q8k = (_NO_Q8, qx.q8k()) if kinds.uses_q8k(w.kind) else (qx.q8(), _NO_Q8K)

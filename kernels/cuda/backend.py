@@ -116,6 +116,11 @@ def quantize_input(x):
     return x
 
 
+def matmul_many(ws, x) -> list:
+    # [W_j @ x for W_j in ws], one launch each
+    return [matmul(w, x) for w in ws]
+
+
 def matmul(w, x, out=None):
     # W (N, K) @ x (T, K) -> out (T, N)
     t, n = x.shape[0], w.shape[0]

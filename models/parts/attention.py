@@ -41,7 +41,7 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
     batch, cache, layer = at.batch, at.cache, at.layer
     t = h.shape[0]
     hq = kb.quantize_input(h)  # one quantized activation for q, k and v
-    q2, k2, v2 = kb.matmul(lw.wq, hq), kb.matmul(lw.wk, hq), kb.matmul(lw.wv, hq)
+    q2, k2, v2 = kb.matmul_many([lw.wq, lw.wk, lw.wv], hq)
     if spec.attn_gate:  # qwen35: (T, heads, [query, gate], head_dim) -> the queries, and the gates for later
         qg = q2.reshape(t, cfg.n_head, 2, cfg.head_dim)
         q2 = np.ascontiguousarray(qg[:, :, 0]).reshape(t, cfg.n_head * cfg.head_dim)

@@ -55,18 +55,20 @@ def _by_key_head(x, nk: int, sizes: list) -> list:
 
 
 def projections(kb, cfg: ModelConfig, lw: LayerWeights, h):
-    """(qkv (T, conv channels), z (T, H Dv), beta (T, H), alpha (T, H)) of h (T, dim)."""
+    """(qkv (T, conv channels), z (T, H Dv), beta (T, H), alpha (T, H)) of h (T, dim), the projections that
+    read h together in as few parallel regions as the kernels take (three matrices each)."""
     hq = kb.quantize_input(h)  # one quantized activation for every projection
     nk, dk, r = cfg.ssm_groups, cfg.ssm_state, cfg.ssm_heads // cfg.ssm_groups
+    if lw.ssm_ba is None:  # Qwen3.5
+        qkv, z, beta = kb.matmul_many([lw.ssm_qkv, lw.ssm_z, lw.ssm_beta], hq)
+        return qkv, z, beta, kb.matmul(lw.ssm_alpha, hq)
     if lw.ssm_in is not None:  # older Qwen3-Next files: per key head q, k, its value heads' v and z
-        q, k, v, z = _by_key_head(kb.matmul(lw.ssm_in, hq), nk, [dk, dk, r * dk, r * dk])
+        mixed, ba = kb.matmul_many([lw.ssm_in, lw.ssm_ba], hq)
+        q, k, v, z = _by_key_head(mixed, nk, [dk, dk, r * dk, r * dk])
         qkv = np.concatenate([q, k, v], axis=1)
     else:
-        qkv, z = kb.matmul(lw.ssm_qkv, hq), kb.matmul(lw.ssm_z, hq)
-    if lw.ssm_ba is not None:  # Qwen3-Next: per key head its value heads' beta, then their alpha
-        beta, alpha = _by_key_head(kb.matmul(lw.ssm_ba, hq), nk, [r, r])
-    else:
-        beta, alpha = kb.matmul(lw.ssm_beta, hq), kb.matmul(lw.ssm_alpha, hq)
+        qkv, z, ba = kb.matmul_many([lw.ssm_qkv, lw.ssm_z, lw.ssm_ba], hq)
+    beta, alpha = _by_key_head(ba, nk, [r, r])  # Qwen3-Next: per key head its value heads' beta, then alpha
     return qkv, z, beta, alpha
 
 

@@ -32,7 +32,6 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
 def gated(kb, spec: ArchSpec, h, w_gate, w_up, w_down):
     """down(act(gate h) * up h) of h (T, dim) with these matrices (a dense FFN's, an expert's)."""
     act = kb.gelu_tanh_mul if spec.activation == "gelu_tanh" else kb.silu_mul
-    hq = kb.quantize_input(h)  # one quantized activation for gate and up
-    g = kb.matmul(w_gate, hq)
-    act(g, kb.matmul(w_up, hq), g)
+    g, u = kb.matmul_many([w_gate, w_up], h)  # one quantized activation, one parallel region
+    act(g, u, g)
     return kb.matmul(w_down, g)
