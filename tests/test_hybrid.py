@@ -119,30 +119,34 @@ def test_state_checkpoints_cut_a_hit_back_to_a_saved_state_and_evict_least_recen
     bm = BlockManager(64, 4, num_state_slots=2, num_checkpoints=2)
     a = Sequence(list(range(100, 113)), GREEDY)  # 13 tokens: 3 full blocks before the last token
     bm.allocate(a)
-    assert bm.chunk_end(a, 13) == 12 and bm.chunk_end(a, 5) == 5
-    a.num_computed_tokens = 8  # a chunk that ends at a boundary mid-prompt: its block registered, state saved
+    bm.plan_checkpoint(a, 5)  # tokens 0-4 cross the boundary at 4: the kernels save the state there
+    assert a.snapshot == (2, 4)  # slots 0, 1: sequences'; 2, 3: checkpoints
+    bm.plan_checkpoint(a, 13)  # planned again (the whole prompt): its last boundary before its last token
+    assert a.snapshot == (2, 12) and bm.free_checkpoints == [3]
+    a.num_computed_tokens = 13
     bm.commit(a)
     bm.checkpoint(a)
-    assert bm.take_copies("saves") == [(a.state_slot, 2)] and bm.take_copies("saves") == []  # slots 2, 3: checkpoints
-    a.num_computed_tokens = 10  # not at a boundary: nothing saved
-    bm.commit(a)
-    bm.checkpoint(a)
-    assert bm.saves == []
+    assert a.snapshot is None and len(bm.checkpoints) == 1
     bm.free_seq(a)
-    b = Sequence(list(range(100, 113)), GREEDY)  # 3 cached-able blocks, KV for 2, a checkpoint after 2
-    assert bm.allocate(b) == 8 and bm.take_copies("restores") == [(2, b.state_slot)]
+    b = Sequence(list(range(100, 114)), GREEDY)  # a's 13 tokens and one more: KV and the state after 12
+    assert bm.allocate(b) == 12 and bm.take_restores() == [(2, b.state_slot)] and bm.restores == []
     bm.free_seq(b)
     c = Sequence(list(range(200, 213)), GREEDY)  # nothing cached: nothing restored
     assert bm.allocate(c) == 0 and bm.restores == []
-    for n in (4, 8):  # two more checkpoints: the least recently used (a's, used by b) goes first
+    for n in (4, 8):  # two checkpoints while decoding: the least recently used (a's, used by b) goes first
+        bm.plan_checkpoint(c, 4)
         c.num_computed_tokens = n
         bm.commit(c)
         bm.checkpoint(c)
-    assert len(bm.checkpoints) == 2 and [d for _, d in bm.take_copies("saves")] == [3, 2]
     bm.check_invariants([c])
+    assert len(bm.checkpoints) == 2
     d = Sequence(list(range(100, 113)), GREEDY)  # a's blocks still cached, its checkpoint evicted: recomputed
     assert bm.allocate(d) == 0 and bm.restores == []
-    bm.check_invariants([c, d])
+    bm.plan_checkpoint(d, 2)  # no boundary crossed: no plan
+    assert d.snapshot is None
+    bm.plan_checkpoint(d, 4)
+    bm.free_seq(d)  # a plan of a sequence that goes (aborted, preempted) gives its slot back
+    bm.check_invariants([c])
 
 
 def test_an_abort_frees_the_state_slot(llm):

@@ -11,11 +11,13 @@ computed again to get logits; that rewrites one slot of a shared block with iden
 kernels' results do not depend on the batch), so no copy is needed.
 
 A hybrid model's recurrent layers keep a state per sequence, not per token: cached KV blocks are reusable
-only with the state their last token left. When a sequence's computed tokens end exactly at a block
-boundary whose block is registered, its state is copied to a checkpoint slot keyed by that block's hash
-(`saves`, done by the runner after the step; at most num_checkpoints, least recently used evicted); a hit
-is cut back to the longest prefix that ends at a checkpoint, whose state is copied into the sequence's slot
-before its first step (`restores`). With no checkpoint the prefix is recomputed, never reused wrong.
+only with the state their last token left. When a step computes past a block boundary of a sequence (in
+its prompt, the last one before its last token), the kernels copy the state there to a checkpoint slot in
+the same pass (`plan_checkpoint`, seq.snapshot), registered under that block's hash once its block is
+(`checkpoint`; at most num_checkpoints, least recently used evicted; past the prompt a sequence keeps only
+its latest); a hit is cut back to the longest prefix that ends at a checkpoint, whose state is copied into
+the sequence's slot before its first step (`restores`). With no checkpoint the prefix is recomputed, never
+reused wrong.
 """
 
 from __future__ import annotations
@@ -53,7 +55,6 @@ class BlockManager:
         self.free_checkpoints = list(range(num_state_slots + self.num_checkpoints - 1, num_state_slots - 1, -1))
         self.checkpoints: OrderedDict[int, int] = OrderedDict()  # block hash -> slot, least recently used first
         self.restores: list[tuple[int, int]] = []  # (checkpoint slot, sequence slot) to copy before the next step
-        self.saves: list[tuple[int, int]] = []  # (sequence slot, checkpoint slot) to copy after this step
         self.block_size = block_size
         self.model_id = model_id
         self.enable_prefix_caching = enable_prefix_caching
@@ -213,48 +214,57 @@ class BlockManager:
                 self.hash_to_block[h] = block.block_id
             parent = block.hash
 
-    def checkpoint(self, seq: Sequence) -> None:
-        """A hybrid model's sequence whose computed tokens end at a registered block boundary: its state
-        there is saved (queued in `saves`) under that block's hash, unless already saved. Past its prompt a
-        sequence keeps one checkpoint, its latest (a conversation's next turn starts there), beside the
-        one at its prompt's last boundary (a repeated prompt, the other choices of a request)."""
-        bs, n = self.block_size, seq.num_computed_tokens
-        if not self.num_checkpoints or n == 0 or n % bs or n // bs > len(seq.block_table):
-            return
-        h = self.blocks[seq.block_table[n // bs - 1]].hash
-        if h is None:
-            return
-        if n > seq.num_prompt_tokens:
-            old, seq.decode_checkpoint = seq.decode_checkpoint, h
-            if old is not None and old != h and old in self.checkpoints:
-                self.free_checkpoints.append(self.checkpoints.pop(old))
-        if h in self.checkpoints:  # the same tokens leave the same state
-            self.checkpoints.move_to_end(h)
-            return
-        if self.free_checkpoints:
-            slot = self.free_checkpoints.pop()
-        else:
-            _, slot = self.checkpoints.popitem(last=False)
-        self.checkpoints[h] = slot
-        self.saves.append((seq.state_slot, slot))
-
-    def chunk_end(self, seq: Sequence, n: int) -> int:
-        """How many of n tokens to compute now: a hybrid model's prompt chunk stops at the last block
-        boundary before its last token, so the state there can be checkpointed."""
+    def plan_checkpoint(self, seq: Sequence, n: int) -> None:
+        """A hybrid model's sequence about to compute n tokens: if they cross a block boundary (a prompt's
+        last before its last token), a checkpoint slot for the state there (seq.snapshot; the kernels copy
+        it in the step)."""
         if not self.num_checkpoints:
-            return n
+            return
+        self._drop_plan(seq)
         bs, done = self.block_size, seq.num_computed_tokens
-        boundary = (seq.num_tokens - 1) // bs * bs
-        return boundary - done if done < boundary < done + n else n
+        upto = (done + n) // bs * bs
+        if done < seq.num_prompt_tokens:  # a prompt's: what the same prompt again can start from
+            upto = min(upto, (seq.num_prompt_tokens - 1) // bs * bs)
+        if upto <= done:
+            return
+        slot = self.free_checkpoints.pop() if self.free_checkpoints else self.checkpoints.popitem(last=False)[1]
+        seq.snapshot = (slot, upto)
 
-    def take_copies(self, which: str) -> list[tuple[int, int]]:
-        """The queued state copies ("restores" or "saves"), handed over and forgotten."""
-        out = getattr(self, which)
-        setattr(self, which, [])
+    def _drop_plan(self, seq: Sequence) -> None:
+        if seq.snapshot is not None:
+            self.free_checkpoints.append(seq.snapshot[0])
+            seq.snapshot = None
+
+    def checkpoint(self, seq: Sequence) -> None:
+        """After the step: register the state its kernels saved (seq.snapshot) under the hash of the block
+        that ends there, unless that state is already saved (or the block is not registered). Past its prompt a
+        sequence keeps one checkpoint, its latest (a conversation's next turn starts there), beside the one at
+        its prompt's last boundary (a repeated prompt, the other choices of a request)."""
+        if seq.snapshot is None:
+            return
+        slot, upto = seq.snapshot
+        seq.snapshot = None
+        bs = self.block_size
+        h = self.blocks[seq.block_table[upto // bs - 1]].hash if upto <= seq.num_computed_tokens else None
+        if h is None or h in self.checkpoints:  # the same tokens leave the same state
+            if h is not None:
+                self.checkpoints.move_to_end(h)
+            self.free_checkpoints.append(slot)
+            return
+        if upto > seq.num_prompt_tokens:
+            old, seq.decode_checkpoint = seq.decode_checkpoint, h
+            if old is not None and old in self.checkpoints:
+                self.free_checkpoints.append(self.checkpoints.pop(old))
+        self.checkpoints[h] = slot
+
+    def take_restores(self) -> list[tuple[int, int]]:
+        """The queued state copies (checkpoint slot, sequence slot), handed over and forgotten."""
+        out, self.restores = self.restores, []
         return out
 
     def free_seq(self, seq: Sequence) -> None:
         """Release seq's blocks; those no longer referenced join the free list (newest last)."""
+        self._drop_plan(seq)
         for bid in reversed(seq.block_table):
             block = self.blocks[bid]
             block.ref_count -= 1
@@ -280,6 +290,6 @@ class BlockManager:
         held = [s.state_slot for s in live if s.state_slot >= 0]
         assert len(set(held)) == len(held) and not set(held) & set(self.free_states), (held, self.free_states)
         assert len(held) + len(self.free_states) == self.num_state_slots
-        ckpts = list(self.checkpoints.values())
+        ckpts = list(self.checkpoints.values()) + [s.snapshot[0] for s in live if s.snapshot is not None]
         assert len(set(ckpts)) == len(ckpts) and not set(ckpts) & set(self.free_checkpoints)
         assert len(ckpts) + len(self.free_checkpoints) == self.num_checkpoints

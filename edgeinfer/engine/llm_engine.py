@@ -241,14 +241,13 @@ class LLMEngine:
         if self.proposer is not None and self.speculate:
             self._propose(sched)
         bm = self.block_manager
-        self.runner.cache.copy_states(bm.take_copies("restores"))  # hybrid models: prefix hits' states
+        self.runner.cache.copy_states(bm.take_restores())  # hybrid models: prefix hits' states
         logits, sampling = self.runner.run(sched)
         for seq, n, k in zip(sched.seqs, sched.num_tokens, sched.num_spec):
             if not k:  # a verifying sequence's count depends on how many proposals it accepts
                 seq.num_computed_tokens += n
                 self._commit(seq)
-                bm.checkpoint(seq)
-        self.runner.cache.copy_states(bm.take_copies("saves"))
+                bm.checkpoint(seq)  # a hybrid model's state checkpoint saved in the step, registered
         for i, row, n_rows in sampling:
             seq = sched.seqs[i]
             st = self.requests[(seq.request_id, seq.choice)]

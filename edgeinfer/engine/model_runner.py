@@ -16,12 +16,16 @@ class Batch:
     token_ids (T,) int64; positions (T,) int64; token_seq (T,) row of block_tables for each token;
     slot_mapping (T,) KV slot each token writes; block_tables (S, max_blocks) int32;
     logits_idx (L,) which tokens get logits (the last scheduled token of each sequence by default);
-    state_slots (S,) int64 each sequence's slot of recurrent state (a hybrid model's; default: its row).
+    state_slots (S,) int64 each sequence's slot of recurrent state (a hybrid model's; default: its row);
+    state_snap (T,) int64 a slot the state after each token is copied to (a prefix-cache checkpoint), or -1
+    (the default: none).
     """
 
-    __slots__ = ("token_ids", "positions", "token_seq", "slot_mapping", "block_tables", "logits_idx", "state_slots")
+    __slots__ = ("token_ids", "positions", "token_seq", "slot_mapping", "block_tables", "logits_idx", "state_slots",
+                 "state_snap")
 
-    def __init__(self, token_ids, positions, token_seq, slot_mapping, block_tables, logits_idx, state_slots=None):
+    def __init__(self, token_ids, positions, token_seq, slot_mapping, block_tables, logits_idx, state_slots=None,
+                 state_snap=None):
         self.token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
         self.positions = np.ascontiguousarray(positions, dtype=np.int64)
         self.token_seq = np.ascontiguousarray(token_seq, dtype=np.int64)
@@ -30,6 +34,8 @@ class Batch:
         self.logits_idx = np.ascontiguousarray(logits_idx, dtype=np.int64)
         self.state_slots = np.ascontiguousarray(np.arange(len(self.block_tables)) if state_slots is None else state_slots,
                                                 dtype=np.int64)
+        self.state_snap = np.ascontiguousarray(np.full(len(self.token_ids), -1) if state_snap is None else state_snap,
+                                               dtype=np.int64)
 
     @classmethod
     def prefix(cls, token_ids, n_blocks: int, logits_idx) -> "Batch":
@@ -55,11 +61,15 @@ def make_batch(pieces: list[Piece], block_size: int) -> Batch:
     max_blocks = max(len(p.seq.block_table) for p in pieces)
     tables = np.zeros((len(pieces), max_blocks), np.int32)
     state_slots = np.arange(len(pieces))
+    snap = np.full(sum(len(p.tokens) for p in pieces), -1, np.int64)
     for i, (seq, start, tokens, n_logits) in enumerate(pieces):
         n = len(tokens)
         tables[i, : len(seq.block_table)] = seq.block_table
         if seq.state_slot >= 0:
             state_slots[i] = seq.state_slot
+        plan = getattr(seq, "snapshot", None)  # a checkpoint of the state after `upto` tokens (block_manager.py)
+        if plan is not None and start < plan[1] <= start + n:
+            snap[len(token_ids) + plan[1] - 1 - start] = plan[0]
         pos = np.arange(start, start + n)
         bt = np.asarray(seq.block_table, np.int64)
         token_ids.extend(tokens)
@@ -68,7 +78,7 @@ def make_batch(pieces: list[Piece], block_size: int) -> Batch:
         slots.append(bt[pos // block_size] * block_size + pos % block_size)
         logits_idx.extend(range(len(token_ids) - n_logits, len(token_ids)))
     return Batch(token_ids, np.concatenate(positions), np.concatenate(token_seq), np.concatenate(slots), tables,
-                 logits_idx, state_slots)
+                 logits_idx, state_slots, snap)
 
 
 def build_batch(sched: ScheduledBatch, block_size: int) -> tuple[Batch, list[tuple[int, int, int]]]:

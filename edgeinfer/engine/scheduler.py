@@ -85,7 +85,7 @@ class Scheduler:
                 break
             if seq not in self.running:  # preempted below for an earlier one
                 continue
-            n = self.bm.chunk_end(seq, min(seq.num_tokens - seq.num_computed_tokens, budget))
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if n <= 0:
                 continue
             k = 0
@@ -103,6 +103,7 @@ class Scheduler:
             if seq.status != SequenceStatus.RUNNING:
                 continue
             self.bm.append_slots(seq, n)
+            self.bm.plan_checkpoint(seq, n)  # a hybrid model's state at a block boundary, saved in the step
             out.seqs.append(seq)
             out.num_tokens.append(n)
             out.num_spec.append(k)
@@ -119,7 +120,8 @@ class Scheduler:
                 seq.spec.draft_computed = seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            n = self.bm.chunk_end(seq, min(seq.num_tokens - seq.num_computed_tokens, budget))
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            self.bm.plan_checkpoint(seq, n)
             out.seqs.append(seq)
             out.num_tokens.append(n)
             out.num_spec.append(0)

@@ -29,6 +29,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.state_slot = -1  # its slot of recurrent state while it has blocks (a hybrid model's), else -1
         self.decode_checkpoint = None  # the block hash of its latest state checkpoint past the prompt, if any
+        self.snapshot = None  # (checkpoint slot, tokens): its state after that many tokens is saved this step
         self.status = SequenceStatus.WAITING
         self.params = params
         self.priority = priority  # lower value: served first (as vLLM)

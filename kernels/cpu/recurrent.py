@@ -3,7 +3,8 @@
 Every kernel here runs the tokens of a batch in order, each reading and updating its own sequence's slot
 of state (slots[token_seq[t]]), zeroed where the sequence starts (position 0): a prompt in chunks and a
 batch of sequences give the same bits as one pass of each alone. Work is split over channels or heads,
-never over tokens.
+never over tokens. Where snap[t] names a slot, the state after token t is copied there (each task its own
+part): a checkpoint for prefix caching, taken in the same pass.
 
 - shortconv: LFM2's gated short convolution (models/parts/shortconv.py): c * conv(b * x).
 - ssm_conv: Mamba2's causal depthwise convolution over x, B and C, plus its bias, then SiLU.
@@ -45,10 +46,11 @@ def _taps(st, w, v, out, c0, c1):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def shortconv(bcx, w, state, token_seq, positions, slots, out):
+def shortconv(bcx, w, state, token_seq, positions, slots, snap, out):
     """bcx (T, 3D) float32: b, c, x of every token; w (L, D) float32, the taps (tap L - 1 on the newest
     value); state (n_slots, L - 1, D) float32, updated; token_seq (T,) each token's sequence (a row of
-    slots); positions (T,); slots (S,) int64 each sequence's state slot -> out (T, D) = c * conv(b * x)."""
+    slots); positions (T,); slots (S,) int64 each sequence's state slot; snap (T,) int64: a slot to copy the
+    state into after the token (a prefix-cache checkpoint), or -1 -> out (T, D) = c * conv(b * x)."""
     T = bcx.shape[0]
     D = w.shape[1]
     for task in prange((D + _CH - 1) // _CH):
@@ -64,22 +66,24 @@ def shortconv(bcx, w, state, token_seq, positions, slots, out):
             _taps(st, w, bx, out[t], c0, c1)
             for ch in range(c0, c1):
                 out[t, ch] = bcx[t, D + ch] * out[t, ch]
+            if snap[t] >= 0:
+                state[snap[t], :, c0:c1] = st[:, c0:c1]
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def ssm_conv(xbc, w, bias, state, token_seq, positions, slots, out):
+def ssm_conv(xbc, w, bias, state, token_seq, positions, slots, snap, out):
     """xbc (T, C) float32 (x, B and C of every token: a view of the input projection); w (L, C) the taps;
-    bias (C,); state (n_slots, L - 1, C), updated -> out (T, C) = silu(conv(xbc) + bias)."""
-    T = xbc.shape[0]
+    bias (C,); state (n_slots, L - 1, C), updated (copied to slot snap[t] after token t where that is not
+    -1) -> out (T, C) = silu(conv(xbc) + bias)."""
     C = w.shape[1]
     for task in prange((C + _CH - 1) // _CH):
         c0 = task * _CH
         c1 = min(c0 + _CH, C)
-        _conv_block(xbc, w, bias, state, token_seq, positions, slots, out, c0, c1)
+        _conv_block(xbc, w, bias, state, token_seq, positions, slots, snap, out, c0, c1)
 
 
 @njit(nogil=True, cache=True)
-def _conv_block(xbc, w, bias, state, token_seq, positions, slots, out, c0, c1):
+def _conv_block(xbc, w, bias, state, token_seq, positions, slots, snap, out, c0, c1):
     # ssm_conv's channels [c0, c1) for every token, in one call (calls with arrays cost reference counts)
     T, C = xbc.shape[0], w.shape[1]
     n = c1 - c0
@@ -95,6 +99,8 @@ def _conv_block(xbc, w, bias, state, token_seq, positions, slots, out, c0, c1):
         _taps(st, w, v, out[t], c0, c1)
         for ch in range(c0, c1):
             pre[t, ch - c0] = out[t, ch] + bias[ch]
+        if snap[t] >= 0:
+            state[snap[t], :, c0:c1] = st[:, c0:c1]
     for t in range(T):
         gated_act_range(pre[t:t + 1], ones, pre[t:t + 1], False, 0, 0, n)  # SiLU eight lanes at a time (exp8)
         for ch in range(c0, c1):
@@ -121,10 +127,11 @@ def _scan_row(st, b, c, da, xdt):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def ssm_scan(xbc, dt, dt_bias, a, d, n_group, state, token_seq, positions, slots, y):
+def ssm_scan(xbc, dt, dt_bias, a, d, n_group, state, token_seq, positions, slots, snap, y):
     """Mamba2's scan. xbc (T, H P + 2 G N) after the convolution: x (H heads of P), then B and C (G groups
     of N); dt (T, H) before its bias dt_bias (H,); a (H,) the decays (negative), d (H,) the skips; state
-    (n_slots, H, P, N), updated -> y (T, H P). Per head h and token: dt' = softplus(dt + dt_bias),
+    (n_slots, H, P, N), updated (copied to slot snap[t] after token t where that is not -1) -> y (T, H P).
+    Per head h and token: dt' = softplus(dt + dt_bias),
     s = s exp(dt' a) + dt' x B, y = s . C + d x (B and C of the head's group)."""
     T = xbc.shape[0]
     H, P, N = state.shape[1], state.shape[2], state.shape[3]
@@ -145,6 +152,8 @@ def ssm_scan(xbc, dt, dt_bias, a, d, n_group, state, token_seq, positions, slots
             for p in range(P):
                 xv = xbc[t, h * P + p]
                 y[t, h * P + p] = _scan_row(st[p], bv, cv, da, xv * dts) + xv * d[h]
+            if snap[t] >= 0:  # a prefix-cache checkpoint of the state after this token
+                state[snap[t], h] = st
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -203,10 +212,10 @@ def _l2_norm(x, eps, out):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def delta_rule(qkv, alpha, beta, dt_bias, a, n_kheads, interleaved, eps, state, token_seq, positions, slots, y):
+def delta_rule(qkv, alpha, beta, dt_bias, a, n_kheads, interleaved, eps, state, token_seq, positions, slots, snap, y):
     """The gated delta rule. qkv (T, 2 Hk Dk + H Dv) after the convolution: q and k (Hk heads of Dk each),
     then v (H heads of Dv); alpha, beta (T, H) before their activations; dt_bias, a (H,); state (n_slots,
-    H, Dv, Dk), S transposed, updated -> y (T, H Dv). Value head h reads key head h % Hk (Qwen3.5's layout),
+    H, Dv, Dk), S transposed, updated (copied to slot snap[t] after token t where that is not -1) -> y (T, H Dv). Value head h reads key head h % Hk (Qwen3.5's layout),
     or h // (H / Hk) where `interleaved` (Qwen3-Next's); q and k L2-normed; per token:
     g = softplus(alpha + dt_bias) a, S = S exp(g), S += k ((v - S^T k) sigmoid(beta))^T, y = S^T q / sqrt(Dv)."""
     T = qkv.shape[0]
@@ -229,6 +238,8 @@ def delta_rule(qkv, alpha, beta, dt_bias, a, n_kheads, interleaved, eps, state, 
             v0 = 2 * key + h * DV
             for j in range(DV):
                 y[t, h * DV + j] = _delta_row(st[j], kn, qn, eg, qkv[t, v0 + j], b) * scale
+            if snap[t] >= 0:  # a prefix-cache checkpoint of the state after this token
+                state[snap[t], h] = st
 
 
 @njit(parallel=True, nogil=True, cache=True)

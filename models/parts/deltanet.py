@@ -80,9 +80,9 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
     qkv, z, beta, alpha = projections(kb, cfg, lw, h)
     x = kb.empty((t, conv))
     kb.ssm_conv(qkv, lw.ssm_conv1d, kb.zeros((conv,), np.float32), cache.ssm_conv[i], batch.token_seq,
-                batch.positions, batch.state_slots, x)
+                batch.positions, batch.state_slots, batch.state_snap, x)
     y = kb.empty((t, e))
     kb.delta_rule(x, alpha, beta, lw.ssm_dt_b, lw.ssm_a, cfg.ssm_groups, spec.delta_next, cfg.norm_eps, cache.ssm[i],
-                  batch.token_seq, batch.positions, batch.state_slots, y)
+                  batch.token_seq, batch.positions, batch.state_slots, batch.state_snap, y)
     kb.norm_gate(y, z, lw.ssm_norm, cfg.ssm_heads, cfg.norm_eps, y)
     return kb.matmul(lw.ssm_out, y)

@@ -48,10 +48,10 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
     zxbcdt = kb.matmul(lw.ssm_in, kb.quantize_input(h))
     xbc = kb.empty((t, conv))
     kb.ssm_conv(zxbcdt[:, e:e + conv], lw.ssm_conv1d, lw.ssm_conv1d_b, cache.ssm_conv[i], batch.token_seq,
-                batch.positions, batch.state_slots, xbc)
+                batch.positions, batch.state_slots, batch.state_snap, xbc)
     y = kb.empty((t, e))
     kb.ssm_scan(xbc, zxbcdt[:, e + conv:], lw.ssm_dt_b, lw.ssm_a, lw.ssm_d, cfg.ssm_groups, cache.ssm[i],
-                batch.token_seq, batch.positions, batch.state_slots, y)
+                batch.token_seq, batch.positions, batch.state_slots, batch.state_snap, y)
     if lw.ssm_norm is not None:
         kb.gated_group_norm(y, zxbcdt[:, :e], lw.ssm_norm, cfg.ssm_groups, cfg.norm_eps, y)
     else:  # Falcon-H1 files without the norm: the gate alone

@@ -34,5 +34,5 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
     bcx = kb.matmul(lw.conv_in, kb.quantize_input(h))
     y = kb.empty((h.shape[0], cfg.dim))
     kb.shortconv(bcx, lw.conv_w, cache.conv[cache.state_index[at.layer]], batch.token_seq, batch.positions,
-                 batch.state_slots, y)
+                 batch.state_slots, batch.state_snap, y)
     return kb.matmul(lw.conv_out, y)
