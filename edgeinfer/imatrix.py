@@ -58,8 +58,8 @@ def weight_names(model, tensors, process_output: bool = False) -> dict[int, tupl
 
 class _Observer:
     """A backend that is the real one, but for the calls that multiply by a weight, which it also records
-    into `imatrix`: matmul (its float input, before int8 quantization), moe_route (the router's input) and
-    moe_shared_add (the shared expert gate's input)."""
+    into `imatrix`: matmul and matmul_many (their float input, before int8 quantization), moe_route (the
+    router's input) and moe_shared_add (the shared expert gate's input)."""
 
     def __init__(self, kb, names: dict, imatrix: Imatrix):
         self._kb, self._names, self._imatrix = kb, names, imatrix
@@ -83,6 +83,11 @@ class _Observer:
     def matmul(self, w, x, out=None):
         self._record(w, x)
         return self._kb.matmul(w, x, out)
+
+    def matmul_many(self, ws, x):
+        for w in ws:
+            self._record(w, x)
+        return self._kb.matmul_many(ws, x)
 
     def moe_route(self, h, router_t, *args):
         self._record(router_t, h)

@@ -117,8 +117,7 @@ def quantize_input(x):
 
 
 def matmul_many(ws, x) -> list:
-    # [W_j @ x for W_j in ws], one launch each
-    return [matmul(w, x) for w in ws]
+    return [matmul(w, x) for w in ws]  # one launch each
 
 
 def matmul(w, x, out=None):
