@@ -909,7 +909,7 @@ def write_qwen35moe(path) -> None:
     stays within the tolerance); IMRoPE sections [3, 3, 2, 0]; untied output."""
     n_layer, dim, heads, dk, kheads, vheads, taps = 5, 256, (4, 2, 64), 64, 2, 4, 4
     n_expert, n_used, ffn_exp, ffn_sh = 8, 2, 256, 256
-    r = _Init(34)
+    r = _Init(17)
     w = gguf.GGUFWriter(str(path), "qwen35moe")
     _qwen35_hparams(w, "qwen35moe", n_layer, dim, 768, heads, dk, kheads, vheads, taps, 16, [3, 3, 2, 0])
     w.add_expert_count(n_expert)
