@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from .gguf_file import GGUFFile
+from .models import ModelLoadError, model_config
 
 
 def _tokenizer_kind(model: str | None) -> str:
@@ -107,7 +108,10 @@ def _architecture_facts(gf: GGUFFile, arch: str) -> dict[str, Any]:
     qn = t.get("blk.0.attn_q_norm.weight")
     if qn is not None:
         out["qk_norm"] = "per head" if head_dim and qn.n_elements == head_dim else "whole projection"
-    fused = [name for name, key in (("attn_qkv", "blk.0.attn_qkv.weight"),) if key in t]
+    kinds = _layer_kinds(gf)
+    if kinds:  # a hybrid model: what its layers keep (a delta net's attn_qkv is its own, not a fused attention)
+        out["layer_kinds"] = ", ".join(f"{n} {k}" for k, n in kinds.items())
+    fused = [name for name, key in (("attn_qkv", "blk.0.attn_qkv.weight"),) if key in t and "deltanet" not in kinds]
     if "blk.0.ffn_up.weight" in t and "blk.0.ffn_gate.weight" not in t and n_expert is None \
             and "blk.0.ffn_down.weight" in t and _ffn_fused(gf, arch):
         fused.append("ffn_up (gate and up)")
@@ -115,9 +119,21 @@ def _architecture_facts(gf: GGUFFile, arch: str) -> dict[str, Any]:
         out["fused_tensors"] = ", ".join(fused)
     if "blk.0.attn_norm.weight" not in t and "blk.0.post_attention_norm.weight" in t:
         out["norms"] = "post-norms only"
+    elif "deltanet" in kinds:  # qwen35's post_attention_norm is the norm before its FFN
+        pass
     elif "blk.0.post_attention_norm.weight" in t or "blk.0.post_ffw_norm.weight" in t:
         out["norms"] = "pre- and post-norms"
     return out
+
+
+def _layer_kinds(gf: GGUFFile) -> dict[str, int]:
+    """A hybrid model's layers by their mixer ({"deltanet": 18, "attention": 6}); {} for a model whose
+    layers are all attention or a file whose metadata does not read."""
+    try:
+        mixers = model_config(gf).mixers
+    except (ModelLoadError, ValueError, KeyError, TypeError):
+        return {}
+    return {k: mixers.count(k) for k in dict.fromkeys(mixers)}
 
 
 def _ffn_fused(gf: GGUFFile, arch: str) -> bool:

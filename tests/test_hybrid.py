@@ -327,3 +327,13 @@ def test_older_qwen3next_files_with_one_ssm_in_projection_give_the_same_logits(z
         batch = Batch(ids, list(range(n)), [0] * n, list(range(n)), np.arange(64)[None], list(range(n)))
         outs.append(m.forward(batch, cache))
     assert np.array_equal(outs[0], outs[1])
+
+
+def test_inspect_names_the_layer_kinds_of_a_hybrid_model(zoo):
+    from edgeinfer.info import summarize
+
+    q = summarize(GGUFFile(zoo("qwen35")))
+    assert q["layer_kinds"] == "3 deltanet, 1 attention"
+    assert "fused_tensors" not in q and "norms" not in q  # attn_qkv and post_attention_norm are the delta net's, the FFN's
+    assert summarize(GGUFFile(zoo("nemotron_h")))["layer_kinds"] == "2 mamba2, 2 mlp, 1 attention"
+    assert "layer_kinds" not in summarize(GGUFFile(zoo("qwen3")))
