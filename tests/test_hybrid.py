@@ -337,3 +337,28 @@ def test_inspect_names_the_layer_kinds_of_a_hybrid_model(zoo):
     assert "fused_tensors" not in q and "norms" not in q  # attn_qkv and post_attention_norm are the delta net's, the FFN's
     assert summarize(GGUFFile(zoo("nemotron_h")))["layer_kinds"] == "2 mamba2, 2 mlp, 1 attention"
     assert "layer_kinds" not in summarize(GGUFFile(zoo("qwen3")))
+
+
+def test_qwen35_layers_from_recurrent_layers_before_the_interval(zoo, tmp_path):
+    """Files converted from a config with layer_types say which layers are linear in
+    attention.recurrent_layers, which llama.cpp reads before full_attention_interval."""
+    import gguf
+
+    from arch_zoo import copy_fields
+
+    src, dst = zoo("qwen35"), tmp_path / "layers.gguf"
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), "qwen35")
+    copy_fields(r, w, {"qwen35.full_attention_interval": 2})  # wrong on purpose: the per-layer flags win
+    w.add_array("qwen35.attention.recurrent_layers", [True, True, True, False])
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    kb = get_backend("cpu")
+    assert load_model(GGUFFile(dst), kb).cfg.mixers == ("deltanet",) * 3 + ("attention",)
+    ids = PROMPTS[1]
+    assert LLM(str(dst), progress=False).generate(ids, GREEDY)[0].token_ids == \
+        LLM(str(src), progress=False).generate(ids, GREEDY)[0].token_ids
