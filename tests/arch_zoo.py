@@ -616,6 +616,18 @@ def write_qwen3moe_bench(path) -> None:
     _finish(w)
 
 
+def _lfm2_mixer(w, r: "_Init", p: str, i: int, n_layer: int, conv: bool, dim: int, n_head: int, n_kv: int, hd: int,
+                taps: int) -> None:
+    """An LFM2 layer's mixer: a gated short convolution (Q4_K in, F32 taps, out as attn_v on llama.cpp's
+    use_more_bits layers) or qwen3-style attention."""
+    if conv:
+        _add(w, p + "shortconv.in_proj.weight", r.mat(3 * dim, dim, 1.5), T.Q4_K)
+        _add(w, p + "shortconv.conv.weight", r.mat(dim, taps, 0.8))
+        _add(w, p + "shortconv.out_proj.weight", r.mat(dim, dim), _q4km("attn_v", i, n_layer))
+    else:
+        _qk_norm_attention(w, r, p, dim, n_head, n_kv, hd, _q4km("attn_v", i, n_layer))
+
+
 def write_lfm2(path) -> None:
     """lfm2 (LFM2/LFM2.5 dense): 5 layers, dim 256, layers 0, 2 and 4 gated short convolutions (3 taps: a
     state of 2 inputs per sequence), 1 and 3 attention (4 heads / 2 kv heads, head_dim 64, per-head q/k
@@ -636,17 +648,10 @@ def write_lfm2(path) -> None:
     for i in range(n_layer):
         p = f"blk.{i}."
         _add(w, p + "attn_norm.weight", r.norm(dim))
-        if conv[i]:
-            _add(w, p + "shortconv.in_proj.weight", r.mat(3 * dim, dim, 1.5), T.Q4_K)
-            _add(w, p + "shortconv.conv.weight", r.mat(dim, taps, 0.8))
-            _add(w, p + "shortconv.out_proj.weight", r.mat(dim, dim), _q4km("attn_v", i, n_layer))
-        else:
-            _qk_norm_attention(w, r, p, dim, n_head, n_kv, hd, _q4km("attn_v", i, n_layer))
+        _lfm2_mixer(w, r, p, i, n_layer, conv[i], dim, n_head, n_kv, hd, taps)
         _swiglu(w, r, p, dim, ffn, _q4km("ffn_down", i, n_layer))
     _add(w, "token_embd_norm.weight", 1.6 * r.norm(dim))
     _finish(w)
-
-
 
 
 def write_lfm2moe(path) -> None:
@@ -677,12 +682,7 @@ def write_lfm2moe(path) -> None:
     for i in range(n_layer):
         p = f"blk.{i}."
         _add(w, p + "attn_norm.weight", r.norm(dim))
-        if conv[i]:
-            _add(w, p + "shortconv.in_proj.weight", r.mat(3 * dim, dim, 1.5), T.Q4_K)
-            _add(w, p + "shortconv.conv.weight", r.mat(dim, taps, 0.8))
-            _add(w, p + "shortconv.out_proj.weight", r.mat(dim, dim), _q4km("attn_v", i, n_layer))
-        else:
-            _qk_norm_attention(w, r, p, dim, n_head, n_kv, hd, _q4km("attn_v", i, n_layer))
+        _lfm2_mixer(w, r, p, i, n_layer, conv[i], dim, n_head, n_kv, hd, taps)
         if i == 0:
             _swiglu(w, r, p, dim, ffn, _q4km("ffn_down", i, n_layer))
             continue
