@@ -790,9 +790,7 @@ def write_granitehybrid(path) -> None:
         _add(w, p + "ffn_norm.weight", r.norm(dim))
         _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp,
                    {"gate": T.Q4_K, "up": T.Q4_K, "down": lambda i, n: _q4km("ffn_down_exps", i, n)}, router=5)
-        _add(w, p + "ffn_gate_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
-        _add(w, p + "ffn_up_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
-        _add(w, p + "ffn_down_shexp.weight", r.mat(dim, ffn_sh, 1.5), _q4km("ffn_down", i, n_layer))
+        _shared_expert(w, r, p, i, n_layer, dim, ffn_sh, gated=False)
     _add(w, "output_norm.weight", r.norm(dim))
     _add(w, "output.weight", r.mat(vocab, dim, 8.0), T.Q6_K)
     _finish(w)
@@ -850,9 +848,10 @@ def _qwen35_hparams(w: gguf.GGUFWriter, arch: str, n_layer: int, dim: int, ffn: 
 
 
 def _qwen35_layer_mixer(w, r: "_Init", p: str, i: int, n_layer: int, dim: int, heads: tuple, dk: int, kheads: int,
-                        vheads: int, taps: int, qk: float = 0.65) -> None:
+                        vheads: int, taps: int, qk: float = 0.65, ba: bool = False) -> None:
     """A qwen35 layer's mixer tensors: gated full attention on every fourth layer (attn_q twice as wide: each
-    head's query then its gate), else a gated delta net; Q4_K_M-like, the taps, A, dt bias and norms F32."""
+    head's query then its gate), else a gated delta net (ba: beta and alpha in one ssm_ba, Qwen3-Next's);
+    Q4_K_M-like, the taps, A, dt bias and norms F32."""
     n_head, n_kv, hd = heads
     if (i + 1) % 4 == 0:
         _add(w, p + "attn_q.weight", r.mat(2 * n_head * hd, dim), T.Q4_K)
@@ -868,10 +867,23 @@ def _qwen35_layer_mixer(w, r: "_Init", p: str, i: int, n_layer: int, dim: int, h
     _add(w, p + "ssm_conv1d.weight", r.mat(conv, taps, 1.0))
     _add(w, p + "ssm_dt.bias", r.vec(vheads, 0.5))
     _add(w, p + "ssm_a", -np.exp(r.vec(vheads, 0.5)))
-    _add(w, p + "ssm_beta.weight", r.mat(vheads, dim), T.Q4_K)
-    _add(w, p + "ssm_alpha.weight", r.mat(vheads, dim), T.Q4_K)
+    if ba:
+        _add(w, p + "ssm_ba.weight", r.mat(2 * vheads, dim), T.Q4_K)
+    else:
+        _add(w, p + "ssm_beta.weight", r.mat(vheads, dim), T.Q4_K)
+        _add(w, p + "ssm_alpha.weight", r.mat(vheads, dim), T.Q4_K)
     _add(w, p + "ssm_norm.weight", r.norm(dk))
     _add(w, p + "ssm_out.weight", r.mat(dim, vheads * dk, 1.5), T.Q4_K)
+
+
+def _shared_expert(w, r: "_Init", p: str, i: int, n_layer: int, dim: int, ffn_sh: int, gated: bool) -> None:
+    """A layer's shared expert: its sigmoid gate vector where `gated` (qwen35moe, qwen3next; not granitehybrid),
+    Q4_K gate and up, the down projection x1.5 as ffn_down on llama.cpp's use_more_bits layers."""
+    if gated:
+        _add(w, p + "ffn_gate_inp_shexp.weight", r.vec(dim, 1 / np.sqrt(dim)))
+    _add(w, p + "ffn_gate_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
+    _add(w, p + "ffn_up_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
+    _add(w, p + "ffn_down_shexp.weight", r.mat(dim, ffn_sh, 1.5), _q4km("ffn_down", i, n_layer))
 
 
 def write_qwen35(path) -> None:
@@ -927,10 +939,7 @@ def write_qwen35moe(path) -> None:
         _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp,
                    {"gate": T.Q4_K, "up": T.Q4_K, "down": lambda i, n: _q4km("ffn_down_exps", i, n)}, router=5,
                    down=0.6)
-        _add(w, p + "ffn_gate_inp_shexp.weight", r.vec(dim, 1 / np.sqrt(dim)))
-        _add(w, p + "ffn_gate_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
-        _add(w, p + "ffn_up_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
-        _add(w, p + "ffn_down_shexp.weight", r.mat(dim, ffn_sh, 1.5), _q4km("ffn_down", i, n_layer))
+        _shared_expert(w, r, p, i, n_layer, dim, ffn_sh, gated=True)
     _add(w, "output_norm.weight", r.norm(dim))
     _add(w, "output.weight", r.mat(vocab, dim, 3.0), T.Q6_K)
     _finish(w)
@@ -960,33 +969,14 @@ def write_qwen3next(path) -> None:
     w.add_expert_shared_feed_forward_length(ffn_sh)
     vocab = _gpt2_vocab(w, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], pre="qwen2", eos=2)
     _add(w, "token_embd.weight", r.embd(vocab, dim, 0.5), T.Q4_K)
-    conv = 2 * kheads * dk + vheads * dk
     for i in range(n_layer):
         p = f"blk.{i}."
         _add(w, p + "attn_norm.weight", r.norm(dim))
-        if i == 3:
-            _add(w, p + "attn_q.weight", r.mat(2 * n_head * hd, dim), T.Q4_K)
-            _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim), T.Q4_K)
-            _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), _q4km("attn_v", i, n_layer))
-            _add(w, p + "attn_q_norm.weight", 0.65 * r.norm(hd))
-            _add(w, p + "attn_k_norm.weight", 0.65 * r.norm(hd))
-            _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd, 1.5), T.Q4_K)
-        else:
-            _add(w, p + "attn_qkv.weight", r.mat(conv, dim, 1.5), T.Q4_K)
-            _add(w, p + "attn_gate.weight", r.mat(vheads * dk, dim), T.Q4_K)
-            _add(w, p + "ssm_conv1d.weight", r.mat(conv, taps, 1.0))
-            _add(w, p + "ssm_dt.bias", r.vec(vheads, 0.5))
-            _add(w, p + "ssm_a", -np.exp(r.vec(vheads, 0.5)))
-            _add(w, p + "ssm_ba.weight", r.mat(2 * vheads, dim), T.Q4_K)
-            _add(w, p + "ssm_norm.weight", r.norm(dk))
-            _add(w, p + "ssm_out.weight", r.mat(dim, vheads * dk, 1.5), T.Q4_K)
+        _qwen35_layer_mixer(w, r, p, i, n_layer, dim, (n_head, n_kv, hd), dk, kheads, vheads, taps, ba=True)
         _add(w, p + "post_attention_norm.weight", r.norm(dim))
         _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp,
                    {"gate": T.Q4_K, "up": T.Q4_K, "down": lambda i, n: _q4km("ffn_down_exps", i, n)}, router=5)
-        _add(w, p + "ffn_gate_inp_shexp.weight", r.vec(dim, 1 / np.sqrt(dim)))
-        _add(w, p + "ffn_gate_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
-        _add(w, p + "ffn_up_shexp.weight", r.mat(ffn_sh, dim), T.Q4_K)
-        _add(w, p + "ffn_down_shexp.weight", r.mat(dim, ffn_sh, 1.5), _q4km("ffn_down", i, n_layer))
+        _shared_expert(w, r, p, i, n_layer, dim, ffn_sh, gated=True)
     _add(w, "output_norm.weight", r.norm(dim))
     _add(w, "output.weight", r.mat(vocab, dim, 3.0), T.Q6_K)
     _finish(w)
