@@ -98,7 +98,9 @@ def rm(model):
 @click.option("--memory", is_flag=True, help="Estimate the memory a run needs: weights, KV per 1k tokens, buffers.")
 @click.option("--kv-type", type=click.Choice(KV_TYPES), default=None, help="KV type for --memory's pool.")
 @click.option("--max-context", type=click.IntRange(0, None), default=0, help="Context for --memory's pool.")
-def inspect(model, as_json, memory, kv_type, max_context):
+@click.option("--max-seqs", type=click.IntRange(0, None), default=0,
+              help="Sequences at once for --memory (0: sized for the cores, as the engine does).")
+def inspect(model, as_json, memory, kv_type, max_context, max_seqs):
     """Show a model's architecture, sizes, tokenizer and tensor types (--memory: what a run needs)."""
     from edgeinfer.info import summarize
 
@@ -109,7 +111,7 @@ def inspect(model, as_json, memory, kv_type, max_context):
             from edgeinfer.file_estimate import estimate_file
             from edgeinfer.config import EngineConfig
 
-            config = EngineConfig(kv_dtype=kv_type or "", max_context=max_context)
+            config = EngineConfig(kv_dtype=kv_type or "", max_context=max_context, max_seqs=max_seqs)
             s["memory"] = mem.report(estimate_file(gf, config), config)
     if as_json:
         click.echo(json.dumps(s))
@@ -133,17 +135,26 @@ def inspect(model, as_json, memory, kv_type, max_context):
         m = s["memory"]
         click.echo("memory estimate (MB = 2**20 bytes):")
         rows = [("weights", m["weights_mb"])]
-        rows += [(f"KV per 1k tokens, {t}", v) for t, v in m["kv_mb_per_1k_tokens"].items()]
+        window = "window_kv_mb_per_seq" in m  # sliding-window layers: a window per sequence, not per token
+        per_1k = "KV per 1k tokens (full layers)" if window else "KV per 1k tokens"
+        rows += [(f"{per_1k}, {t}", v) for t, v in m["kv_mb_per_1k_tokens"].items()]
+        if window:
+            rows.append((f"sliding-window layers: {m['window_kv_tokens_per_seq']} tokens a sequence, and a step's "
+                         f"{m['window_kv_step_tokens']}", None))
+            rows += [(f"window KV per sequence, {t}", v) for t, v in m["window_kv_mb_per_seq"].items()]
         rows += [("step buffers", m["buffers_mb"]), ("runtime (Python, Numba)", m["runtime_mb"]),
                  (f"KV pool: {m['max_context']} tokens, {m['default_kv_type']}", m["default_kv_pool_mb"])]
+        if window:
+            rows.append((f"  of which window pool ({m['window_kv_seqs']} windows, a step)", m["window_kv_pool_mb"]))
         if "active_weights_mb" in m:  # MoE: what decoding one token reads, its experts' share of the weights
             rows.insert(1, ("weights read per token (MoE)", m["active_weights_mb"]))
         if "recurrent_state_mb" in m:  # a hybrid model: a fixed state per running sequence, not per token
             rows.append((f"recurrent state, {m['recurrent_state_seqs']} x {m['recurrent_state_mb_per_seq'] * 1024:.0f} KB",
                          m["recurrent_state_mb"]))
+        width = max(32, *(len(label) for label, v in rows if v is not None))
         for label, v in rows:
-            click.echo(f"  {label:<32} {v:>8.1f} MB")
-        click.echo(f"  {'total when all is resident':<32} {m['total_mb']:>8.1f} MB")
+            click.echo(f"  {label:<{width}} {v:>8.1f} MB" if v is not None else f"  {label}")
+        click.echo(f"  {'total when all is resident':<{width}} {m['total_mb']:>8.1f} MB")
 
 
 def _short_count(n: int) -> str:

@@ -80,6 +80,12 @@ class ModelConfig:
         return tuple(i for i in range(self.n_layer) if self.mixer(i) in ("attention", "attn_mamba2"))
 
     @property
+    def window_layers(self) -> tuple:
+        """The attention layers that see only the last sliding_window tokens, whose KV a window pool keeps
+        (engine/kv_cache.py); none in a model with recurrent layers (their KV stays in the full pool)."""
+        return () if self.recurrent else tuple(i for i in self.kv_layers if self.is_sliding(i))
+
+    @property
     def conv_layers(self) -> tuple:
         """The layers that keep a convolution state per sequence, in order."""
         return tuple(i for i in range(self.n_layer) if self.mixer(i) == "shortconv")

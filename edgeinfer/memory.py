@@ -16,7 +16,10 @@ Figures are bytes unless a name says MB; an MB here is 2**20 bytes, in the flags
 A mixture-of-experts model's weights are all its experts (every expert is resident, whichever the router
 picks); its step buffers are sized for the experts a token uses (ModelConfig.n_expert_used). The KV per
 token is the cache's own figure: every attention layer holds K and V rows of head_dim (attention.key_length)
-and v_head_dim, a sliding-window layer (gemma2, gemma3) as much as a global one, as the pool allocates them.
+and v_head_dim. A sliding-window layer (gemma2, gemma3) holds them in a window pool of its own: per running
+sequence the blocks its window spans (Estimate.window_blocks_per_seq), and a step's tokens besides
+(window_step_blocks, shared: a step computes at most max_num_batched_tokens), the same at any context
+length, so kv_per_token counts the layers that see the whole context alone.
 A hybrid model's recurrent layers (short convolutions, Mamba2, gated delta nets) hold no KV: a fixed state
 per running sequence instead, the same at any context length, and as many checkpoints of state for prefix
 caching (Estimate.state_per_seq counts both).
@@ -52,13 +55,22 @@ class Estimate:
     max_context: int
     active_weights: int = 0  # MoE: the weights one token reads (its experts' share); 0: all of them
     state_per_seq: int = 0  # a hybrid model's recurrent state, per running sequence (constant in the context)
+    window_kv_per_token: dict | None = None  # kv type -> bytes per token in the sliding-window layers
+    window_blocks_per_seq: int = 0  # a running sequence's blocks in the window pool between steps (0: no pool)
+    window_step_blocks: int = 0  # and a step's tokens' blocks, at most, whichever sequences they are of
+    block_size: int = 16
 
     def kv(self, kv_type: str, tokens: int) -> int:
         return self.kv_per_token[kv_type] * tokens
 
+    def window_kv(self, kv_type: str, blocks: int) -> int:
+        """The bytes of `blocks` blocks of the window pool."""
+        return blocks * self.block_size * self.window_kv_per_token[kv_type] if self.window_blocks_per_seq else 0
+
     def minimum(self, kv_type: str) -> int:
         """This model's share of a budget with the smallest pool: one full context."""
-        return self.weights + self.buffers + self.kv(kv_type, self.max_context) + self.state_per_seq
+        window = self.window_kv(kv_type, self.window_blocks_per_seq + self.window_step_blocks)
+        return self.weights + self.buffers + self.kv(kv_type, self.max_context) + window + self.state_per_seq
 
 
 def max_context(cfg: ModelConfig, config: EngineConfig) -> int:
@@ -85,9 +97,16 @@ def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig, kv_forma
                + cfg.n_head * cfg.v_head_dim)  # float32 activations alive at once in a layer
     quantized = cfg.dim + ffn_q8 + cfg.n_head * cfg.v_head_dim  # int8 copies, plus scales (~1/8)
     buffers = T * (4 * per_row + quantized * 9 // 8) + 2 * config.seqs_limit * cfg.vocab_size * 4
-    return Estimate(weights=weight_bytes, kv_per_token={t: f.bytes_per_token(cfg) for t, f in kv_formats.items()},
-                    buffers=buffers, max_context=max_context(cfg, config), active_weights=active_weights,
-                    state_per_seq=2 * getattr(cfg, "state_bytes_per_seq", 0))  # its slot, and a checkpoint's
+    n_window, bs, ctx = len(cfg.window_layers), config.block_size, max_context(cfg, config)
+    full = len(cfg.kv_layers) - n_window
+    # a sequence's next step sees window - 1 tokens before its first, in two blocks more than they fill at
+    # most (one partly behind the window, one the step starts in)
+    per_seq = min(-(-(cfg.sliding_window - 1) // bs) + 2, -(-ctx // bs)) if n_window else 0
+    return Estimate(weights=weight_bytes, kv_per_token={t: f.bytes_per_token(cfg, full) for t, f in kv_formats.items()},
+                    buffers=buffers, max_context=ctx, active_weights=active_weights,
+                    state_per_seq=2 * getattr(cfg, "state_bytes_per_seq", 0),  # its slot, and a checkpoint's
+                    window_kv_per_token={t: f.bytes_per_token(cfg, n_window) for t, f in kv_formats.items()},
+                    window_blocks_per_seq=per_seq, window_step_blocks=-(-T // bs) if n_window else 0, block_size=bs)
 
 
 def default_blocks(est: Estimate, config: EngineConfig) -> int:
@@ -95,6 +114,21 @@ def default_blocks(est: Estimate, config: EngineConfig) -> int:
     bs = config.block_size
     per_block = max(est.kv_per_token[config.kv_dtype] * bs, 1)  # 0 for a model with no attention layer
     return max(1, min(-(-est.max_context // bs), int(config.kv_cache_mb * MB // per_block)))
+
+
+def window_blocks(est: Estimate, config: EngineConfig, blocks: int) -> int:
+    """The window pool beside a full pool of `blocks` blocks: each running sequence's window and one step's
+    tokens, and never more than the full pool (a sequence's window blocks are some of the positions its full
+    blocks hold, so the window pool never runs out first)."""
+    if not est.window_blocks_per_seq:
+        return 0
+    return min(blocks, config.seqs_limit * est.window_blocks_per_seq + est.window_step_blocks)
+
+
+def pool_bytes(est: Estimate, config: EngineConfig, blocks: int) -> int:
+    """The KV pools' bytes: `blocks` blocks of the layers that see the whole context, and the window pool."""
+    t = config.kv_dtype
+    return blocks * config.block_size * est.kv_per_token[t] + est.window_kv(t, window_blocks(est, config, blocks))
 
 
 def fit_budget(estimates: list[Estimate], configs: list[EngineConfig], budget_mb: float,
@@ -121,9 +155,11 @@ def fit_budget(estimates: list[Estimate], configs: list[EngineConfig], budget_mb
     for e, c, w in zip(estimates, configs, weights):
         bs = c.block_size
         share = spare * w // sum(weights)
-        # a hybrid model: the recurrent state of each sequence past the first comes out of its share
-        state_seqs = min(c.seqs_limit - 1, share // e.state_per_seq) if e.state_per_seq else c.seqs_limit
-        share -= state_seqs * e.state_per_seq
+        # a hybrid model: the recurrent state of each sequence past the first comes out of its share, as does
+        # a sliding-window model's window
+        fixed = e.state_per_seq + e.window_kv(c.kv_dtype, e.window_blocks_per_seq)
+        state_seqs = min(c.seqs_limit - 1, share // fixed) if fixed else c.seqs_limit
+        share -= state_seqs * fixed
         kv_bytes = e.kv(c.kv_dtype, e.max_context) + share
         blocks = kv_bytes // max(e.kv_per_token[c.kv_dtype] * bs, 1)
         ctx_blocks = -(-e.max_context // bs)
@@ -136,7 +172,7 @@ def fit_budget(estimates: list[Estimate], configs: list[EngineConfig], budget_mb
 def report(est: Estimate, config: EngineConfig) -> dict:
     """The estimate as `edgeinfer inspect --memory` prints it (MB)."""
     blocks = default_blocks(est, config)
-    kv = blocks * config.block_size * est.kv_per_token[config.kv_dtype]
+    kv = pool_bytes(est, config, blocks)
     out = {
         "weights_mb": round(est.weights / MB, 1),
         "kv_mb_per_1k_tokens": {t: round(b * 1000 / MB, 2) for t, b in est.kv_per_token.items()},
@@ -148,6 +184,15 @@ def report(est: Estimate, config: EngineConfig) -> dict:
         "total_mb": round((RUNTIME_BYTES + est.weights + est.buffers + kv + est.state_per_seq * config.seqs_limit) / MB,
                           1),
     }
+    if est.window_blocks_per_seq:  # sliding-window layers: a window per running sequence, in a pool of their own
+        bs, wb = config.block_size, window_blocks(est, config, blocks)
+        out["window_kv_mb_per_seq"] = {t: round(est.window_kv(t, est.window_blocks_per_seq) / MB, 2)
+                                       for t in est.window_kv_per_token}
+        out["window_kv_pool_mb"] = round(est.window_kv(config.kv_dtype, wb) / MB, 1)
+        out["window_kv_tokens_per_seq"] = est.window_blocks_per_seq * bs
+        out["window_kv_step_tokens"] = est.window_step_blocks * bs  # a step's tokens, whichever sequences'
+        # the sequences whose windows it holds at once, beside a step (the full pool bounds it when smaller)
+        out["window_kv_seqs"] = max(0, wb - est.window_step_blocks) // est.window_blocks_per_seq
     if est.state_per_seq:  # a hybrid model: its recurrent layers' state, one per running sequence
         out["recurrent_state_mb_per_seq"] = round(est.state_per_seq / MB, 3)
         out["recurrent_state_mb"] = round(est.state_per_seq * config.seqs_limit / MB, 2)

@@ -35,11 +35,12 @@ class KVFormat:
             raise ValueError(f"a {self.name} KV cache needs head sizes that are multiples of {self.block} (this "
                              f"model's are {head_dim} and {v_head_dim}): use kv_type 'f16'")
 
-    def bytes_per_token(self, cfg) -> int:
+    def bytes_per_token(self, cfg, n_layers: int | None = None) -> int:
         """Bytes one token's K and V take in every attention layer of a model config cfg (a recurrent
-        layer keeps none)."""
+        layer keeps none), or in n_layers of them."""
         row = self.row_len(cfg.head_dim) + self.row_len(cfg.v_head_dim)
-        return len(cfg.kv_layers) * cfg.n_kv_head * row * np.dtype(self.storage).itemsize
+        n = len(cfg.kv_layers) if n_layers is None else n_layers
+        return n * cfg.n_kv_head * row * np.dtype(self.storage).itemsize
 
 
 KV_FORMATS = {f.name: f for f in (KVFormat("f32", np.float32), KVFormat("f16", np.uint16),

@@ -156,9 +156,14 @@ def test_kv_per_token_uses_the_key_length(zoo, name, head_dim):
         a = gf.architecture
         n_layer, n_kv = gf.metadata[f"{a}.block_count"], gf.metadata[f"{a}.attention.head_count_kv"]
         est = estimate_file(gf, EngineConfig())
-    # every layer (gemma2's sliding ones too: the pool gives them full rows) holds K and V of head_dim
-    assert est.kv_per_token["f32"] == n_layer * n_kv * 2 * head_dim * 4
+    # every layer holds K and V of head_dim; gemma2's sliding ones (every other) in the window pool, per
+    # sequence rather than per token
+    full = n_layer // 2 if name == "gemma2" else n_layer
+    assert est.kv_per_token["f32"] == full * n_kv * 2 * head_dim * 4
     assert est.kv_per_token["f16"] == est.kv_per_token["f32"] // 2
+    if name == "gemma2":
+        assert est.window_kv_per_token["f32"] == (n_layer - full) * n_kv * 2 * head_dim * 4
+        assert est.window_blocks_per_seq > 0
 
 
 def test_memory_budget_names_the_experts_weights(zoo):

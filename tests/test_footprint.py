@@ -167,14 +167,27 @@ def test_inspect_memory_estimate(tmp_path):
     assert r.exit_code == 0, r.output
     m = json.loads(r.output)["memory"]
     kv = m["kv_mb_per_1k_tokens"]
-    # tiny gemma3: 7 layers, 1 KV head of 32, K and V: per token 7 * 2 * 32 values
-    assert kv["f32"] == pytest.approx(7 * 2 * 32 * 4 * 1000 / 2**20, abs=0.01)
+    # tiny gemma3: 7 layers, every sixth global, 1 KV head of 32: per token 2 * 32 values in the one global
+    # layer; the six sliding-window layers' (window 8) in a window pool
+    row = 2 * 32 * 4
+    assert kv["f32"] == pytest.approx(row * 1000 / 2**20, abs=0.01)
     assert kv["f16"] == pytest.approx(kv["f32"] / 2, abs=0.01) and kv["q8_0"] < 0.6 * kv["f16"]
     assert m["max_context"] == 512 and m["default_kv_type"] == "f16"
+    # a sequence's window, the 7 tokens before its next, in 3 blocks of 16 at most (partly behind the
+    # window, unaligned), and a step's 512 tokens: with 8 sequences, capped by the full pool's 32 blocks
+    assert m["window_kv_tokens_per_seq"] == 48 and m["window_kv_step_tokens"] == 512
+    assert m["window_kv_mb_per_seq"]["f32"] == pytest.approx(6 * row * 48 / 2**20, abs=0.01)
+    assert m["default_kv_pool_mb"] == pytest.approx(7 * row / 2 * 512 / 2**20, abs=0.05)
     assert m["total_mb"] == pytest.approx(m["weights_mb"] + m["buffers_mb"] + m["runtime_mb"]
                                           + m["default_kv_pool_mb"], abs=0.2)
     text = CliRunner().invoke(main, ["inspect", str(p), "--memory"]).output
-    assert "KV per 1k tokens, q8_0" in text and "total when all is resident" in text
+    assert "KV per 1k tokens (full layers), q8_0" in text and "total when all is resident" in text
+    assert "window KV per sequence, f16" in text
+    # one sequence at a 4096-token context: the global layer's 4096 tokens, the windows' 48 and a step's 512
+    r = CliRunner().invoke(main, ["inspect", str(p), "--memory", "--json", "--max-context", "4096", "--max-seqs", "1"])
+    m = json.loads(r.output)["memory"]
+    assert m["window_kv_seqs"] == 1
+    assert m["default_kv_pool_mb"] == pytest.approx((4096 + 6 * 560) * row / 2 / 2**20, abs=0.05)
 
 
 def test_a_plain_generate_imports_no_server_template_or_quantizer(tiny_llama_path):

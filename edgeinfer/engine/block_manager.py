@@ -18,36 +18,37 @@ the same pass (`plan_checkpoint`, seq.snapshot), registered under that block's h
 its latest); a hit is cut back to the longest prefix that ends at a checkpoint, whose state is copied into
 the sequence's slot before its first step (`restores`). With no checkpoint the prefix is recomputed, never
 reused wrong.
+
+A model with sliding-window layers (Gemma 2/3) keeps their KV in a second pool (`num_window_blocks`): a
+sequence's `window_table` holds, for each of its blocks, the window pool's block or -1, and only the
+blocks a step's queries can see (from `window` - 1 tokens before its first position on) are held; those
+that fall wholly behind as the sequence advances are given back after each step (`release_behind`; kept,
+cached, until handed out again).
+A prefix hit needs the window pool's blocks its next token sees, found by the same chain hashes; it is cut
+back to the longest prefix that has them.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+from .pool import Pool
 from .sequence import Sequence
-
-
-class Block:
-    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
-
-    def __init__(self, block_id: int):
-        self.block_id = block_id
-        self.ref_count = 0
-        self.hash: int | None = None
-        self.token_ids: tuple[int, ...] = ()
-
-    def __repr__(self):
-        return f"Block({self.block_id}, ref={self.ref_count}, hash={'-' if self.hash is None else 'y'})"
 
 
 class BlockManager:
     """num_state_slots: a hybrid model's slots of recurrent state (0: none); a sequence holds one from
-    allocate to free_seq, so admission needs a free slot as well as its blocks."""
+    allocate to free_seq, so admission needs a free slot as well as its blocks. window, num_window_blocks:
+    the sliding window (tokens) of the layers whose KV is in the window pool, and its size (0: none)."""
 
     def __init__(self, num_blocks: int, block_size: int = 16, model_id: str = "", enable_prefix_caching: bool = True,
-                 num_state_slots: int = 0, num_checkpoints: int = 0):
+                 num_state_slots: int = 0, num_checkpoints: int = 0, window: int = 0, num_window_blocks: int = 0):
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
+        if num_window_blocks and (window < 1 or num_state_slots):
+            raise ValueError("a window pool needs a window >= 1, and no recurrent state")
+        self.window = window if num_window_blocks else 0
+        self.win = Pool(num_window_blocks) if num_window_blocks else None
         self.num_state_slots = num_state_slots
         self.free_states = list(range(num_state_slots - 1, -1, -1))  # popped from the end: slot 0 first
         # a hybrid model's state checkpoints for prefix caching: slots after the sequences' own
@@ -58,9 +59,8 @@ class BlockManager:
         self.block_size = block_size
         self.model_id = model_id
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.hash_to_block: dict[int, int] = {}
+        self.pool = Pool(num_blocks)
+        self.blocks, self.free, self.hash_to_block = self.pool.blocks, self.pool.free, self.pool.hash_to_block
         self.prefix_queries = 0  # full prompt blocks looked up
         self.prefix_hits = 0
 
@@ -79,6 +79,14 @@ class BlockManager:
         return self.num_blocks - self.num_free
 
     @property
+    def num_window_blocks(self) -> int:
+        return len(self.win.blocks) if self.win is not None else 0
+
+    @property
+    def num_window_used(self) -> int:
+        return self.num_window_blocks - self.win.num_free if self.win is not None else 0
+
+    @property
     def num_cached(self) -> int:
         return len(self.hash_to_block)
 
@@ -94,41 +102,68 @@ class BlockManager:
     def chain_hash(self, parent: int | None, tokens) -> int:
         return hash((parent, tuple(tokens), self.model_id))
 
-    def _lookup(self, parent: int | None, tokens) -> tuple[int, int | None]:
-        h = self.chain_hash(parent, tokens)
-        bid = self.hash_to_block.get(h)
-        if bid is not None and self.blocks[bid].token_ids != tuple(tokens):
-            bid = None  # a hash collision: treat as a miss
-        return h, bid
+    # -- the window pool -------------------------------------------------------------------------
+
+    def _first_seen(self, pos: int) -> int:
+        """The first block a query at pos (or later) sees in a sliding-window layer."""
+        return max(0, pos - self.window + 1) // self.block_size
+
+    def _window_hit(self, seq: Sequence, hits: list[int]) -> int:
+        """How many of the prefix hits to keep: the most whose next token finds every block it sees in the
+        window pool (by the hits' hashes)."""
+        bs = self.block_size
+        for h in range(len(hits), 0, -1):
+            p = min(h * bs, seq.num_tokens - 1)
+            if all(self.win.lookup(self.blocks[hits[i]].hash, seq.token_ids[i * bs:(i + 1) * bs]) is not None
+                   for i in range(self._first_seen(p), h)):
+                return h
+        return 0
+
+    def _window_need(self, seq: Sequence, start: int, end: int) -> int:
+        """The fresh window blocks a step over positions [start, end) needs."""
+        table, first = seq.window_table, self._first_seen(start)
+        return sum(1 for i in range(first, self.blocks_needed(end)) if i >= len(table) or table[i] < 0)
+
+    def release_behind(self, seq: Sequence) -> None:
+        """After a step: give back the window blocks behind what seq's next step can see (none without a
+        window pool). Between steps a sequence holds its window alone, so the pool needs a window for each
+        sequence and one step's tokens, shared (memory.py)."""
+        if self.win is None:
+            return
+        table = seq.window_table
+        for i, b in enumerate(table[:self._first_seen(seq.num_computed_tokens)]):
+            if b >= 0:
+                self.win.release(b)
+                table[i] = -1
+
+    def _window_slots(self, seq: Sequence, start: int, end: int) -> None:
+        """Hold the window blocks a step over positions [start, end) sees."""
+        table, first = seq.window_table, self._first_seen(start)
+        self.release_behind(seq)
+        for i in range(first, self.blocks_needed(end)):
+            if i >= len(table):
+                table.append(self.win.take().block_id)
+            elif table[i] < 0:
+                table[i] = self.win.take().block_id
 
     # -- allocation ------------------------------------------------------------------------------
 
-    def _take_free(self, block_id: int | None = None) -> Block:
-        if block_id is None:
-            block_id, _ = self.free.popitem(last=False)  # least recently freed
-            block = self.blocks[block_id]
-            if block.hash is not None:  # evict its cached contents
-                if self.hash_to_block.get(block.hash) == block_id:
-                    del self.hash_to_block[block.hash]
-                block.hash = None
-                block.token_ids = ()
-        else:
-            del self.free[block_id]
-            block = self.blocks[block_id]
-        block.ref_count = 1
-        return block
+    def _take_free(self, block_id: int | None = None):
+        return self.pool.take(block_id)
 
     def _cached_prefix(self, seq: Sequence) -> tuple[list[int], int]:
         """(block ids of the cached full blocks that start seq's tokens, the checkpoint slot of the state
         after them or -1). A hybrid model's hit is cut back to the longest prefix that ends at a checkpoint
-        and leaves its last token to compute."""
+        and leaves its last token to compute; a sliding-window model's to the longest whose window blocks
+        are cached."""
         if not self.enable_prefix_caching:
             return [], -1
         bs = self.block_size
         n = (seq.num_tokens - 1) // bs if self.num_state_slots else seq.num_tokens // bs
         hits, parent, ckpt, upto = [], None, -1, 0
         for i in range(n):
-            parent, bid = self._lookup(parent, seq.token_ids[i * bs:(i + 1) * bs])
+            parent = self.chain_hash(parent, seq.token_ids[i * bs:(i + 1) * bs])
+            bid = self.pool.lookup(parent, seq.token_ids[i * bs:(i + 1) * bs])
             if bid is None:
                 break
             hits.append(bid)
@@ -136,17 +171,27 @@ class BlockManager:
                 ckpt, upto = self.checkpoints[parent], len(hits)
         if self.num_state_slots:
             return hits[:upto], ckpt
+        if self.win is not None:
+            return hits[:self._window_hit(seq, hits)], -1
         return hits, -1
 
-    def can_allocate(self, seq: Sequence) -> bool:
+    def can_allocate(self, seq: Sequence, max_tokens: int | None = None) -> bool:
+        """Whether seq can be admitted: its blocks, a state slot, and the window blocks of a first step of
+        at most max_tokens tokens (all its tokens by default)."""
         if self.num_state_slots and not self.free_states:
             return False
         hits, _ = self._cached_prefix(seq)
         in_use = sum(1 for b in hits if self.blocks[b].ref_count > 0)
+        if self.win is not None:
+            p = min(len(hits) * self.block_size, seq.num_tokens - 1)
+            end = seq.num_tokens if max_tokens is None else min(seq.num_tokens, p + max_tokens)
+            if self.blocks_needed(end) - self._first_seen(p) > self.win.num_free:
+                return False
         return self.blocks_needed(seq.num_tokens) - in_use <= self.num_free
 
     def allocate(self, seq: Sequence) -> int:
-        """Give seq blocks for all its tokens, reusing cached prefix blocks. Returns cached tokens."""
+        """Give seq blocks for all its tokens, reusing cached prefix blocks. Returns cached tokens. Its
+        window blocks past the hits come with its steps (append_slots)."""
         assert not seq.block_table, "sequence already has blocks"
         if self.num_state_slots:
             seq.state_slot = self.free_states.pop()
@@ -159,59 +204,64 @@ class BlockManager:
         self.prefix_queries += n_full
         self.prefix_hits += len(hits)
         for bid in hits:
-            block = self.blocks[bid]
-            if block.ref_count == 0:
-                self._take_free(bid)
-            else:
-                block.ref_count += 1
-            seq.block_table.append(bid)
+            seq.block_table.append(self.pool.take(bid).block_id)
         for _ in range(self.blocks_needed(seq.num_tokens) - len(hits)):
-            seq.block_table.append(self._take_free().block_id)
+            seq.block_table.append(self.pool.take().block_id)
         # keep at least one token to compute, for its logits
         cached = min(len(hits) * bs, seq.num_tokens - 1)
         seq.num_cached_tokens = cached
+        if self.win is not None:
+            first = self._first_seen(cached)
+            seq.window_table = [-1] * first
+            for i in range(first, len(hits)):
+                bid = self.win.lookup(self.blocks[hits[i]].hash, seq.token_ids[i * bs:(i + 1) * bs])
+                seq.window_table.append(self.win.take(bid).block_id)
         return cached
 
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        return need <= self.num_free
+        end = seq.num_computed_tokens + num_new_tokens
+        if self.win is not None:
+            if self._window_need(seq, seq.num_computed_tokens, end) > self.win.num_free:
+                return False
+        return self.blocks_needed(end) - len(seq.block_table) <= self.num_free
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
-        """Make room for seq's KV up to num_computed_tokens + num_new_tokens."""
-        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        for _ in range(need):
-            seq.block_table.append(self._take_free().block_id)
+        """Make room for seq's KV up to num_computed_tokens + num_new_tokens (and in the window pool, for
+        what that step sees)."""
+        end = seq.num_computed_tokens + num_new_tokens
+        for _ in range(self.blocks_needed(end) - len(seq.block_table)):
+            seq.block_table.append(self.pool.take().block_id)
+        if self.win is not None:
+            self._window_slots(seq, seq.num_computed_tokens, end)
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Roll back: free seq's blocks past those num_tokens tokens need (speculative slots of rejected
         tokens). They held nothing cached, so they go to the front of the free list."""
         keep = self.blocks_needed(num_tokens)
-        for bid in seq.block_table[keep:]:
-            block = self.blocks[bid]
-            block.ref_count -= 1
-            assert block.ref_count == 0 and block.hash is None, f"trimmed block {bid} is shared or cached"
-            self.free[bid] = None
-            self.free.move_to_end(bid, last=False)
-        del seq.block_table[keep:]
+        for pool, table in ((self.pool, seq.block_table), (self.win, seq.window_table)):
+            for bid in table[keep:]:
+                if bid >= 0:
+                    block = pool.blocks[bid]
+                    assert block.ref_count == 1 and block.hash is None, f"trimmed block {bid} is shared or cached"
+                    pool.release(bid, front=True)
+            del table[keep:]
 
     def commit(self, seq: Sequence, upto: int | None = None) -> None:
         """Register the full blocks whose tokens are all computed (the first `upto` tokens, by default
-        num_computed_tokens), for later prefix hits."""
+        num_computed_tokens), for later prefix hits; the window pool's blocks under the same hashes."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
         parent = None
         n = seq.num_computed_tokens if upto is None else min(upto, seq.num_computed_tokens)
+        win = seq.window_table
         for i in range(min(n // bs, len(seq.block_table))):
             block = self.blocks[seq.block_table[i]]
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             if block.hash is None:
-                h = self.chain_hash(parent, tokens)
-                block.hash = h
-                block.token_ids = tokens
-                # the newest block of these tokens: an older copy (a hybrid model's tokens computed again
-                # past its last checkpoint) may be evicted first, and its eviction must not unregister them
-                self.hash_to_block[h] = block.block_id
+                self.pool.register(block.block_id, self.chain_hash(parent, tokens), tokens)
+            if i < len(win) and win[i] >= 0 and self.win.blocks[win[i]].hash is None:
+                self.win.register(win[i], block.hash, tokens)
             parent = block.hash
 
     def plan_checkpoint(self, seq: Sequence, n: int) -> None:
@@ -266,27 +316,28 @@ class BlockManager:
         """Release seq's blocks; those no longer referenced join the free list (newest last)."""
         self._drop_plan(seq)
         for bid in reversed(seq.block_table):
-            block = self.blocks[bid]
-            block.ref_count -= 1
-            assert block.ref_count >= 0, f"block {bid} freed twice"
-            if block.ref_count == 0:
-                self.free[bid] = None
+            self.pool.release(bid)
         seq.block_table = []
+        for bid in reversed(seq.window_table):
+            if bid >= 0:
+                self.win.release(bid)
+        seq.window_table = []
         if seq.state_slot >= 0:
             self.free_states.append(seq.state_slot)
             seq.state_slot = -1
 
     def check_invariants(self, live: list[Sequence]) -> None:
-        """For tests: ref counts equal table references, and free = unreferenced."""
-        refs = [0] * self.num_blocks
-        for s in live:
-            for b in s.block_table:
-                refs[b] += 1
-        for b in self.blocks:
-            assert b.ref_count == refs[b.block_id], (b, refs[b.block_id])
-            assert (b.block_id in self.free) == (b.ref_count == 0), b
-        for h, bid in self.hash_to_block.items():
-            assert self.blocks[bid].hash == h
+        """For tests: ref counts equal table references (both pools), and free = unreferenced."""
+        for pool, tables in ((self.pool, [s.block_table for s in live]), (self.win, [s.window_table for s in live])):
+            if pool is None:
+                assert not any(tables)
+                continue
+            refs = [0] * len(pool.blocks)
+            for table in tables:
+                for b in table:
+                    if b >= 0:
+                        refs[b] += 1
+            pool.check(refs)
         held = [s.state_slot for s in live if s.state_slot >= 0]
         assert len(set(held)) == len(held) and not set(held) & set(self.free_states), (held, self.free_states)
         assert len(held) + len(self.free_states) == self.num_state_slots

@@ -20,15 +20,23 @@ class KVCache:
     them, a sequence's slot chosen by the block manager): `conv` (n_conv_layers, n_state_slots,
     conv_l_cache - 1, dim) float32, the last inputs of each short convolution; a Mamba2 layer's `ssm_conv`
     (n_ssm_layers, slots, ssm_conv - 1, conv channels) and `ssm` (n_ssm_layers, slots, heads, head dim,
-    d_state) float32. Each is zeroed where a sequence starts (position 0), by the kernels."""
+    d_state) float32. Each is zeroed where a sequence starts (position 0), by the kernels.
+
+    window_layers, n_window_blocks: sliding-window layers whose K and V live in a pool of their own,
+    `wk`/`wv` (n_window_layers, n_window_blocks * block_size, n_kv_head, row), addressed through the
+    sequences' window tables (Batch.window_slots, Batch.window_tables): a sequence holds only the blocks its
+    window sees there. `where` (n_layer, 2) int64: each layer's pool (0 the full-context one, 1 the window
+    one, -1 none) and its index in it."""
 
     @classmethod
     def for_model(cls, cfg, n_blocks: int, block_size: int, dtype: str = "f32", *, kb,
-                  n_state_slots: int = 0) -> "KVCache":
+                  n_state_slots: int = 0, n_window_blocks: int = 0) -> "KVCache":
         """A cache of n_blocks blocks shaped for the model config cfg, with n_state_slots sequence slots of
-        recurrent state where the model has recurrent layers."""
+        recurrent state where the model has recurrent layers, and n_window_blocks blocks for its
+        sliding-window layers where it has them (0: those layers in the full-context pool)."""
+        window_layers = tuple(i for i in cfg.kv_layers if cfg.is_sliding(i)) if n_window_blocks else ()
         cache = cls(cfg.n_layer, n_blocks, block_size, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim, dtype, kb=kb,
-                    kv_layers=cfg.kv_layers)
+                    kv_layers=cfg.kv_layers, window_layers=window_layers, n_window_blocks=n_window_blocks)
         slots = max(n_state_slots, 1)
         if cfg.conv_layers:
             cache.conv = kb.zeros((len(cfg.conv_layers), slots, cfg.conv_l_cache - 1, cfg.dim), np.float32)
@@ -41,7 +49,7 @@ class KVCache:
         return cache
 
     def __init__(self, n_layer: int, n_blocks: int, block_size: int, n_kv_head: int, head_dim: int,
-                 v_head_dim: int, dtype: str = "f32", *, kb, kv_layers=None):
+                 v_head_dim: int, dtype: str = "f32", *, kb, kv_layers=None, window_layers=(), n_window_blocks=0):
         if dtype not in kb.KV_FORMATS:
             raise ValueError(f"kv cache dtype must be one of {', '.join(kb.KV_FORMATS)}, got {dtype!r}")
         fmt = kb.KV_FORMATS[dtype]
@@ -50,23 +58,37 @@ class KVCache:
         self.block_size = block_size
         self.dtype = dtype
         kv_layers = tuple(range(n_layer)) if kv_layers is None else tuple(kv_layers)
-        self.kv_index = {layer: i for i, layer in enumerate(kv_layers)}
+        window_layers = [i for i in kv_layers if i in set(window_layers)] if n_window_blocks else []
+        full = [i for i in kv_layers if i not in window_layers]
+        self.n_window_blocks = n_window_blocks if window_layers else 0
+        self.where = np.full((n_layer, 2), -1, np.int64)
+        for pool, layers in enumerate((full, window_layers)):
+            for i, layer in enumerate(layers):
+                self.where[layer] = pool, i
         self.conv = None  # recurrent state (for_model makes it for a hybrid model)
         self.ssm_conv = self.ssm = None
         self.state_index: dict = {}  # a recurrent layer -> its index in its kind's state arrays
         n_slots = n_blocks * block_size
-        self.k = kb.zeros((len(kv_layers), n_slots, n_kv_head, fmt.row_len(head_dim)), fmt.storage)
-        self.v = kb.zeros((len(kv_layers), n_slots, n_kv_head, fmt.row_len(v_head_dim)), fmt.storage)
+        w_slots = max(self.n_window_blocks * block_size, 1)
+        self.k = kb.zeros((len(full), n_slots, n_kv_head, fmt.row_len(head_dim)), fmt.storage)
+        self.v = kb.zeros((len(full), n_slots, n_kv_head, fmt.row_len(v_head_dim)), fmt.storage)
+        self.wk = kb.zeros((len(window_layers), w_slots, n_kv_head, fmt.row_len(head_dim)), fmt.storage)
+        self.wv = kb.zeros((len(window_layers), w_slots, n_kv_head, fmt.row_len(v_head_dim)), fmt.storage)
         # Each layer touches its own slice: with transparent huge pages, the first token would make
         # every layer's K and V resident 2 MB at a time. Small pages keep memory to the blocks used.
-        for a in (self.k, self.v):
+        for a in (self.k, self.v, self.wk, self.wv):
             if isinstance(a, np.ndarray):
                 madvise(a, MADV_NOHUGEPAGE)
 
     def layer(self, layer: int):
-        """Model layer `layer`'s K and V arrays (an attention layer)."""
-        i = self.kv_index[layer]
-        return self.k[i], self.v[i]
+        """Model layer `layer`'s K and V arrays (an attention layer), in its pool."""
+        pool, i = self.where[layer]
+        assert pool >= 0, f"layer {layer} keeps no KV"
+        return (self.wk[i], self.wv[i]) if pool else (self.k[i], self.v[i])
+
+    def windowed(self, layer: int) -> bool:
+        """Whether layer's KV is in the window pool (addressed through the batch's window tables)."""
+        return bool(self.where[layer, 0] == 1)
 
     @property
     def states(self) -> list:
@@ -81,8 +103,13 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """The KV blocks' bytes."""
-        return int(self.k.nbytes + self.v.nbytes)
+        """The KV blocks' bytes (both pools)."""
+        return int(self.k.nbytes + self.v.nbytes + self.wk.nbytes + self.wv.nbytes)
+
+    @property
+    def window_nbytes(self) -> int:
+        """The window pool's bytes."""
+        return int(self.wk.nbytes + self.wv.nbytes)
 
     @property
     def state_nbytes(self) -> int:

@@ -76,10 +76,13 @@ class LLMEngine:
         if states and speculation is not None:
             raise ValueError(f"speculative decoding is not supported yet for {cfg.arch}, whose recurrent layers keep "
                              "a state per sequence: run it without a draft model or prompt lookup")
+        # sliding-window layers: their KV in a window pool, a window and a step per running sequence
+        n_window = memory.window_blocks(est, config, n_blocks)
         self.runner = ModelRunner(model, n_blocks, config.block_size, config.kv_dtype,
-                                  n_state_slots=max(2 * states, 1))
+                                  n_state_slots=max(2 * states, 1), n_window_blocks=n_window)
         self.block_manager = BlockManager(n_blocks, config.block_size, model_id=model_id, num_state_slots=states,
-                                          num_checkpoints=states)
+                                          num_checkpoints=states, window=cfg.sliding_window,
+                                          num_window_blocks=n_window)
         self.proposer = _make_proposer(speculation, config, n_blocks) if speculation is not None else None
         self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens,
                                    plan_spec=self._plan_spec if self.proposer is not None else None)
@@ -248,6 +251,7 @@ class LLMEngine:
                 seq.num_computed_tokens += n
                 self._commit(seq)
                 bm.checkpoint(seq)  # a hybrid model's state checkpoint saved in the step, registered
+                bm.release_behind(seq)  # window blocks its next step no longer sees
         for i, row, n_rows in sampling:
             seq = sched.seqs[i]
             st = self.requests[(seq.request_id, seq.choice)]
@@ -309,6 +313,7 @@ class LLMEngine:
             spec.draft_computed = min(spec.draft_computed + min(accepted, k - 1), seq.num_computed_tokens)
         self.block_manager.trim(seq, seq.num_computed_tokens)
         self._commit(seq)
+        self.block_manager.release_behind(seq)
         self.spec_proposed += k
         self.spec_accepted += accepted
         self.spec_rounds += 1
@@ -407,7 +412,10 @@ class LLMEngine:
             "kv_blocks_used": bm.num_used,
             "kv_blocks_free": bm.num_free,
             "kv_blocks_cached": bm.num_cached,
-            "kv_bytes": self.runner.cache.nbytes,  # memory by layer kind: the attention layers' KV pool,
+            "kv_bytes": self.runner.cache.nbytes,  # memory by layer kind: the attention layers' KV pools,
+            "window_blocks_total": bm.num_window_blocks,  # of them the sliding-window layers' (0: none),
+            "window_blocks_used": bm.num_window_used,
+            "window_bytes": self.runner.cache.window_nbytes,
             "state_slots_total": bm.num_state_slots,  # a hybrid model's slots of recurrent state,
             "state_slots_used": bm.num_state_slots - len(bm.free_states),
             "state_bytes": self.runner.cache.state_nbytes,  # and their memory (0 for a model without)

@@ -18,14 +18,15 @@ class Batch:
     logits_idx (L,) which tokens get logits (the last scheduled token of each sequence by default);
     state_slots (S,) int64 each sequence's slot of recurrent state (a hybrid model's; default: its row);
     state_snap (T,) int64 a slot the state after each token is copied to (a prefix-cache checkpoint), or -1
-    (the default: none).
+    (the default: none); window_slots (T,), window_tables (S, max_blocks): the same as slot_mapping and
+    block_tables in the window pool of a cache that has one (KVCache.where; default: the same arrays).
     """
 
     __slots__ = ("token_ids", "positions", "token_seq", "slot_mapping", "block_tables", "logits_idx", "state_slots",
-                 "state_snap")
+                 "state_snap", "window_slots", "window_tables")
 
     def __init__(self, token_ids, positions, token_seq, slot_mapping, block_tables, logits_idx, state_slots=None,
-                 state_snap=None):
+                 state_snap=None, window_slots=None, window_tables=None):
         self.token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
         self.positions = np.ascontiguousarray(positions, dtype=np.int64)
         self.token_seq = np.ascontiguousarray(token_seq, dtype=np.int64)
@@ -36,6 +37,9 @@ class Batch:
                                                 dtype=np.int64)
         self.state_snap = np.ascontiguousarray(np.full(len(self.token_ids), -1) if state_snap is None else state_snap,
                                                dtype=np.int64)
+        self.window_slots = self.slot_mapping if window_slots is None else np.ascontiguousarray(window_slots, np.int64)
+        self.window_tables = (self.block_tables if window_tables is None
+                              else np.ascontiguousarray(window_tables, np.int32))
 
     @classmethod
     def prefix(cls, token_ids, n_blocks: int, logits_idx) -> "Batch":
@@ -56,15 +60,20 @@ class Piece(NamedTuple):
     n_logits: int
 
 
-def make_batch(pieces: list[Piece], block_size: int) -> Batch:
-    token_ids, positions, token_seq, slots, logits_idx = [], [], [], [], []
+def make_batch(pieces: list[Piece], block_size: int, window: bool = False) -> Batch:
+    """window: the cache has a window pool, addressed through the sequences' window tables (the blocks
+    behind a sequence's window, -1 there, are never read)."""
+    token_ids, positions, token_seq, slots, logits_idx, wslots = [], [], [], [], [], []
     max_blocks = max(len(p.seq.block_table) for p in pieces)
     tables = np.zeros((len(pieces), max_blocks), np.int32)
+    wtables = np.zeros((len(pieces), max_blocks), np.int32) if window else None
     state_slots = np.arange(len(pieces))
     snap = np.full(sum(len(p.tokens) for p in pieces), -1, np.int64)
     for i, (seq, start, tokens, n_logits) in enumerate(pieces):
         n = len(tokens)
         tables[i, : len(seq.block_table)] = seq.block_table
+        if window:
+            wtables[i, : len(seq.window_table)] = seq.window_table
         if seq.state_slot >= 0:
             state_slots[i] = seq.state_slot
         plan = getattr(seq, "snapshot", None)  # a checkpoint of the state after `upto` tokens (block_manager.py)
@@ -76,12 +85,15 @@ def make_batch(pieces: list[Piece], block_size: int) -> Batch:
         positions.append(pos)
         token_seq.append(np.full(n, i))
         slots.append(bt[pos // block_size] * block_size + pos % block_size)
+        if window:
+            wslots.append(wtables[i, pos // block_size].astype(np.int64) * block_size + pos % block_size)
         logits_idx.extend(range(len(token_ids) - n_logits, len(token_ids)))
     return Batch(token_ids, np.concatenate(positions), np.concatenate(token_seq), np.concatenate(slots), tables,
-                 logits_idx, state_slots, snap)
+                 logits_idx, state_slots, snap, np.concatenate(wslots) if window else None, wtables)
 
 
-def build_batch(sched: ScheduledBatch, block_size: int) -> tuple[Batch, list[tuple[int, int, int]]]:
+def build_batch(sched: ScheduledBatch, block_size: int, window: bool = False
+                ) -> tuple[Batch, list[tuple[int, int, int]]]:
     """Returns the Batch and, for each sequence that samples, (index into sched.seqs, its first logits
     row, its number of rows): one row, or k + 1 for a sequence verifying k proposed tokens."""
     pieces, sampling, row = [], [], 0
@@ -95,29 +107,33 @@ def build_batch(sched: ScheduledBatch, block_size: int) -> tuple[Batch, list[tup
         if n_logits:
             sampling.append((i, row, n_logits))
             row += n_logits
-    return make_batch(pieces, block_size), sampling
+    return make_batch(pieces, block_size, window), sampling
 
 
 class ModelRunner:
     """A model and the KV cache it computes into: allocates the cache, turns scheduled batches into
     forward passes."""
 
-    def __init__(self, model, n_blocks: int, block_size: int, kv_dtype: str = "f32", n_state_slots: int = 1):
+    def __init__(self, model, n_blocks: int, block_size: int, kv_dtype: str = "f32", n_state_slots: int = 1,
+                 n_window_blocks: int = 0):
         self.model = model
-        # n_state_slots: sequences at once with a recurrent state (a hybrid model's; the block manager's)
+        # n_state_slots: sequences at once with a recurrent state (a hybrid model's; the block manager's);
+        # n_window_blocks: the window pool of its sliding-window layers (0: none, as for a draft model,
+        # whose sequences' window tables are the target's)
         self.cache = KVCache.for_model(model.cfg, n_blocks, block_size, kv_dtype, kb=model.kb,
-                                       n_state_slots=n_state_slots)
+                                       n_state_slots=n_state_slots, n_window_blocks=n_window_blocks)
+        self.window = self.cache.n_window_blocks > 0
         self.block_size = block_size
         self.num_forward_tokens = 0  # counts every token computed (prefix-cache tests read it)
 
     def run(self, sched: ScheduledBatch) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
-        batch, sampling = build_batch(sched, self.block_size)
+        batch, sampling = build_batch(sched, self.block_size, self.window)
         logits = self.forward(batch) if len(batch.token_ids) else np.zeros((0, 0), np.float32)
         return logits, sampling
 
     def run_pieces(self, pieces: list[Piece]) -> np.ndarray:
         """The logits of pieces of sequences whose block tables address this runner's cache."""
-        return self.forward(make_batch(pieces, self.block_size))
+        return self.forward(make_batch(pieces, self.block_size, self.window))
 
     def forward(self, batch: Batch, hidden: bool = False) -> np.ndarray:
         self.num_forward_tokens += len(batch.token_ids)

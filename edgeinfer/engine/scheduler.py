@@ -112,7 +112,7 @@ class Scheduler:
         self.waiting.sort(key=self._wait_key)
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs and not out.preempted:
             seq = self.waiting[0]
-            if not self.bm.can_allocate(seq):
+            if not self.bm.can_allocate(seq, budget):
                 break
             self.waiting.pop(0)
             seq.num_computed_tokens = self.bm.allocate(seq)
@@ -121,6 +121,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            self.bm.append_slots(seq, n)  # its window blocks for this step (its other blocks came with it)
             self.bm.plan_checkpoint(seq, n)
             out.seqs.append(seq)
             out.num_tokens.append(n)

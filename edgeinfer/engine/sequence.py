@@ -27,6 +27,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at the last admission
         self.block_table: list[int] = []
+        self.window_table: list[int] = []  # its blocks in the window pool (sliding-window layers), -1: none
         self.state_slot = -1  # its slot of recurrent state while it has blocks (a hybrid model's), else -1
         self.decode_checkpoint = None  # the block hash of its latest state checkpoint past the prompt, if any
         self.snapshot = None  # (checkpoint slot, tokens): its state after that many tokens is saved this step

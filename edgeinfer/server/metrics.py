@@ -28,7 +28,10 @@ class _EngineCollector:
             ("kv_blocks_total", "KV cache blocks in all"),
             ("kv_blocks_cached", "Full blocks registered for prefix reuse"),
             ("prefix_cache_hit_rate", "Fraction of full prompt blocks found in the prefix cache"),
-            ("kv_bytes", "Memory of the attention layers' KV pool"),
+            ("kv_bytes", "Memory of the attention layers' KV pools (the window pool's included)"),
+            ("window_blocks_used", "Window-pool blocks in use (sliding-window layers; gemma2, gemma3)"),
+            ("window_blocks_total", "Window-pool blocks in all (0 for a model without sliding-window layers)"),
+            ("window_bytes", "Memory of the sliding-window layers' KV pool"),
             ("state_slots_used", "Slots of recurrent state held by running sequences (hybrid models)"),
             ("state_slots_total", "Slots of recurrent state in all (hybrid models; 0 for others)"),
             ("state_bytes", "Memory of the recurrent layers' state, every slot (hybrid models)"),
@@ -72,7 +75,8 @@ class _EngineCollector:
             g["kv_blocks_total"].add_metric([sm.name], s["kv_blocks_total"])
             g["kv_blocks_cached"].add_metric([sm.name], s["kv_blocks_cached"])
             g["prefix_cache_hit_rate"].add_metric([sm.name], s["prefix_cache_hit_rate"])
-            for key in ("kv_bytes", "state_slots_used", "state_slots_total", "state_bytes"):
+            for key in ("kv_bytes", "window_blocks_used", "window_blocks_total", "window_bytes", "state_slots_used",
+                        "state_slots_total", "state_bytes"):
                 g[key].add_metric([sm.name], s[key])
             preempt.add_metric([sm.name], s["preemptions"])
             queries.add_metric([sm.name], s["prefix_cache_queries"])

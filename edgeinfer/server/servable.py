@@ -59,7 +59,7 @@ def describe(path: str, config: EngineConfig) -> dict:
         n_params = parameters(gf)[0]
         by_bytes = gf.type_bytes()
     blocks = config.num_kv_blocks or memory.default_blocks(est, config)
-    kv = blocks * config.block_size * est.kv_per_token[config.kv_dtype]
+    kv = memory.pool_bytes(est, config, blocks)
     quant = max(by_bytes, key=by_bytes.get) if by_bytes else ""
     size = f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{n_params / 1e6:.1f}M"
     return {"size": est.weights + est.buffers + kv, "weights": est.weights, "buffers": est.buffers, "kv": kv,

@@ -83,8 +83,9 @@ class LayerStack:
 
     def args(self, x, batch, cache, table) -> tuple:
         """forward_layers' arguments, in order."""
-        return (x, batch.positions, batch.token_seq, batch.slot_mapping, batch.block_tables, batch.logits_idx,
-                cache.block_size, cache.k, cache.v, self.mats, self.experts, self.norms, self.attn, self.ffn,
+        return (x, batch.positions, batch.token_seq, batch.slot_mapping, batch.block_tables, batch.window_slots,
+                batch.window_tables, batch.logits_idx, cache.block_size, cache.where, cache.k, cache.v, cache.wk,
+                cache.wv, self.mats, self.experts, self.norms, self.attn, self.ffn,
                 self.moe, quant.HALF_TO_F32, numba.get_num_threads(), table)
 
     def run(self, x, batch, cache) -> np.ndarray:
@@ -108,11 +109,12 @@ def stand_in_args(kv_dtype) -> tuple:
     stack = LayerStack(cfg, [layer], [np.zeros(d // 2)], None, (), 0, False, False, typed_lists=False)
     # the engine's Batch and KVCache (edgeinfer/engine): int64 index arrays, int32 block tables
     i64 = np.zeros(1, np.int64)
-    batch = SimpleNamespace(positions=i64, token_seq=i64, slot_mapping=i64, block_tables=np.zeros((1, 1), np.int32),
-                            logits_idx=i64)
+    i32 = np.zeros((1, 1), np.int32)
+    batch = SimpleNamespace(positions=i64, token_seq=i64, slot_mapping=i64, block_tables=i32, window_slots=i64,
+                            window_tables=i32, logits_idx=i64)
     c = np.zeros((1, 1, 1, d), kv_dtype)
-    return stack.args(np.zeros((1, d), np.float32), batch, SimpleNamespace(block_size=16, k=c, v=c),
-                      np.zeros(units.TABLE_SIZE, np.int64))
+    cache = SimpleNamespace(block_size=16, where=np.zeros((1, 2), np.int64), k=c, v=c, wk=c, wv=c)
+    return stack.args(np.zeros((1, d), np.float32), batch, cache, np.zeros(units.TABLE_SIZE, np.int64))
 
 
 def _typed_list(items):
@@ -135,17 +137,19 @@ def _append(mats, w):
 
 
 @njit(nogil=True, cache=True)
-def forward_layers(x, positions, token_seq, slot_mapping, block_tables, keep, block_size, k_cache, v_cache, mats,
-                   experts, nm, at, ff, mo, luts, threads, table):
+def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_slots, window_tables, keep, block_size,
+                   where, k_cache, v_cache, wk, wv, mats, experts, nm, at, ff, mo, luts, threads, table):
     # x (T, dim) through every layer -> the rows `keep` (L,) of the result, (L, dim). k_cache/v_cache
-    # (n_layer, n_slots, KVH, D|Dv) float32 or float16 bits; mats: typed list of (kind, qs, qh, sc, d, m),
-    # experts: the same for MoE layers' experts; nm, at, ff, mo: the parts (parts.norms.NormsPart,
+    # (n_layers, n_slots, KVH, D|Dv) float32 or float16 bits (or q8_0 rows), wk/wv the same for the
+    # sliding-window layers in a window pool, addressed through window_slots and window_tables; where
+    # (n_layer, 2): each layer's pool (1: the window pool) and index in it (engine/kv_cache.py); mats:
+    # typed list of (kind, qs, qh, sc, d, m), experts: the same for MoE layers' experts; nm, at, ff, mo: the parts (parts.norms.NormsPart,
     # parts.attention.AttnPart, parts.ffn.FfnPart, parts.moe.MoePart). In the last layer only the kept rows
     # go past the KV writes (attention, output projection, feed-forward), as llama.cpp does: no other row is
     # read after. table: the kernel units' addresses (units.Table.for_kinds), through which matmuls and
     # attention run.
     T, dim = x.shape
-    n_layer = k_cache.shape[0]
+    n_layer = where.shape[0]
     h = np.empty((T, dim), np.float32)
     q = np.empty((T, at.n_head, at.head_dim), np.float32)
     k = np.empty((T, at.n_kv, at.head_dim), np.float32)
@@ -156,16 +160,27 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, keep, bl
             norm(x, nm.attn[layer], nm.eps, h)
         else:
             h[:] = x
-        kc = k_cache[layer]
-        vc = v_cache[layer]
-        attention.project(h, q, k, v, positions, slot_mapping, kc, vc, mats, at, layer, luts, threads, table)
+        kc, vc, slots, tables = _layer_kv(where, layer, k_cache, v_cache, wk, wv, slot_mapping, block_tables,
+                                          window_slots, window_tables)
+        attention.project(h, q, k, v, positions, slots, kc, vc, mats, at, layer, luts, threads, table)
         if layer < n_layer - 1:
-            _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, experts, nm, at, ff, mo, layer,
+            _rest(x, q, positions, token_seq, tables, block_size, kc, vc, mats, experts, nm, at, ff, mo, layer,
                   luts, threads, table, scratch)
+    kc, vc, slots, tables = _layer_kv(where, n_layer - 1, k_cache, v_cache, wk, wv, slot_mapping, block_tables,
+                                      window_slots, window_tables)
     xs = x[keep]
-    _rest(xs, q[keep], positions[keep], token_seq[keep], block_tables, block_size, k_cache[n_layer - 1],
-          v_cache[n_layer - 1], mats, experts, nm, at, ff, mo, n_layer - 1, luts, threads, table, scratch)
+    _rest(xs, q[keep], positions[keep], token_seq[keep], tables, block_size, kc, vc, mats, experts, nm, at, ff, mo,
+          n_layer - 1, luts, threads, table, scratch)
     return xs
+
+
+@njit(nogil=True, cache=True)
+def _layer_kv(where, layer, k_cache, v_cache, wk, wv, slot_mapping, block_tables, window_slots, window_tables):
+    # a layer's K and V arrays and how tokens address them: the window pool's, or the full-context one's
+    i = where[layer, 1]
+    if where[layer, 0] == 1:
+        return wk[i], wv[i], window_slots, window_tables
+    return k_cache[i], v_cache[i], slot_mapping, block_tables
 
 
 @njit(nogil=True, cache=True)

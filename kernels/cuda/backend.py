@@ -1,9 +1,8 @@
 """The CUDA backend (numba.cuda): the CPU backend's functions over device arrays.
 
-Weights are uploaded once, in their repacked quantized form (the same fields as kernels/cpu), and
-decoded inside the kernels; activations and the KV cache live on the device; logits come back to
-the host for sampling. Kernels give one thread to each output element (or row): simple and exact,
-and the place to start tiling for speed. The KV cache is float32 on this backend.
+Weights are uploaded once, in their repacked quantized form (the same fields as kernels/cpu), and decoded inside
+the kernels; activations and the (float32) KV cache live on the device; logits come back to the host for sampling.
+Kernels give one thread to each output element (or row): simple and exact, and the place to start tiling for speed.
 """
 
 from __future__ import annotations
@@ -389,8 +388,8 @@ def _take_rows(x, idx, out):
 
 def zeros(shape, dtype=np.float32):
     a = cuda.device_array(shape, dtype)
-    flat = a.reshape(int(np.prod(shape)))
-    _fill[_blocks(flat.shape[0], 256), 256](flat, 0)
+    if a.size:  # (no window pool: an empty one; a launch of no blocks is an error)
+        _fill[_blocks(a.size, 256), 256](a.reshape(a.size), 0)
     return a
 
 
@@ -429,8 +428,9 @@ def take_rows(x, idx):
     return out
 
 
-class _DeviceBatch:
-    __slots__ = ("token_ids", "positions", "token_seq", "slot_mapping", "block_tables", "logits_idx")
+class _DeviceBatch:  # the engine's Batch on the device (window_*: a window pool's slots and tables)
+    __slots__ = ("token_ids", "positions", "token_seq", "slot_mapping", "block_tables", "logits_idx", "window_slots",
+                 "window_tables")
 
 
 def prepare_batch(batch):

@@ -66,11 +66,13 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
         kb.rope(qr, batch.positions, at.inv_freq, cfg.rope_neox, cfg.rope_mscale)
         kb.rope(kr, batch.positions, at.inv_freq, cfg.rope_neox, cfg.rope_mscale)
     kc, vc = cache.layer(layer)
-    kb.write_kv(kb.kv_store(k, cache.dtype), kb.kv_store(v, cache.dtype), batch.slot_mapping, kc, vc)
+    slots, tables = (batch.window_slots, batch.window_tables) if cache.windowed(layer) else \
+        (batch.slot_mapping, batch.block_tables)
+    kb.write_kv(kb.kv_store(k, cache.dtype), kb.kv_store(v, cache.dtype), slots, kc, vc)
     out = kb.empty((t, cfg.n_head, cfg.v_head_dim))
     scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
     window = cfg.sliding_window if cfg.is_sliding(layer) else 0
-    kb.paged_attention(q, kc, vc, batch.token_seq, batch.positions, batch.block_tables, cache.block_size,
+    kb.paged_attention(q, kc, vc, batch.token_seq, batch.positions, tables, cache.block_size,
                        np.float32(scale), window, np.float32(cfg.attn_softcap), out)
     out = out.reshape(t, cfg.n_head * cfg.v_head_dim)
     if spec.attn_gate:
