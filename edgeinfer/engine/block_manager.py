@@ -42,7 +42,8 @@ class BlockManager:
     the sliding window (tokens) of the layers whose KV is in the window pool, and its size (0: none)."""
 
     def __init__(self, num_blocks: int, block_size: int = 16, model_id: str = "", enable_prefix_caching: bool = True,
-                 num_state_slots: int = 0, num_checkpoints: int = 0, window: int = 0, num_window_blocks: int = 0):
+                 num_state_slots: int = 0, num_checkpoints: int = 0, window: int = 0, num_window_blocks: int = 0,
+                 num_spec_slots: int = 0):
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
         if num_window_blocks and (window < 1 or num_state_slots):
@@ -56,6 +57,11 @@ class BlockManager:
         self.free_checkpoints = list(range(num_state_slots + self.num_checkpoints - 1, num_state_slots - 1, -1))
         self.checkpoints: OrderedDict[int, int] = OrderedDict()  # block hash -> slot, least recently used first
         self.restores: list[tuple[int, int]] = []  # (checkpoint slot, sequence slot) to copy before the next step
+        # speculative decoding on a hybrid model: a verifying sequence's state after each of its tokens but the
+        # last is copied to a slot of these (after the checkpoints), so rejected proposals can be rolled back
+        base = num_state_slots + self.num_checkpoints
+        self.num_spec_slots = num_spec_slots if num_state_slots else 0
+        self.free_spec = list(range(base + self.num_spec_slots - 1, base - 1, -1))
         self.block_size = block_size
         self.model_id = model_id
         self.enable_prefix_caching = enable_prefix_caching
@@ -307,6 +313,19 @@ class BlockManager:
                 self.free_checkpoints.append(self.checkpoints.pop(old))
         self.checkpoints[h] = slot
 
+    def spec_room(self) -> int | None:
+        """The tokens a sequence may propose this step as far as state slots go (None: no limit, no state)."""
+        return len(self.free_spec) if self.num_state_slots else None
+
+    def take_spec(self, seq: Sequence, k: int) -> None:
+        """Slots for the state after each of a verifying sequence's first k tokens (a hybrid model's)."""
+        if self.num_state_slots:
+            seq.spec_slots = [self.free_spec.pop() for _ in range(k)]
+
+    def release_spec(self, seq: Sequence) -> None:
+        self.free_spec.extend(reversed(seq.spec_slots))
+        seq.spec_slots = []
+
     def take_restores(self) -> list[tuple[int, int]]:
         """The queued state copies (checkpoint slot, sequence slot), handed over and forgotten."""
         out, self.restores = self.restores, []
@@ -315,6 +334,7 @@ class BlockManager:
     def free_seq(self, seq: Sequence) -> None:
         """Release seq's blocks; those no longer referenced join the free list (newest last)."""
         self._drop_plan(seq)
+        self.release_spec(seq)
         for bid in reversed(seq.block_table):
             self.pool.release(bid)
         seq.block_table = []
@@ -344,3 +364,6 @@ class BlockManager:
         ckpts = list(self.checkpoints.values()) + [s.snapshot[0] for s in live if s.snapshot is not None]
         assert len(set(ckpts)) == len(ckpts) and not set(ckpts) & set(self.free_checkpoints)
         assert len(ckpts) + len(self.free_checkpoints) == self.num_checkpoints
+        spec = [x for s in live for x in s.spec_slots]
+        assert len(set(spec)) == len(spec) and not set(spec) & set(self.free_spec)
+        assert len(spec) + len(self.free_spec) == self.num_spec_slots

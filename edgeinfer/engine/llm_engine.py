@@ -20,7 +20,7 @@ from .model_runner import ModelRunner
 from .run import Run
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .speculative import DEFAULT_TOKENS, DraftProposer, LookupProposer, SpecState, Speculation, check_backend, verify
+from .speculative import DraftProposer, SpecState, Speculation, make_proposer, rollback_states, speculation_slots, verify
 
 
 class PromptTooLongError(EdgeInferError, ValueError):
@@ -69,21 +69,19 @@ class LLMEngine:
         est = memory.estimate(0, cfg, config, model.kb.KV_FORMATS)  # the backend's KV row formats
         self.max_context = est.max_context
         n_blocks = config.num_kv_blocks or memory.default_blocks(est, config)
-        # a hybrid model: a slot of recurrent state per running sequence, and as many checkpoint slots of
-        # state for prefix caching (block_manager.py); no speculation (a rejected draft token would leave its
-        # update in the state) for now
+        # a hybrid model: a slot of recurrent state per running sequence, as many checkpoint slots of state for
+        # prefix caching, and with speculation a slot per proposal to roll a verification back (block_manager.py)
         states = config.seqs_limit if cfg.recurrent else 0
-        if states and speculation is not None:
-            raise ValueError(f"speculative decoding is not supported yet for {cfg.arch}, whose recurrent layers keep "
-                             "a state per sequence: run it without a draft model or prompt lookup")
+        spec_slots = speculation_slots(speculation, cfg)
         # sliding-window layers: their KV in a window pool, a window and a step per running sequence
         n_window = memory.window_blocks(est, config, n_blocks)
-        self.runner = ModelRunner(model, n_blocks, config.block_size, config.kv_dtype,
-                                  n_state_slots=max(2 * states, 1), n_window_blocks=n_window)
+        n_slots = max(2 * states + spec_slots, 1)
+        self.runner = ModelRunner(model, n_blocks, config.block_size, config.kv_dtype, n_state_slots=n_slots,
+                                  n_window_blocks=n_window)
         self.block_manager = BlockManager(n_blocks, config.block_size, model_id=model_id, num_state_slots=states,
                                           num_checkpoints=states, window=cfg.sliding_window,
-                                          num_window_blocks=n_window)
-        self.proposer = _make_proposer(speculation, config, n_blocks) if speculation is not None else None
+                                          num_window_blocks=n_window, num_spec_slots=spec_slots)
+        self.proposer = make_proposer(speculation, config, n_blocks, n_slots) if speculation is not None else None
         self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens,
                                    plan_spec=self._plan_spec if self.proposer is not None else None)
         self.requests: dict[tuple[str, int], _RequestState] = {}  # by (request id, choice)
@@ -244,7 +242,9 @@ class LLMEngine:
         if self.proposer is not None and self.speculate:
             self._propose(sched)
         bm = self.block_manager
-        self.runner.cache.copy_states(bm.take_restores())  # hybrid models: prefix hits' states
+        restores = bm.take_restores()  # hybrid models: prefix hits' states (a hybrid draft's too)
+        for cache in self._caches():
+            cache.copy_states(restores)
         logits, sampling = self.runner.run(sched)
         for seq, n, k in zip(sched.seqs, sched.num_tokens, sched.num_spec):
             if not k:  # a verifying sequence's count depends on how many proposals it accepts
@@ -252,6 +252,7 @@ class LLMEngine:
                 self._commit(seq)
                 bm.checkpoint(seq)  # a hybrid model's state checkpoint saved in the step, registered
                 bm.release_behind(seq)  # window blocks its next step no longer sees
+                bm.release_spec(seq)  # (a draft that proposed nothing)
         for i, row, n_rows in sampling:
             seq = sched.seqs[i]
             st = self.requests[(seq.request_id, seq.choice)]
@@ -295,6 +296,11 @@ class LLMEngine:
                 sched.num_tokens[i] -= k - len(seq.spec.tokens)
                 sched.num_spec[i] = len(seq.spec.tokens)
 
+    def _caches(self) -> list:
+        """The KV caches (and recurrent state) the sequences' slots address: the target's, and a draft's."""
+        draft = self.proposer.runner.cache if isinstance(self.proposer, DraftProposer) else None
+        return [self.runner.cache] + ([draft] if draft is not None else [])
+
     def _commit(self, seq: Sequence) -> None:
         # with a draft model, a block is offered to the prefix cache once both caches hold its KV
         upto = seq.spec.draft_computed if isinstance(self.proposer, DraftProposer) else None
@@ -308,12 +314,17 @@ class LLMEngine:
         tokens, guide_steps = verify(seq, rows, st.sampler)
         accepted = len(tokens) - 1  # all but the last matched a proposal (verify stops at the first miss)
         # the KV of the last real token and of the accepted proposals stays; the rest is rolled back
+        start = seq.num_computed_tokens
         seq.num_computed_tokens += 1 + accepted
         if isinstance(self.proposer, DraftProposer):  # the draft computed the proposals but the last
             spec.draft_computed = min(spec.draft_computed + min(accepted, k - 1), seq.num_computed_tokens)
-        self.block_manager.trim(seq, seq.num_computed_tokens)
+        bm = self.block_manager
+        rollback_states(seq, start, accepted, k, self._caches())  # a hybrid model's state, to the last kept token
+        bm.trim(seq, seq.num_computed_tokens)
         self._commit(seq)
-        self.block_manager.release_behind(seq)
+        bm.checkpoint(seq)
+        bm.release_behind(seq)
+        bm.release_spec(seq)
         self.spec_proposed += k
         self.spec_accepted += accepted
         self.spec_rounds += 1
@@ -434,11 +445,3 @@ class LLMEngine:
             "spec_acceptance_rate": self.spec_accepted / self.spec_proposed if self.spec_proposed else 0.0,
             "spec_rounds": self.spec_rounds,
         }
-
-
-def _make_proposer(spec: Speculation, config: EngineConfig, n_blocks: int):
-    check_backend(config.backend)
-    k = spec.num_tokens or DEFAULT_TOKENS[spec.method]
-    if spec.method == "lookup":
-        return LookupProposer(k)
-    return DraftProposer(spec.draft_model, spec.draft_tokenizer, n_blocks, config.block_size, config.kv_dtype, k)

@@ -52,12 +52,14 @@ class Batch:
 
 class Piece(NamedTuple):
     """One sequence's share of a forward pass: tokens at positions start.., and how many of the last of
-    them get logits."""
+    them get logits; snaps: slots to copy a hybrid model's state to after each of its first tokens (a
+    verification's, for rollback), before a prefix-cache checkpoint's."""
 
     seq: object
     start: int
     tokens: list
     n_logits: int
+    snaps: tuple = ()
 
 
 def make_batch(pieces: list[Piece], block_size: int, window: bool = False) -> Batch:
@@ -69,7 +71,7 @@ def make_batch(pieces: list[Piece], block_size: int, window: bool = False) -> Ba
     wtables = np.zeros((len(pieces), max_blocks), np.int32) if window else None
     state_slots = np.arange(len(pieces))
     snap = np.full(sum(len(p.tokens) for p in pieces), -1, np.int64)
-    for i, (seq, start, tokens, n_logits) in enumerate(pieces):
+    for i, (seq, start, tokens, n_logits, snaps) in enumerate(pieces):
         n = len(tokens)
         tables[i, : len(seq.block_table)] = seq.block_table
         if window:
@@ -79,6 +81,7 @@ def make_batch(pieces: list[Piece], block_size: int, window: bool = False) -> Ba
         plan = getattr(seq, "snapshot", None)  # a checkpoint of the state after `upto` tokens (block_manager.py)
         if plan is not None and start < plan[1] <= start + n:
             snap[len(token_ids) + plan[1] - 1 - start] = plan[0]
+        snap[len(token_ids):len(token_ids) + len(snaps)] = snaps  # (the checkpoint is then copied from these)
         pos = np.arange(start, start + n)
         bt = np.asarray(seq.block_table, np.int64)
         token_ids.extend(tokens)
@@ -103,7 +106,7 @@ def build_batch(sched: ScheduledBatch, block_size: int, window: bool = False
         if k:
             tokens = tokens + seq.spec.tokens[:k]
         n_logits = k + 1 if start + n - k == seq.num_tokens else 0  # the chunk reaches the end: it samples
-        pieces.append(Piece(seq, start, tokens, n_logits))
+        pieces.append(Piece(seq, start, tokens, n_logits, tuple(seq.spec_slots[:k])))
         if n_logits:
             sampling.append((i, row, n_logits))
             row += n_logits

@@ -90,7 +90,11 @@ class Scheduler:
                 continue
             k = 0
             if self.plan_spec is not None and n == seq.num_tokens - seq.num_computed_tokens == 1 and budget > 1:
-                k = self.plan_spec(seq, budget - 1)
+                room = budget - 1
+                spec_room = self.bm.spec_room()  # a hybrid model: slots to roll its state back
+                if spec_room is not None:
+                    room = min(room, spec_room)
+                k = self.plan_spec(seq, room) if room > 0 else 0
                 if k and not self.bm.can_append(seq, n + k):
                     k = 0  # no room for the proposals: decode plainly rather than preempt for them
                 n += k
@@ -102,6 +106,7 @@ class Scheduler:
                     break
             if seq.status != SequenceStatus.RUNNING:
                 continue
+            self.bm.take_spec(seq, k)
             self.bm.append_slots(seq, n)
             self.bm.plan_checkpoint(seq, n)  # a hybrid model's state at a block boundary, saved in the step
             out.seqs.append(seq)

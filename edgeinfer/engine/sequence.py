@@ -31,6 +31,7 @@ class Sequence:
         self.state_slot = -1  # its slot of recurrent state while it has blocks (a hybrid model's), else -1
         self.decode_checkpoint = None  # the block hash of its latest state checkpoint past the prompt, if any
         self.snapshot = None  # (checkpoint slot, tokens): its state after that many tokens is saved this step
+        self.spec_slots: list[int] = []  # verifying proposals: slots for its state after each token but the last
         self.status = SequenceStatus.WAITING
         self.params = params
         self.priority = priority  # lower value: served first (as vLLM)

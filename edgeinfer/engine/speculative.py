@@ -20,6 +20,12 @@ are then distributed exactly as the target's own samples (Leviathan et al. 2023,
 KV rollback: verifying writes the target's KV for every drafted position; the positions after the last
 accepted token are stale. The sequence's computed count stops at the accepted tokens and the blocks
 past it are freed (BlockManager.trim), so block accounting stays exact.
+
+State rollback (a hybrid model, whose recurrent layers keep one state per sequence, not one per token):
+a verifying sequence holds a slot per proposal (BlockManager.take_spec), and the step's kernels copy its
+state after each of its tokens but the last there (Piece.snaps); after verification the state after the
+last kept token goes back to the sequence's slot (`rollback_states`). A hybrid draft model does the same in
+its own cache, under the same slots: its state after the real tokens, then after each proposal it fed.
 """
 
 from __future__ import annotations
@@ -151,10 +157,11 @@ class DraftProposer:
     cheap = False
 
     def __init__(self, model, tokenizer, n_blocks: int, block_size: int, kv_dtype: str,
-                 max_tokens: int = DEFAULT_TOKENS["draft"]):
+                 max_tokens: int = DEFAULT_TOKENS["draft"], n_state_slots: int = 1):
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
-        self.runner = ModelRunner(model, n_blocks, block_size, kv_dtype)  # the draft's own KV cache
+        # the draft's own KV cache (and a hybrid draft's state, in the target's slots)
+        self.runner = ModelRunner(model, n_blocks, block_size, kv_dtype, n_state_slots=n_state_slots)
 
     def plan(self, seq, k: int) -> int:
         return k  # the tokens are drafted after the blocks are allocated (propose)
@@ -168,7 +175,10 @@ class DraftProposer:
             end = seq.num_computed_tokens + n - k  # the real tokens the target computes this step
             st.tokens, st.probs = [], []
             if st.draft_computed < end:
-                pieces.append((Piece(seq, st.draft_computed, seq.token_ids[st.draft_computed:end], 1 if k else 0), k))
+                tokens = seq.token_ids[st.draft_computed:end]
+                # a hybrid draft: its state after the real tokens, kept for the rollback (rollback_states)
+                snaps = (-1,) * (len(tokens) - 1) + (seq.spec_slots[0],) if k and seq.spec_slots else ()
+                pieces.append((Piece(seq, st.draft_computed, tokens, 1 if k else 0, snaps), k))
                 st.draft_computed = end
         if not pieces:
             return
@@ -180,7 +190,8 @@ class DraftProposer:
                     active.append((p.seq, k))
                 row += 1
         while active:  # each further step feeds the token drafted last, at the position after the last
-            logits = self._forward([Piece(seq, seq.num_tokens + len(seq.spec.tokens) - 1, seq.spec.tokens[-1:], 1)
+            logits = self._forward([Piece(seq, seq.num_tokens + len(seq.spec.tokens) - 1, seq.spec.tokens[-1:], 1,
+                                          tuple(seq.spec_slots[len(seq.spec.tokens):len(seq.spec.tokens) + 1]))
                                     for seq, _ in active])
             active = [(seq, k) for r, (seq, k) in enumerate(active)
                       if self._draft_one(seq, logits[r]) and len(seq.spec.tokens) < k]
@@ -210,6 +221,47 @@ class DraftProposer:
         if seq.guide is not None and seq.guide.done:
             return False
         return tid not in self.tokenizer.stop_ids
+
+
+def speculation_slots(spec: Speculation | None, cfg) -> int:
+    """The state slots a hybrid model's engine keeps for rolling verifications back: one per proposal of one
+    sequence (a verifying sequence takes as many as it proposes; with none free, it decodes plainly)."""
+    if spec is None or not cfg.recurrent:
+        return 0
+    return spec.num_tokens or DEFAULT_TOKENS[spec.method]
+
+
+def make_proposer(spec: Speculation, config, n_blocks: int, n_state_slots: int):
+    """The proposer for an engine: prompt lookup, or a draft model over a cache of n_blocks blocks (and, for a
+    hybrid draft, the target's n_state_slots slots of state)."""
+    check_backend(config.backend)
+    k = spec.num_tokens or DEFAULT_TOKENS[spec.method]
+    if spec.method == "lookup":
+        return LookupProposer(k)
+    if spec.draft_model.cfg.recurrent and n_state_slots <= 1:
+        raise SpeculationError(f"the draft model ({spec.draft_model.cfg.arch}) has recurrent layers but the target "
+                               "has none: a hybrid draft is supported for a hybrid target only")
+    return DraftProposer(spec.draft_model, spec.draft_tokenizer, n_blocks, config.block_size, config.kv_dtype, k,
+                         n_state_slots if spec.draft_model.cfg.recurrent else 1)
+
+
+def rollback_states(seq, start: int, accepted: int, k: int, caches) -> None:
+    """A hybrid model's verification from position `start` kept the first 1 + accepted of its k + 1 tokens:
+    the state after the last kept one (saved in the step to seq.spec_slots, the state after each token but
+    the last) goes back to the sequence's slot, in each cache (the target's, a hybrid draft's); a prefix-cache
+    checkpoint planned on a kept token among them is copied from its slot too (the spec slot took its place)."""
+    slots = seq.spec_slots[:k]
+    if not slots:
+        return
+    copies = []
+    if seq.snapshot is not None and seq.snapshot[1] - 1 - start < k:
+        j = seq.snapshot[1] - 1 - start
+        if j <= accepted:
+            copies.append((slots[j], seq.snapshot[0]))
+    if accepted < k:
+        copies.append((slots[accepted], seq.state_slot))
+    for cache in caches:
+        cache.copy_states(copies)
 
 
 def check_same_vocab(target_tok, draft_tok) -> None:
