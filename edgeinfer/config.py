@@ -34,6 +34,7 @@ class ModelConfig:
     embed_scale: float = 1.0
     rope_mscale: float = 1.0  # rotated q/k values times this (LongRoPE's attn_factor); 1: none
     rope: bool = True  # False: the attention layers have no positions at all (NoPE: Granite 4 H, Nemotron-H)
+    nope_interval: int = 0  # every nope_interval-th layer has no positions (SmolLM3: 4); 0: none
     # interleaved multi-section RoPE (Qwen3.5's IMRoPE): text tokens rotate every pair by their position but
     # the pairs of the fourth section, which stay unrotated; () none
     rope_sections: tuple = ()

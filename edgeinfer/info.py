@@ -83,6 +83,8 @@ def _architecture_facts(gf: GGUFFile, arch: str) -> dict[str, Any]:
     base = _num(g("rope.freq_base"))
     if base is not None:
         out["rope_freq_base"] = base
+    if arch == "smollm3":  # llama.cpp's fixed n_no_rope_layer_step: no key says it
+        out["no_rope_layers"] = "every 4th"
     rope_dim = _int(g("rope.dimension_count"))
     if rope_dim is not None and head_dim and rope_dim != head_dim:
         out["rope_dimensions"] = f"{rope_dim} of {head_dim}"

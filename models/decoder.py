@@ -90,6 +90,7 @@ class ArchSpec:
     # h // (H / Hk); else Qwen3.5's (ssm_beta and ssm_alpha, key head h % Hk)
     delta_next: bool = False
     ssm_norm_optional: bool = False  # a Mamba2 layer's grouped norm only where the file has it (Falcon-H1)
+    nope_interval: int = 0  # every nope_interval-th layer without RoPE (SmolLM3: 4, as llama.cpp fixes it)
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -217,6 +218,7 @@ class Model:
         if cfg.rope_sections:  # IMRoPE: the fourth section's pairs keep angle 0 for text
             inv_freq = np.where(imrope_pairs(cfg.rope_sections, inv_freq.shape[0]), inv_freq, 0.0)
         self.inv_freq = kb.upload(inv_freq)
+        self.inv_freq_none = kb.upload(np.zeros_like(inv_freq))  # a layer without positions: angle 0, x unchanged
         # every layer in one compiled call where the backend has one; forward_per_op is the reference
         self.stack = kb.layer_stack(cfg, self.layers, [self.layer_inv_freq(i) for i in range(cfg.n_layer)],
                                     **spec.stack_flags)
@@ -239,8 +241,10 @@ class Model:
         return np.array(gf.tensor(name), np.float32)
 
     def layer_inv_freq(self, layer: int):
-        return self.inv_freq_local if self.cfg.is_sliding(layer) and self.cfg.rope_base_local is not None \
-            else self.inv_freq
+        cfg = self.cfg
+        if cfg.nope_interval and (layer + 1) % cfg.nope_interval == 0:
+            return self.inv_freq_none
+        return self.inv_freq_local if cfg.is_sliding(layer) and cfg.rope_base_local is not None else self.inv_freq
 
     def forward(self, batch: Batch, cache: KVCache, hidden: bool = False) -> np.ndarray:
         """Logits (L, vocab), on the host, for the tokens batch.logits_idx selects; hidden: their final

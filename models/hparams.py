@@ -81,6 +81,8 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
         cfg = replace(cfg, embed_scale=float(np.sqrt(dim)))
     if spec.imrope:
         cfg = replace(cfg, rope_sections=_rope_sections(gf, cfg))
+    if spec.nope_interval:
+        cfg = replace(cfg, nope_interval=spec.nope_interval)
     if not spec.rope or (spec.granite and not meta(gf, a, "rope.scaling.finetuned", True)):
         cfg = replace(cfg, rope=False)
     if spec.granite:

@@ -308,6 +308,28 @@ def write_llama_swa(path) -> None:
     _finish(w)
 
 
+def write_smollm3(path) -> None:
+    """smollm3 (SmolLM3): the llama layer with every fourth layer's q and k not rotated (llama.cpp fixes
+    n_no_rope_layer_step at 4; no key). 4 layers (the last without RoPE), dim 256, 4 heads / 2 kv heads
+    (head_dim 64), ffn 512, normal RoPE base 5e6 (SmolLM3's), tied output (no output.weight), Q4_K_M-like
+    types with a Q6_K token_embd (the output's type when tied)."""
+    n_layer, dim, n_head, n_kv, ffn = 4, 256, 4, 2, 512
+    hd = dim // n_head
+    r = _Init(33)
+    w = gguf.GGUFWriter(str(path), "smollm3")
+    _hparams(w, "smollm3", n_layer=n_layer, n_ctx=512, dim=dim, ffn=ffn, n_head=n_head, n_kv=n_kv, base=5e6)
+    vocab = _gpt2_vocab(w, ["<|im_start|>", "<|im_end|>", "<|end_of_text|>"], bos=None, eos=1, add_bos=False,
+                        template=None)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.2), T.Q6_K)  # (the output too: logits of std ~3)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, vtype=_q4km("attn_v", i, n_layer))
+        _swiglu(w, r, p, dim, ffn, _q4km("ffn_down", i, n_layer))
+    _add(w, "output_norm.weight", r.norm(dim))
+    _finish(w)
+
+
 PHI3_ORIG_CTX = 256  # llama.cpp pads n_ctx up to a multiple of 256, so a smaller one could never pick rope_short
 PHI3_CTX = 1024
 
@@ -1159,6 +1181,7 @@ ZOO = {
     "qwen35moe": write_qwen35moe,
     "qwen3next": write_qwen3next,
     "falcon-h1": write_falcon_h1,
+    "smollm3": write_smollm3,
     "lfm2_bench": write_lfm2_bench,
     "mamba2_bench": write_mamba2_bench,
     "qwen35_bench": write_qwen35_bench,

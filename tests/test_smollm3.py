@@ -1,0 +1,84 @@
+"""SmolLM3 (`smollm3`): the llama layer with every fourth layer's q and k not rotated. Its golden checks against
+llama.cpp, compiled step against per-op, chunked and batched runs are test_arch_zoo's (the zoo's smollm3);
+here what is SmolLM3's own: the positions each layer sees, quantize-model's file, the official chat template."""
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import golden_path
+from edgeinfer.chat_template import ChatTemplate
+from edgeinfer.gguf_file import GGUFFile
+from edgeinfer.kernels import get_backend
+from edgeinfer.models import load_model
+
+
+@pytest.fixture(scope="module")
+def smollm3(zoo):
+    return zoo("smollm3")
+
+
+def test_every_fourth_layer_has_no_positions(smollm3):
+    m = load_model(GGUFFile(smollm3), get_backend("cpu"))
+    assert m.cfg.nope_interval == 4 and m.cfg.n_layer == 4
+    freqs = [np.asarray(m.layer_inv_freq(i)) for i in range(4)]
+    assert all(f.any() for f in freqs[:3]) and not freqs[3].any()  # layer 3: every angle 0
+
+
+def test_the_layer_without_positions_changes_the_logits(smollm3, tmp_path):
+    """The same file read as llama (RoPE in every layer) gives other logits from the second position on, the
+    first the same: what llama.cpp's smollm3 graph does differently (the golden check holds ours to it)."""
+    import gguf
+
+    from arch_zoo import copy_fields
+    from test_arch_zoo import _all_logits
+
+    r = gguf.GGUFReader(str(smollm3))
+    as_llama = tmp_path / "llama.gguf"
+    w = gguf.GGUFWriter(str(as_llama), "llama")
+    copy_fields(r, w, old_arch="smollm3", arch="llama")
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    kb = get_backend("cpu")
+    ids = [11, 40, 97, 150, 33, 260, 8]
+    a = _all_logits(load_model(GGUFFile(smollm3), kb), ids)
+    b = _all_logits(load_model(GGUFFile(as_llama), kb), ids)
+    assert np.array_equal(a[0], b[0]) and not np.allclose(a[1:], b[1:], atol=1e-3)
+
+
+def test_quantize_model_writes_llama_quantizes_file_byte_for_byte(tmp_path):
+    """Q4_K_M of the zoo model's F16 form, tied output: token_embd takes the output's Q6_K, as llama-quantize
+    does; sha256 from llama.cpp (benchmarks/make_arch_golden.py)."""
+    from arch_zoo import write_f16
+
+    want = json.load(open(golden_path("arch_zoo.json")))["models"]["smollm3"]["llama_quantize_q4_k_m_sha256"]
+    src, dst = tmp_path / "f16.gguf", tmp_path / "q4_k_m.gguf"
+    write_f16("smollm3", src, tmp_path / "scratch.gguf")
+    r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "quantize-model", str(src), str(dst), "--type",
+                        "Q4_K_M"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert hashlib.sha256(dst.read_bytes()).hexdigest() == want
+    assert GGUFFile(dst).tensors["token_embd.weight"].ggml_type.name == "Q6_K"
+
+
+def test_the_official_template_renders_its_reasoning_switch():
+    """HuggingFaceTB/SmolLM3-3B's chat template (llama.cpp's models/templates copy): a metadata system block
+    whose reasoning mode is /think unless enable_thinking is false or the system prompt says /no_think, then
+    an empty think block opens the answer."""
+    t = ChatTemplate(open(golden_path("templates/HuggingFaceTB-SmolLM3-3B.jinja")).read())
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    head = "<|im_start|>system\n## Metadata\n\nKnowledge Cutoff Date: June 2025\nReasoning Mode: "
+    tail = "\n\n## Custom Instructions\n\nBe brief.\n\n<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert t.render(msgs) == head + "/think" + tail
+    off = head + "/no_think" + tail + "<think>\n\n</think>\n"
+    assert t.render(msgs, variables={"enable_thinking": False}) == off
+    no_think = [{"role": "system", "content": "Be brief. /no_think"}, msgs[1]]
+    assert t.render(no_think) == off
