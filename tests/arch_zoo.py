@@ -818,6 +818,65 @@ def write_granitehybrid(path) -> None:
     _finish(w)
 
 
+def write_granite(path) -> None:
+    """granite (Granite 3.x dense): the llama layer with Granite's multipliers: embedding 8, residual 0.5,
+    attention 0.09 (not 1/sqrt(64)), logits divided by 4; RoPE (rope.scaling.finetuned absent: on, as Granite
+    3.x files have it). 3 layers, dim 256, 4 heads / 2 kv heads of 64, ffn 512, normal RoPE base 10000,
+    untied output (x8, so the logits, divided by 4, are not flat), Q4_K_M-like matrices, Q6_K token_embd
+    and output."""
+    n_layer, dim, n_head, n_kv, ffn = 3, 256, 4, 2, 512
+    hd = dim // n_head
+    r = _Init(41)
+    w = gguf.GGUFWriter(str(path), "granite")
+    _hparams(w, "granite", n_layer=n_layer, n_ctx=4096, dim=dim, ffn=ffn, n_head=n_head, n_kv=n_kv, eps=1e-5)
+    w.add_embedding_scale(8.0)
+    w.add_residual_scale(0.5)
+    w.add_attention_scale(0.09)
+    w.add_logit_scale(4.0)
+    vocab = _gpt2_vocab(w, ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>"], pre="refact", eos=0,
+                        template=GRANITE_TEMPLATE)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.06), T.Q6_K)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, vtype=_q4km("attn_v", i, n_layer), o_mult=1.5)
+        _swiglu(w, r, p, dim, ffn, _q4km("ffn_down", i, n_layer))
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 8.0), T.Q6_K)
+    _finish(w)
+
+
+def write_granitemoe(path) -> None:
+    """granitemoe (Granite 3.x MoE): write_granite's layers and multipliers with a mixture of experts in each
+    (8 experts, 2 used, expert FFN 256, softmax routing, renormalised weights), no shared expert (as the
+    1B-A400M and 3B-A800M files have none)."""
+    n_layer, dim, n_head, n_kv = 3, 256, 4, 2
+    n_expert, n_used, ffn_exp = 8, 2, 256
+    hd = dim // n_head
+    r = _Init(43)
+    w = gguf.GGUFWriter(str(path), "granitemoe")
+    _hparams(w, "granitemoe", n_layer=n_layer, n_ctx=4096, dim=dim, ffn=ffn_exp, n_head=n_head, n_kv=n_kv, eps=1e-5)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_used)
+    w.add_embedding_scale(8.0)
+    w.add_residual_scale(0.5)
+    w.add_attention_scale(0.09)
+    w.add_logit_scale(4.0)
+    vocab = _gpt2_vocab(w, ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>"], pre="refact", eos=0,
+                        template=GRANITE_TEMPLATE)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.06), T.Q6_K)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, vtype=_q4km("attn_v", i, n_layer), o_mult=1.5)
+        _add(w, p + "ffn_norm.weight", r.norm(dim))
+        _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp,
+                   {"gate": T.Q4_K, "up": T.Q4_K, "down": lambda i, n: _q4km("ffn_down_exps", i, n)}, router=5)
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 8.0), T.Q6_K)
+    _finish(w)
+
+
 def write_nemotron_h(path) -> None:
     """nemotron_h (Nemotron-H / Nemotron Nano 2's layer kinds): 5 layers "M-*M-", each one block after an
     RMS norm: layers 0 and 3 Mamba2 mixers (d_inner 512 in 8 heads of 64, d_state 32 in 2 groups, 4 taps),
@@ -1182,6 +1241,8 @@ ZOO = {
     "qwen3next": write_qwen3next,
     "falcon-h1": write_falcon_h1,
     "smollm3": write_smollm3,
+    "granite": write_granite,
+    "granitemoe": write_granitemoe,
     "lfm2_bench": write_lfm2_bench,
     "mamba2_bench": write_mamba2_bench,
     "qwen35_bench": write_qwen35_bench,

@@ -147,7 +147,7 @@ def layer_stack(cfg, layers, inv_freqs, **flags):
     inv_freqs: each layer's RoPE inverse frequencies; flags: the architecture's (ArchSpec.stack_flags)."""
     from .step import LayerStack
 
-    if cfg.recurrent or not cfg.rope or cfg.residual_scale:  # the per-op forward until the step has these
+    if cfg.recurrent or not cfg.rope:  # the per-op forward until the step has these
         return None
     mats = [getattr(lw, name) for lw in layers for name in LayerStack.MATS]
     mats += [w for lw in layers for name in ("exp_gate", "exp_up", "exp_down") for w in (getattr(lw, name) or ())]

@@ -194,6 +194,8 @@ def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, ex
                      f)
     if nm.post:
         norm(f, nm.post_attn[layer], nm.eps, f)
+    if nm.res_scale != 0:
+        f *= nm.res_scale
     add(x, f)
     h = np.empty((T, dim), np.float32)
     if nm.pre:
@@ -210,4 +212,6 @@ def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, ex
             moe_kernels.shared_gate_add(f, s, h, mo.sh_gate[layer])
     if nm.post:
         norm(f, nm.post_ffn[layer], nm.eps, f)
+    if nm.res_scale != 0:
+        f *= nm.res_scale
     add(x, f)

@@ -20,9 +20,11 @@ class NormsPart(NamedTuple):
     ffn: np.ndarray  # (n_layer, dim), before the FFN
     post_attn: np.ndarray  # (n_layer, dim), on the mixer's output
     post_ffn: np.ndarray  # (n_layer, dim), on the FFN's output
+    res_scale: np.float32  # each block's output times this before its residual add (Granite); 0: none
 
 
 def build(cfg, layers, pre_norms: bool, post_norms: bool) -> NormsPart:
     d = cfg.dim
     return NormsPart(np.float32(cfg.norm_eps), int(pre_norms), int(post_norms), stack(layers, "attn_norm", d),
-                     stack(layers, "ffn_norm", d), stack(layers, "post_attn_norm", d), stack(layers, "post_ffn_norm", d))
+                     stack(layers, "ffn_norm", d), stack(layers, "post_attn_norm", d), stack(layers, "post_ffn_norm", d),
+                     np.float32(getattr(cfg, "residual_scale", 0.0)))

@@ -1,6 +1,8 @@
-"""SmolLM3 (`smollm3`): the llama layer with every fourth layer's q and k not rotated. Its golden checks against
-llama.cpp, compiled step against per-op, chunked and batched runs are test_arch_zoo's (the zoo's smollm3);
-here what is SmolLM3's own: the positions each layer sees, quantize-model's file, the official chat template."""
+"""The transformer families of 2026 beside the llama layer: SmolLM3 (`smollm3`: every fourth layer's q and k not
+rotated) and Granite 3.x (`granite`, `granitemoe`: Granite's multipliers, through the compiled step). Their golden checks
+against llama.cpp, compiled step against per-op, chunked and batched runs are test_arch_zoo's (the zoo's
+models); here what is each family's own: the positions each layer sees, quantize-model's file, the official
+chat templates."""
 
 import hashlib
 import json
@@ -54,19 +56,20 @@ def test_the_layer_without_positions_changes_the_logits(smollm3, tmp_path):
     assert np.array_equal(a[0], b[0]) and not np.allclose(a[1:], b[1:], atol=1e-3)
 
 
-def test_quantize_model_writes_llama_quantizes_file_byte_for_byte(tmp_path):
-    """Q4_K_M of the zoo model's F16 form, tied output: token_embd takes the output's Q6_K, as llama-quantize
-    does; sha256 from llama.cpp (benchmarks/make_arch_golden.py)."""
+@pytest.mark.parametrize("name, embd", [("smollm3", "Q6_K"), ("granite", "Q4_K"), ("granitemoe", "Q4_K")])
+def test_quantize_model_writes_llama_quantizes_file_byte_for_byte(tmp_path, name, embd):
+    """Q4_K_M of the zoo models' F16 forms; smollm3's output is tied, so token_embd takes the output's Q6_K,
+    as llama-quantize does; sha256 from llama.cpp (benchmarks/make_arch_golden.py)."""
     from arch_zoo import write_f16
 
-    want = json.load(open(golden_path("arch_zoo.json")))["models"]["smollm3"]["llama_quantize_q4_k_m_sha256"]
+    want = json.load(open(golden_path("arch_zoo.json")))["models"][name]["llama_quantize_q4_k_m_sha256"]
     src, dst = tmp_path / "f16.gguf", tmp_path / "q4_k_m.gguf"
-    write_f16("smollm3", src, tmp_path / "scratch.gguf")
+    write_f16(name, src, tmp_path / "scratch.gguf")
     r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "quantize-model", str(src), str(dst), "--type",
                         "Q4_K_M"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert hashlib.sha256(dst.read_bytes()).hexdigest() == want
-    assert GGUFFile(dst).tensors["token_embd.weight"].ggml_type.name == "Q6_K"
+    assert GGUFFile(dst).tensors["token_embd.weight"].ggml_type.name == embd
 
 
 def test_the_official_template_renders_its_reasoning_switch():
@@ -82,3 +85,23 @@ def test_the_official_template_renders_its_reasoning_switch():
     assert t.render(msgs, variables={"enable_thinking": False}) == off
     no_think = [{"role": "system", "content": "Be brief. /no_think"}, msgs[1]]
     assert t.render(no_think) == off
+
+
+def test_granite_runs_the_compiled_step_with_its_multipliers(zoo):
+    m = load_model(GGUFFile(zoo("granite")), get_backend("cpu"))
+    assert m.stack is not None and m.stack.norms.res_scale == np.float32(0.5)
+    assert (m.cfg.embed_scale, m.cfg.logit_scale, m.cfg.attn_scale) == (8.0, 4.0, float(np.float32(0.09)))
+
+
+def test_the_granite_3_template_renders_its_default_system_prompt():
+    """ibm-granite/granite-3.3-2b-instruct's template: Granite's roles; with no system message its own, with
+    today's date (strftime_now)."""
+    import datetime
+
+    t = ChatTemplate(open(golden_path("templates/ibm-granite-granite-3.3-2B-Instruct.jinja")).read())
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    turns = ("<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>")
+    assert t.render(msgs) == "<|start_of_role|>system<|end_of_role|>Be brief.<|end_of_text|>\n" + turns
+    own = t.render(msgs[1:])
+    assert own.startswith("<|start_of_role|>system<|end_of_role|>Knowledge Cutoff Date: April 2024. Today's Date: ")
+    assert datetime.date.today().strftime("%B %d, %Y") in own and own.endswith(turns)
