@@ -35,6 +35,12 @@ class ModelConfig:
     rope_mscale: float = 1.0  # rotated q/k values times this (LongRoPE's attn_factor); 1: none
     rope: bool = True  # False: the attention layers have no positions at all (NoPE: Granite 4 H, Nemotron-H)
     nope_interval: int = 0  # every nope_interval-th layer has no positions (SmolLM3: 4); 0: none
+    # YaRN RoPE scaling: (original context, beta_fast, beta_slow): each pair's angle between the interpolated
+    # (rope_freq_scale) and the original one by a ramp over the pairs, cos and sin times rope_mscale; () none
+    rope_yarn: tuple = ()
+    # Llama 4 / Mistral 3 attention temperature: (scale, floor) each query times log(floor(pos / floor) + 1)
+    # * scale + 1 (1 before the original context); () none
+    attn_temp: tuple = ()
     # interleaved multi-section RoPE (Qwen3.5's IMRoPE): text tokens rotate every pair by their position but
     # the pairs of the fourth section, which stay unrotated; () none
     rope_sections: tuple = ()

@@ -12,7 +12,7 @@ from .common import ModelLoadError
 
 DECODERS = {s.name: s for s in (llama.SPEC, qwen2.SPEC, qwen3.SPEC, gemma2.SPEC, gemma3.SPEC, phi3.SPEC, olmo2.SPEC,
                                  lfm2.SPEC, lfm2.MOE, mamba2.SPEC, granite.HYBRID, nemotron_h.SPEC, qwen35.SPEC, qwen35.MOE,
-                                 qwen35.NEXT, falcon_h1.SPEC, llama.SMOLLM3, granite.DENSE, granite.MOE,
+                                 qwen35.NEXT, falcon_h1.SPEC, llama.SMOLLM3, llama.MISTRAL3, granite.DENSE, granite.MOE,
                                  *moe.SPECS)}
 ENCODERS = {nomic_bert.ARCH: nomic_bert}
 ARCHITECTURES = sorted([*DECODERS, *ENCODERS])

@@ -25,7 +25,7 @@ from ..config import ModelConfig
 from ..gguf_file import GGUFFile
 from . import parts
 from .common import ModelLoadError, WeightLoader, check_vocab, meta, rope_inv_freq
-from .hparams import config_from_gguf, imrope_pairs, resolve  # noqa: F401  (resolve: for models/__init__)
+from .hparams import config_from_gguf, imrope_pairs, resolve, yarn_mix  # noqa: F401  (resolve: for models/__init__)
 from .parts import norms
 
 if TYPE_CHECKING:  # the engine's types, only named here: models never build them
@@ -91,6 +91,7 @@ class ArchSpec:
     delta_next: bool = False
     ssm_norm_optional: bool = False  # a Mamba2 layer's grouped norm only where the file has it (Falcon-H1)
     nope_interval: int = 0  # every nope_interval-th layer without RoPE (SmolLM3: 4, as llama.cpp fixes it)
+    attn_temp: bool = False  # the file's attention.temperature_scale on the queries past the original context
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -205,6 +206,9 @@ class Model:
         if cfg.recurrent and not hasattr(kb, "ssm_scan"):
             raise ModelLoadError(f"{cfg.arch} has recurrent layers ({spec.recurrent}): the {kb.NAME} backend cannot "
                                  "run those yet (use the CPU)")
+        if cfg.attn_temp and not hasattr(kb, "attn_temperature"):
+            raise ModelLoadError(f"{cfg.arch}'s attention temperature (attention.temperature_scale) is not on the "
+                                 f"{kb.NAME} backend yet (use the CPU)")
         if cfg.rope_base_local is not None:
             self.inv_freq_local = kb.upload(rope_inv_freq(cfg.rope_dim, cfg.rope_base_local))
         ld = WeightLoader(gf, kb)
@@ -215,6 +219,8 @@ class Model:
         factors = self._rope_factors(gf, ld, n_ctx)
         ld.finish()
         inv_freq = rope_inv_freq(cfg.rope_dim, cfg.rope_base, cfg.rope_freq_scale, factors)
+        if cfg.rope_yarn:  # YaRN: each pair's angle between the interpolated and the original one
+            inv_freq = rope_inv_freq(cfg.rope_dim, cfg.rope_base, 1.0, factors) * yarn_mix(cfg)
         if cfg.rope_sections:  # IMRoPE: the fourth section's pairs keep angle 0 for text
             inv_freq = np.where(imrope_pairs(cfg.rope_sections, inv_freq.shape[0]), inv_freq, 0.0)
         self.inv_freq = kb.upload(inv_freq)

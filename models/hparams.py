@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # rope.scaling.type values that are supported ("longrope": the rope_factors_short/long tensors, chosen
 # by the context length, as llama.cpp does)
-ROPE_SCALINGS = ("none", "linear", "longrope")
+ROPE_SCALINGS = ("none", "linear", "longrope", "yarn")
 
 
 def resolve(gf: GGUFFile, spec: ArchSpec) -> ArchSpec:
@@ -64,7 +64,7 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
         rope_base=float(meta(gf, a, "rope.freq_base", 10000.0)),
         rope_dim=meta(gf, a, "rope.dimension_count", head_dim),
         rope_neox=spec.rope_neox,
-        rope_freq_scale=1.0 / float(factor) if scaling == "linear" else 1.0,
+        rope_freq_scale=1.0 / float(factor) if scaling in ("linear", "yarn") else 1.0,
         # llama.cpp multiplies every rope's cos and sin by the file's attn_factor (LongRoPE files have one)
         rope_mscale=float(meta(gf, a, "rope.scaling.attn_factor", 1.0) or 1.0),
     )
@@ -83,6 +83,11 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
         cfg = replace(cfg, rope_sections=_rope_sections(gf, cfg))
     if spec.nope_interval:
         cfg = replace(cfg, nope_interval=spec.nope_interval)
+    orig = int(meta(gf, a, "rope.scaling.original_context_length", 0) or cfg.context_length)
+    if scaling == "yarn":
+        cfg = _yarn_config(gf, cfg, orig)
+    if spec.attn_temp and float(meta(gf, a, "attention.temperature_scale", 0.0) or 0.0):
+        cfg = replace(cfg, attn_temp=(float(np.float32(meta(gf, a, "attention.temperature_scale"))), float(orig)))
     if not spec.rope or (spec.granite and not meta(gf, a, "rope.scaling.finetuned", True)):
         cfg = replace(cfg, rope=False)
     if spec.granite:
@@ -117,6 +122,32 @@ def imrope_pairs(sections: tuple, n_pairs: int) -> np.ndarray:
         keep[i] = (s % 3 == 1 and s < 3 * sections[1]) or (s % 3 == 2 and s < 3 * sections[2]) \
             or (s % 3 == 0 and s < 3 * sections[0])
     return keep
+
+
+def _yarn_config(gf: GGUFFile, cfg: ModelConfig, orig: int) -> ModelConfig:
+    # llama.cpp's YaRN (llama-context.cpp, ggml's rope_yarn): with ext_factor 1, cos and sin times
+    # get_mscale(factor, 1) (or its ratio to get_mscale(factor, yarn_log_multiplier)) and the file's attn_factor
+    a, f32 = cfg.arch, np.float32
+    factor = f32(1.0) / f32(cfg.rope_freq_scale)
+    log_mul = f32(meta(gf, a, "rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
+    mscale = lambda m: f32(1.0) if factor <= 1 else f32(0.1) * f32(m) * np.log(factor) + f32(1.0)  # noqa: E731
+    m = mscale(1.0) / mscale(log_mul) if log_mul else mscale(1.0)
+    beta_fast = float(meta(gf, a, "rope.scaling.yarn_beta_fast", 32.0) or 32.0)
+    beta_slow = float(meta(gf, a, "rope.scaling.yarn_beta_slow", 1.0) or 1.0)
+    return replace(cfg, rope_yarn=(orig, beta_fast, beta_slow), rope_mscale=float(f32(m) * f32(cfg.rope_mscale)))
+
+
+def yarn_mix(cfg: ModelConfig) -> np.ndarray:
+    """YaRN's per-pair multiplier of the original angles: freq_scale below the correction range, 1 above it,
+    a linear ramp between (ggml's rope_yarn_corr_dims and rope_yarn_ramp, in float32 as ggml computes them)."""
+    orig, beta_fast, beta_slow = cfg.rope_yarn
+    n, f32 = cfg.rope_dim, np.float32
+    corr = lambda beta: f32(n) * np.log(f32(orig) / (f32(beta) * f32(2 * np.pi))) / (f32(2) * np.log(f32(cfg.rope_base)))  # noqa: E731
+    low, high = max(0.0, float(np.floor(corr(beta_fast)))), min(n - 1.0, float(np.ceil(corr(beta_slow))))
+    y = (np.arange(n // 2, dtype=np.float32) - f32(low)) / f32(max(0.001, high - low))
+    ramp = f32(1) - np.minimum(f32(1), np.maximum(f32(0), y))
+    fs = f32(cfg.rope_freq_scale)
+    return (fs * (f32(1) - ramp) + ramp).astype(np.float64)
 
 
 def _granite_config(gf: GGUFFile, cfg: ModelConfig) -> ModelConfig:

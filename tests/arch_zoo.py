@@ -846,6 +846,36 @@ def write_granite(path) -> None:
     _finish(w)
 
 
+def write_mistral3(path) -> None:
+    """mistral3 (Ministral 3): the llama layer with YaRN RoPE (factor 4 from an original context of 16, beta
+    fast 32 and slow 1, as Ministral 3 files write them; the small original context puts the ramp over the
+    middle pairs of this head and the golden prompts past it) and Llama 4's attention temperature 0.1 on the
+    queries from position 16 on. 3 layers, dim 256, 4 heads / 1 kv head of 64, ffn 512, normal RoPE base
+    1e6, untied output, Q4_K_M-like matrices."""
+    n_layer, dim, n_head, n_kv, ffn = 3, 256, 4, 1, 512
+    hd = dim // n_head
+    r = _Init(47)
+    w = gguf.GGUFWriter(str(path), "mistral3")
+    _hparams(w, "mistral3", n_layer=n_layer, n_ctx=4096, dim=dim, ffn=ffn, n_head=n_head, n_kv=n_kv, base=1e6,
+             eps=1e-5)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(4.0)
+    w.add_rope_scaling_orig_ctx_len(16)
+    w.add_rope_scaling_yarn_beta_fast(32.0)
+    w.add_rope_scaling_yarn_beta_slow(1.0)
+    w.add_attn_temperature_scale(0.1)
+    vocab = _gpt2_vocab(w, ["<unk>", "<s>", "</s>"], bos=1, eos=2, add_bos=True, template=None)
+    _add(w, "token_embd.weight", r.embd(vocab, dim), T.Q4_K)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _attention(w, r, p, dim, n_head, n_kv, hd, T.Q4_K, qk=1.2, vtype=_q4km("attn_v", i, n_layer))
+        _swiglu(w, r, p, dim, ffn, _q4km("ffn_down", i, n_layer))
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 3), T.Q6_K)
+    _finish(w)
+
+
 def write_granitemoe(path) -> None:
     """granitemoe (Granite 3.x MoE): write_granite's layers and multipliers with a mixture of experts in each
     (8 experts, 2 used, expert FFN 256, softmax routing, renormalised weights), no shared expert (as the
@@ -1243,6 +1273,7 @@ ZOO = {
     "smollm3": write_smollm3,
     "granite": write_granite,
     "granitemoe": write_granitemoe,
+    "mistral3": write_mistral3,
     "lfm2_bench": write_lfm2_bench,
     "mamba2_bench": write_mamba2_bench,
     "qwen35_bench": write_qwen35_bench,

@@ -1,5 +1,6 @@
 """The transformer families of 2026 beside the llama layer: SmolLM3 (`smollm3`: every fourth layer's q and k not
-rotated) and Granite 3.x (`granite`, `granitemoe`: Granite's multipliers, through the compiled step). Their golden checks
+rotated), Granite 3.x (`granite`, `granitemoe`: Granite's multipliers, through the compiled step) and
+Ministral 3 (`mistral3`: YaRN RoPE, the attention temperature past the original context). Their golden checks
 against llama.cpp, compiled step against per-op, chunked and batched runs are test_arch_zoo's (the zoo's
 models); here what is each family's own: the positions each layer sees, quantize-model's file, the official
 chat templates."""
@@ -56,7 +57,8 @@ def test_the_layer_without_positions_changes_the_logits(smollm3, tmp_path):
     assert np.array_equal(a[0], b[0]) and not np.allclose(a[1:], b[1:], atol=1e-3)
 
 
-@pytest.mark.parametrize("name, embd", [("smollm3", "Q6_K"), ("granite", "Q4_K"), ("granitemoe", "Q4_K")])
+@pytest.mark.parametrize("name, embd", [("smollm3", "Q6_K"), ("granite", "Q4_K"), ("granitemoe", "Q4_K"),
+                                        ("mistral3", "Q4_K")])
 def test_quantize_model_writes_llama_quantizes_file_byte_for_byte(tmp_path, name, embd):
     """Q4_K_M of the zoo models' F16 forms; smollm3's output is tied, so token_embd takes the output's Q6_K,
     as llama-quantize does; sha256 from llama.cpp (benchmarks/make_arch_golden.py)."""
@@ -105,3 +107,27 @@ def test_the_granite_3_template_renders_its_default_system_prompt():
     own = t.render(msgs[1:])
     assert own.startswith("<|start_of_role|>system<|end_of_role|>Knowledge Cutoff Date: April 2024. Today's Date: ")
     assert datetime.date.today().strftime("%B %d, %Y") in own and own.endswith(turns)
+
+
+def test_mistral3_reads_yarn_and_the_attention_temperature(zoo):
+    """The zoo's Ministral 3: YaRN factor 4 from 16 tokens (each pair's angle between a quarter and all of the
+    original, cos and sin times 1 + 0.1 ln 4), the temperature 0.1 from position 16 on."""
+    from edgeinfer.kernels.cpu.ops import attn_temperature
+
+    m = load_model(GGUFFile(zoo("mistral3")), get_backend("cpu"))
+    assert m.cfg.rope_yarn == (16, 32.0, 1.0) and m.cfg.attn_temp == (float(np.float32(0.1)), 16.0)
+    assert m.cfg.rope_mscale == pytest.approx(1 + 0.1 * np.log(4), rel=1e-6)
+    orig = 1e6 ** (-np.arange(0, 64, 2) / 64)
+    ratio = np.asarray(m.inv_freq) / orig
+    assert ratio[0] == 1.0 and ratio[-1] == 0.25 and np.all(np.diff(ratio) <= 0)  # fast pairs kept, slow ones /4
+    q = np.ones((3, 1, 2), np.float32)
+    attn_temperature(q, np.array([15, 16, 40]), np.float32(0.1), 16.0)
+    assert q[0, 0, 0] == 1.0 and q[1, 0, 0] == np.float32(np.log(2) * 0.1 + 1) and q[2, 0, 0] == np.float32(np.log(3) * 0.1 + 1)
+
+
+def test_the_ministral_3_template_renders_its_system_block():
+    t = ChatTemplate(open(golden_path("templates/mistralai-Ministral-3-14B-Reasoning-2512.jinja")).read(),
+                     bos_token="<s>")
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert t.render(msgs) == "<s>[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST]Hi[/INST]"
+    assert t.render(msgs[1:]).startswith("<s>[SYSTEM_PROMPT]# HOW YOU SHOULD THINK AND ANSWER")

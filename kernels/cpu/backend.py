@@ -12,7 +12,7 @@ from .attention import paged_attention  # noqa: F401
 from .dense import dense, encoder_attention, layernorm, set_blas_threads, silu  # noqa: F401
 from .layout import INTERLEAVED, interleave8
 from .mask import mask_logits  # noqa: F401  (a sampling helper: structured output's mask)
-from .ops import gelu_tanh_mul, rmsnorm, rope, sigmoid_mul_, silu_mul, softcap, write_kv  # noqa: F401
+from .ops import attn_temperature, gelu_tanh_mul, rmsnorm, rope, sigmoid_mul_, silu_mul, softcap, write_kv  # noqa: F401
 from .recurrent import delta_rule, gated_group_norm, norm_gate, shortconv, ssm_conv, ssm_scan  # noqa: F401
 
 NAME = "cpu"

@@ -377,3 +377,13 @@ def sigmoid_mul_(x, g):
     for t in prange(x.shape[0]):
         for i in range(x.shape[1]):
             x[t, i] = x[t, i] * (np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-g[t, i]))))
+
+
+@njit(nogil=True, cache=True)
+def attn_temperature(q, positions, scale, floor):
+    # q (T, H, D): each token's queries times log(floor(pos / floor) + 1) * scale + 1, in float64 then float32
+    # (Llama 4's and Mistral 3's attention temperature: 1 before `floor`, the original context)
+    for t in range(q.shape[0]):
+        s = np.float32(np.log(np.floor(positions[t] / floor) + 1.0) * np.float64(scale) + 1.0)
+        if s != np.float32(1.0):
+            q[t] *= s

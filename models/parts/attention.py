@@ -65,6 +65,8 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
         qr, kr = (q[:, :, : cfg.rope_dim], k[:, :, : cfg.rope_dim]) if cfg.rope_dim < cfg.head_dim else (q, k)
         kb.rope(qr, batch.positions, at.inv_freq, cfg.rope_neox, cfg.rope_mscale)
         kb.rope(kr, batch.positions, at.inv_freq, cfg.rope_neox, cfg.rope_mscale)
+    if cfg.attn_temp:  # Mistral 3: the queries past the original context sharpened
+        kb.attn_temperature(q, batch.positions, np.float32(cfg.attn_temp[0]), np.float64(cfg.attn_temp[1]))
     kc, vc = cache.layer(layer)
     slots, tables = (batch.window_slots, batch.window_tables) if cache.windowed(layer) else \
         (batch.slot_mapping, batch.block_tables)

@@ -48,6 +48,8 @@ class AttnPart(NamedTuple):
     bv: np.ndarray  # (n_layer, n_kv * v_head_dim)
     inv_freq: np.ndarray  # (n_layer, rope_dim / 2) float64: each layer's RoPE inverse frequencies
     window: np.ndarray  # (n_layer,) int64: sliding window, 0: global
+    temp_scale: np.float32  # the queries' temperature past the original context (ops.attn_temperature); 0: none
+    temp_floor: np.float64
 
 
 def build(cfg, layers, mats: list, inv_freqs, qk_norm: int, qkv_bias: bool) -> AttnPart:
@@ -56,6 +58,7 @@ def build(cfg, layers, mats: list, inv_freqs, qk_norm: int, qkv_bias: bool) -> A
     at, need = gather(layers, MATS, mats)
     qn, kn = (cfg.n_head * hd, cfg.n_kv_head * hd) if qk_norm == 2 else (hd, hd)
     scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
+    temp = getattr(cfg, "attn_temp", ()) or (0.0, 1.0)
     return AttnPart(int(cfg.n_head), int(cfg.n_kv_head), int(hd), int(cfg.v_head_dim), int(cfg.rope_dim), int(cfg.rope_neox), int(qk_norm),
                     int(qkv_bias), np.float32(cfg.norm_eps), np.float32(scale), np.float32(cfg.attn_softcap),
                     np.float32(cfg.rope_mscale), at["wq"], at["wk"], at["wv"], at["wo"], need["qkv"], need["o"],
@@ -63,7 +66,8 @@ def build(cfg, layers, mats: list, inv_freqs, qk_norm: int, qkv_bias: bool) -> A
                     stack(layers, "bq", cfg.n_head * hd, 0.0), stack(layers, "bk", cfg.n_kv_head * hd, 0.0),
                     stack(layers, "bv", cfg.n_kv_head * cfg.v_head_dim, 0.0),
                     np.stack([np.asarray(f, np.float64) for f in inv_freqs]),
-                    np.array([cfg.sliding_window if cfg.is_sliding(i) else 0 for i in range(n)], np.int64))
+                    np.array([cfg.sliding_window if cfg.is_sliding(i) else 0 for i in range(n)], np.int64),
+                    np.float32(temp[0]), np.float64(temp[1]))
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -111,6 +115,8 @@ def project(h, q, k, v, positions, slot_mapping, kc, vc, mats, a, layer, luts, t
         norm(q2, a.q_norm[layer], a.eps, q2)
         norm(k2, a.k_norm[layer], a.eps, k2)
     _rope_kv(q, k, v, positions, a.inv_freq[layer], a.neox, a.rope_dim, a.mscale, slot_mapping, kc, vc)
+    if a.temp_scale != 0:
+        ops.attn_temperature(q, positions, a.temp_scale, a.temp_floor)
 
 
 @njit(inline="always", nogil=True, cache=True)
