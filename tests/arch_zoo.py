@@ -818,6 +818,19 @@ def write_granitehybrid(path) -> None:
     _finish(w)
 
 
+def _granite_head(w, r: "_Init", dim: int) -> int:
+    """Granite 3.x's multipliers (embedding 8, residual 0.5, attention 0.09, logits / 4), its vocabulary and
+    template, and a Q6_K token_embd; returns the vocabulary size."""
+    w.add_embedding_scale(8.0)
+    w.add_residual_scale(0.5)
+    w.add_attention_scale(0.09)
+    w.add_logit_scale(4.0)
+    vocab = _gpt2_vocab(w, ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>"], pre="refact", eos=0,
+                        template=GRANITE_TEMPLATE)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.06), T.Q6_K)
+    return vocab
+
+
 def write_granite(path) -> None:
     """granite (Granite 3.x dense): the llama layer with Granite's multipliers: embedding 8, residual 0.5,
     attention 0.09 (not 1/sqrt(64)), logits divided by 4; RoPE (rope.scaling.finetuned absent: on, as Granite
@@ -829,13 +842,7 @@ def write_granite(path) -> None:
     r = _Init(41)
     w = gguf.GGUFWriter(str(path), "granite")
     _hparams(w, "granite", n_layer=n_layer, n_ctx=4096, dim=dim, ffn=ffn, n_head=n_head, n_kv=n_kv, eps=1e-5)
-    w.add_embedding_scale(8.0)
-    w.add_residual_scale(0.5)
-    w.add_attention_scale(0.09)
-    w.add_logit_scale(4.0)
-    vocab = _gpt2_vocab(w, ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>"], pre="refact", eos=0,
-                        template=GRANITE_TEMPLATE)
-    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.06), T.Q6_K)
+    vocab = _granite_head(w, r, dim)
     for i in range(n_layer):
         p = f"blk.{i}."
         _add(w, p + "attn_norm.weight", r.norm(dim))
@@ -888,13 +895,7 @@ def write_granitemoe(path) -> None:
     _hparams(w, "granitemoe", n_layer=n_layer, n_ctx=4096, dim=dim, ffn=ffn_exp, n_head=n_head, n_kv=n_kv, eps=1e-5)
     w.add_expert_count(n_expert)
     w.add_expert_used_count(n_used)
-    w.add_embedding_scale(8.0)
-    w.add_residual_scale(0.5)
-    w.add_attention_scale(0.09)
-    w.add_logit_scale(4.0)
-    vocab = _gpt2_vocab(w, ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>"], pre="refact", eos=0,
-                        template=GRANITE_TEMPLATE)
-    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.06), T.Q6_K)
+    vocab = _granite_head(w, r, dim)
     for i in range(n_layer):
         p = f"blk.{i}."
         _add(w, p + "attn_norm.weight", r.norm(dim))
@@ -1318,3 +1319,18 @@ def write_f16(name: str, path, scratch) -> None:
         else:
             w.add_tensor(t.name, gguf.dequantize(t.data, t.tensor_type).astype(np.float16))
     _finish(w)
+
+
+def quantize_model_q4_k_m(name: str, tmp_path):
+    """quantize-model's Q4_K_M of zoo model `name` in its F16 form (write_f16), in tmp_path: (its sha256, its
+    path), to hold against llama-quantize's (the golden file's llama_quantize_q4_k_m_sha256)."""
+    import hashlib
+    import subprocess
+    import sys
+
+    src, dst = tmp_path / "f16.gguf", tmp_path / "q4_k_m.gguf"
+    write_f16(name, src, tmp_path / "scratch.gguf")
+    r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "quantize-model", str(src), str(dst), "--type",
+                        "Q4_K_M"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return hashlib.sha256(dst.read_bytes()).hexdigest(), dst

@@ -5,10 +5,7 @@ against llama.cpp, compiled step against per-op, chunked and batched runs are te
 models); here what is each family's own: the positions each layer sees, quantize-model's file, the official
 chat templates."""
 
-import hashlib
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -62,16 +59,11 @@ def test_the_layer_without_positions_changes_the_logits(smollm3, tmp_path):
 def test_quantize_model_writes_llama_quantizes_file_byte_for_byte(tmp_path, name, embd):
     """Q4_K_M of the zoo models' F16 forms; smollm3's output is tied, so token_embd takes the output's Q6_K,
     as llama-quantize does; sha256 from llama.cpp (benchmarks/make_arch_golden.py)."""
-    from arch_zoo import write_f16
+    from arch_zoo import quantize_model_q4_k_m
 
     want = json.load(open(golden_path("arch_zoo.json")))["models"][name]["llama_quantize_q4_k_m_sha256"]
-    src, dst = tmp_path / "f16.gguf", tmp_path / "q4_k_m.gguf"
-    write_f16(name, src, tmp_path / "scratch.gguf")
-    r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "quantize-model", str(src), str(dst), "--type",
-                        "Q4_K_M"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert hashlib.sha256(dst.read_bytes()).hexdigest() == want
-    assert GGUFFile(dst).tensors["token_embd.weight"].ggml_type.name == embd
+    sha, dst = quantize_model_q4_k_m(name, tmp_path)
+    assert sha == want and GGUFFile(dst).tensors["token_embd.weight"].ggml_type.name == embd
 
 
 def test_the_official_template_renders_its_reasoning_switch():

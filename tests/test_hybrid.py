@@ -228,20 +228,14 @@ def test_quantize_model_writes_llama_quantizes_file_byte_for_byte(tmp_path, name
     """Q4_K_M of the LFM2 and Mamba2 zoo models' F16 forms: the convolution taps kept F32 (llama.cpp never
     quantizes them), the rest by the usual rules, tensors in llama-quantize's order; sha256 from llama.cpp
     (benchmarks/make_arch_golden.py)."""
-    import hashlib
     import json
 
-    from arch_zoo import write_f16
+    from arch_zoo import quantize_model_q4_k_m
     from conftest import golden_path
 
     want = json.load(open(golden_path("arch_zoo.json")))["models"][name]["llama_quantize_q4_k_m_sha256"]
-    src, dst = tmp_path / "f16.gguf", tmp_path / "q4_k_m.gguf"
-    write_f16(name, src, tmp_path / "scratch.gguf")
-    r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "quantize-model", str(src), str(dst), "--type",
-                        "Q4_K_M"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert hashlib.sha256(dst.read_bytes()).hexdigest() == want
-    assert GGUFFile(dst).tensors[taps].ggml_type.name == "F32"
+    sha, dst = quantize_model_q4_k_m(name, tmp_path)
+    assert sha == want and GGUFFile(dst).tensors[taps].ggml_type.name == "F32"
 
 
 def test_n_choices_and_priorities_on_a_hybrid_model(llm):
