@@ -154,9 +154,6 @@ class BlockManager:
 
     # -- allocation ------------------------------------------------------------------------------
 
-    def _take_free(self, block_id: int | None = None):
-        return self.pool.take(block_id)
-
     def _cached_prefix(self, seq: Sequence) -> tuple[list[int], int]:
         """(block ids of the cached full blocks that start seq's tokens, the checkpoint slot of the state
         after them or -1). A hybrid model's hit is cut back to the longest prefix that ends at a checkpoint
