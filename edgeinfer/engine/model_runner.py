@@ -81,7 +81,9 @@ def make_batch(pieces: list[Piece], block_size: int, window: bool = False) -> Ba
         plan = getattr(seq, "snapshot", None)  # a checkpoint of the state after `upto` tokens (block_manager.py)
         if plan is not None and start < plan[1] <= start + n:
             snap[len(token_ids) + plan[1] - 1 - start] = plan[0]
-        snap[len(token_ids):len(token_ids) + len(snaps)] = snaps  # (the checkpoint is then copied from these)
+        for j, s in enumerate(snaps):  # -1: none (a checkpoint's stays); else it wins, the checkpoint copied after
+            if s >= 0:
+                snap[len(token_ids) + j] = s
         pos = np.arange(start, start + n)
         bt = np.asarray(seq.block_table, np.int64)
         token_ids.extend(tokens)
