@@ -84,6 +84,9 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
     if spec.nope_interval:
         cfg = replace(cfg, nope_interval=spec.nope_interval)
     orig = int(meta(gf, a, "rope.scaling.original_context_length", 0) or cfg.context_length)
+    if scaling == "yarn" and (orig <= 0 or factor <= 0):
+        raise ModelLoadError(f"YaRN RoPE scaling needs a positive {a}.rope.scaling.factor and "
+                             f"{a}.rope.scaling.original_context_length, got {factor} and {orig}")
     if scaling == "yarn":
         cfg = _yarn_config(gf, cfg, orig)
     if spec.attn_temp and float(meta(gf, a, "attention.temperature_scale", 0.0) or 0.0):

@@ -123,3 +123,24 @@ def test_the_ministral_3_template_renders_its_system_block():
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     assert t.render(msgs) == "<s>[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST]Hi[/INST]"
     assert t.render(msgs[1:]).startswith("<s>[SYSTEM_PROMPT]# HOW YOU SHOULD THINK AND ANSWER")
+
+
+@pytest.mark.parametrize("key, value", [("rope.scaling.factor", -4.0)])  # (the original context is unsigned)
+def test_a_bad_yarn_setting_is_a_one_line_error(zoo, tmp_path, key, value):
+    import gguf
+
+    from arch_zoo import copy_fields
+    from edgeinfer.models import ModelLoadError
+
+    src, dst = zoo("mistral3"), tmp_path / "bad.gguf"
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), "mistral3")
+    copy_fields(r, w, meta={f"mistral3.{key}": value})
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError, match="YaRN RoPE scaling needs a positive"):
+        load_model(GGUFFile(dst), get_backend("cpu"))
