@@ -17,6 +17,25 @@ from edgeinfer.kernels import get_backend
 from edgeinfer.models import load_model
 
 
+def rewritten(src, dst, new_arch: str, **fields):
+    """A copy of a model file as architecture `new_arch`, its metadata through arch_zoo.copy_fields(**fields),
+    its tensors as they are."""
+    import gguf
+
+    from arch_zoo import copy_fields
+
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), new_arch)
+    copy_fields(r, w, **fields)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
 @pytest.fixture(scope="module")
 def smollm3(zoo):
     return zoo("smollm3")
@@ -32,21 +51,9 @@ def test_every_fourth_layer_has_no_positions(smollm3):
 def test_the_layer_without_positions_changes_the_logits(smollm3, tmp_path):
     """The same file read as llama (RoPE in every layer) gives other logits from the second position on, the
     first the same: what llama.cpp's smollm3 graph does differently (the golden check holds ours to it)."""
-    import gguf
-
-    from arch_zoo import copy_fields
     from test_arch_zoo import _all_logits
 
-    r = gguf.GGUFReader(str(smollm3))
-    as_llama = tmp_path / "llama.gguf"
-    w = gguf.GGUFWriter(str(as_llama), "llama")
-    copy_fields(r, w, old_arch="smollm3", arch="llama")
-    for t in r.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    as_llama = rewritten(smollm3, tmp_path / "llama.gguf", "llama", old_arch="smollm3", arch="llama")
     kb = get_backend("cpu")
     ids = [11, 40, 97, 150, 33, 260, 8]
     a = _all_logits(load_model(GGUFFile(smollm3), kb), ids)
@@ -127,20 +134,8 @@ def test_the_ministral_3_template_renders_its_system_block():
 
 @pytest.mark.parametrize("key, value", [("rope.scaling.factor", -4.0)])  # (the original context is unsigned)
 def test_a_bad_yarn_setting_is_a_one_line_error(zoo, tmp_path, key, value):
-    import gguf
-
-    from arch_zoo import copy_fields
     from edgeinfer.models import ModelLoadError
 
-    src, dst = zoo("mistral3"), tmp_path / "bad.gguf"
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), "mistral3")
-    copy_fields(r, w, meta={f"mistral3.{key}": value})
-    for t in r.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    dst = rewritten(zoo("mistral3"), tmp_path / "bad.gguf", "mistral3", meta={f"mistral3.{key}": value})
     with pytest.raises(ModelLoadError, match="YaRN RoPE scaling needs a positive"):
         load_model(GGUFFile(dst), get_backend("cpu"))
