@@ -1,10 +1,10 @@
 """The matrix kinds: one table of every weight layout the kernels read, and the predicates over it.
 
 A repacked matrix (quant/repack.py's QTensor) carries its kind, a small int: the GGML type it comes
-from and the layout its fields (qs, qh, sc, d, m) are in. Kinds 0-9, 18, 20 and 21 are quant/repack.py's
-row-major layouts (the portable path's, and the CUDA backend's); kinds 10-17, 19, 22 and 23 their
+from and the layout its fields (qs, qh, sc, d, m) are in. Kinds 0-9, 18, 20, 21 and 24 are quant/repack.py's
+row-major layouts (the portable path's, and the CUDA backend's); kinds 10-17, 19, 22, 23 and 25 their
 eight-rows-interleaved twins (kernels/cpu/layout.py, the CPU SIMD paths' layout). IQ4_NL, then Q3_K and
-Q2_K came later than the rest: ids are appended, never renumbered. Each kind's GGML type is declared by one
+Q2_K, then MXFP4 came later than the rest: ids are appended, never renumbered. Each kind's GGML type is declared by one
 weight format module (kernels/formats), whose repack makes its arrays and whose decodes read them. Float32
 matrices are no QTensor and have no kind (the CUDA backend marks its uploaded float32 matrices with F32 = -1).
 
@@ -33,7 +33,7 @@ Q8_K = "q8k"  # activations in 256-element super-blocks: int8, a float scale, in
 
 # kernel families: each quantized family is one compiled unit per ISA path (kernels/cpu/units.py)
 HALF = "half"  # F16/BF16: the float matmul (kernels/cpu/quant.matmul_half), no unit
-FAMILY_NAMES = ("q8_0", "q45", "k45", "q6_k", "x8", "kx8", "q8x8", "nlx8", "k23", "k23x8")
+FAMILY_NAMES = ("q8_0", "q45", "k45", "q6_k", "x8", "kx8", "q8x8", "nlx8", "k23", "k23x8", "mx4", "mxx8")
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Kind:
         return self.interleaved
 
 
-# id, name, GGML type, activation, family, fields; interleaved twins follow (ids 10-17, then 19, 22, 23)
+# id, name, GGML type, activation, family, fields; interleaved twins follow (ids 10-17, then 19, 22, 23, 25)
 _ROW_MAJOR = (
     (0, "F16", T.F16, None, HALF, ("d",)),    # d holds the values themselves (N, K) as 16-bit patterns
     (1, "BF16", T.BF16, None, HALF, ("d",)),
@@ -93,11 +93,12 @@ _ROW_MAJOR = (
     (18, "IQ4_NL", T.IQ4_NL, Q8, "q45", ("qs", "d")),  # Q4_0's packing, each nibble an index into the 16-value grid
     (20, "Q3_K", T.Q3_K, Q8_K, "k23", ("qs", "qh", "sc", "d")),  # two low bits, the hmask bit, int8 scale per 16
     (21, "Q2_K", T.Q2_K, Q8_K, "k23", ("qs", "sc", "d", "m")),   # two bits; per 16 a 4-bit scale and 4-bit min
+    (24, "MXFP4", T.MXFP4, Q8, "mx4", ("qs", "d")),  # Q4_0's packing into the E2M1 grid, d a power of two (bfloat16)
 )
 # interleaved twin id, row-major id, family
 _INTERLEAVED = ((10, 3, "x8"), (11, 4, "x8"), (12, 5, "x8"), (13, 6, "x8"),
                 (14, 7, "kx8"), (15, 8, "kx8"), (16, 9, "kx8"), (17, 2, "q8x8"), (19, 18, "nlx8"),
-                (22, 20, "k23x8"), (23, 21, "k23x8"))
+                (22, 20, "k23x8"), (23, 21, "k23x8"), (25, 24, "mxx8"))
 
 
 def _build() -> tuple:
@@ -237,3 +238,5 @@ is_q8x8 = predicate("family:q8x8")
 is_nlx8 = predicate("family:nlx8")
 is_k23 = predicate("family:k23")
 is_k23x8 = predicate("family:k23x8")
+is_mx4 = predicate("family:mx4")
+is_mxx8 = predicate("family:mxx8")

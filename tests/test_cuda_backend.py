@@ -32,7 +32,7 @@ def dev(a):
 
 
 @pytest.mark.parametrize("t", [T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K,
-                               T.Q3_K, T.Q2_K],
+                               T.Q3_K, T.Q2_K, T.MXFP4],
                          ids=lambda t: t.name)
 def test_matmul_embed_dequantize(t):
     n, k = 5, 256

@@ -27,6 +27,7 @@ TYPES = {
     T.Q4_K: ("k45", 148), T.Q5_K: ("k45", 180),     # the 12 bytes of 6-bit scales decoded to 16
     T.Q6_K: ("q6_k", 274),                          # its values a byte each
     T.Q3_K: ("k23", 114), T.Q2_K: ("k23", 84),
+    T.MXFP4: ("mxfp4", 18),                         # its E8M0 scale as bfloat16 bits
 }
 
 
@@ -72,6 +73,8 @@ def random_blocks(t, n, k, rng):
         return (v.astype(np.float16).view(np.uint8) if t == T.F16
                 else (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)).reshape(n, -1)
     raw = rng.integers(0, 256, (n, k // f.block, f.block_bytes), dtype=np.uint8)
+    if "e" in f.fields:  # an E8M0 scale: 2^(e - 128), from subnormal float32s (e 0, 1) to 12 x 2^122 (finite)
+        raw[:, :, f.fields["e"][0]] = rng.integers(0, 251, (n, k // f.block), dtype=np.uint8)
     for name in ("d", "m"):
         if name in f.fields:
             a = f.fields[name][0]

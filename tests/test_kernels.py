@@ -15,11 +15,13 @@ from edgeinfer.quant import repack as repack_module
 from edgeinfer.quant.repack import DIRECT_TYPES, KIND, repack, repack_interleaved
 
 kb = get_backend("cpu")
-QUANT_TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.Q3_K, T.Q2_K]
+QUANT_TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.Q3_K, T.Q2_K, T.MXFP4]
 ALL_TYPES = [T.F16, T.BF16] + QUANT_TYPES
 # Byte offsets of the float16 scale fields in each block, set to finite values in random blocks.
 F16_FIELDS = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q4_K: (0, 2),
-              T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_NL: (0,), T.Q3_K: (108,), T.Q2_K: (80, 82)}
+              T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_NL: (0,), T.Q3_K: (108,), T.Q2_K: (80, 82), T.MXFP4: ()}
+# Byte offsets of E8M0 scales (a power of two 2^(e - 128)), set to those of small weights (2^-16 .. 2^-1)
+E8M0_FIELDS = {T.MXFP4: (0,)}
 
 
 def random_tensor(t, n, k, rng):
@@ -33,6 +35,8 @@ def random_tensor(t, n, k, rng):
         raw = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
         for off in F16_FIELDS[t]:
             raw[:, :, off:off + 2] = (rng.standard_normal((n, k // block, 1)) * 0.05).astype(np.float16).view(np.uint8)
+        for off in E8M0_FIELDS.get(t, ()):
+            raw[:, :, off] = rng.integers(112, 128, (n, k // block), dtype=np.uint8)
         raw = raw.reshape(n, -1)
     ref = gguf.quants.dequantize(raw, t).reshape(n, k).astype(np.float32)
     return raw, ref
@@ -137,7 +141,8 @@ def test_int8_matmul_matches_integer_reference(t, path):
 @pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
 def test_int8_matmul_at_the_extremes_of_its_ranges(t, path):
     """Every quant at its largest (all bits set: Q4 nibbles 15, Q5 31, Q6_K 63, K-quant scales and mins 63;
-    IQ4_NL's index 15, its grid's largest value, 113, and index 0, its most negative, -127; Q3_K's 3 with
+    IQ4_NL's index 15, its grid's largest value, 113, and index 0, its most negative, -127; MXFP4's index 15,
+    -12, and 7, +12; Q3_K's 3 with
     scale 31 and, in half the rows, its -4 with scale -32; Q2_K's 3 with scale and min 15)
     against activations all at +127 or all at -127: the 16-bit partial sums the SIMD paths keep are at their
     fullest here, and must not wrap or saturate."""
@@ -150,6 +155,9 @@ def test_int8_matmul_at_the_extremes_of_its_ranges(t, path):
         raw[:, :, 192:208] = 0x80  # its int8 scales at their largest magnitude, -128
     for off in F16_FIELDS[t]:
         raw[:, :, off:off + 2] = np.array([0.01], np.float16).view(np.uint8)
+    if t == T.MXFP4:  # a scale of 2^-8 (e 120) and half the rows at the grid's other end, +12
+        raw[:, :, 0] = 120
+        raw[n // 2:, :, 1:] = 0x77
     if t == T.IQ4_NL:
         raw[n // 2:, :, 2:] = 0  # half the rows at the grid's other end, -127
     if t == T.Q3_K:  # half the rows at -4 (no hmask bit, low bits 0) times the most negative scale, -32
@@ -487,8 +495,9 @@ def test_repacked_weights_take_the_files_bytes():
         raw, _ = random_tensor(t, 8, 512, rng)
         w = repack(raw, t, (512, 8))
         # K-quants' 12-byte packed scales become 16 plain bytes (at most 3% more; Q3_K 114 bytes per
-        # 110); Q6_K's 6-bit values are unpacked to bytes (256 + 16 + 2 bytes per 210)
-        limit = {T.Q6_K: 274 / 210, T.Q3_K: 114 / 110}.get(t, 1.03)
+        # 110); Q6_K's 6-bit values are unpacked to bytes (256 + 16 + 2 bytes per 210); MXFP4's one-byte
+        # scale becomes two (bfloat16 bits: 18 bytes per 17)
+        limit = {T.Q6_K: 274 / 210, T.Q3_K: 114 / 110, T.MXFP4: 18 / 17}.get(t, 1.03)
         assert w.nbytes == repack_module.loaded_bytes(t, 8 * 512, raw.nbytes), t.name
         assert raw.nbytes <= w.nbytes <= raw.nbytes * limit, t.name
 

@@ -101,7 +101,7 @@ def test_each_predicate_agrees_with_the_table_in_python_and_compiled():
         return (kinds.is_dense(k), kinds.is_quantized(k), kinds.uses_q8k(k), kinds.is_interleaved(k),
                 kinds.has_qh(k), kinds.has_min(k), kinds.has_scales(k), kinds.is_q8_0(k), kinds.is_q45(k),
                 kinds.is_k45(k), kinds.is_q6_k(k), kinds.is_x8(k), kinds.is_kx8(k), kinds.is_q8x8(k),
-                kinds.is_nlx8(k), kinds.is_k23(k), kinds.is_k23x8(k))
+                kinds.is_nlx8(k), kinds.is_k23(k), kinds.is_k23x8(k), kinds.is_mx4(k), kinds.is_mxx8(k))
 
     n_global = len(PROPS) + len(kinds.FAMILY_NAMES)
     for k in ALL:
@@ -111,14 +111,15 @@ def test_each_predicate_agrees_with_the_table_in_python_and_compiled():
 def test_the_predicates_are_the_range_tests_the_kernels_had():
     # generated from the table, each is the comparison the code made by hand before the table existed,
     # so the compiled kernels are the same code (IQ4_NL's kinds, 18 and 19, then Q3_K's and Q2_K's, 20-23,
-    # appended since)
+    # then MXFP4's, 24 and 25, appended since)
     assert kinds.is_dense.expr == "kind <= 1"
     assert kinds.is_quantized.expr == "kind >= 2"
-    assert kinds.uses_q8k.expr == "7 <= kind <= 9 or 14 <= kind <= 16 or kind >= 20"
-    assert kinds.is_interleaved.expr == "10 <= kind <= 17 or kind == 19 or kind >= 22"
+    assert kinds.uses_q8k.expr == "7 <= kind <= 9 or 14 <= kind <= 16 or 20 <= kind <= 23"
+    assert kinds.is_interleaved.expr == "10 <= kind <= 17 or kind == 19 or 22 <= kind <= 23 or kind == 25"
     assert [getattr(kinds, "is_" + f).expr for f in kinds.FAMILY_NAMES] == [
         "kind == 2", "3 <= kind <= 6 or kind == 18", "7 <= kind <= 8", "kind == 9", "10 <= kind <= 13",
-        "14 <= kind <= 16", "kind == 17", "kind == 19", "20 <= kind <= 21", "kind >= 22"]
+        "14 <= kind <= 16", "kind == 17", "kind == 19", "20 <= kind <= 21", "22 <= kind <= 23", "kind == 24",
+        "kind == 25"]
     assert kinds.predicate("ggml:Q3_K", "k23").expr == "kind == 20"
     assert kinds.predicate("ggml:Q3_K", "k23x8").expr == "kind == 22"
     assert kinds.predicate("has_qh", "q45").expr == "5 <= kind <= 6"

@@ -47,6 +47,7 @@ def _rows_any(w, q8, q8k, luts, out, n0, n1, isa):
     h_q8_0, h_q45, h_k45, h_q6_k = h["q8_0"], h["q45"], h["k45"], h["q6_k"]
     h_x8, h_kx8, h_q8x8, h_nlx8 = h["x8"], h["kx8"], h["q8x8"], h["nlx8"]
     h_k23, h_k23x8 = h["k23"], h["k23x8"]
+    h_mx4, h_mxx8 = h["mx4"], h["mxx8"]
 
     def impl(w, q8, q8k, luts, out, n0, n1, isa):
         kind, qs, qh, sc, d, m = w
@@ -56,8 +57,8 @@ def _rows_any(w, q8, q8k, luts, out, n0, n1, isa):
         if h_kx8:
             if kinds.is_kx8(kind):
                 kx8.rows_kx8(isa, kind, qs, qh, sc, d, m, luts, q8k[0], q8k[1], q8k[2], q8k[3], out, n0, n1)
-        if h_q8x8 or h_nlx8:  # Q8_0 and IQ4_NL: the same kernels, with their own weight loads
-            if kinds.is_q8x8(kind) or kinds.is_nlx8(kind):
+        if h_q8x8 or h_nlx8 or h_mxx8:  # Q8_0, IQ4_NL and MXFP4: the same kernels, with their own weight loads
+            if kinds.is_q8x8(kind) or kinds.is_nlx8(kind) or kinds.is_mxx8(kind):
                 q8x8.rows_q8x8(isa, kind, qs, d, luts, q8[0], q8[1], out, n0, n1)
         if h_q8_0:
             if kinds.is_q8_0(kind):
@@ -77,6 +78,9 @@ def _rows_any(w, q8, q8k, luts, out, n0, n1, isa):
         if h_k23:
             if kinds.is_k23(kind):
                 k23.rows_k23(isa, kind, qs, qh, sc, d, m, luts, q8k[0], q8k[1], q8k[3], out, n0, n1)
+        if h_mx4:
+            if kinds.is_mx4(kind):
+                q45.rows_mx4(isa, qs, d, luts, q8[0], q8[1], out, n0, n1)
     return impl
 
 

@@ -1,12 +1,12 @@
 """Row-major Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (quant/repack.py; the portable path): one row and one token at
-a time."""
+a time. Row-major MXFP4 (family mx4) too: IQ4_NL's loop on its own grid, its scales bfloat16 bits."""
 
 import numpy as np
 from numba import njit
 
 from ... import kinds
 from .common import EXACT, i8
-from .q8x8 import GRID
+from .q8x8 import GRID, MX_GRID
 
 has_qh = kinds.predicate("has_qh", within="q45")    # Q5_0, Q5_1
 has_min = kinds.predicate("has_min", within="q45")  # Q4_1, Q5_1
@@ -27,6 +27,15 @@ def _nl_portable(w, wo, x, xo):
     for j in range(16):
         q = np.int32(w[wo + j])
         s += GRID[q & 15] * i8(x[xo + j]) + GRID[q >> 4] * i8(x[xo + 16 + j])
+    return s
+
+
+@njit(cache=True)
+def _mx_portable(w, wo, x, xo):
+    s = np.int32(0)
+    for j in range(16):
+        q = np.int32(w[wo + j])
+        s += MX_GRID[q & 15] * i8(x[xo + j]) + MX_GRID[q >> 4] * i8(x[xo + 16 + j])
     return s
 
 
@@ -70,3 +79,16 @@ def rows_q45(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
                 acc += dw * xd[t, g] * np.float32(isum)
                 mo += off * xs[t, g]
             out[t, n] = acc + mo
+
+
+@njit(cache=True, fastmath=EXACT)
+def rows_mx4(isa, qs, d, luts, xq, xd, out, n0, n1):
+    # row-major MXFP4: d holds bfloat16 bits (luts[1])
+    T, K = xq.shape
+    nb = K // 32
+    for n in range(n0, n1):
+        for t in range(T):
+            acc = np.float32(0.0)
+            for g in range(nb):
+                acc += luts[1, d[n, g]] * xd[t, g] * np.float32(_mx_portable(qs[n], g * 16, xq[t], g * 32))
+            out[t, n] = acc

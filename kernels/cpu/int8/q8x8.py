@@ -6,7 +6,11 @@ eight weight vectors of a block are loaded as they are, IQ4_NL's are looked up i
 the four vectors of nibbles (simd.grid16: a byte shuffle), then the same dot products and scales. The two
 are separate units (families q8x8 and nlx8): a unit's kinds, named in the type of `isa`, decide at compile
 time which loads it holds. On the avx512 path (_q8x8_zmm) a zmm vector holds two row groups, and every weight
-goes in unsigned (IQ4_NL's grid + 128, Q8_0's bytes + 128: AVX-512 has no vpsignb)."""
+goes in unsigned (IQ4_NL's grid + 128, Q8_0's bytes + 128: AVX-512 has no vpsignb).
+
+MXFP4 (family mxx8, kernels/formats/mxfp4.py) runs here too: IQ4_NL's layout with its own 16-value grid (the
+E2M1 values doubled, simd.mxgrid16) and its scales as bfloat16 bits (simd.loadbf8): `is_grid` says which of
+the three a unit's weights are, a constant in every unit (each family is one)."""
 
 import numpy as np
 from numba import njit
@@ -18,6 +22,9 @@ from ..simd import VNNI_PATHS, kinds_of, path_of
 from .common import EXACT, PREFETCH, SDOT_PATHS, X8_TOKENS, by_path, dot8, dot8w, i8, row_tiles8, row_tiles16
 
 GRID = np.array(simd.IQ4_GRID, np.int32)
+MX_GRID = np.array(simd.MX_GRID, np.int32)
+BYTES, NL, MX = 0, 1, 2  # is_grid: Q8_0's bytes, IQ4_NL's grid, MXFP4's grid
+_CODE = {kinds.Q8_0_X8: BYTES, kinds.IQ4_NL_X8: NL, kinds.MXFP4_X8: MX}
 
 
 def rows_q8x8(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
@@ -25,18 +32,18 @@ def rows_q8x8(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
 
 
 def is_grid(isa, kind):
-    """Whether the weights are IQ4_NL's nibbles (rather than Q8_0's bytes): a constant where the unit's kinds
-    (isa) hold one of the two, else the kind's test."""
+    """What the weights are: BYTES (Q8_0's), NL (IQ4_NL's nibbles into its grid) or MX (MXFP4's nibbles
+    into its grid, bfloat16 scales); nonzero for a grid. A constant where the unit's kinds (isa) hold one
+    of the three, else the kind's test."""
 
 
 @overload(is_grid, inline="always")
 def _is_grid(isa, kind):
-    ks = kinds_of(isa) & {kinds.Q8_0_X8, kinds.IQ4_NL_X8}
-    if ks == {kinds.IQ4_NL_X8}:
-        return lambda isa, kind: True
-    if ks == {kinds.Q8_0_X8}:
-        return lambda isa, kind: False
-    return lambda isa, kind: kind == kinds.IQ4_NL_X8
+    ks = kinds_of(isa) & set(_CODE)
+    if len(ks) == 1:
+        code = _CODE[next(iter(ks))]
+        return lambda isa, kind: code
+    return lambda isa, kind: NL if kind == kinds.IQ4_NL_X8 else (MX if kind == kinds.MXFP4_X8 else BYTES)
 
 
 def unsigned_grid(isa):
@@ -52,11 +59,23 @@ def _unsigned_grid(isa):
 
 
 @njit(inline="always", cache=True)
-def _grid(isa, v):
+def _grid(isa, nl, v):
     # the grid values of a vector of nibbles, as the path's dot products take them (unsigned_grid)
     if unsigned_grid(isa):
-        return simd.grid16u(isa, v)
-    return simd.grid16(isa, v)
+        return simd.mxgrid16u(isa, v) if nl == MX else simd.grid16u(isa, v)
+    return simd.mxgrid16(isa, v) if nl == MX else simd.grid16(isa, v)
+
+
+@njit(inline="always", cache=True)
+def _scales(nl, d, o):
+    # the eight rows' block scales at d[o:o + 8]: float16 bits, MXFP4's bfloat16 bits
+    return simd.loadbf8(d, o) if nl == MX else simd.loadf8(d, o)
+
+
+@njit(inline="always", cache=True)
+def _scales_w(nl, d, o, p):
+    # _scales of two row groups as one f32x16
+    return simd.loadbf8(d, o, p) if nl == MX else simd.loadf8(d, o, p)
 
 
 @njit(inline="always", cache=True)
@@ -70,9 +89,9 @@ def _weights(isa, nl, qs, blk):
         v1 = simd.load32(qs, o + 32)
         v2 = simd.load32(qs, o + 64)
         v3 = simd.load32(qs, o + 96)
-        return (_grid(isa, simd.low4(v0)), _grid(isa, simd.low4(v1)), _grid(isa, simd.low4(v2)),
-                _grid(isa, simd.low4(v3)), _grid(isa, simd.shr4(v0)), _grid(isa, simd.shr4(v1)),
-                _grid(isa, simd.shr4(v2)), _grid(isa, simd.shr4(v3)))
+        return (_grid(isa, nl, simd.low4(v0)), _grid(isa, nl, simd.low4(v1)), _grid(isa, nl, simd.low4(v2)),
+                _grid(isa, nl, simd.low4(v3)), _grid(isa, nl, simd.shr4(v0)), _grid(isa, nl, simd.shr4(v1)),
+                _grid(isa, nl, simd.shr4(v2)), _grid(isa, nl, simd.shr4(v3)))
     o = blk * 256
     return (simd.load32(qs, o), simd.load32(qs, o + 32), simd.load32(qs, o + 64), simd.load32(qs, o + 96),
             simd.load32(qs, o + 128), simd.load32(qs, o + 160), simd.load32(qs, o + 192), simd.load32(qs, o + 224))
@@ -187,11 +206,11 @@ def _q8x8_portable(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
                     if nl:
                         v = i // 4
                         q = np.int32(qs[grp, b * 128 + (v % 4) * 32 + r * 4 + i % 4])
-                        w = GRID[q & 15 if v < 4 else q >> 4]
+                        w = (MX_GRID if nl == MX else GRID)[q & 15 if v < 4 else q >> 4]
                     else:
                         w = i8(qs[grp, ((b * 8 + i // 4) * 8 + r) * 4 + i % 4])
                     isum += w * i8(xq[t, b * 32 + i])
-                acc = simd.fma1(np.float32(isum), luts[0, d[grp, b * 8 + r]] * xd[t, b], acc)
+                acc = simd.fma1(np.float32(isum), luts[1 if nl == MX else 0, d[grp, b * 8 + r]] * xd[t, b], acc)
             out[t, n] = acc
 
 
@@ -204,7 +223,7 @@ def _tile(k, K, grp, grp2, t0, t1, acc, mos):
     for b in range(nb):
         _prefetch(nl, qs, grp * nb + b)
         w0, w1, w2, w3, w4, w5, w6, w7 = _weights(isa, nl, qs, grp * nb + b)
-        dw = simd.loadf8(d, (grp * nb + b) * 8)
+        dw = _scales(nl, d, (grp * nb + b) * 8)
         for t in range(t0, t1):
             isum = _dot(isa, nl, sums, w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, t * nb + b)
             j = (t - t0) * 8
@@ -223,6 +242,13 @@ def _q8x8_simd(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
 def _weights_w(nl, qs, blk, blk2):
     # blocks blk (rows of group g) and blk2 (group g + 1) as eight wide vectors of unsigned weights (w + 128):
     # IQ4_NL's grid + 128, Q8_0's bytes flipped
+    if nl == MX:
+        o, p = blk * 128, blk2 * 128
+        v0, v1 = simd.load32(qs, o, p), simd.load32(qs, o + 32, p + 32)
+        v2, v3 = simd.load32(qs, o + 64, p + 64), simd.load32(qs, o + 96, p + 96)
+        return (simd.mxgrid16u(simd.low4(v0)), simd.mxgrid16u(simd.low4(v1)), simd.mxgrid16u(simd.low4(v2)),
+                simd.mxgrid16u(simd.low4(v3)), simd.mxgrid16u(simd.shr4(v0)), simd.mxgrid16u(simd.shr4(v1)),
+                simd.mxgrid16u(simd.shr4(v2)), simd.mxgrid16u(simd.shr4(v3)))
     if nl:
         o, p = blk * 128, blk2 * 128
         v0, v1 = simd.load32(qs, o, p), simd.load32(qs, o + 32, p + 32)
@@ -246,7 +272,7 @@ def _tile_w(k, K, grp, grp2, t0, t1, acc, mos):
         _prefetch(nl, qs, grp * nb + b)
         _prefetch(nl, qs, grp2 * nb + b)
         w0, w1, w2, w3, w4, w5, w6, w7 = _weights_w(nl, qs, grp * nb + b, grp2 * nb + b)
-        dw = simd.loadf8(d, (grp * nb + b) * 8, (grp2 * nb + b) * 8)
+        dw = _scales_w(nl, d, (grp * nb + b) * 8, (grp2 * nb + b) * 8)
         for t in range(t0, t1):
             # the weights + 128 in one chain that starts from -128 times the activations' sum (a broadcast load: no
             # vector operation goes to taking it back; the tokens' chains overlap in the out-of-order core)
@@ -271,7 +297,7 @@ def _tile_pairs(k, K, grp, grp2, t0, t1, acc, mos):
     nb = K // 32
     for b in range(nb):
         w0, w1, w2, w3, w4, w5, w6, w7 = _weights(isa, nl, qs, grp * nb + b)
-        dw = simd.loadf8(d, (grp * nb + b) * 8)
+        dw = _scales(nl, d, (grp * nb + b) * 8)
         for t in range(t0, t1, 2):
             u = min(t + 1, t1 - 1)  # the pair's second token (t itself when t is the tile's last)
             s2 = simd.mmla8(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, u * K + b * 32)

@@ -106,6 +106,25 @@ def loadf8(typingctx, a, *offsets):
     return t(a, types.StarArgTuple.from_types([types.intp] * n)), codegen
 
 
+@intrinsic
+def loadbf8(typingctx, a, *offsets):
+    """a.flat[i : i + 8] -> f32x8: bfloat16 bit patterns (uint16) widened, exactly (each shifted into a
+    float32's high half); loadbf8(a, i0, i1): the 8 at each as one f32x16, i0's the low half."""
+    n = len(offsets)
+    if a.dtype != types.uint16 or n not in (1, 2):
+        return None
+    t = f32x8 if n == 1 else f32x16
+    elem = ir.VectorType(ir.IntType(16), 8)
+
+    def codegen(context, builder, signature, args):
+        v = _load_halves(context, builder, signature.args[0], args[0], _offsets(builder, args, n), elem, 2, elem=True)
+        i32 = ir.VectorType(ir.IntType(32), 8 * n)
+        wide = builder.shl(builder.zext(v, i32), ir.Constant(i32, [16] * (8 * n)))
+        return builder.bitcast(wide, t.llvm_type())
+
+    return t(a, types.StarArgTuple.from_types([types.intp] * n)), codegen
+
+
 loadf16 = _named("loadf16", """a.flat[i : i + 16] -> f32x16, a float32 array.""", _load(f32x16))
 storef8 = _named("storef8", """a.flat[i : i + 8] = v (f32x8), or a.flat[i : i + 16] = v (f32x16), a float32 array.""",
                  _store("f32"))

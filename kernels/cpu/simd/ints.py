@@ -2,7 +2,7 @@
 (u8 x s8 -> s16 pairs -> s32 on avx2, one vpdpbusd on vnni and avx512). Those that take vectors take a
 ymm or a zmm one (vec.py); the loads take one offset for a ymm vector, two (two row groups) for a zmm one."""
 
-from gguf.quants import IQ4_NL
+from gguf.quants import IQ4_NL, MXFP4
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -14,6 +14,8 @@ from .vec import (_V8I32, _V16I16, _V32I8, _binary, _byte_ptr, _call, _const, _i
 
 # IQ4_NL's and IQ4_XS's non-linear grid: the signed value each 4-bit index stands for (gguf's table)
 IQ4_GRID = tuple(int(v) for v in IQ4_NL.kvalues)
+# MXFP4's E2M1 values, doubled to integers (gguf's table): -12 .. 12
+MX_GRID = tuple(int(v) for v in MXFP4.kvalues)
 
 @intrinsic
 def ld(typingctx, a, i):
@@ -226,7 +228,7 @@ def high4_32(typingctx, a):
     return i32x8(i32x8), lambda c, builder, s, args: builder.lshr(args[0], ir.Constant(_V8I32, [4] * 8))
 
 
-def _grid16(bias):
+def _grid16(bias, grid=IQ4_GRID):
     # (isa, a): an i8x32 on the path isa names; (a): an i8x64 (x86's alone have them, so no path: a helper that
     # builds zmm weights takes no isa, an array, whose reference counting would cost a call)
     def typer(typingctx, first, *rest):
@@ -235,7 +237,7 @@ def _grid16(bias):
         if len(rest) > 1 or t != (i8x32 if rest else i8x64) or path not in X86_PATHS + ARM_PATHS:
             return None
         v16 = ir.VectorType(ir.IntType(8), 16)
-        table = [(v + bias) & 255 for v in IQ4_GRID]
+        table = [(v + bias) & 255 for v in grid]
         shuffle = "llvm.x86.avx2.pshuf.b" if t == i8x32 else "llvm.x86.avx512.pshuf.b.512"
 
         def codegen(context, builder, signature, args):
@@ -258,6 +260,8 @@ grid16 = _named("grid16", """grid16(isa, a): IQ4_GRID[a] per byte, i8x32, for in
 vpshufb zmm, the grid in every lane. Not on the portable path (its kernels index the grid).""", _grid16(0))
 grid16u = _named("grid16u", """IQ4_GRID[a] + 128 per byte (unsigned, 1..241), as grid16: the grid as the unsigned operand
 of vpdpbusd, whose sums are then 128 times the activations' sum too many.""", _grid16(128))
+mxgrid16 = _named("mxgrid16", """MX_GRID[a] per byte, as grid16 (MXFP4's E2M1 values doubled).""", _grid16(0, MX_GRID))
+mxgrid16u = _named("mxgrid16u", """MX_GRID[a] + 128 per byte (116..140), as grid16u.""", _grid16(128, MX_GRID))
 
 
 @intrinsic
