@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .gguf_file import GGUFFile
-from .models import ModelLoadError, model_config
+from .models import DECODERS, ModelLoadError, model_config
 
 
 def _tokenizer_kind(model: str | None) -> str:
@@ -121,11 +121,14 @@ def _architecture_facts(gf: GGUFFile, arch: str) -> dict[str, Any]:
         out["fused_tensors"] = ", ".join(fused)
     if "blk.0.attn_norm.weight" not in t and "blk.0.post_attention_norm.weight" in t:
         out["norms"] = "post-norms only"
-    elif "deltanet" in kinds:  # qwen35's post_attention_norm is the norm before its FFN
-        pass
-    elif "blk.0.post_attention_norm.weight" in t or "blk.0.post_ffw_norm.weight" in t:
-        out["norms"] = "pre- and post-norms"
+    elif "blk.0.post_ffw_norm.weight" in t or ("blk.0.post_attention_norm.weight" in t and _post_norms(arch)):
+        out["norms"] = "pre- and post-norms"  # (qwen35's and gpt-oss's post_attention_norm is the norm before the FFN)
     return out
+
+
+def _post_norms(arch: str) -> bool:
+    # whether the architecture's layers norm each block's output (an unknown one: as its tensors say)
+    return DECODERS[arch].post_norms if arch in DECODERS else True
 
 
 def _layer_kinds(gf: GGUFFile) -> dict[str, int]:

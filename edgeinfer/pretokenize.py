@@ -15,6 +15,10 @@ _QWEN2_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\
              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN35_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
               r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# gpt-oss's o200k regex, as its tokenizer.json has it (llama.cpp rewrites it without the case-insensitive groups)
+_GPT4O_RE = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+             r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+             r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # deepseek's regexes name their letters and CJK ranges code point by code point (escaped here)
 _CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 _DEEPSEEK_LLM_RES = [
@@ -49,6 +53,7 @@ PRE_TOKENIZERS = {
     **{name: ([_LLAMA3_RE], False) for name in ("dbrx", "smaug-bpe")},
     **{name: ([_QWEN2_RE], False) for name in ("qwen2", "stablelm2", "deepseek-r1-qwen")},
     "qwen35": ([_QWEN35_RE], False),
+    "gpt-4o": ([_GPT4O_RE], False),
     "deepseek-llm": (_DEEPSEEK_LLM_RES, False),
     "deepseek-coder": (_DEEPSEEK_CODER_RES, False),
     "falcon": (_FALCON_RES, False),

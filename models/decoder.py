@@ -92,6 +92,11 @@ class ArchSpec:
     ssm_norm_optional: bool = False  # a Mamba2 layer's grouped norm only where the file has it (Falcon-H1)
     nope_interval: int = 0  # every nope_interval-th layer without RoPE (SmolLM3: 4, as llama.cpp fixes it)
     attn_temp: bool = False  # the file's attention.temperature_scale on the queries past the original context
+    # gpt-oss: a learned attention sink per head (attn_sinks) and a bias on the output projection
+    attn_sinks: bool = False
+    # gpt-oss's experts: a bias on the router, the k largest logits weighted by a softmax over them alone, a bias
+    # on each expert's gate, up and down, and the clamped SwiGLU (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE)
+    oai_experts: bool = False
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -102,7 +107,7 @@ class ArchSpec:
         """The compiled step's switches (kernels.cpu.step.LayerStack)."""
         return {"qk_norm": 2 if self.qk_norm_full else int(self.qk_norm), "post_norms": self.post_norms,
                 "gelu": self.activation == "gelu_tanh", "qkv_bias": self.qkv_bias, "pre_norms": self.pre_norms,
-                "moe": self.moe, "shared_expert": self.shared_expert}
+                "moe": self.moe, "shared_expert": self.shared_expert, "sinks": self.attn_sinks, "oai": self.oai_experts}
 
 
 @dataclass
@@ -148,6 +153,12 @@ class LayerWeights:
     ssm_beta: object = None  # (H, dim)
     ssm_alpha: object = None  # (H, dim)
     ssm_ba: object = None  # (2 H, dim): Qwen3-Next's beta and alpha, grouped by key head
+    sinks: np.ndarray | None = None  # (n_head,) float32: attention sinks (attn_sinks)
+    bo: np.ndarray | None = None  # (dim,): the output projection's bias (attn_sinks)
+    router_b: np.ndarray | None = None  # (n_expert,): the router's bias (oai_experts)
+    exp_gate_b: np.ndarray | None = None  # (n_expert, expert_ffn) float32: each expert's gate bias (oai_experts)
+    exp_up_b: np.ndarray | None = None  # (n_expert, expert_ffn)
+    exp_down_b: np.ndarray | None = None  # (n_expert, dim)
 
 
 LayerTensor = parts.LayerTensor
@@ -179,6 +190,8 @@ def load_layer(ld: WeightLoader, spec: ArchSpec, cfg: ModelConfig, i: int) -> La
             got[fields[0]] = ld.matrix_rows(name, shape, [shape[1]] * shape[0])
         elif rows == "float":  # the router (kernels/cpu/moe.py's route), a convolution's taps: transposed
             got[fields[0]] = np.ascontiguousarray(ld.float_matrix(name, *shape).T, dtype=np.float32)
+        elif rows == "plain":  # a float 2-D tensor as it is (gpt-oss's per-expert biases)
+            got[fields[0]] = np.ascontiguousarray(ld.float_matrix(name, *shape), dtype=np.float32)
         elif rows == "flat":  # a float 2-D tensor read as one vector (Mamba2's A, D and group norm)
             got[fields[0]] = np.ascontiguousarray(ld.float_matrix(name, *shape).reshape(-1), dtype=np.float32)
         elif rows is not None:

@@ -70,6 +70,10 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
     )
     if mixers:
         cfg = _recurrent_config(gf, spec, replace(cfg, mixers=mixers))
+    swa_base = meta(gf, a, "rope.freq_base_swa", None)
+    if spec.swa_pattern and spec.rope_base_local is None and swa_base is not None and float(swa_base) != cfg.rope_base:
+        raise ModelLoadError(f"{a}.rope.freq_base_swa ({swa_base}) differs from {a}.rope.freq_base ({cfg.rope_base}): "
+                             "sliding-window layers with a RoPE base of their own are not supported for this architecture")
     if spec.swa_pattern:
         cfg = replace(cfg, rope_base_local=spec.rope_base_local, swa_pattern=spec.swa_pattern,
                       sliding_window=int(meta(gf, a, "attention.sliding_window", 0) or 0))

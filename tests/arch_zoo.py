@@ -908,6 +908,53 @@ def write_granitemoe(path) -> None:
     _finish(w)
 
 
+def write_gpt_oss(path) -> None:
+    """gpt-oss (llama.cpp's openai-moe.cpp): 4 layers, dim 256, 4 heads / 2 kv heads of 64, q/k/v and output
+    biases, one attention sink per head; layers 0 and 2 sliding-window (window 8, so the golden prompts run past
+    it), 1 and 3 full; NeoX RoPE base 150000 with YaRN (factor 4 from an original context of 16, beta fast 32 and
+    slow 1: gpt-oss's 32 from 4096 scaled down so the ramp falls over the middle pairs); a mixture of experts in
+    every layer after post_attention_norm: 8 experts, 4 used, expert FFN 256, a biased F32 router, the 4 largest
+    logits weighted by a softmax over them, gate/up/down with per-expert biases, the clamped SwiGLU (alpha 1.702,
+    limit 7). Experts MXFP4 (as gpt-oss ships them), attention, embeddings and output Q8_0; the o200k
+    pre-tokenizer's name and harmony's special tokens, the official template (tests/golden/templates)."""
+    n_layer, dim, n_head, n_kv, hd = 4, 256, 4, 2, 64
+    n_expert, n_used, ffn_exp = 8, 4, 256
+    r = _Init(53)
+    w = gguf.GGUFWriter(str(path), "gpt-oss")
+    _hparams(w, "gpt-oss", n_layer=n_layer, n_ctx=4096, dim=dim, ffn=ffn_exp, n_head=n_head, n_kv=n_kv, head_dim=hd,
+             base=150000.0, eps=1e-5)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_used)
+    w.add_expert_feed_forward_length(ffn_exp)
+    w.add_sliding_window(8)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(4.0)
+    w.add_rope_scaling_orig_ctx_len(16)
+    specials = ["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>",
+                "<|constrain|>"]
+    vocab = _gpt2_vocab(w, specials, pre="gpt-4o", eos=5, template=None)
+    _add(w, "token_embd.weight", r.embd(vocab, dim), T.Q8_0)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _attention(w, r, p, dim, n_head, n_kv, hd, T.Q8_0, qk=1.2,
+                   between=[("attn_q.bias", lambda: r.vec(n_head * hd, 0.1)),
+                            ("attn_k.bias", lambda: r.vec(n_kv * hd, 0.1)),
+                            ("attn_v.bias", lambda: r.vec(n_kv * hd, 0.1))])
+        _add(w, p + "attn_output.bias", r.vec(dim, 0.1))
+        _add(w, p + "attn_sinks.weight", r.vec(n_head, 1.0))
+        _add(w, p + "post_attention_norm.weight", r.norm(dim))
+        _moe_layer(w, r, p, i, n_layer, dim, n_expert, ffn_exp, {"gate": T.MXFP4, "up": T.MXFP4, "down": T.MXFP4},
+                   router=3)
+        _add(w, p + "ffn_gate_inp.bias", r.vec(n_expert, 0.5))
+        _add(w, p + "ffn_gate_exps.bias", r.vec(n_expert * ffn_exp, 0.2).reshape(n_expert, ffn_exp))
+        _add(w, p + "ffn_up_exps.bias", r.vec(n_expert * ffn_exp, 0.2).reshape(n_expert, ffn_exp))
+        _add(w, p + "ffn_down_exps.bias", r.vec(n_expert * dim, 0.1).reshape(n_expert, dim))
+    _add(w, "output_norm.weight", r.norm(dim))
+    _add(w, "output.weight", r.mat(vocab, dim, 2), T.Q8_0)
+    _finish(w)
+
+
 def write_nemotron_h(path) -> None:
     """nemotron_h (Nemotron-H / Nemotron Nano 2's layer kinds): 5 layers "M-*M-", each one block after an
     RMS norm: layers 0 and 3 Mamba2 mixers (d_inner 512 in 8 heads of 64, d_state 32 in 2 groups, 4 taps),
@@ -1275,6 +1322,7 @@ ZOO = {
     "granite": write_granite,
     "granitemoe": write_granitemoe,
     "mistral3": write_mistral3,
+    "gpt-oss": write_gpt_oss,
     "lfm2_bench": write_lfm2_bench,
     "mamba2_bench": write_mamba2_bench,
     "qwen35_bench": write_qwen35_bench,

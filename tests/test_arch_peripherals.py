@@ -199,6 +199,8 @@ def test_inspect_shows_the_moe_facts(zoo):
     ("llama3", {"rope_factors": "rope_freqs (32)", "rope_freq_base": 500000.0}),
     ("olmo2", {"norms": "post-norms only", "qk_norm": "whole projection"}),
     ("qwen3", {"qk_norm": "per head", "head_dim": 64}),
+    ("gpt-oss", {"experts": 8, "experts_used": 4, "expert_feed_forward_size": 256, "sliding_window": 8,
+                 "head_dim": 64, "rope_scaling": "yarn, factor 4, from 16 tokens", "norms": None}),
 ])
 def test_inspect_shows_each_architectures_facts(zoo, name, facts):
     with GGUFFile(zoo(name)) as gf:

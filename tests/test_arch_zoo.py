@@ -175,6 +175,27 @@ def test_moe_router_ties_go_to_the_lower_expert():
     assert ids.tolist() == [[0, 1, 2, 3]] * 2 and np.allclose(wts, 1 / 12)
 
 
+@pytest.mark.parametrize("n_expert", [8, 32, 40])
+def test_gpt_oss_router_weights_the_k_largest_biased_logits_by_a_softmax_over_them(n_expert):
+    """gpt-oss's routing (llama.cpp's softmax_weight gating) against numpy: the k largest of h R^T + b, most
+    first, weighted by a softmax over those k alone; the parallel path for a batch, ties to the lower expert."""
+    rng = np.random.default_rng(n_expert)
+    for t in (3, 40):
+        h = rng.standard_normal((t, 67)).astype(np.float32)
+        r = rng.standard_normal((n_expert, 67)).astype(np.float32)
+        b = rng.standard_normal(n_expert).astype(np.float32)
+        logits = h.astype(np.float64) @ r.T.astype(np.float64) + b
+        want = np.argsort(-logits, axis=1, kind="stable")[:, :4]
+        ids, wts = kb.moe_route_topk_softmax(h, np.ascontiguousarray(r.T), b, 4)
+        assert np.array_equal(ids, want)
+        top = np.take_along_axis(logits, want, 1)
+        w = np.exp(top - top[:, :1])
+        assert np.allclose(wts, w / w.sum(1, keepdims=True), rtol=1e-4)
+    ids, wts = kb.moe_route_topk_softmax(np.ones((2, 67), np.float32), np.zeros((67, 12), np.float32),
+                                         np.zeros(12, np.float32), 4)
+    assert ids.tolist() == [[0, 1, 2, 3]] * 2 and np.allclose(wts, 0.25)
+
+
 def test_quantized_olmo2_runs_the_compiled_step_bit_for_bit(zoo, tmp_path):
     """The zoo's olmo2 is F16 (per-op only); quantized, its layers (post-norms only, q/k norms over the
     whole projection) run in the compiled step, which must agree with the per-op path."""
@@ -254,6 +275,11 @@ def _rewrite(src, dst, *, drop=(), meta=None, arch=None):
     ("falcon-h1", {"drop": ["blk.2.attn_v.weight"]}, "missing tensor 'blk.2.attn_v.weight'"),
     ("nemotron_h", {"meta": {"nemotron_h.ssm.group_count": 3}}, "must be a multiple of ssm.time_step_rank 8, and that of "
                                                                 "ssm.group_count 3"),
+    ("gpt-oss", {"drop": ["blk.1.attn_sinks.weight"]}, "missing tensor 'blk.1.attn_sinks.weight'"),
+    ("gpt-oss", {"drop": ["blk.0.ffn_down_exps.bias"]}, "missing tensor 'blk.0.ffn_down_exps.bias'"),
+    ("gpt-oss", {"drop": ["blk.3.ffn_gate_inp.bias"]}, "missing tensor 'blk.3.ffn_gate_inp.bias'"),
+    ("gpt-oss", {"meta": {"gpt-oss.attention.head_count": 8}}, "tensor 'blk.0.attn_q.weight' has shape"),
+    ("gpt-oss", {"meta": {"gpt-oss.rope.scaling.factor": -4.0}}, "YaRN RoPE scaling needs a positive"),
 ])
 def test_a_broken_file_of_a_new_architecture_is_a_one_line_error(zoo, tmp_path, name, change, message):
     p = tmp_path / "broken.gguf"

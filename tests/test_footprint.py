@@ -51,7 +51,7 @@ def test_q8_0_kv_rows_are_ggml_q8_0_blocks_and_attention_reads_them_exactly():
     t = 20
     q = rng.standard_normal((t, h, d)).astype(np.float32)
     args = (np.zeros(t, np.int64), np.arange(n - t, n), np.arange(n // 16, dtype=np.int32)[None], 16,
-            np.float32(0.125), 0, np.float32(0.0))
+            np.float32(0.125), 0, np.float32(0.0), np.zeros(0, np.float32))
     got, want = np.zeros((t, h, d), np.float32), np.zeros((t, h, d), np.float32)
     attention.paged_attention(q, kc, vc, *args, got)
     attention.paged_attention(q, kd, vd, *args, want)

@@ -542,7 +542,8 @@ def test_rope_matches_complex_rotation(neox):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)  # float32 cos/sin of angles up to 2000 rad
 
 
-def _attention_reference(q, k, v, positions, scale, window):
+def _attention_reference(q, k, v, positions, scale, window, sinks=None):
+    # sinks (H,): a logit per head that joins the softmax with no value (llama.cpp's soft_max_ext with sinks)
     t, h, d = q.shape
     group = h // k.shape[1]
     out = np.zeros((t, h, v.shape[2]))
@@ -551,14 +552,19 @@ def _attention_reference(q, k, v, positions, scale, window):
             p = positions[i]
             lo = max(0, p - window + 1) if window > 0 else 0
             s = (k[lo:p + 1, j // group] @ q[i, j]) * scale
-            e = np.exp(s - s.max())
-            out[i, j] = (e / e.sum()) @ v[lo:p + 1, j // group]
+            m = s.max() if sinks is None else max(s.max(), sinks[j])
+            e = np.exp(s - m)
+            total = e.sum() + (0.0 if sinks is None else np.exp(sinks[j] - m))
+            out[i, j] = (e / total) @ v[lo:p + 1, j // group]
     return out
 
 
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
 @pytest.mark.parametrize("d", [8, 12], ids=["vector", "head-size-not-a-multiple-of-8"])
 @pytest.mark.parametrize("window", [0, 5])
-def test_paged_attention_reads_through_block_tables(window, d):
+def test_paged_attention_reads_through_block_tables(window, d, sinks):
+    """Scattered blocks, windows, both kernels (tiled, and scalar for head sizes not a multiple of 8), and
+    gpt-oss's attention sinks (one large enough to take most of a row's weight, one far below)."""
     rng = np.random.default_rng(5)
     seq_len, h, kvh, bs = 37, 4, 2, 4
     k = rng.standard_normal((seq_len, kvh, d)).astype(np.float32)
@@ -573,9 +579,10 @@ def test_paged_attention_reads_through_block_tables(window, d):
     out = np.zeros((len(positions), h, d), np.float32)
     table = np.zeros((2, 16), np.int32)
     table[1, : len(blocks)] = blocks
+    sk = np.array([2.5, -30.0, 0.3, -1.0], np.float32) if sinks else np.zeros(0, np.float32)
     attention.paged_attention(q, kc, vc, np.ones(len(positions), np.int64), positions, table, bs, np.float32(0.35),
-                        window, np.float32(0.0), out)
-    ref = _attention_reference(q, k, v, positions, 0.35, window)
+                              window, np.float32(0.0), sk, out)
+    ref = _attention_reference(q, k, v, positions, 0.35, window, sk if sinks else None)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)  # online softmax in float32
 
 
@@ -605,7 +612,7 @@ def test_paged_attention_with_float16_cache():
     positions = np.array([0, 9, 19])
     out = np.zeros((3, h, d), np.float32)
     attention.paged_attention(q, kc, vc, np.zeros(3, np.int64), positions, np.arange(8, dtype=np.int32)[None], bs,
-                        np.float32(0.25), 0, np.float32(0.0), out)
+                              np.float32(0.25), 0, np.float32(0.0), np.zeros(0, np.float32), out)
     # exact against a reference that reads the same float16-rounded K and V
     k16, v16 = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
     np.testing.assert_allclose(out, _attention_reference(q, k16, v16, positions, 0.25, 0), rtol=1e-4, atol=1e-5)

@@ -62,11 +62,13 @@ def _tasks(token_seq, n_kv):
 
 @njit(parallel=True, nogil=True, cache=True)
 def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window,
-                    softcap, out):
+                    softcap, sinks, out):
     # q (T, H, D); k_cache (n_slots, KVH, D); v_cache (n_slots, KVH, Dv), float32, float16 bits
     # (uint16) or q8_0 rows (int8; see ops.kv_put_head); token_seq (T,) row of block_tables (S, max_blocks) for each token; positions (T,)
     # -> out (T, H, Dv). Causal: the token at position p sees its sequence's keys at positions
     # max(0, p - window + 1) .. p (window <= 0: all), read through the block table (no contiguous copy).
+    # sinks (H,) float32, or empty: none; each head's attention sink (gpt-oss), a logit with no value that
+    # joins the softmax's sum: the output times sum / (sum + exp(sink - max)), as llama.cpp's soft_max_ext
     T, H, D = q.shape
     KVH = k_cache.shape[1]
     Dv = out.shape[2]
@@ -75,11 +77,11 @@ def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, blo
     for i in prange(n):
         j = i // 2 if i % 2 == 0 else n - 1 - i // 2  # light and heavy tiles alternate
         if D % 8 == 0 and Dv % 8 == 0:
-            _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, out,
-                  tasks[j, 0], tasks[j, 1], tasks[j, 2])
+            _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, sinks,
+                  out, tasks[j, 0], tasks[j, 1], tasks[j, 2])
         else:
             _rows_scalar(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap,
-                         out, tasks[j, 0], tasks[j, 1], tasks[j, 2])
+                         sinks, out, tasks[j, 0], tasks[j, 1], tasks[j, 2])
 
 
 @njit(inline="always", cache=True)
@@ -88,7 +90,8 @@ def _first_key(pos, window):
 
 
 @njit(nogil=True, cache=True)
-def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, out, t0, t1, g):
+def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, sinks, out, t0,
+          t1, g):
     _, H, D = q.shape
     KVH = k_cache.shape[1]
     Dv = out.shape[2]
@@ -191,9 +194,18 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
     for t in range(t0, t1):
         for hh in range(group):
             r = (t - t0) * group + hh
-            inv = np.float32(1.0) / l[r]
+            den = l[r]
+            if sinks.shape[0] > 0:
+                den += _sink_term(sinks[g * group + hh], m[r])
+            inv = np.float32(1.0) / den
             for c in range(Dv):
                 out[t, g * group + hh, c] = acc[r * Dv + c] * inv
+
+
+@njit(inline="always", cache=True)
+def _sink_term(sink, mx):
+    # exp(sink - max): the sink's share of the softmax's sum, in the scale of the keys' running max
+    return np.float32(math.exp(sink - mx))
 
 
 @njit(inline="always", cache=True)
@@ -255,8 +267,8 @@ def _softcap16(s0, s1, p, cap):
 
 
 @njit(nogil=True, cache=True)
-def _rows_scalar(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, out,
-                 t0, t1, g):
+def _rows_scalar(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, sinks,
+                 out, t0, t1, g):
     # head sizes that are not a multiple of 8: one query row at a time, one key at a time
     _, H, D = q.shape
     KVH = k_cache.shape[1]
@@ -288,5 +300,7 @@ def _rows_scalar(q, k_cache, v_cache, token_seq, positions, block_tables, block_
                 denom += pr
                 for dd in range(Dv):
                     acc[dd] += pr * kv_load(v_cache, slot, g, dd)
+            if sinks.shape[0] > 0:
+                denom += _sink_term(sinks[h], mx)
             for dd in range(Dv):
                 out[t, h, dd] = acc[dd] / denom

@@ -8,11 +8,12 @@ import numpy as np
 from .. import kinds
 from ..kv_format import KV_FORMATS  # noqa: F401  (the KV cache's row formats, for the engine)
 from . import int8, moe, quant, simd, units
-from .attention import paged_attention  # noqa: F401
+from . import attention
 from .dense import dense, encoder_attention, layernorm, set_blas_threads, silu  # noqa: F401
 from .layout import INTERLEAVED, interleave8
 from .mask import mask_logits  # noqa: F401  (a sampling helper: structured output's mask)
-from .ops import attn_temperature, gelu_tanh_mul, rmsnorm, rope, sigmoid_mul_, silu_mul, softcap, write_kv  # noqa: F401
+from .ops import (attn_temperature, gelu_tanh_mul, rmsnorm, rope, sigmoid_mul_, silu_mul, softcap, swiglu_oai,  # noqa: F401
+                  write_kv)
 from .recurrent import delta_rule, gated_group_norm, norm_gate, shortconv, ssm_conv, ssm_scan  # noqa: F401
 
 NAME = "cpu"
@@ -176,6 +177,14 @@ def moe_route_scored(h, router_t, k: int, sigmoid: bool, bias, norm_w: bool, w_s
     return ids, wts
 
 
+def moe_route_topk_softmax(h, router_t, bias, k: int):
+    """gpt-oss's routing: the k largest of the logits plus the router's bias (E,), weighted by a softmax over those k."""
+    t = h.shape[0]
+    ids, wts = np.empty((t, k), np.int64), np.empty((t, k), np.float32)
+    moe.route_topk_softmax(np.ascontiguousarray(h), router_t, bias, np.int64(k), ids, wts)
+    return ids, wts
+
+
 def moe_plan(ids, n_expert: int):
     """ids (T, k) -> (offsets (E + 1,), order (T * k,), pos (T, k)): the (token, slot) pairs sorted by expert."""
     return moe.plan(ids, np.int64(n_expert))
@@ -262,6 +271,17 @@ def to_host(a) -> np.ndarray:
 def add_(x, y) -> None:
     # x += y, (R, D)
     x += y
+
+
+_NO_SINKS = np.zeros(0, np.float32)
+
+
+def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, out,
+                    sinks=None) -> None:
+    """Paged attention (attention.paged_attention) -> out (T, H, Dv); sinks (H,) float32: each head's attention
+    sink (gpt-oss), None: none."""
+    attention.paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window,
+                              softcap, _NO_SINKS if sinks is None else sinks, out)
 
 
 def add_bias_(x, b) -> None:

@@ -162,6 +162,36 @@ def route_scored(h, router_t, k, sigmoid, bias, norm_w, w_scale, ids, wts):
                 wts[t, j] = wts[t, j] * np.float32(w_scale)
 
 
+@njit(parallel=True, nogil=True, cache=True)
+def route_topk_softmax(h, router_t, bias, k, ids, wts):
+    """gpt-oss's routing (llama.cpp's softmax_weight gating): the logits plus the router's bias (E,), the k
+    largest chosen, most first (ties: the lower index), their weights a softmax over those k alone."""
+    E = router_t.shape[1]
+    for t_ in prange(h.shape[0]):
+        t = np.int64(t_)
+        p = np.empty(E, np.float32)
+        _logits(h, router_t, t, p)
+        for e in range(E):
+            p[e] += bias[e]
+        taken = np.zeros(E, np.bool_)
+        for j in range(k):
+            best = -1
+            for e in range(E):
+                if not taken[e] and (best < 0 or p[e] > p[best]):
+                    best = e
+            taken[best] = True
+            ids[t, j] = best
+            wts[t, j] = p[best]
+        m = wts[t, 0]  # the largest: chosen first
+        s = np.float32(0.0)
+        for j in range(k):
+            wts[t, j] = np.float32(math.exp(wts[t, j] - m))
+            s += wts[t, j]
+        inv = np.float32(1.0) / s
+        for j in range(k):
+            wts[t, j] *= inv
+
+
 @njit(nogil=True, cache=True)
 def _logits(h, router_t, t, logits):
     # logits[e] = h[t] . router_t[:, e]: for each expert a chain of fused multiply-adds over i in order,

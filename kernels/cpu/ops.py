@@ -313,9 +313,17 @@ def gated_act_range(g, u, out, gelu, t, i0, i1):
 
 @njit(inline="always", cache=True)
 def _act8(x, u, gelu):
-    # act(x) * u on eight lanes: gelu (tanh approximation) or silu
+    # act(x) * u on eight lanes: gelu (tanh approximation) for gelu 1, silu for 0; for gelu 2 gpt-oss's clamped
+    # SwiGLU (ggml's swiglu_oai with llama.cpp's alpha 1.702 and limit 7): min(x, 7) sigmoid(1.702 min(x, 7)),
+    # times u clamped to [-7, 7] plus 1
     one = simd.splatf(np.float32(1.0))
-    if gelu:
+    if gelu == 2:
+        lim = simd.splatf(SWIGLU_LIMIT)
+        xc = simd.min8(x, lim)
+        uc = simd.max8(simd.min8(u, lim), simd.splatf(-SWIGLU_LIMIT))
+        e = simd.exp8(simd.mul8(simd.splatf(-SWIGLU_ALPHA), xc))
+        return simd.mul8(simd.div8(xc, simd.add8(one, e)), simd.add8(uc, one))
+    if gelu == 1:
         y = simd.mul8(simd.splatf(np.float32(math.sqrt(2.0 / math.pi))),
                       simd.add8(x, simd.mul8(simd.splatf(np.float32(0.044715)), simd.mul8(simd.mul8(x, x), x))))
         e = simd.exp8(simd.add8(y, y))
@@ -341,6 +349,14 @@ def silu_mul(g, u, out):
 def gelu_tanh_mul(g, u, out):
     # gelu(g, tanh approximation) * u, (T, F) -> out (T, F)
     gated_act(g, u, out, True)
+
+
+SWIGLU_ALPHA, SWIGLU_LIMIT = np.float32(1.702), np.float32(7.0)  # llama.cpp's, for LLM_FFN_SWIGLU_OAI_MOE
+
+
+def swiglu_oai(g, u, out):
+    # gpt-oss's clamped SwiGLU of g and u, (T, F) -> out (T, F) (_act8's gelu 2)
+    gated_act(g, u, out, np.int64(2))
 
 
 @njit(nogil=True, cache=True, fastmath=True)

@@ -43,15 +43,15 @@ class LayerStack:
 
     def __init__(self, cfg, layers, inv_freqs, table, kinds, qk_norm: int, post_norms: bool, gelu: bool,
                  qkv_bias: bool = False, pre_norms: bool = True, moe: bool = False, shared_expert: bool = False,
-                 typed_lists: bool = True):
+                 sinks: bool = False, oai: bool = False, typed_lists: bool = True):
         self.table = table  # the kernel units (units.Table) of this process's path
         self.kinds = tuple(sorted(kinds))
         self._tables = {}  # KV cache dtype -> the int64 table of unit addresses the step takes
         mats, experts = [], []
         self.norms = norms.build(cfg, layers, pre_norms, post_norms)
-        self.attn = attention.build(cfg, layers, mats, inv_freqs, qk_norm, qkv_bias)
+        self.attn = attention.build(cfg, layers, mats, inv_freqs, qk_norm, qkv_bias, sinks)
         self.ffn = ffn.build(cfg, layers, mats, gelu, moe, shared_expert)
-        self.moe = moe_part.build(cfg, layers, experts, gelu, moe)
+        self.moe = moe_part.build(cfg, layers, experts, gelu, moe, oai)
         experts = experts or mats[:1]  # a stand-in for a dense model: never read
         # typed lists built by cached compiled functions: typed.List's own methods, called from Python,
         # compile afresh in every process (a second of start-up); a stand-in keeps the Python lists
@@ -60,7 +60,7 @@ class LayerStack:
 
     @classmethod
     def build(cls, cfg, layers, inv_freqs, table, kinds, *, qk_norm=0, post_norms=False, gelu=False,
-              qkv_bias=False, pre_norms=True, moe=False, shared_expert=False):
+              qkv_bias=False, pre_norms=True, moe=False, shared_expert=False, sinks=False, oai=False):
         """The stack for these layers and the architecture's switches (ArchSpec.stack_flags), or None
         where a matrix is a float one: float matrices (F32, F16, BF16: rare in quantized models) go
         through the per-op path, which keeps their float kernels out of this function's compile."""
@@ -71,7 +71,7 @@ class LayerStack:
                 (moe and any(is_float(w) for lw in layers for w in (*lw.exp_gate, *lw.exp_up, *lw.exp_down))):
             return None
         return cls(cfg, layers, inv_freqs, table, kinds, int(qk_norm), post_norms, gelu, qkv_bias, pre_norms, moe,
-                   shared_expert)
+                   shared_expert, sinks, oai)
 
     def units_for(self, kv_dtype) -> np.ndarray:
         """The unit addresses for a KV cache of this dtype: this model's matmul families and attention."""

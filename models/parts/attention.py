@@ -33,6 +33,8 @@ def tensors(spec: ArchSpec, cfg: ModelConfig, has) -> list:
     if spec.qkv_bias:
         out += [(("bq",), TN.ATTN_Q, "bias", (hq,), None), (("bk",), TN.ATTN_K, "bias", (hk,), None),
                 (("bv",), TN.ATTN_V, "bias", (hv,), None)]
+    if spec.attn_sinks:
+        out += [(("sinks",), TN.ATTN_SINKS, "weight", (cfg.n_head,), None), (("bo",), TN.ATTN_OUT, "bias", (d,), None)]
     return out
 
 
@@ -75,8 +77,12 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
     scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
     window = cfg.sliding_window if cfg.is_sliding(layer) else 0
     kb.paged_attention(q, kc, vc, batch.token_seq, batch.positions, tables, cache.block_size,
-                       np.float32(scale), window, np.float32(cfg.attn_softcap), out)
+                       np.float32(scale), window, np.float32(cfg.attn_softcap), out,
+                       **({"sinks": lw.sinks} if lw.sinks is not None else {}))
     out = out.reshape(t, cfg.n_head * cfg.v_head_dim)
     if spec.attn_gate:
         kb.sigmoid_mul_(out, gate)
-    return kb.matmul(lw.wo, out)
+    y = kb.matmul(lw.wo, out)
+    if lw.bo is not None:  # gpt-oss
+        kb.add_bias_(y, lw.bo)
+    return y

@@ -50,9 +50,12 @@ class AttnPart(NamedTuple):
     window: np.ndarray  # (n_layer,) int64: sliding window, 0: global
     temp_scale: np.float32  # the queries' temperature past the original context (ops.attn_temperature); 0: none
     temp_floor: np.float64
+    sinks: np.ndarray  # (n_layer, n_head) float32: each head's attention sink (gpt-oss), (n_layer, 0): none
+    out_bias: int  # 1: a bias on the output projection
+    bo: np.ndarray  # (n_layer, dim) float32 (zeros, and skipped, without out_bias)
 
 
-def build(cfg, layers, mats: list, inv_freqs, qk_norm: int, qkv_bias: bool) -> AttnPart:
+def build(cfg, layers, mats: list, inv_freqs, qk_norm: int, qkv_bias: bool, sinks: bool = False) -> AttnPart:
     """The attention part of these layers; their matrices are appended to mats."""
     n, hd = cfg.n_layer, cfg.head_dim
     at, need = gather(layers, MATS, mats)
@@ -67,7 +70,9 @@ def build(cfg, layers, mats: list, inv_freqs, qk_norm: int, qkv_bias: bool) -> A
                     stack(layers, "bv", cfg.n_kv_head * cfg.v_head_dim, 0.0),
                     np.stack([np.asarray(f, np.float64) for f in inv_freqs]),
                     np.array([cfg.sliding_window if cfg.is_sliding(i) else 0 for i in range(n)], np.int64),
-                    np.float32(temp[0]), np.float64(temp[1]))
+                    np.float32(temp[0]), np.float64(temp[1]),
+                    stack(layers, "sinks", cfg.n_head, 0.0) if sinks else np.zeros((n, 0), np.float32), int(sinks),
+                    stack(layers, "bo", cfg.dim, 0.0))
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -125,7 +130,9 @@ def attend(q, positions, token_seq, block_tables, block_size, kc, vc, mats, a, l
     T = q.shape[0]
     att = np.empty((T, a.n_head, a.v_head_dim), np.float32)
     units.call_attention(table[units.ATTENTION], q, kc, vc, token_seq, positions, block_tables, block_size, a.scale,
-                         a.window[layer], a.softcap, att)
+                         a.window[layer], a.softcap, a.sinks[layer], att)
     o8, o8k = quantize(att.reshape(T, a.n_head * a.v_head_dim), a.need_o[layer])
     wo = mats[a.wo[layer]]
     int8.matmuls(wo, wo, wo, np.int64(1), o8, o8k, luts, out, out, out, threads, table)
+    if a.out_bias:
+        add_bias(out, a.bo[layer])

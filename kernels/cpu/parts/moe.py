@@ -23,15 +23,20 @@ class MoePart(NamedTuple):
     ffn: int  # an expert's FFN width
     norm_w: int  # 1: the chosen experts' weights renormalised to sum 1
     w_scale: np.float32  # the weights' multiplier, 0: none
-    gelu: int  # 1: GELU (tanh) gates, else SiLU
+    gelu: int  # 1: GELU (tanh) gates, 2: gpt-oss's clamped SwiGLU, else SiLU
     router: np.ndarray  # (n_layer, dim, E) float32, each router matrix transposed
     sh_gate: np.ndarray  # (n_layer, dim) float32: the shared expert's gate (zeros without one)
     first: np.ndarray  # (n_layer,) int64: where each layer's expert 0 is in the experts' typed list
     need_gate_up: np.ndarray  # (n_layer,) int64: the quantizations of the input the gates and ups read
     need_down: np.ndarray  # (n_layer,) int64: those of the down projections' input
+    oai: int  # 1: gpt-oss's experts: a biased router, a softmax over the k chosen, biases on the experts' outputs
+    router_b: np.ndarray  # (n_layer, E) float32 (oai; (n_layer, 0) else)
+    gate_b: np.ndarray  # (n_layer, E, ffn) float32: each expert's gate bias (oai; (n_layer, 0, 0) else)
+    up_b: np.ndarray  # (n_layer, E, ffn)
+    down_b: np.ndarray  # (n_layer, E, dim)
 
 
-def build(cfg, layers, experts: list, gelu: bool, moe_layers: bool) -> MoePart:
+def build(cfg, layers, experts: list, gelu: bool, moe_layers: bool, oai: bool = False) -> MoePart:
     """The MoE part of these layers; their experts' matrices are appended to `experts`, expert e of a
     layer at first + 3 e + (0 gate, 1 up, 2 down) (moe.expert_matmuls)."""
     n, e = cfg.n_layer, (int(cfg.n_expert) if moe_layers else 0)
@@ -47,8 +52,17 @@ def build(cfg, layers, experts: list, gelu: bool, moe_layers: bool) -> MoePart:
                 else:
                     need_gu[i] |= needs(w.kind)
     router = np.stack([lw.router if e else np.zeros((cfg.dim, 0), np.float32) for lw in layers]).astype(np.float32)
+    oai = bool(oai and e)
+
+    def per_expert(name, size):  # a layer's experts' biases (E, size), stacked over the layers
+        if not oai:
+            return np.zeros((n, 0) if size is None else (n, 0, 0), np.float32)
+        return np.stack([np.asarray(getattr(lw, name), np.float32) for lw in layers])
+
     return MoePart(e, int(cfg.n_expert_used), int(cfg.expert_ffn_dim), int(cfg.expert_norm), np.float32(cfg.expert_scale),
-                   int(gelu), router, stack(layers, "sh_gate", cfg.dim, 0.0), first, need_gu, need_d)
+                   2 if oai else int(gelu), router, stack(layers, "sh_gate", cfg.dim, 0.0), first, need_gu, need_d,
+                   int(oai), per_expert("router_b", None), per_expert("exp_gate_b", 0), per_expert("exp_up_b", 0),
+                   per_expert("exp_down_b", 0))
 
 
 @njit(nogil=True, cache=True)
@@ -58,7 +72,10 @@ def forward(h, out, experts, p, layer, luts, threads, table):
     T, dim = h.shape
     ids = np.empty((T, k), np.int64)
     wts = np.empty((T, k), np.float32)
-    moe.route(h, p.router[layer], k, p.norm_w != 0, p.w_scale, ids, wts)
+    if p.oai:
+        moe.route_topk_softmax(h, p.router[layer], p.router_b[layer], k, ids, wts)
+    else:
+        moe.route(h, p.router[layer], k, p.norm_w != 0, p.w_scale, ids, wts)
     offsets, order, pos = moe.plan(ids, p.n_expert)
     # each token quantized once, its rows then gathered: the same bits as quantizing the gathered rows
     q8, q8k = quantize(h, p.need_gate_up[layer])
@@ -68,8 +85,22 @@ def forward(h, out, experts, p, layer, luts, threads, table):
     up = np.empty((T * k, fe), np.float32)
     base = p.first[layer]
     moe.expert_matmuls(experts, base, 0, offsets, a8, a8k, luts, gate, up, threads, table)
+    if p.oai:
+        _expert_bias(gate, offsets, p.gate_b[layer])
+        _expert_bias(up, offsets, p.up_b[layer])
     d8, d8k = alloc_q(T * k, fe, p.need_down[layer])
     act_quantize(gate, up, p.gelu, p.need_down[layer], d8, d8k)
     y = np.empty((T * k, dim), np.float32)
     moe.expert_matmuls(experts, base, 2, offsets, d8, d8k, luts, y, y, threads, table)
+    if p.oai:
+        _expert_bias(y, offsets, p.down_b[layer])
     moe.combine(y, pos, wts, out)
+
+
+@njit(nogil=True, cache=True)
+def _expert_bias(x, offsets, b):
+    # each expert's rows of x (sorted by expert: offsets, moe.plan) plus that expert's bias b[e]
+    for e in range(offsets.shape[0] - 1):
+        for r in range(offsets[e], offsets[e + 1]):
+            for i in range(x.shape[1]):
+                x[r, i] += b[e, i]

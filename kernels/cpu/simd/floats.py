@@ -171,6 +171,12 @@ def max8(typingctx, a, b):
 
 
 @intrinsic
+def min8(typingctx, a, b):
+    """Lane-wise minimum, f32x8."""
+    return f32x8(f32x8, f32x8), lambda ctx, builder, s, args: _call(builder, "llvm.minnum.v8f32", _V8F32, list(args))
+
+
+@intrinsic
 def hmax8(typingctx, a):
     """The largest lane of an f32x8 -> float32."""
     def codegen(context, builder, signature, args):
