@@ -51,6 +51,7 @@ class SamplingParams:
     regex: str | None = None  # the whole output matches this regular expression
     choice: tuple[str, ...] | None = None  # the output is exactly one of these strings
     grammar: str | None = None  # a Lark grammar (llguidance's syntax) or llama.cpp's GBNF
+    special_text: bool = False  # the output text keeps control tokens' text (a harmony reply: edgeinfer.harmony)
 
     def __post_init__(self):
         def bad(name, why):

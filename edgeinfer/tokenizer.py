@@ -75,9 +75,11 @@ class Tokenizer:
         self._match_user = LiteralMatcher({tokens[i]: i for i in special if self.token_types[i] == USER_DEFINED})
         # Tokens that end a turn: EOS, EOT, and the control tokens chat templates end a message with.
         stops = {i for i in (self.eos_id, self.eot_id) if i is not None}
-        for name in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>"):
+        # harmony (gpt-oss: <|return|> and <|call|>): <|end|> ends a message within a reply, not the reply
+        harmony = "<|return|>" in self._special_text and "<|call|>" in self._special_text
+        for name in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "<|return|>", "<|call|>"):
             i = self._special_text.get(name)
-            if i is not None and self.token_types[i] == CONTROL:
+            if i is not None and self.token_types[i] == CONTROL and not (harmony and name == "<|end|>"):
                 stops.add(i)
         self.stop_ids = frozenset(stops)
 
@@ -305,13 +307,14 @@ class Tokenizer:
 class IncrementalDecoder:
     """Turns a growing list of token ids into text deltas, never splitting a UTF-8 character."""
 
-    def __init__(self, tokenizer: Tokenizer, skip_leading_space: bool = False):
+    def __init__(self, tokenizer: Tokenizer, skip_leading_space: bool = False, special: bool = False):
         self.tok = tokenizer
         self.pending = b""
         self.skip_leading_space = skip_leading_space
+        self.special = special  # control tokens' text too
 
     def push(self, tid: int) -> str:
-        self.pending += self.tok.token_bytes(tid)
+        self.pending += self.tok.token_bytes(tid, self.special)
         if self.skip_leading_space and self.pending:
             if self.pending.startswith(b" "):
                 self.pending = self.pending[1:]

@@ -17,6 +17,7 @@ against the library's behaviour (benchmarks/make_arch_golden.py).
 from __future__ import annotations
 
 import math
+import os
 
 import gguf
 import numpy as np
@@ -932,7 +933,9 @@ def write_gpt_oss(path) -> None:
     w.add_rope_scaling_orig_ctx_len(16)
     specials = ["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>",
                 "<|constrain|>"]
-    vocab = _gpt2_vocab(w, specials, pre="gpt-4o", eos=5, template=None)
+    template = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "templates",
+                                 "openai-gpt-oss-120b.jinja")).read()
+    vocab = _gpt2_vocab(w, specials, pre="gpt-4o", eos=5, template=template)
     _add(w, "token_embd.weight", r.embd(vocab, dim), T.Q8_0)
     for i in range(n_layer):
         p = f"blk.{i}."

@@ -53,7 +53,7 @@ class _RequestState:
     def __init__(self, seq: Sequence, tokenizer: Tokenizer):
         self.seq = seq
         self.sampler = Sampler(seq.params)
-        self.decoder = IncrementalDecoder(tokenizer)
+        self.decoder = IncrementalDecoder(tokenizer, special=seq.params.special_text)
         self.text = ""  # all output text decoded so far
         self.emitted = 0  # characters of it already handed to the caller
         self.stop_hold = max((len(s) for s in seq.params.stop), default=0)

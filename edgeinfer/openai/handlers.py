@@ -7,9 +7,10 @@ Synchronous and free of any HTTP stack: the server calls these in a worker threa
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
-from .. import reasoning
+from .. import harmony, reasoning
 from ..engine.llm_engine import RequestOutput
 from ..sampling import SamplingParams
 from ..structured import GrammarError
@@ -34,6 +35,7 @@ class Generation:
     n: int = 1
     reasoning: bool = False  # a chat reply split into reasoning_content and content (edgeinfer.reasoning)
     reasoning_open: bool = False  # the prompt ends inside an open <think>: the reply starts in reasoning
+    harmony: bool = False  # a gpt-oss reply in the harmony format, parsed by channel (edgeinfer.harmony)
 
 
 def budget(llm, prompt_ids: list[int], req: P.ParsedRequest, param: str) -> int:
@@ -66,6 +68,9 @@ def prepare_generation(llm, name: str, body: dict, req: P.ParsedRequest, chat: b
         except ToolError as e:
             raise P.bad(e.param, str(e)) from None
         shown = tools if tool_choice.mode != "none" else []
+        if body.get("reasoning_effort") is not None and "reasoning_effort" not in (llm.chat_template.source or ""):
+            raise P.bad("reasoning_effort", f"'reasoning_effort' is not supported by {name}: its chat template has no "
+                                            "reasoning effort")
         grammar = call_grammar(tools, tool_choice, P.parse_parallel_tool_calls(body))
         if grammar is not None:
             if req.constraint_param:
@@ -99,8 +104,13 @@ def prepare_generation(llm, name: str, body: dict, req: P.ParsedRequest, chat: b
             guide = llm.engine.guide(params)
         except GrammarError as e:
             raise P.bad(req.constraint_param or "tools", str(e)) from None
+    if chat and harmony.is_harmony(llm.chat_template.source):  # its channels need the control tokens' text
+        params = dataclasses.replace(params, special_text=True)
     gen = Generation(req, chat, prompt_ids, params, guide, tools, shown, req.n)
-    if chat and reasoning.splits(reasoning_format, llm.chat_template.source):
+    gen.harmony = params.special_text
+    if gen.harmony and reasoning_format != "none":
+        gen.reasoning = True
+    elif chat and reasoning.splits(reasoning_format, llm.chat_template.source):
         gen.reasoning = True
         gen.reasoning_open = reasoning.prompt_opens_reasoning(tok.decode(prompt_ids[-16:], special=True))
     return gen

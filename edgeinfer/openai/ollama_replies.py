@@ -8,7 +8,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from .. import reasoning
+from .. import harmony, reasoning
 from . import handlers as H
 from .ollama_requests import OllamaRequest
 from .times import rfc3339
@@ -61,8 +61,8 @@ class Replies:
         self.gen, self.req, self.name = gen, req, req.model
         self.token_text = token_text(tokenizer)
         self.reasoning = self.tools = None
-        if req.stream and gen.reasoning:
-            self.reasoning = reasoning.ReasoningParser(gen.reasoning_open)
+        if req.stream:
+            self.reasoning = harmony.parser_for(gen)
         if req.stream and gen.shown:
             from ..tools import StreamParser  # imported only with tools: it brings in the kernels (Numba)
 
@@ -128,8 +128,8 @@ class Replies:
     def whole(self, text: str, lps: list[dict], reason: str, stats: dict, context: list[int] | None = None) -> dict:
         """The unstreamed answer: all the text, its reasoning apart, its tool calls parsed out."""
         thinking = calls = None
-        if self.gen.reasoning:
-            thinking, text = reasoning.split_reasoning(text, self.gen.reasoning_open)
+        if self.gen.reasoning or self.gen.harmony:
+            thinking, text = harmony.split_for(self.gen, text)
         if self.req.chat and self.gen.shown:
             from ..tools import parse_reply
 

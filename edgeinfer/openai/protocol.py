@@ -220,6 +220,9 @@ def _template_vars(body: dict) -> dict | None:
     taken = sorted(set(v or ()) & RESERVED)
     if taken:
         raise bad("chat_template_kwargs", f"'chat_template_kwargs' cannot set {taken[0]!r}: the server sets it itself")
+    effort = body.get("reasoning_effort")
+    if effort is not None:  # OpenAI's field, to the template's variable of that name (gpt-oss's)
+        v = {**(v or {}), "reasoning_effort": effort}
     return v or None
 
 

@@ -76,10 +76,10 @@ def chat_message(gen, text: str) -> tuple[dict, bool]:
     parsed out of the answer when tools were shown (never out of the reasoning); and whether it holds
     calls."""
     reasoning = None
-    if gen.reasoning:
-        from ..reasoning import split_reasoning
+    if gen.reasoning or gen.harmony:
+        from ..harmony import split_for
 
-        reasoning, text = split_reasoning(text, gen.reasoning_open)
+        reasoning, text = split_for(gen, text)
     message, calls = {"role": "assistant", "content": text}, []
     if gen.shown:
         from ..tools import parse_reply
@@ -123,10 +123,10 @@ class _ChoiceStream:
 
     def __init__(self, gen):
         self.reasoning = None
-        if gen.chat and gen.reasoning:
-            from ..reasoning import ReasoningParser
+        if gen.chat:
+            from ..harmony import parser_for
 
-            self.reasoning = ReasoningParser(gen.reasoning_open)
+            self.reasoning = parser_for(gen)
         self.tools = None
         if gen.chat and gen.shown:
             from ..tools import StreamParser  # imported only with tools: it brings in the kernels (Numba)

@@ -179,7 +179,9 @@ CHAT = {"type": "object", "required": ["messages"], "properties": {
     "modalities": refused("text only: [\"text\"] is taken", ["text"]),
     "audio": refused("no audio output"),
     "prediction": refused("no predicted outputs"),
-    "reasoning_effort": refused("no reasoning-effort control"),
+    "reasoning_effort": _opt({"enum": ["low", "medium", "high"],
+                              "description": "how long a model whose chat template takes it reasons (gpt-oss)",
+                              "x-error": "must be low, medium or high"}),
     "verbosity": refused("no verbosity control"),
     "web_search_options": refused("no web search"),
 }}
