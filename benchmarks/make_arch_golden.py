@@ -118,12 +118,16 @@ QUANTIZED = ["lfm2", "lfm2moe", "mamba2", "granitehybrid", "nemotron_h", "qwen35
              "granitemoe", "mistral3"]  # zoo models whose F16 form llama-quantize makes Q4_K_M of (quantize-model's check)
 
 
-def quantized_sha256(d, name):
-    """sha256 of llama-quantize's Q4_K_M of zoo model `name` in its F16 form (arch_zoo.write_f16)."""
-    src, dst = os.path.join(d, f"{name}-f16.gguf"), os.path.join(d, f"{name}-q4_k_m.gguf")
+# zoo models llama-quantize makes another mix of: the key llama_quantize_<mix>_sha256, llama.cpp's ftype
+MIXES = {"gpt-oss": ("mxfp4_moe", 38)}  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE: gpt-oss's experts MXFP4, the rest Q8_0
+
+
+def quantized_sha256(d, name, mix="q4_k_m", ftype=15):
+    """sha256 of llama-quantize's `mix` (Q4_K_M: ftype 15) of zoo model `name` in its F16 form (arch_zoo.write_f16)."""
+    src, dst = os.path.join(d, f"{name}-f16.gguf"), os.path.join(d, f"{name}-{mix}.gguf")
     arch_zoo.write_f16(name, src, os.path.join(d, f"{name}-scratch.gguf"))
     p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype, p.nthread = 15, 2  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    p.ftype, p.nthread = ftype, 2
     assert llama_cpp.llama_model_quantize(src.encode(), dst.encode(), p) == 0
     return sha256(dst)
 
@@ -136,6 +140,9 @@ def only(names):
             out["models"][name] = model_entry(d, name)[0]
             if name in QUANTIZED:
                 out["models"][name]["llama_quantize_q4_k_m_sha256"] = quantized_sha256(d, name)
+            if name in MIXES:
+                mix, ftype = MIXES[name]
+                out["models"][name][f"llama_quantize_{mix}_sha256"] = quantized_sha256(d, name, mix, ftype)
     json.dump(out, open(OUT, "w"), separators=(",", ":"))
     print("wrote", OUT, os.path.getsize(OUT), "bytes")
 
@@ -181,6 +188,9 @@ def main():
             out["models"][name], base_rows[name] = model_entry(d, name)
             if name in QUANTIZED:
                 out["models"][name]["llama_quantize_q4_k_m_sha256"] = quantized_sha256(d, name)
+            if name in MIXES:
+                mix, ftype = MIXES[name]
+                out["models"][name][f"llama_quantize_{mix}_sha256"] = quantized_sha256(d, name, mix, ftype)
 
         # --- probes of llama.cpp's semantics
         def probe(key, name, n_ctx, note, first=0, last=None, **kw):

@@ -1,6 +1,7 @@
 """Which type each tensor gets: llama.cpp's per-tensor rules (llama-quantize, src/llama-quant.cpp) for
 the plain types, the K-quant mixes Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M and Q6_K,
-and the 4-bit non-linear mixes IQ4_NL and IQ4_XS.
+and the 4-bit non-linear mixes IQ4_NL and IQ4_XS; MXFP4_MOE (gpt-oss's: every 3-D expert tensor MXFP4, every
+other quantized tensor Q8_0).
 
 Tensors take their rule from their role in the name, as llama.cpp's tensor categories: a fused attn_qkv
 (phi3) is an attn_v; an MoE layer's 3-D experts (ffn_{gate,up,down}_exps) and shared expert
@@ -48,8 +49,10 @@ TYPES: dict[str, tuple[FT, T, bool]] = {
     "Q6_K": (FT.MOSTLY_Q6_K, T.Q6_K, True),
     "IQ4_NL": (FT.MOSTLY_IQ4_NL, T.IQ4_NL, True),
     "IQ4_XS": (FT.MOSTLY_IQ4_XS, T.IQ4_XS, True),
+    "MXFP4_MOE": (FT.MOSTLY_MXFP4_MOE, T.MXFP4, True),
 }
-QUANTIZED = {T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS}
+QUANTIZED = {T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS,
+             T.MXFP4}
 TENSOR_TYPES = {t.name: t for t in (T.F32, T.F16, T.BF16, *sorted(QUANTIZED, key=lambda t: t.value))}
 # rows whose length is not a multiple of a 256-block type's fall back to a 32-block type (llama.cpp's
 # tensor_type_fallback); a row that is not a multiple of 32 either, or of a 32-block type's, takes F16
@@ -216,7 +219,10 @@ def plan(tensors: list[tuple[str, tuple[int, ...], T]], type_name: str, *, pure:
         new = default
         note = ""
         if default in QUANTIZED:
-            if mixed:
+            if mixed and type_name == "MXFP4_MOE":  # llama.cpp's: experts MXFP4, the rest (output too) Q8_0
+                experts = len(shape) == 3 and shape[2] > 1 and not is_output
+                new, note = (T.MXFP4, "experts") if experts else (T.Q8_0, "not experts")
+            elif mixed:
                 if is_output:
                     if output_type is not None:
                         new = output_type

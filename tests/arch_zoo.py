@@ -1372,16 +1372,16 @@ def write_f16(name: str, path, scratch) -> None:
     _finish(w)
 
 
-def quantize_model_q4_k_m(name: str, tmp_path):
-    """quantize-model's Q4_K_M of zoo model `name` in its F16 form (write_f16), in tmp_path: (its sha256, its
-    path), to hold against llama-quantize's (the golden file's llama_quantize_q4_k_m_sha256)."""
+def quantize_model_q4_k_m(name: str, tmp_path, mix: str = "Q4_K_M"):
+    """quantize-model's Q4_K_M (or `mix`) of zoo model `name` in its F16 form (write_f16), in tmp_path: (its
+    sha256, its path), to hold against llama-quantize's (the golden file's llama_quantize_<mix>_sha256)."""
     import hashlib
     import subprocess
     import sys
 
-    src, dst = tmp_path / "f16.gguf", tmp_path / "q4_k_m.gguf"
+    src, dst = tmp_path / "f16.gguf", tmp_path / f"{mix.lower()}.gguf"
     write_f16(name, src, tmp_path / "scratch.gguf")
     r = subprocess.run([sys.executable, "-m", "edgeinfer.cli.main", "quantize-model", str(src), str(dst), "--type",
-                        "Q4_K_M"], capture_output=True, text=True, timeout=300)
+                        mix], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return hashlib.sha256(dst.read_bytes()).hexdigest(), dst

@@ -145,3 +145,19 @@ def test_reasoning_effort_needs_a_template_that_takes_it(zoo):
         _generation(other, {"model": "q", "messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "high"})
     with pytest.raises(APIError, match="must be low, medium or high"):
         _generation(other, {"model": "q", "messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "max"})
+
+
+def test_quantize_model_writes_llama_quantizes_mxfp4_moe_file_byte_for_byte(tmp_path):
+    """MXFP4_MOE of the zoo model's F16 form: the 3-D experts MXFP4, every other matrix (output and token_embd
+    too) Q8_0, the router, norms, biases and sinks kept; sha256 from llama-quantize (make_arch_golden.py)."""
+    import json
+
+    from arch_zoo import quantize_model_q4_k_m
+
+    want = json.load(open(golden_path("arch_zoo.json")))["models"]["gpt-oss"]["llama_quantize_mxfp4_moe_sha256"]
+    sha, dst = quantize_model_q4_k_m("gpt-oss", tmp_path, "MXFP4_MOE")
+    types = {n: t.ggml_type.name for n, t in GGUFFile(dst).tensors.items()}
+    assert (types["blk.0.ffn_up_exps.weight"], types["blk.0.attn_q.weight"], types["output.weight"],
+            types["token_embd.weight"], types["blk.0.ffn_gate_inp.weight"], types["blk.0.attn_sinks.weight"]) == \
+        ("MXFP4", "Q8_0", "Q8_0", "Q8_0", "F32", "F32")
+    assert sha == want
