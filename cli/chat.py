@@ -1,4 +1,5 @@
-"""`edgeinfer chat`: a conversation with a model at the terminal (from a pipe: one turn per input line)."""
+"""`edgeinfer chat`: a conversation with a model at the terminal (from a pipe: one turn per input line). A gpt-oss
+model's harmony reply is shown by channel: its reasoning dimmed, its answer as it is (edgeinfer.harmony)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import json
 import sys
 import time
 
+import dataclasses
+
 import click
 
 from edgeinfer import registry
+from edgeinfer.harmony import HarmonyParser, is_harmony
 
 from .common import constraint_kwargs, constraint_options, load, make_params, sampling_options, speculation_options
 
@@ -34,6 +38,9 @@ def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, se
     if interactive:
         _setup_readline()
         click.echo(f"edgeinfer chat: {llm.path.name} ({llm.config.arch}, {llm.config.n_layer} layers). {CHAT_HELP}")
+    harmony = is_harmony(llm.chat_template.source)
+    if harmony:  # its channels need the control tokens' text
+        params = dataclasses.replace(params, special_text=True)
     system = system_prompt
     history: list[dict] = []
     last = {}
@@ -80,13 +87,13 @@ def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, se
         answer, n = [], 0
         t0 = time.perf_counter()
         first = None
+        parser = HarmonyParser() if harmony else None
         try:
             for chunk in llm.stream(prompt_ids, params):
                 first = first or time.perf_counter()
-                answer.append(chunk.text)
                 n += len(chunk.token_ids)
-                click.echo(chunk.text, nl=False)
-                sys.stdout.flush()
+                _show(chunk.text, parser, answer)
+            _show("", parser, answer, True)
         except KeyboardInterrupt:
             click.echo(" [stopped]", nl=False)
         click.echo()
@@ -94,6 +101,17 @@ def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, se
         last = {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "ttft_s": round((first or end) - t0, 3),
                 "decode_tok_s": round((n - 1) / (end - first), 2) if first and n > 1 and end > first else None}
         history.append({"role": "assistant", "content": "".join(answer)})
+
+
+def _show(text: str, parser, answer: list, last: bool = False) -> None:
+    # a reply's new text at the terminal, and its answer kept for the history: as it is, or a harmony reply's
+    # pieces, the reasoning dimmed and left out of the history
+    pieces = [("content", text)] if parser is None else parser.feed(text) + (parser.finish() if last else [])
+    for kind, piece in pieces:
+        if kind == "content":
+            answer.append(piece)
+        click.echo(click.style(piece, dim=True) if kind == "reasoning" else piece, nl=False)
+    sys.stdout.flush()
 
 
 def _setup_readline():

@@ -958,6 +958,56 @@ def write_gpt_oss(path) -> None:
     _finish(w)
 
 
+def write_gpt_oss_bench(path) -> None:
+    """A realistic-shape random gpt-oss for benchmarks only (not in the golden file): gpt-oss-20b's layer (dim
+    2880, 64 query heads / 8 kv heads of 64, 32 experts of FFN 2880, 4 used, sliding window 128 on every other
+    layer, YaRN 32 from 4096) in 8 layers rather than 24, vocabulary 32768 rather than 201088; MXFP4 experts,
+    Q8_0 elsewhere (llama.cpp's MXFP4_MOE). About 3.4 GB; blocks from a pool of quantized random blocks."""
+    n_layer, dim, n_head, n_kv, hd, n_expert, n_used, ffn_exp = 8, 2880, 64, 8, 64, 32, 4, 2880
+    rng = np.random.default_rng(11)
+    pool: dict = {}
+    w = gguf.GGUFWriter(str(path), "gpt-oss")
+    _hparams(w, "gpt-oss", n_layer=n_layer, n_ctx=131072, dim=dim, ffn=ffn_exp, n_head=n_head, n_kv=n_kv, head_dim=hd,
+             base=150000.0, eps=1e-5)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_used)
+    w.add_expert_feed_forward_length(ffn_exp)
+    w.add_sliding_window(128)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(32.0)
+    w.add_rope_scaling_orig_ctx_len(4096)
+    specials = ["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>",
+                "<|constrain|>"]
+    vocab = _gpt2_vocab(w, specials, pre="gpt-4o", eos=5, template=None,
+                        n_extra=32768 - len(specials) - 256 - len(GPT2_MERGES))
+    q, f32 = _pooled_writers(w, rng, pool)
+    q("token_embd.weight", (vocab, dim), T.Q8_0, 0.5 * np.sqrt(dim))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        f32(p + "attn_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+        q(p + "attn_q.weight", (n_head * hd, dim), T.Q8_0)
+        q(p + "attn_k.weight", (n_kv * hd, dim), T.Q8_0)
+        q(p + "attn_v.weight", (n_kv * hd, dim), T.Q8_0)
+        f32(p + "attn_q.bias", 0.1 * rng.standard_normal(n_head * hd))
+        f32(p + "attn_k.bias", 0.1 * rng.standard_normal(n_kv * hd))
+        f32(p + "attn_v.bias", 0.1 * rng.standard_normal(n_kv * hd))
+        q(p + "attn_output.weight", (dim, n_head * hd), T.Q8_0)
+        f32(p + "attn_output.bias", 0.1 * rng.standard_normal(dim))
+        f32(p + "attn_sinks.weight", rng.standard_normal(n_head))
+        f32(p + "post_attention_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+        f32(p + "ffn_gate_inp.weight", rng.standard_normal((n_expert, dim)) * (3 / np.sqrt(dim)))
+        f32(p + "ffn_gate_inp.bias", 0.5 * rng.standard_normal(n_expert))
+        q(p + "ffn_gate_exps.weight", (n_expert, ffn_exp, dim), T.MXFP4)
+        q(p + "ffn_up_exps.weight", (n_expert, ffn_exp, dim), T.MXFP4)
+        q(p + "ffn_down_exps.weight", (n_expert, dim, ffn_exp), T.MXFP4)
+        f32(p + "ffn_gate_exps.bias", 0.2 * rng.standard_normal((n_expert, ffn_exp)))
+        f32(p + "ffn_up_exps.bias", 0.2 * rng.standard_normal((n_expert, ffn_exp)))
+        f32(p + "ffn_down_exps.bias", 0.1 * rng.standard_normal((n_expert, dim)))
+    f32("output_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+    q("output.weight", (vocab, dim), T.Q8_0, 4)
+    _finish(w)
+
+
 def write_nemotron_h(path) -> None:
     """nemotron_h (Nemotron-H / Nemotron Nano 2's layer kinds): 5 layers "M-*M-", each one block after an
     RMS norm: layers 0 and 3 Mamba2 mixers (d_inner 512 in 8 heads of 64, d_state 32 in 2 groups, 4 taps),
@@ -1329,6 +1379,7 @@ ZOO = {
     "lfm2_bench": write_lfm2_bench,
     "mamba2_bench": write_mamba2_bench,
     "qwen35_bench": write_qwen35_bench,
+    "gpt-oss_bench": write_gpt_oss_bench,
 }
 GOLDEN = [n for n in ZOO if not n.endswith("_bench")]  # the models tests/golden/arch_zoo.json covers
 

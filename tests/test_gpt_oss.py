@@ -161,3 +161,16 @@ def test_quantize_model_writes_llama_quantizes_mxfp4_moe_file_byte_for_byte(tmp_
             types["token_embd.weight"], types["blk.0.ffn_gate_inp.weight"], types["blk.0.attn_sinks.weight"]) == \
         ("MXFP4", "Q8_0", "Q8_0", "Q8_0", "F32", "F32")
     assert sha == want
+
+
+def test_the_cli_chat_keeps_only_the_answer_of_a_harmony_reply(capsys):
+    """`edgeinfer chat` shows the reasoning (dimmed on a terminal) then the answer, and only the answer goes
+    back into the conversation."""
+    from cli.chat import _show
+
+    text, answer, parser = ANALYSIS + FINAL, [], HarmonyParser()
+    for i in range(0, len(text), 4):
+        _show(text[i:i + 4], parser, answer)
+    _show("", parser, answer, True)
+    assert "".join(answer) == "It is 20 C in Paris."
+    assert capsys.readouterr().out == "The user wants the weather. Use the tool.It is 20 C in Paris."
