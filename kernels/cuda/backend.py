@@ -250,8 +250,7 @@ def _paged_attention(q, kc, vc, token_seq, positions, tables, bs, scale, window,
             out[t, h, i] = acc[i] / denom
 
 
-def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, out,
-                    sinks=None):
+def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, out, sinks=None):
     if v_cache.shape[2] > MAX_HEAD_DIM or q.shape[2] > MAX_HEAD_DIM or sinks is not None:
         raise ValueError(f"the CUDA backend handles head sizes up to {MAX_HEAD_DIM} and no attention sinks yet")
     grid, tb = _grid2(q.shape[0], q.shape[1])
