@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from .cpus import default_threads  # noqa: F401  (the kernels' default thread count, read here by the runtime)
 
 
 @dataclass(frozen=True)
@@ -119,14 +120,6 @@ class ModelConfig:
         conv = len(self.conv_layers) * self.dim * max(self.conv_l_cache - 1, 0)
         ssm = len(self.ssm_layers) * ((self.ssm_conv - 1) * self.ssm_conv_dim + self.ssm_inner * self.ssm_state)
         return 4 * (conv + ssm)
-
-
-def default_threads() -> int:
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:
-        n = os.cpu_count() or 1
-    return max(1, n)
 
 
 KV_TYPES = ("f32", "f16", "q8_0")

@@ -46,7 +46,7 @@ def system_info() -> dict:
     """The CPU, its ISA features, the kernel path (EDGEINFER_KERNELS or the best the CPU runs), threads."""
     import numba
 
-    from .config import default_threads
+    from .cpus import thread_plan
     from .kernels.cpu import simd
 
     feats = simd.host_features()
@@ -59,7 +59,8 @@ def system_info() -> dict:
         "small_kernel_path": simd.small_path(path),  # matmuls of at most small_tokens tokens
         "small_tokens": simd.SMALL_TOKENS,
         "kernel_paths_available": simd.native_paths(),
-        "threads": default_threads(),
+        "threads": (plan := thread_plan())["threads"],
+        "threads_why": plan["why"],
         "numba_threads": numba.config.NUMBA_NUM_THREADS,
         "threading_layer": threading_layer(),
         "numba": numba.__version__,
@@ -94,7 +95,7 @@ def format_system(info: dict) -> str:
                                                                    else " (forced by EDGEINFER_SMALL_KERNELS)" if os.environ.get("EDGEINFER_SMALL_KERNELS")
                                                                    else " (faster on this CPU)")),
             ("paths this CPU runs", ", ".join(info["kernel_paths_available"])),
-            ("threads", f"{info['threads']} (numba's pool: {info['numba_threads']})"),
+            ("threads", f"{info['threads']}: {info.get('threads_why', '')} (numba's pool: {info['numba_threads']})"),
             ("numba threading layer", info["threading_layer"]), ("numba", info["numba"]),
             ("kernel ISA tier", info["kernel_tier"])]
     rows += [(f"{name} cache", f"{path} ({info['cache_bytes'][name] / 1e6:.1f} MB)")
