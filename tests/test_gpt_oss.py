@@ -174,3 +174,19 @@ def test_the_cli_chat_keeps_only_the_answer_of_a_harmony_reply(capsys):
     _show("", parser, answer, True)
     assert "".join(answer) == "It is 20 C in Paris."
     assert capsys.readouterr().out == "The user wants the weather. Use the tool.It is 20 C in Paris."
+
+
+def test_ollama_generate_and_show_know_a_harmony_model(llm, zoo):
+    """/api/generate through the template parses the reply by channel too; /api/show lists thinking."""
+    from edgeinfer.openai import ollama_models, ollama_replies, ollama_requests
+
+    req = ollama_requests.parse_generate({"model": "gpt-oss", "prompt": "Hi"})
+    gen = ollama_requests.prepare(llm, "gpt-oss", req)
+    assert gen.harmony and gen.params.special_text
+    whole = ollama_replies.Replies(gen, req, llm.tokenizer).whole(ANALYSIS + FINAL, [], "stop", {})
+    assert (whole["thinking"], whole["response"]) == ("The user wants the weather. Use the tool.", "It is 20 C in Paris.")
+    raw = ollama_requests.prepare(llm, "gpt-oss", ollama_requests.parse_generate({"model": "gpt-oss", "prompt": "Hi",
+                                                                                   "raw": True}))
+    assert not raw.harmony and not raw.params.special_text  # a raw prompt's reply is the model's text as it is
+    with GGUFFile(zoo("gpt-oss")) as gf:
+        assert "thinking" in ollama_models.model_facts(gf)["capabilities"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .. import reasoning
+from .. import harmony, reasoning
 from .ollama_options import is_int
 from .times import rfc3339
 
@@ -84,7 +84,7 @@ def model_facts(gf) -> dict:
     encoder = arch in ENCODERS
     template = gf.get("tokenizer.chat_template") or ""
     caps = ["embedding"] if encoder else ["completion", "tools"] + (["insert"] if _can_infill(gf, tokens) else []) \
-        + (["thinking"] if reasoning.template_thinks(template) else [])
+        + (["thinking"] if reasoning.template_thinks(template) or harmony.is_harmony(template) else [])
     ctx = gf.get(f"{arch}.context_length")
     details = {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
                "parameter_size": human_count(n_params), "quantization_level": quantization_level(gf)}
