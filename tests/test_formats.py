@@ -27,7 +27,7 @@ TYPES = {
     T.Q4_K: ("k45", 148), T.Q5_K: ("k45", 180),     # the 12 bytes of 6-bit scales decoded to 16
     T.Q6_K: ("q6_k", 274),                          # its values a byte each
     T.Q3_K: ("k23", 114), T.Q2_K: ("k23", 84),
-    T.MXFP4: ("mxfp4", 18),                         # its E8M0 scale as bfloat16 bits
+    T.MXFP4: ("mxfp4", 17),                         # as in the file: 16 bytes of nibbles, the E8M0 scale byte
 }
 
 

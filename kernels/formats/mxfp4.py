@@ -2,10 +2,14 @@
 E8M0 scale byte e (value = grid[q] * 2^(e - 128), grid gguf's MXFP4.kvalues: the E2M1 values doubled, so that
 they are integers, -12 .. 12).
 
-Repacked as IQ4_NL (Q4_0's packing: byte j holds element j low, element j + 16 high) with the scale as the
-bfloat16 bits of 2^(e - 128) (exact for every e, where float16 holds only e in 104 .. 143): its own kinds,
-MXFP4 (family mx4, the portable path's) and MXFP4_X8 (family mxx8: IQ4_NL_X8's layout and kernels, their
-grid and scale loads swapped), so that the IQ4_NL units are compiled without it."""
+Repacked as IQ4_NL's nibbles (Q4_0's packing: byte j holds element j low, element j + 16 high) with the scale
+bytes kept as they are, two to a uint16 of `d` (byte i of a row's d is block i's e), so a matrix takes the
+file's 4.25 bits a weight: its own kinds, MXFP4 (family mx4, the portable path's) and MXFP4_X8 (family mxx8:
+IQ4_NL_X8's layout and kernels, their grid and scale loads swapped: simd.mxgrid16, simd.loade8m0), so that the
+IQ4_NL units are compiled without it. Interleaved, a block's eight rows' scale bytes lie side by side (d
+(G, nb * 4) uint16: eight bytes a block). 2^(e - 128) is exact in float32 for every e (E8M0, below)."""
+
+import dataclasses
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
@@ -13,38 +17,47 @@ from gguf.quants import MXFP4 as _MXFP4
 
 from .. import kinds
 from . import legacy
-from .base import Type, flat
+from .base import Type, flat, replace
 
 GRID = np.array(_MXFP4.kvalues, np.float32)  # the 16 values (E2M1 doubled)
+E8M0 = _MXFP4.e8m0_to_fp32_half(np.arange(256, dtype=np.uint8)).astype(np.float32)  # e -> 2^(e - 128)
 
 
-def scale_bits(e: np.ndarray) -> np.ndarray:
-    """E8M0 bytes -> the bfloat16 bits of 2^(e - 128) (gguf's e8m0_to_fp32_half, whose float32 has a zero
-    low half for every e)."""
-    return (_MXFP4.e8m0_to_fp32_half(np.ascontiguousarray(e, np.uint8)).view(np.uint32) >> 16).astype(np.uint16)
+def pack_bytes(e: np.ndarray) -> np.ndarray:
+    """(N, nb) uint8 -> (N, ceil(nb / 2)) uint16, byte i of a row's the i-th (little-endian; a zero pad byte)."""
+    n, nb = e.shape
+    out = np.zeros((n, 2 * (-(-nb // 2))), np.uint8)
+    out[:, :nb] = e
+    return out.view(np.uint16)
 
 
 def _repack(blocks, n, k):
-    # e | qs[16] -> IQ4_NL's qs and a bfloat16 scale per 32
-    return {"qs": flat(blocks, 1, 17), "d": scale_bits(blocks[:, :, 0]).reshape(n, -1)}
+    # e | qs[16] -> IQ4_NL's qs, and the scale bytes two to a uint16
+    return {"qs": flat(blocks, 1, 17), "d": pack_bytes(np.ascontiguousarray(blocks[:, :, 0]))}
 
 
-TYPES = (Type(T.MXFP4, kinds.MXFP4, {"e": (0, 1), "qs": (1, 17)}, repack=_repack),)
+@dataclasses.dataclass(frozen=True)
+class _Bytes(Type):
+    def loaded_bytes(self, n_elements: int, file_bytes: int) -> int:
+        return file_bytes  # the file's bytes, as they are (a row of an odd number of blocks: a pad byte more)
+
+
+TYPES = (_Bytes(T.MXFP4, kinds.MXFP4, {"e": (0, 1), "qs": (1, 17)}, repack=_repack),)
 
 
 def group(kind, qs, qh, sc, d, m, luts, n, g, y):
-    # elements [32 g, 32 g + 32) of row n of W -> y (32,) float32; luts[1]: bfloat16 bits -> float32
-    lut = luts[1]
+    # elements [32 g, 32 g + 32) of row n of W -> y (32,) float32
     if kind == kinds.MXFP4:
-        db = lut[d[n, g]]
+        db = E8M0[(d[n, g >> 1] >> ((g & 1) << 3)) & 255]
         for j in range(16):
             q = qs[n, g * 16 + j]
             y[j] = db * GRID[q & 15]
             y[j + 16] = db * GRID[q >> 4]
-    else:  # eight rows interleaved, as IQ4_NL_X8
+    else:  # eight rows interleaved, as IQ4_NL_X8; byte g * 8 + r of the group's scales is row r's
         G = n // 8
         r = n % 8
-        db = lut[d[G, g * 8 + r]]
+        i = g * 8 + r
+        db = E8M0[(d[G, i >> 1] >> ((i & 1) << 3)) & 255]
         for i in range(32):
             v = i // 4
             b = qs[G, g * 128 + (v % 4) * 32 + r * 4 + i % 4]
@@ -57,9 +70,16 @@ def element(kind, qs, qh, sc, d, m, luts, n, k):
     g = k // 32
     j = k % 32
     b = qs[n, g * 16 + j % 16]
-    return luts[1, d[n, g]] * GRID[(b & 15) if j < 16 else (b >> 4)]
+    return E8M0[(d[n, g >> 1] >> ((g & 1) << 3)) & 255] * GRID[(b & 15) if j < 16 else (b >> 4)]
 
 
 transform = legacy.transform
-regroup = legacy.regroup
 BITS = {}
+
+
+def regroup(w, inplace):
+    """IQ4_NL_X8's layout (legacy.regroup) of the nibbles, and each block's eight rows' scale bytes side by side."""
+    n, nb = w.shape[0], w.shape[1] // 32
+    e = np.ascontiguousarray(w.d.view(np.uint8)[:, :nb])
+    x = legacy.regroup(replace(w, d=e), inplace)
+    return replace(x, d=np.ascontiguousarray(x.d).view(np.uint16))

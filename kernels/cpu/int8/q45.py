@@ -1,12 +1,12 @@
 """Row-major Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (quant/repack.py; the portable path): one row and one token at
-a time. Row-major MXFP4 (family mx4) too: IQ4_NL's loop on its own grid, its scales bfloat16 bits."""
+a time. Row-major MXFP4 (family mx4) too: IQ4_NL's loop on its own grid, its scales E8M0 bytes."""
 
 import numpy as np
 from numba import njit
 
 from ... import kinds
 from .common import EXACT, i8
-from .q8x8 import GRID, MX_GRID
+from .q8x8 import GRID, MX_GRID, e8m0_at
 
 has_qh = kinds.predicate("has_qh", within="q45")    # Q5_0, Q5_1
 has_min = kinds.predicate("has_min", within="q45")  # Q4_1, Q5_1
@@ -83,12 +83,12 @@ def rows_q45(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
 
 @njit(cache=True, fastmath=EXACT)
 def rows_mx4(isa, qs, d, luts, xq, xd, out, n0, n1):
-    # row-major MXFP4: d holds bfloat16 bits (luts[1])
+    # row-major MXFP4: d holds the E8M0 bytes, two to a uint16
     T, K = xq.shape
     nb = K // 32
     for n in range(n0, n1):
         for t in range(T):
             acc = np.float32(0.0)
             for g in range(nb):
-                acc += luts[1, d[n, g]] * xd[t, g] * np.float32(_mx_portable(qs[n], g * 16, xq[t], g * 32))
+                acc += e8m0_at(d, n, g) * xd[t, g] * np.float32(_mx_portable(qs[n], g * 16, xq[t], g * 32))
             out[t, n] = acc

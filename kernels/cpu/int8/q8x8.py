@@ -9,14 +9,15 @@ time which loads it holds. On the avx512 path (_q8x8_zmm) a zmm vector holds two
 goes in unsigned (IQ4_NL's grid + 128, Q8_0's bytes + 128: AVX-512 has no vpsignb).
 
 MXFP4 (family mxx8, kernels/formats/mxfp4.py) runs here too: IQ4_NL's layout with its own 16-value grid (the
-E2M1 values doubled, simd.mxgrid16) and its scales as bfloat16 bits (simd.loadbf8): `is_grid` says which of
-the three a unit's weights are, a constant in every unit (each family is one)."""
+E2M1 values doubled, simd.mxgrid16) and its scales E8M0 bytes, eight rows' side by side (simd.loade8m0): `is_grid`
+says which of the three a unit's weights are, a constant in every unit (each family is one)."""
 
 import numpy as np
 from numba import njit
 from numba.extending import overload
 
 from ... import kinds
+from ...formats.mxfp4 import E8M0
 from .. import simd
 from ..simd import VNNI_PATHS, kinds_of, path_of
 from .common import EXACT, PREFETCH, SDOT_PATHS, X8_TOKENS, by_path, dot8, dot8w, i8, row_tiles8, row_tiles16
@@ -68,14 +69,21 @@ def _grid(isa, nl, v):
 
 @njit(inline="always", cache=True)
 def _scales(nl, d, o):
-    # the eight rows' block scales at d[o:o + 8]: float16 bits, MXFP4's bfloat16 bits
-    return simd.loadbf8(d, o) if nl == MX else simd.loadf8(d, o)
+    # the eight rows' block scales of the block whose float16 scales are d[o:o + 8] (o = 8 x the block's index);
+    # MXFP4's are its eight E8M0 bytes, at d[o / 2:o / 2 + 4]
+    return simd.loade8m0(d, o >> 1) if nl == MX else simd.loadf8(d, o)
 
 
 @njit(inline="always", cache=True)
 def _scales_w(nl, d, o, p):
     # _scales of two row groups as one f32x16
-    return simd.loadbf8(d, o, p) if nl == MX else simd.loadf8(d, o, p)
+    return simd.loade8m0(d, o >> 1, p >> 1) if nl == MX else simd.loadf8(d, o, p)
+
+
+@njit(inline="always", cache=True)
+def e8m0_at(d, n, i):
+    """2^(e - 128) for the E8M0 byte i of row n of d (uint16, two bytes each, little-endian)."""
+    return E8M0[(np.int64(d[n, i >> 1]) >> ((i & 1) << 3)) & 255]
 
 
 @njit(inline="always", cache=True)
@@ -210,7 +218,8 @@ def _q8x8_portable(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
                     else:
                         w = i8(qs[grp, ((b * 8 + i // 4) * 8 + r) * 4 + i % 4])
                     isum += w * i8(xq[t, b * 32 + i])
-                acc = simd.fma1(np.float32(isum), luts[1 if nl == MX else 0, d[grp, b * 8 + r]] * xd[t, b], acc)
+                dw = e8m0_at(d, grp, b * 8 + r) if nl == MX else luts[0, d[grp, b * 8 + r]]
+                acc = simd.fma1(np.float32(isum), dw * xd[t, b], acc)
             out[t, n] = acc
 
 

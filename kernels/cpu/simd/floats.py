@@ -125,6 +125,31 @@ def loadbf8(typingctx, a, *offsets):
     return t(a, types.StarArgTuple.from_types([types.intp] * n)), codegen
 
 
+@intrinsic
+def loade8m0(typingctx, a, *offsets):
+    """The eight E8M0 bytes at a.flat[i : i + 4] of a uint16 array -> f32x8 of 2^(e - 128) (gguf's
+    e8m0_to_fp32_half: (e - 1) << 23 as float32 bits, 0x00200000 << e for e 0 and 1), exactly; loade8m0(a, i0,
+    i1): the eight at each as one f32x16, i0's the low half."""
+    n = len(offsets)
+    if a.dtype != types.uint16 or n not in (1, 2):
+        return None
+    t = f32x8 if n == 1 else f32x16
+    elem = ir.VectorType(ir.IntType(8), 8)
+
+    def codegen(context, builder, signature, args):
+        v = _load_halves(context, builder, signature.args[0], args[0], _offsets(builder, args, n), elem, 1, elem=True)
+        lanes = 8 * n
+        i32 = ir.VectorType(ir.IntType(32), lanes)
+        c = lambda x: ir.Constant(i32, [x] * lanes)  # noqa: E731
+        e = builder.zext(v, i32)
+        normal = builder.shl(builder.sub(e, c(1)), c(23))
+        tiny = builder.shl(c(0x00200000), e)
+        bits = builder.select(builder.icmp_unsigned("<", e, c(2)), tiny, normal)
+        return builder.bitcast(bits, t.llvm_type())
+
+    return t(a, types.StarArgTuple.from_types([types.intp] * n)), codegen
+
+
 loadf16 = _named("loadf16", """a.flat[i : i + 16] -> f32x16, a float32 array.""", _load(f32x16))
 storef8 = _named("storef8", """a.flat[i : i + 8] = v (f32x8), or a.flat[i : i + 16] = v (f32x16), a float32 array.""",
                  _store("f32"))
