@@ -95,6 +95,8 @@ def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, se
                 _show(chunk.text, parser, answer)
             _show("", parser, answer, True)
         except KeyboardInterrupt:
+            if parser is not None:  # what the parser held back (a tag's start, a call) still counts
+                _show("", parser, answer, True)
             click.echo(" [stopped]", nl=False)
         click.echo()
         end = time.perf_counter()

@@ -39,14 +39,16 @@ def _read(path: str) -> str | None:
 
 
 def physical_cores(cpus: list[int], sys_cpu: str = SYS_CPU) -> int | None:
-    """How many distinct cores (package and core id) the CPUs are on; None where the topology cannot be read."""
+    """How many distinct cores the CPUs are on: distinct sets of SMT siblings (topology/core_cpus_list, older
+    kernels' thread_siblings_list; not package and core id, which restart in each cluster of an ARM board); None
+    where the topology cannot be read."""
     cores = set()
     for c in cpus:
-        pkg = _read(f"{sys_cpu}/cpu{c}/topology/physical_package_id")
-        core = _read(f"{sys_cpu}/cpu{c}/topology/core_id")
-        if pkg is None or core is None:
+        siblings = _read(f"{sys_cpu}/cpu{c}/topology/core_cpus_list") or \
+            _read(f"{sys_cpu}/cpu{c}/topology/thread_siblings_list")
+        if not siblings:
             return None
-        cores.add((pkg, core))
+        cores.add(siblings)
     return len(cores) or None
 
 

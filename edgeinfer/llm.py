@@ -41,6 +41,7 @@ class Completion:
     logprobs: list[dict] | None = None
     timings: dict = field(default_factory=dict)
     tool_calls: list[dict] = field(default_factory=list)  # LLM.chat with tools: OpenAI's tool_calls
+    reasoning: str | None = None  # LLM.chat of a harmony model (gpt-oss): its analysis channel (text: the answer)
 
 
 @dataclass
@@ -358,6 +359,7 @@ class LLM:
         the reply to calls whose arguments match the tool's parameter schema."""
         from dataclasses import replace
 
+        from .harmony import is_harmony, split_harmony
         from .tools import call_grammar, parse_reply, parse_tools
 
         specs, choice = parse_tools(tools, tool_choice)
@@ -368,7 +370,12 @@ class LLM:
             if params.constrained:
                 raise ValueError("tool_choice required or a named function cannot be combined with another constraint")
             params = replace(params, grammar=grammar)
+        harmony = is_harmony(self.chat_template.source)
+        if harmony:  # gpt-oss: the reply parsed by channel, which needs the control tokens' text
+            params = replace(params, special_text=True)
         comp = self.generate(self.render_chat(messages, tools=shown), params)[0]
+        if harmony:
+            comp.reasoning, comp.text = split_harmony(comp.text)
         if shown:
             content, calls = parse_reply(comp.text, specs)
             if calls:

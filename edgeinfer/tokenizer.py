@@ -81,6 +81,8 @@ class Tokenizer:
             i = self._special_text.get(name)
             if i is not None and self.token_types[i] == CONTROL and not (harmony and name == "<|end|>"):
                 stops.add(i)
+        if harmony and "<|end|>" in self._special_text:  # even where the file names it its end-of-turn token
+            stops.discard(self._special_text["<|end|>"])  # (llama.cpp drops it from its EOG list)
         self.stop_ids = frozenset(stops)
 
         if self.model == "gpt2":

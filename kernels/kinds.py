@@ -93,7 +93,7 @@ _ROW_MAJOR = (
     (18, "IQ4_NL", T.IQ4_NL, Q8, "q45", ("qs", "d")),  # Q4_0's packing, each nibble an index into the 16-value grid
     (20, "Q3_K", T.Q3_K, Q8_K, "k23", ("qs", "qh", "sc", "d")),  # two low bits, the hmask bit, int8 scale per 16
     (21, "Q2_K", T.Q2_K, Q8_K, "k23", ("qs", "sc", "d", "m")),   # two bits; per 16 a 4-bit scale and 4-bit min
-    (24, "MXFP4", T.MXFP4, Q8, "mx4", ("qs", "d")),  # Q4_0's packing into the E2M1 grid, d a power of two (bfloat16)
+    (24, "MXFP4", T.MXFP4, Q8, "mx4", ("qs", "d")),  # Q4_0's packing into the E2M1 grid, d its E8M0 scale bytes
 )
 # interleaved twin id, row-major id, family
 _INTERLEAVED = ((10, 3, "x8"), (11, 4, "x8"), (12, 5, "x8"), (13, 6, "x8"),

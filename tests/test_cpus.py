@@ -10,13 +10,18 @@ import pytest
 from edgeinfer.cpus import cpu_quota, physical_cores, thread_plan
 
 
-def fake_topology(root, cores):
-    """CPU i on (package 0, core cores[i])."""
+def fake_topology(root, cores, modern=True):
+    """CPU i on core cores[i] (package 0, core_id the core), its SMT siblings listed in core_cpus_list (older
+    kernels: thread_siblings_list only)."""
     for i, core in enumerate(cores):
         d = root / f"cpu{i}" / "topology"
         d.mkdir(parents=True)
         (d / "physical_package_id").write_text("0\n")
         (d / "core_id").write_text(f"{core}\n")
+        siblings = ",".join(str(j) for j, c in enumerate(cores) if c == core)
+        (d / "thread_siblings_list").write_text(siblings + "\n")
+        if modern:
+            (d / "core_cpus_list").write_text(siblings + "\n")
     return str(root)
 
 
@@ -39,6 +44,20 @@ def test_smt_siblings_count_once(tmp_path):
     assert physical_cores([0, 1, 2], sys_cpu) == 2  # an affinity that holds both siblings of core 0
     plan = thread_plan(sys_cpu, str(tmp_path / "none"), str(tmp_path / "none"), cpus=list(range(8)))
     assert plan["threads"] == 4 and plan["why"] == "4 physical cores of 8 CPUs allowed; no CPU quota"
+
+
+def test_an_arm_board_of_clusters_counts_every_core(tmp_path):
+    """An RK3588-like board: core_id restarts at 0 in each cluster (4 + 2 + 2), no SMT: 8 cores, not 4."""
+    sys_cpu = tmp_path / "cpu"
+    for i, core in enumerate([0, 1, 2, 3, 0, 1, 0, 1]):
+        d = sys_cpu / f"cpu{i}" / "topology"
+        d.mkdir(parents=True)
+        (d / "physical_package_id").write_text("0\n")
+        (d / "core_id").write_text(f"{core}\n")
+        (d / "core_cpus_list").write_text(f"{i}\n")
+    assert physical_cores(list(range(8)), str(sys_cpu)) == 8
+    old = fake_topology(tmp_path / "old", [0, 0, 1, 1], modern=False)  # thread_siblings_list alone
+    assert physical_cores([0, 1, 2, 3], old) == 2
 
 
 def test_an_unreadable_topology_counts_the_cpus(tmp_path):

@@ -190,3 +190,20 @@ def test_ollama_generate_and_show_know_a_harmony_model(llm, zoo):
     assert not raw.harmony and not raw.params.special_text  # a raw prompt's reply is the model's text as it is
     with GGUFFile(zoo("gpt-oss")) as gf:
         assert "thinking" in ollama_models.model_facts(gf)["capabilities"]
+
+
+def test_the_python_chat_parses_a_harmony_reply(llm, monkeypatch):
+    """LLM.chat on a harmony model asks for the control tokens' text and splits the reply: reasoning apart, the
+    answer as text, a call as tool_calls (the generation itself stubbed with a reply the model would give)."""
+    from edgeinfer.llm import Completion
+
+    seen = {}
+
+    def generate(prompts, params):
+        seen["special"] = params.special_text
+        return [Completion(ANALYSIS + CALL, [], [], "stop")]
+
+    monkeypatch.setattr(llm, "generate", generate)
+    comp = llm.chat([{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS)
+    assert seen["special"] and comp.reasoning == "The user wants the weather. Use the tool."
+    assert comp.finish_reason == "tool_calls" and comp.tool_calls[0]["function"]["name"] == "get_weather"

@@ -39,7 +39,7 @@ def _repack(blocks, n, k):
 @dataclasses.dataclass(frozen=True)
 class _Bytes(Type):
     def loaded_bytes(self, n_elements: int, file_bytes: int) -> int:
-        return file_bytes  # the file's bytes, as they are (a row of an odd number of blocks: a pad byte more)
+        return file_bytes  # the file's bytes (a row of an odd number of blocks holds a pad byte more, not counted)
 
 
 TYPES = (_Bytes(T.MXFP4, kinds.MXFP4, {"e": (0, 1), "qs": (1, 17)}, repack=_repack),)

@@ -34,7 +34,7 @@ def rows_q8x8(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
 
 def is_grid(isa, kind):
     """What the weights are: BYTES (Q8_0's), NL (IQ4_NL's nibbles into its grid) or MX (MXFP4's nibbles
-    into its grid, bfloat16 scales); nonzero for a grid. A constant where the unit's kinds (isa) hold one
+    into its grid, E8M0 scale bytes); nonzero for a grid. A constant where the unit's kinds (isa) hold one
     of the three, else the kind's test."""
 
 

@@ -107,25 +107,6 @@ def loadf8(typingctx, a, *offsets):
 
 
 @intrinsic
-def loadbf8(typingctx, a, *offsets):
-    """a.flat[i : i + 8] -> f32x8: bfloat16 bit patterns (uint16) widened, exactly (each shifted into a
-    float32's high half); loadbf8(a, i0, i1): the 8 at each as one f32x16, i0's the low half."""
-    n = len(offsets)
-    if a.dtype != types.uint16 or n not in (1, 2):
-        return None
-    t = f32x8 if n == 1 else f32x16
-    elem = ir.VectorType(ir.IntType(16), 8)
-
-    def codegen(context, builder, signature, args):
-        v = _load_halves(context, builder, signature.args[0], args[0], _offsets(builder, args, n), elem, 2, elem=True)
-        i32 = ir.VectorType(ir.IntType(32), 8 * n)
-        wide = builder.shl(builder.zext(v, i32), ir.Constant(i32, [16] * (8 * n)))
-        return builder.bitcast(wide, t.llvm_type())
-
-    return t(a, types.StarArgTuple.from_types([types.intp] * n)), codegen
-
-
-@intrinsic
 def loade8m0(typingctx, a, *offsets):
     """The eight E8M0 bytes at a.flat[i : i + 4] of a uint16 array -> f32x8 of 2^(e - 128) (gguf's
     e8m0_to_fp32_half: (e - 1) << 23 as float32 bits, 0x00200000 << e for e 0 and 1), exactly; loade8m0(a, i0,
