@@ -22,20 +22,12 @@ def _q4_portable(w, wo, x, xo):
 
 
 @njit(cache=True)
-def _nl_portable(w, wo, x, xo):
+def _grid_portable(grid, w, wo, x, xo):
+    # a block of nibbles into a 16-value grid (IQ4_NL's, MXFP4's) against the activation bytes
     s = np.int32(0)
     for j in range(16):
         q = np.int32(w[wo + j])
-        s += GRID[q & 15] * i8(x[xo + j]) + GRID[q >> 4] * i8(x[xo + 16 + j])
-    return s
-
-
-@njit(cache=True)
-def _mx_portable(w, wo, x, xo):
-    s = np.int32(0)
-    for j in range(16):
-        q = np.int32(w[wo + j])
-        s += MX_GRID[q & 15] * i8(x[xo + j]) + MX_GRID[q >> 4] * i8(x[xo + 16 + j])
+        s += grid[q & 15] * i8(x[xo + j]) + grid[q >> 4] * i8(x[xo + 16 + j])
     return s
 
 
@@ -73,7 +65,7 @@ def rows_q45(isa, kind, qs, qh, d, m, luts, xq, xd, xs, out, n0, n1):
                          | (np.uint32(qh[n, 4 * g + 2]) << 16) | (np.uint32(qh[n, 4 * g + 3]) << 24))
                     isum = _q5_portable(qs[n], g * 16, h, xq[t], g * 32)
                 elif nl:
-                    isum = _nl_portable(qs[n], g * 16, xq[t], g * 32)
+                    isum = _grid_portable(GRID, qs[n], g * 16, xq[t], g * 32)
                 else:
                     isum = _q4_portable(qs[n], g * 16, xq[t], g * 32)
                 acc += dw * xd[t, g] * np.float32(isum)
@@ -90,5 +82,5 @@ def rows_mx4(isa, qs, d, luts, xq, xd, out, n0, n1):
         for t in range(T):
             acc = np.float32(0.0)
             for g in range(nb):
-                acc += e8m0_at(d, n, g) * xd[t, g] * np.float32(_mx_portable(qs[n], g * 16, xq[t], g * 32))
+                acc += e8m0_at(d, n, g) * xd[t, g] * np.float32(_grid_portable(MX_GRID, qs[n], g * 16, xq[t], g * 32))
             out[t, n] = acc

@@ -248,23 +248,22 @@ def _q8x8_simd(isa, kind, qs, d, luts, xq, xd, out, n0, n1):
 
 
 @njit(inline="always", cache=True)
+def _gridw(nl, v):
+    # the grid values + 128 of a wide vector of nibbles (_grid's, on zmm)
+    return simd.mxgrid16u(v) if nl == MX else simd.grid16u(v)
+
+
+@njit(inline="always", cache=True)
 def _weights_w(nl, qs, blk, blk2):
     # blocks blk (rows of group g) and blk2 (group g + 1) as eight wide vectors of unsigned weights (w + 128):
-    # IQ4_NL's grid + 128, Q8_0's bytes flipped
-    if nl == MX:
-        o, p = blk * 128, blk2 * 128
-        v0, v1 = simd.load32(qs, o, p), simd.load32(qs, o + 32, p + 32)
-        v2, v3 = simd.load32(qs, o + 64, p + 64), simd.load32(qs, o + 96, p + 96)
-        return (simd.mxgrid16u(simd.low4(v0)), simd.mxgrid16u(simd.low4(v1)), simd.mxgrid16u(simd.low4(v2)),
-                simd.mxgrid16u(simd.low4(v3)), simd.mxgrid16u(simd.shr4(v0)), simd.mxgrid16u(simd.shr4(v1)),
-                simd.mxgrid16u(simd.shr4(v2)), simd.mxgrid16u(simd.shr4(v3)))
+    # IQ4_NL's or MXFP4's grid + 128, Q8_0's bytes flipped
     if nl:
         o, p = blk * 128, blk2 * 128
         v0, v1 = simd.load32(qs, o, p), simd.load32(qs, o + 32, p + 32)
         v2, v3 = simd.load32(qs, o + 64, p + 64), simd.load32(qs, o + 96, p + 96)
-        return (simd.grid16u(simd.low4(v0)), simd.grid16u(simd.low4(v1)), simd.grid16u(simd.low4(v2)),
-                simd.grid16u(simd.low4(v3)), simd.grid16u(simd.shr4(v0)), simd.grid16u(simd.shr4(v1)),
-                simd.grid16u(simd.shr4(v2)), simd.grid16u(simd.shr4(v3)))
+        return (_gridw(nl, simd.low4(v0)), _gridw(nl, simd.low4(v1)), _gridw(nl, simd.low4(v2)),
+                _gridw(nl, simd.low4(v3)), _gridw(nl, simd.shr4(v0)), _gridw(nl, simd.shr4(v1)),
+                _gridw(nl, simd.shr4(v2)), _gridw(nl, simd.shr4(v3)))
     o, p = blk * 256, blk2 * 256
     return (simd.flip8(simd.load32(qs, o, p)), simd.flip8(simd.load32(qs, o + 32, p + 32)),
             simd.flip8(simd.load32(qs, o + 64, p + 64)), simd.flip8(simd.load32(qs, o + 96, p + 96)),
