@@ -155,6 +155,11 @@ def matrix_kinds(gf: GGUFFile, kb) -> set[int]:
             if len(t.shape) in (2, 3) and t.ggml_type in KIND and is_quantized(KIND[t.ggml_type])}
 
 
+def has_experts(gf: GGUFFile) -> bool:
+    """Whether a file's layers hold a mixture of experts (blk.N.ffn_*_exps tensors)."""
+    return any("_exps." in name for name in gf.tensors)
+
+
 def rope_inv_freq(dim: int, base: float, freq_scale: float = 1.0, factors: np.ndarray | None = None) -> np.ndarray:
     # angle_i = pos * freq_scale * base^(-2i/dim) / factor_i, i < dim/2
     inv = freq_scale * base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
@@ -169,4 +174,5 @@ def check_vocab(gf: GGUFFile, n_vocab: int) -> None:
         raise ModelLoadError(f"the vocabulary has {len(tokens)} tokens but token_embd has {n_vocab} rows")
 
 
-__all__ = ["GGUFError", "ModelLoadError", "WeightLoader", "check_vocab", "matrix_kinds", "meta", "rope_inv_freq"]
+__all__ = ["GGUFError", "ModelLoadError", "WeightLoader", "check_vocab", "has_experts", "matrix_kinds", "meta",
+           "rope_inv_freq"]

@@ -21,7 +21,7 @@ from edgeinfer import LLM, SamplingParams
 from edgeinfer.engine.kv_cache import KVCache
 from edgeinfer.engine.model_runner import Batch
 from edgeinfer.gguf_file import GGUFFile
-from edgeinfer.kernels import get_backend
+from edgeinfer.kernels import get_backend, kinds
 from edgeinfer.models import load_model
 from test_golden import LOGIT_TOL, LOGPROB_TOL, LSE_TOL, TIE_MARGIN, compare_greedy
 
@@ -314,15 +314,22 @@ def test_rope_factor_models_load_on_the_cuda_backend(zoo, name):
 
 def test_the_parallel_compile_plans_the_step_signature_models_run(zoo):
     """The worker processes compile the step for the argument types LayerStack.run passes (a mismatch
-    makes a first run compile it again in the main process), dense and MoE models alike."""
+    makes a first run compile it again in the main process), dense and MoE models alike; a model with
+    experts also gets the experts unit (its FFN, compiled beside the step), a dense model never does."""
     from edgeinfer.kernels.cpu import parallel_compile, step
+    from edgeinfer.kernels.cpu.parts import moe as moe_part
+    from edgeinfer.models.common import has_experts
 
     for name in ("qwen3", "qwen3moe"):
-        m = load_model(GGUFFile(zoo(name)), kb)
+        gf = GGUFFile(zoo(name))
+        m = load_model(gf, kb)
         c = m.cfg
         cache = KVCache(c.n_layer, 8, BS, c.n_kv_head, c.head_dim, c.v_head_dim, dtype="f16", kb=kb)
         m.forward(Batch([5, 6], [0, 1], [0, 0], [0, 1], np.arange(8)[None], [1]), cache)
+        jobs = {j.name: j for j in parallel_compile.plan("avx2", {kinds.Q8_0}, ["f16"], experts=has_experts(gf))}
+        assert ("experts" in jobs) == (name == "qwen3moe")
     assert parallel_compile.step_sig("f16") in {tuple(s) for s in step.forward_layers.signatures}
+    assert jobs["experts"].sig in {tuple(s) for s in moe_part.forward.signatures}
 
 
 def test_qwen3_thinking_switch_reaches_the_template(zoo):

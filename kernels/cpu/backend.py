@@ -114,13 +114,14 @@ _NO_Q8K = (np.empty((0, 0), np.uint8), np.empty((0, 0), np.float32), np.empty((0
            np.empty((0, 0), np.int32))
 
 
-def precompile(kinds, kv_type: str, stream=None):
+def precompile(kinds, kv_type: str, stream=None, experts: bool = False):
     """Start compiling, in worker processes, the kernels a model with matrices of these kinds (as this
-    backend holds them: `kind_of`) and this KV type needs and the cache lacks (parallel_compile.py);
-    `ready` waits for it."""
+    backend holds them: `kind_of`), this KV type and (experts) a mixture of experts needs and the cache
+    lacks (parallel_compile.py); `ready` waits for it."""
     from . import parallel_compile
 
-    return parallel_compile.start(KERNEL_PATH, kinds, [kv_type], stream=stream, small_path=SMALL_PATH)
+    return parallel_compile.start(KERNEL_PATH, kinds, [kv_type], stream=stream, small_path=SMALL_PATH,
+                                  experts=experts)
 
 
 def kind_of(kind: int) -> int:

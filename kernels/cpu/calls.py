@@ -24,7 +24,7 @@ from . import simd
 # -- the call -------------------------------------------------------------------------------------
 
 
-def _codegen(argtys):
+def call_codegen(argtys):
     # the call of the function at address args[0] with args[1:], in Numba's calling convention; an error
     # it reports is raised in the caller
     def codegen(context, builder, signature, args):
@@ -38,7 +38,7 @@ def _codegen(argtys):
     return codegen
 
 
-def _check(what: str, argtys: tuple, fits: bool) -> None:
+def check(what: str, argtys: tuple, fits: bool) -> None:
     if not fits:
         raise TypingError(f"a call of the {what} unit with {argtys}, not its signature")
 
@@ -47,8 +47,8 @@ def _check(what: str, argtys: tuple, fits: bool) -> None:
 def call_rows(typingctx, addr, w, q8, q8k, luts, out, n0, n1):
     """The rows unit at addr (Table slot of w's kind): rows [n0, n1) of W @ x -> out, as int8.rows_any."""
     argtys = (w, q8, q8k, luts, out, n0, n1)
-    _check("matmul rows", argtys, argtys == ROWS_SIG)
-    return types.void(addr, *argtys), _codegen(argtys)
+    check("matmul rows", argtys, argtys == ROWS_SIG)
+    return types.void(addr, *argtys), call_codegen(argtys)
 
 
 @intrinsic
@@ -56,8 +56,8 @@ def call_attention(typingctx, addr, q, k_cache, v_cache, token_seq, positions, b
                    window, softcap, sinks, out):
     """The attention unit at addr (Table slot ATTENTION): attention.paged_attention's arguments."""
     argtys = (q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, sinks, out)
-    _check("attention", argtys, any(argtys == attention_sig(kv) for kv in KV_DTYPES))
-    return types.void(addr, *argtys), _codegen(argtys)
+    check("attention", argtys, any(argtys == attention_sig(kv) for kv in KV_DTYPES))
+    return types.void(addr, *argtys), call_codegen(argtys)
 
 
 # -- signatures -----------------------------------------------------------------------------------
@@ -74,10 +74,12 @@ ROWS_SIG = (MAT, Q8, Q8K, LUTS, _F32, types.int64, types.int64)  # (w, q8, q8k, 
 
 # table slots: one per matrix kind (the float kinds' unused), then paged attention, then one per matrix kind
 # again for the matmuls of at most simd.SMALL_TOKENS tokens (SMALL + kind: the small-path units, or the
-# same as the first where the small path is the path)
+# same as the first where the small path is the path), then a mixture-of-experts layer's FFN (filled for
+# models with experts alone: step.call_experts)
 ATTENTION = COUNT
 SMALL = ATTENTION + 1
-TABLE_SIZE = SMALL + COUNT
+EXPERTS = SMALL + COUNT
+TABLE_SIZE = EXPERTS + 1
 
 
 @njit(inline="always", cache=True)

@@ -21,15 +21,18 @@ from a stand-in LayerStack's arguments (`stand_in_args`), so no argument type is
 
 from __future__ import annotations
 
+from functools import cache
 from types import SimpleNamespace
 
 import numba
 import numpy as np
-from numba import njit, typed
+from numba import njit, typed, types
+from numba.extending import intrinsic
 
 from ..kinds import QUANTIZED, is_dense
 from . import moe as moe_kernels
 from . import quant, units
+from .calls import call_codegen, check
 from .parts import attention, ffn, norms
 from .parts import moe as moe_part
 from .parts.rows import add, norm
@@ -79,6 +82,8 @@ class LayerStack:
         if t is None:
             kv = next(k for k, d in units.KV_DTYPES.items() if np.dtype(d) == np.dtype(kv_dtype))
             t = self._tables[kv_dtype] = self.table.for_kinds(self.kinds, kv)
+            if self.moe.n_expert:
+                t[units.EXPERTS] = units.address(moe_part.forward, experts_sig())
         return t
 
     def args(self, x, batch, cache, table) -> tuple:
@@ -115,6 +120,26 @@ def stand_in_args(kv_dtype) -> tuple:
     c = np.zeros((1, 1, 1, d), kv_dtype)
     cache = SimpleNamespace(block_size=16, where=np.zeros((1, 2), np.int64), k=c, v=c, wk=c, wv=c)
     return stack.args(np.zeros((1, d), np.float32), batch, cache, np.zeros(units.TABLE_SIZE, np.int64))
+
+
+@cache
+def experts_sig() -> tuple:
+    """parts.moe.forward's argument types (h, out, experts, MoePart, layer, luts, threads, table), from the
+    stand-in's: the experts unit, compiled for models with experts alone (parallel_compile)."""
+    a = stand_in_args(np.float32)
+    f2 = types.Array(types.float32, 2, "C")
+    return (f2, f2, types.ListType(numba.typeof(a[15][0])), numba.typeof(a[19]), types.int64, numba.typeof(a[20]),
+            types.int64, numba.typeof(a[22]))
+
+
+@intrinsic
+def call_experts(typingctx, addr, h, out, experts, p, layer, luts, threads, table):
+    """The experts unit at addr (Table slot EXPERTS): parts.moe.forward(h, out, experts, p, ...), compiled
+    apart from the step (a dense model's step never compiles the mixture; a model with experts compiles the
+    two side by side)."""
+    argtys = (h, out, experts, p, layer, luts, threads, table)
+    check("experts", argtys, argtys == experts_sig())
+    return types.void(addr, *argtys), call_codegen(argtys)
 
 
 def _typed_list(items):
@@ -205,7 +230,7 @@ def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, ex
     if mo.n_expert == 0:
         ffn.forward(h, f, mats, ff, layer, luts, threads, table, scratch)
     else:
-        moe_part.forward(h, f, experts, mo, layer, luts, threads, table)
+        call_experts(table[units.EXPERTS], h, f, experts, mo, layer, luts, threads, table)
         if ff.shared:
             s = np.empty((T, dim), np.float32)
             ffn.forward(h, s, mats, ff, layer, luts, threads, table, scratch)

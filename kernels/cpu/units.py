@@ -3,7 +3,8 @@
 Numba links every callee's LLVM module into its caller and optimises and emits the whole again, so a
 kernel called from the compiled step was compiled once for itself and again in every function above it,
 and nothing of the step could be compiled in another process. Here each kernel family (per ISA path and
-matrix-kind family) and paged attention (per KV type) is its own compiled, cached unit. The step and
+matrix-kind family), paged attention (per KV type) and a mixture-of-experts FFN (step.call_experts, for
+models with experts alone) is its own compiled, cached unit. The step and
 `int8.matmuls` take an int64 table of the units' entry addresses (`table`) and call through it with
 `call_rows` / `call_attention`: an indirect call in Numba's own calling convention, a few nanoseconds,
 made once per task of rows (never per element).
@@ -23,7 +24,7 @@ from ..kinds import FAMILIES, is_quantized
 from . import simd
 # the calls into the units and their signatures (calls.py); the compiled step, the MoE kernels and
 # parallel_compile read them here as units.*
-from .calls import (ATTENTION, KV_DTYPES, LUTS, MAT, Q8, Q8K, ROWS_SIG, SMALL, TABLE_SIZE, attention_sig,  # noqa: F401
+from .calls import (ATTENTION, EXPERTS, KV_DTYPES, LUTS, MAT, Q8, Q8K, ROWS_SIG, SMALL, TABLE_SIZE, attention_sig,  # noqa: F401
                     call_attention, call_rows, slot)
 from .int8 import rows_any
 
