@@ -86,30 +86,55 @@ def _route_par(h, router_t, k, norm_w, w_scale, ids, wts):
 @njit(nogil=True, cache=True)
 def _route_row(h, router_t, k, norm_w, w_scale, ids, wts, t, logits, taken):
     # token t's experts and weights (see route); logits, taken: (E,) scratch
-    E = router_t.shape[1]
     _logits(h, router_t, t, logits)
-    m = logits[0]
-    for e in range(1, E):
-        m = max(m, logits[e])
+    _softmax(logits)
+    _pick(logits, logits[:0], k, ids, wts, t, taken)
+    _weigh(wts, t, k, norm_w, w_scale)
+
+
+@njit(inline="always", cache=True)
+def _softmax(p):
+    # p (E,) -> exp(p - max p) / their sum, in place (the sum in order)
+    m = p[0]
+    for e in range(1, p.shape[0]):
+        m = max(m, p[e])
     s = np.float32(0.0)
-    for e in range(E):
-        logits[e] = np.float32(math.exp(logits[e] - m))
-        s += logits[e]
-    for e in range(E):
-        logits[e] = logits[e] / s
+    for e in range(p.shape[0]):
+        p[e] = np.float32(math.exp(p[e] - m))
+        s += p[e]
+    for e in range(p.shape[0]):
+        p[e] = p[e] / s
+
+
+@njit(inline="always", cache=True)
+def _pick(p, bias, k, ids, wts, t, taken):
+    # token t's k experts: those of the largest p + bias (bias (E,); (0,): none), most first (ties: the lower
+    # index) -> ids[t]; their p (unbiased) -> wts[t]. taken: (E,) scratch
     taken[:] = False
     for j in range(k):
         best = -1
-        for e in range(E):
-            if not taken[e] and (best < 0 or logits[e] > logits[best]):
+        for e in range(p.shape[0]):
+            if not taken[e] and (best < 0 or _biased(p, bias, e) > _biased(p, bias, best)):
                 best = e
         taken[best] = True
         ids[t, j] = best
-        wts[t, j] = logits[best]
+        wts[t, j] = p[best]
+
+
+@njit(inline="always", cache=True)
+def _biased(p, bias, e):
+    return p[e] + bias[e] if bias.shape[0] else p[e]
+
+
+@njit(inline="always", cache=True)
+def _weigh(wts, t, k, norm_w, w_scale):
+    # token t's k weights divided by their sum (clamped below at 6.103515625e-5, as llama.cpp; a softmax's k
+    # largest sum to at least 1/E) when norm_w, times w_scale when it is neither 0 nor 1
     if norm_w:
         total = np.float32(0.0)
         for j in range(k):
             total += wts[t, j]
+        total = max(total, np.float32(6.103515625e-5))
         for j in range(k):
             wts[t, j] = wts[t, j] / total
     if w_scale != 0.0 and w_scale != 1.0:
@@ -132,34 +157,9 @@ def route_scored(h, router_t, k, sigmoid, bias, norm_w, w_scale, ids, wts):
             for e in range(E):
                 p[e] = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-p[e])))
         else:
-            m = p[0]
-            for e in range(1, E):
-                m = max(m, p[e])
-            s = np.float32(0.0)
-            for e in range(E):
-                p[e] = np.float32(math.exp(p[e] - m))
-                s += p[e]
-            for e in range(E):
-                p[e] = p[e] / s
-        taken = np.zeros(E, np.bool_)
-        for j in range(k):
-            best = -1
-            for e in range(E):
-                if not taken[e] and (best < 0 or p[e] + bias[e] > p[best] + bias[best]):
-                    best = e
-            taken[best] = True
-            ids[t, j] = best
-            wts[t, j] = p[best]
-        if norm_w:
-            total = np.float32(0.0)
-            for j in range(k):
-                total += wts[t, j]
-            total = max(total, np.float32(6.103515625e-5))
-            for j in range(k):
-                wts[t, j] = wts[t, j] / total
-        if w_scale != 0.0 and w_scale != 1.0:
-            for j in range(k):
-                wts[t, j] = wts[t, j] * np.float32(w_scale)
+            _softmax(p)
+        _pick(p, bias, k, ids, wts, t, np.empty(E, np.bool_))
+        _weigh(wts, t, k, norm_w, w_scale)
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -173,15 +173,7 @@ def route_topk_softmax(h, router_t, bias, k, ids, wts):
         _logits(h, router_t, t, p)
         for e in range(E):
             p[e] += bias[e]
-        taken = np.zeros(E, np.bool_)
-        for j in range(k):
-            best = -1
-            for e in range(E):
-                if not taken[e] and (best < 0 or p[e] > p[best]):
-                    best = e
-            taken[best] = True
-            ids[t, j] = best
-            wts[t, j] = p[best]
+        _pick(p, p[:0], k, ids, wts, t, np.empty(E, np.bool_))
         m = wts[t, 0]  # the largest: chosen first
         s = np.float32(0.0)
         for j in range(k):

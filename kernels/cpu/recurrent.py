@@ -163,9 +163,7 @@ def gated_group_norm(y, z, w, n_group, eps, out):
     T, E = y.shape
     per = E // n_group
     for t in prange(T):
-        zt = np.empty((1, E), np.float32)
-        for i in range(E):
-            zt[0, i] = z[t, i]
+        zt = z[t:t + 1].copy()  # C-contiguous
         gated_act_range(zt, y[t:t + 1], out[t:t + 1], False, 0, 0, E)  # silu(z) y, eight lanes at a time
         for g in range(n_group):
             ss = 0.0
@@ -249,9 +247,7 @@ def norm_gate(y, z, w, n_head, eps, out):
     T, E = y.shape
     per = E // n_head
     for t in prange(T):
-        zt = np.empty((1, E), np.float32)
-        for i in range(E):
-            zt[0, i] = z[t, i]
+        zt = z[t:t + 1].copy()  # C-contiguous
         for h in range(n_head):
             ss = 0.0
             for i in range(h * per, (h + 1) * per):

@@ -151,3 +151,16 @@ def dot8w(acc, w0, w1, w2, w3, w4, w5, w6, w7, xq, xo):
     return simd.dpbusd(simd.dpbusd(simd.dpbusd(simd.dpbusd(
         a, w4, simd.bcast4w(xq, xo + 16)), w5, simd.bcast4w(xq, xo + 20)),
         w6, simd.bcast4w(xq, xo + 24)), w7, simd.bcast4w(xq, xo + 28))
+
+
+@njit(inline="always", cache=True)
+def mmla_pair(w0, w1, w2, w3, w4, w5, w6, w7, xq, xd, dw, acc, K, nb, b, t, u, j):
+    # the i8mm paths' step: block b's eight weight vectors against tokens t and u (u == t: t alone) in smmla
+    # (simd.mmla8); each token's integer sums times dw and its activation scale added to acc[j:j + 8] (t) and
+    # acc[j + 8:j + 16] (u)
+    s2 = simd.mmla8(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, u * K + b * 32)
+    simd.storef8(acc, j, simd.fma8(simd.cvt8(simd.token_a(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
+                                   simd.loadf8(acc, j)))
+    if u > t:
+        simd.storef8(acc, j + 8, simd.fma8(simd.cvt8(simd.token_b(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, u * nb + b))),
+                                           simd.loadf8(acc, j + 8)))

@@ -80,7 +80,7 @@ def _rows_any(w, q8, q8k, luts, out, n0, n1, isa):
                 k23.rows_k23(isa, kind, qs, qh, sc, d, m, luts, q8k[0], q8k[1], q8k[3], out, n0, n1)
         if h_mx4:
             if kinds.is_mx4(kind):
-                q45.rows_mx4(isa, qs, d, luts, q8[0], q8[1], out, n0, n1)
+                q8_0.rows_mx4(isa, qs, d, luts, q8[0], q8[1], out, n0, n1)
     return impl
 
 

@@ -20,7 +20,7 @@ from ... import kinds
 from ...formats.mxfp4 import E8M0
 from .. import simd
 from ..simd import VNNI_PATHS, kinds_of, path_of
-from .common import EXACT, PREFETCH, SDOT_PATHS, X8_TOKENS, by_path, dot8, dot8w, i8, row_tiles8, row_tiles16
+from .common import EXACT, PREFETCH, SDOT_PATHS, X8_TOKENS, by_path, dot8, dot8w, i8, mmla_pair, row_tiles8, row_tiles16
 
 GRID = np.array(simd.IQ4_GRID, np.int32)
 MX_GRID = np.array(simd.MX_GRID, np.int32)
@@ -308,13 +308,7 @@ def _tile_pairs(k, K, grp, grp2, t0, t1, acc, mos):
         dw = _scales(nl, d, (grp * nb + b) * 8)
         for t in range(t0, t1, 2):
             u = min(t + 1, t1 - 1)  # the pair's second token (t itself when t is the tile's last)
-            s2 = simd.mmla8(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, u * K + b * 32)
-            j = (t - t0) * 8
-            simd.storef8(acc, j, simd.fma8(simd.cvt8(simd.token_a(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
-                                           simd.loadf8(acc, j)))
-            if u > t:
-                simd.storef8(acc, j + 8, simd.fma8(simd.cvt8(simd.token_b(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, u * nb + b))),
-                                                   simd.loadf8(acc, j + 8)))
+            mmla_pair(w0, w1, w2, w3, w4, w5, w6, w7, xq, xd, dw, acc, K, nb, b, t, u, (t - t0) * 8)
 
 
 @njit(cache=True, fastmath=EXACT)

@@ -6,7 +6,7 @@ from numba.extending import overload
 
 from ... import kinds
 from .. import simd
-from .common import EXACT, PREFETCH, X8_TOKENS, by_path, dot8, i8, row_tiles8
+from .common import EXACT, PREFETCH, X8_TOKENS, by_path, dot8, i8, mmla_pair, row_tiles8
 
 has_qh = kinds.predicate("has_qh", within="x8")    # Q5_0, Q5_1
 has_min = kinds.predicate("has_min", within="x8")  # Q4_1, Q5_1
@@ -159,14 +159,10 @@ def _x8_pairs_tile(k, K, grp, grp2, t0, t1, acc, mos):
         w0, w1, w2, w3, w4, w5, w6, w7, dw, off = _x8_block(five, has_m, offk, qs, qh, d, m, grp * nb + b)
         for t in range(t0, t1, 2):
             u = min(t + 1, t1 - 1)  # the pair's second token (t itself when t is the tile's last)
-            s2 = simd.mmla8(w0, w1, w2, w3, w4, w5, w6, w7, xq, t * K + b * 32, u * K + b * 32)
             j = (t - t0) * 8
-            simd.storef8(acc, j, simd.fma8(simd.cvt8(simd.token_a(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, t * nb + b))),
-                                           simd.loadf8(acc, j)))
+            mmla_pair(w0, w1, w2, w3, w4, w5, w6, w7, xq, xd, dw, acc, K, nb, b, t, u, j)
             simd.storef8(mos, j, simd.fma8(off, simd.splatf(simd.ld(xs, t * nb + b)), simd.loadf8(mos, j)))
             if u > t:
-                simd.storef8(acc, j + 8, simd.fma8(simd.cvt8(simd.token_b(s2)), simd.mul8(dw, simd.splatf(simd.ld(xd, u * nb + b))),
-                                                   simd.loadf8(acc, j + 8)))
                 simd.storef8(mos, j + 8, simd.fma8(off, simd.splatf(simd.ld(xs, u * nb + b)), simd.loadf8(mos, j + 8)))
 
 
