@@ -104,16 +104,23 @@ def prepare_generation(llm, name: str, body: dict, req: P.ParsedRequest, chat: b
             guide = llm.engine.guide(params)
         except GrammarError as e:
             raise P.bad(req.constraint_param or "tools", str(e)) from None
-    if chat and harmony.is_harmony(llm.chat_template.source):  # its channels need the control tokens' text
-        params = dataclasses.replace(params, special_text=True)
     gen = Generation(req, chat, prompt_ids, params, guide, tools, shown, req.n)
-    gen.harmony = params.special_text
-    if gen.harmony and reasoning_format != "none":
-        gen.reasoning = True
-    elif chat and reasoning.splits(reasoning_format, llm.chat_template.source):
-        gen.reasoning = True
-        gen.reasoning_open = reasoning.prompt_opens_reasoning(tok.decode(prompt_ids[-16:], special=True))
+    if chat:
+        read_reply_as_templated(gen, llm, reasoning_format)
     return gen
+
+
+def read_reply_as_templated(gen: Generation, llm, reasoning_format: str) -> None:
+    """How the reply to a prompt that went through the chat template is read: a harmony template's (gpt-oss)
+    by channel, the control tokens' text kept for it, reasoning apart unless reasoning_format is "none"; a
+    thinking model's split at its think tags where edgeinfer.reasoning.splits says so."""
+    if harmony.is_harmony(llm.chat_template.source):
+        gen.params = dataclasses.replace(gen.params, special_text=True)
+        gen.harmony, gen.reasoning = True, reasoning_format != "none"
+    elif reasoning.splits(reasoning_format, llm.chat_template.source):
+        gen.reasoning = True
+        gen.reasoning_open = reasoning.prompt_opens_reasoning(
+            llm.tokenizer.decode(gen.prompt_ids[-16:], special=True))
 
 
 class Output:

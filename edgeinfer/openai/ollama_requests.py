@@ -13,7 +13,6 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-from .. import harmony, reasoning
 from . import handlers as H
 from . import protocol as P
 from .ollama_options import (FIELD_TO_OPTION, bool_field, is_int, keep_alive, opt_field, parse_format, parse_model,
@@ -186,14 +185,8 @@ def prepare(llm, name: str, req: OllamaRequest, reasoning_format: str = "auto") 
             gen = H.prepare_generation(llm, name, body, req.parsed, True, reasoning_format)
         else:
             gen = H.prepare_generation(llm, name, _generate_body(llm, req), req.parsed, False)
-            templated = not req.raw and not req.suffix  # the prompt went through the template
-            if templated and harmony.is_harmony(llm.chat_template.source):  # gpt-oss: parsed by channel
-                gen.params = dataclasses.replace(gen.params, special_text=True)
-                gen.harmony, gen.reasoning = True, reasoning_format != "none"
-            elif templated and reasoning.splits(reasoning_format, llm.chat_template.source):
-                gen.reasoning = True  # the prompt went through the template: a thinking model's reply is split
-                gen.reasoning_open = reasoning.prompt_opens_reasoning(
-                    llm.tokenizer.decode(gen.prompt_ids[-16:], special=True))
+            if not req.raw and not req.suffix:  # the prompt went through the template
+                H.read_reply_as_templated(gen, llm, reasoning_format)
     except P.APIError as e:  # SamplingParams names its field; the request named an option
         option = FIELD_TO_OPTION.get(e.param or "")
         if option is None:
