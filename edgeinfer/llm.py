@@ -18,7 +18,7 @@ from .engine.speculative import Speculation, SpeculationError, check_backend, ch
 from .gguf_file import GGUFFile
 from .kernels import get_backend
 from .models import load_model
-from .models.common import has_experts, matrix_kinds
+from .models.common import has_experts, matrix_kinds, step_mixers
 from .sampling import SamplingParams, log_softmax
 from .tokenizer import Tokenizer
 
@@ -101,7 +101,8 @@ class LLM:
         # the kernels this model needs compile in worker processes while its weights load (a first run);
         # the engine waits for them before its first forward pass
         self.kernels.precompile(matrix_kinds(self.gguf, self.kernels), config.kv_dtype,
-                                stream=sys.stderr if progress else None, experts=has_experts(self.gguf))
+                                stream=sys.stderr if progress else None, experts=has_experts(self.gguf),
+                                mixers=step_mixers(self.gguf))
         mark("precompile_s")
         try:
             self.model = load_model(self.gguf, self.kernels, n_ctx=config.max_context or None)

@@ -160,6 +160,12 @@ def has_experts(gf: GGUFFile) -> bool:
     return any("_exps." in name for name in gf.tensors)
 
 
+def step_mixers(gf: GGUFFile) -> tuple:
+    """The recurrent mixers of a file's layers that the compiled step runs as units of their own (blk.N.shortconv.*
+    tensors: LFM2's short convolution)."""
+    return ("shortconv",) if any(".shortconv." in name for name in gf.tensors) else ()
+
+
 def rope_inv_freq(dim: int, base: float, freq_scale: float = 1.0, factors: np.ndarray | None = None) -> np.ndarray:
     # angle_i = pos * freq_scale * base^(-2i/dim) / factor_i, i < dim/2
     inv = freq_scale * base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
@@ -175,4 +181,4 @@ def check_vocab(gf: GGUFFile, n_vocab: int) -> None:
 
 
 __all__ = ["GGUFError", "ModelLoadError", "WeightLoader", "check_vocab", "has_experts", "matrix_kinds", "meta",
-           "rope_inv_freq"]
+           "rope_inv_freq", "step_mixers"]

@@ -114,14 +114,14 @@ _NO_Q8K = (np.empty((0, 0), np.uint8), np.empty((0, 0), np.float32), np.empty((0
            np.empty((0, 0), np.int32))
 
 
-def precompile(kinds, kv_type: str, stream=None, experts: bool = False):
+def precompile(kinds, kv_type: str, stream=None, experts: bool = False, mixers: tuple = ()):
     """Start compiling, in worker processes, the kernels a model with matrices of these kinds (as this
-    backend holds them: `kind_of`), this KV type and (experts) a mixture of experts needs and the cache
-    lacks (parallel_compile.py); `ready` waits for it."""
+    backend holds them: `kind_of`), this KV type, (experts) a mixture of experts and these recurrent mixers
+    needs and the cache lacks (parallel_compile.py); `ready` waits for it."""
     from . import parallel_compile
 
     return parallel_compile.start(KERNEL_PATH, kinds, [kv_type], stream=stream, small_path=SMALL_PATH,
-                                  experts=experts)
+                                  experts=experts, mixers=tuple(mixers))
 
 
 def kind_of(kind: int) -> int:
@@ -144,12 +144,16 @@ def show_compile_progress(stream=None) -> None:
     compile_status.show_progress(stream)
 
 
+STEP_MIXERS = ("attention", "shortconv")  # the layer mixers the compiled step runs
+
+
 def layer_stack(cfg, layers, inv_freqs, **flags):
     """The model's layers as one compiled call (step.LayerStack), or None where that cannot run them.
     inv_freqs: each layer's RoPE inverse frequencies; flags: the architecture's (ArchSpec.stack_flags)."""
     from .step import LayerStack
 
-    if cfg.recurrent or not cfg.rope:  # the per-op forward until the step has these
+    if not cfg.rope or any(cfg.mixer(i) not in STEP_MIXERS for i in range(cfg.n_layer)) or \
+            (cfg.recurrent and flags.get("moe")):  # the per-op forward until the step has these
         return None
     mats = [getattr(lw, name) for lw in layers for name in LayerStack.MATS]
     mats += [w for lw in layers for name in ("exp_gate", "exp_up", "exp_down") for w in (getattr(lw, name) or ())]

@@ -75,11 +75,12 @@ ROWS_SIG = (MAT, Q8, Q8K, LUTS, _F32, types.int64, types.int64)  # (w, q8, q8k, 
 # table slots: one per matrix kind (the float kinds' unused), then paged attention, then one per matrix kind
 # again for the matmuls of at most simd.SMALL_TOKENS tokens (SMALL + kind: the small-path units, or the
 # same as the first where the small path is the path), then a mixture-of-experts layer's FFN (filled for
-# models with experts alone: step.call_experts)
+# models with experts alone: step.call_experts) and a hybrid model's recurrent mixer (step.call_mixer)
 ATTENTION = COUNT
 SMALL = ATTENTION + 1
 EXPERTS = SMALL + COUNT
-TABLE_SIZE = EXPERTS + 1
+MIXER = EXPERTS + 1
+TABLE_SIZE = MIXER + 1
 
 
 @njit(inline="always", cache=True)

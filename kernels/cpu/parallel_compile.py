@@ -64,10 +64,12 @@ def resolve(ref: tuple):
 _PKG = __name__.rsplit(".", 1)[0]
 
 
-def plan(path: str, kinds, kv_types, small_path: str | None = None, experts: bool = False) -> list[Job]:
+def plan(path: str, kinds, kv_types, small_path: str | None = None, experts: bool = False,
+         mixers: tuple = ()) -> list[Job]:
     """Every job a model of these matrix kinds (quantized, as the backend holds them) needs on `path` (and
     small_path, that of the matmuls of a few tokens: units.Table); experts: the model has a mixture of
-    experts (its FFN is a unit of its own, step.call_experts)."""
+    experts (its FFN is a unit of its own, step.call_experts); mixers: its recurrent mixers that the step
+    runs (units of their own, step.call_mixer: "shortconv")."""
     kinds = {int(k) for k in kinds if is_quantized(k)}
     jobs = [Job(f"step ({kv} KV)", ("attr", f"{_PKG}.step", "forward_layers"), step_sig(kv), 19.0)
             for kv in kv_types]
@@ -75,6 +77,10 @@ def plan(path: str, kinds, kv_types, small_path: str | None = None, experts: boo
         from .step import experts_sig
 
         jobs.append(Job("experts", ("attr", f"{_PKG}.parts.moe", "forward"), experts_sig(), 8.0))
+    if "shortconv" in mixers:
+        from .step import mixer_sig
+
+        jobs.append(Job("short convolution", ("attr", f"{_PKG}.parts.shortconv", "forward"), mixer_sig(), 4.0))
     jobs += [Job(f"attention ({kv} KV)", ("attr", f"{_PKG}.attention", "paged_attention"), units.attention_sig(kv),
                  9.5) for kv in kv_types]
     fams = sorted({units.FAMILY_OF[k] for k in kinds})
@@ -171,14 +177,14 @@ _lock = threading.Lock()
 
 
 def start(path: str, kinds, kv_types, *, workers: int = 0, stream=sys.stderr,
-          small_path: str | None = None, experts: bool = False) -> Compile | None:
+          small_path: str | None = None, experts: bool = False, mixers: tuple = ()) -> Compile | None:
     """Compile, in worker processes, what a model of these kinds and KV types needs and the cache lacks.
     None when nothing is missing."""
     env = os.environ.get("EDGEINFER_COMPILE_WORKERS", "").strip()
     workers = workers or (int(env) if env.isdigit() else len(os.sched_getaffinity(0)))
     if workers == 0:  # EDGEINFER_COMPILE_WORKERS=0: compile in this process, at first use
         return None
-    jobs = [j for j in plan(path, kinds, kv_types, small_path, experts) if not is_cached(j)]
+    jobs = [j for j in plan(path, kinds, kv_types, small_path, experts, mixers) if not is_cached(j)]
     if not jobs:
         return None
     c = Compile(jobs, workers, stream)

@@ -33,7 +33,7 @@ from ..kinds import QUANTIZED, is_dense
 from . import moe as moe_kernels
 from . import quant, units
 from .calls import call_codegen, check
-from .parts import attention, ffn, norms
+from .parts import attention, ffn, norms, shortconv
 from .parts import moe as moe_part
 from .parts.rows import add, norm
 
@@ -42,7 +42,7 @@ class LayerStack:
     """A model's layers in the compiled step's form; None from :meth:`build` when a layer holds a
     float matrix."""
 
-    MATS = (*attention.MATS, *ffn.MATS)  # a layer's matrices outside the experts
+    MATS = (*attention.MATS, *ffn.MATS, *shortconv.MATS)  # a layer's matrices outside the experts
 
     def __init__(self, cfg, layers, inv_freqs, table, kinds, qk_norm: int, post_norms: bool, gelu: bool,
                  qkv_bias: bool = False, pre_norms: bool = True, moe: bool = False, shared_expert: bool = False,
@@ -55,6 +55,7 @@ class LayerStack:
         self.attn = attention.build(cfg, layers, mats, inv_freqs, qk_norm, qkv_bias, sinks)
         self.ffn = ffn.build(cfg, layers, mats, gelu, moe, shared_expert)
         self.moe = moe_part.build(cfg, layers, experts, gelu, moe, oai)
+        self.conv = shortconv.build(cfg, layers, mats)
         experts = experts or mats[:1]  # a stand-in for a dense model: never read
         # typed lists built by cached compiled functions: typed.List's own methods, called from Python,
         # compile afresh in every process (a second of start-up); a stand-in keeps the Python lists
@@ -84,14 +85,19 @@ class LayerStack:
             t = self._tables[kv_dtype] = self.table.for_kinds(self.kinds, kv)
             if self.moe.n_expert:
                 t[units.EXPERTS] = units.address(moe_part.forward, experts_sig())
+            if self.conv.kind.any():
+                t[units.MIXER] = units.address(shortconv.forward, mixer_sig())
         return t
 
     def args(self, x, batch, cache, table) -> tuple:
         """forward_layers' arguments, in order."""
+        # the recurrent state (a hybrid model's), empty stand-ins for the kinds a model lacks
+        conv, ssm_conv = (_NO_STATE4 if a is None else a for a in (cache.conv, cache.ssm_conv))
         return (x, batch.positions, batch.token_seq, batch.slot_mapping, batch.block_tables, batch.window_slots,
                 batch.window_tables, batch.logits_idx, cache.block_size, cache.where, cache.k, cache.v, cache.wk,
                 cache.wv, self.mats, self.experts, self.norms, self.attn, self.ffn,
-                self.moe, quant.HALF_TO_F32, numba.get_num_threads(), table)
+                self.moe, quant.HALF_TO_F32, numba.get_num_threads(), table, batch.state_slots, batch.state_snap,
+                conv, ssm_conv, _NO_STATE5 if cache.ssm is None else cache.ssm, self.conv)
 
     def run(self, x, batch, cache) -> np.ndarray:
         """x (T, dim) float32, the embedded tokens, through every layer (x is overwritten) -> the final
@@ -107,7 +113,7 @@ def stand_in_args(kv_dtype) -> tuple:
     cfg = SimpleNamespace(n_layer=1, dim=d, n_head=1, n_kv_head=1, head_dim=d, v_head_dim=d, ffn_dim=d, rope_dim=d,
                           rope_neox=False, norm_eps=1e-5, attn_scale=None, attn_softcap=0.0, rope_mscale=1.0,
                           sliding_window=0, is_sliding=lambda i: False, n_expert=0, n_expert_used=0,
-                          expert_ffn_dim=0, expert_norm=False, expert_scale=0.0)
+                          expert_ffn_dim=0, expert_norm=False, expert_scale=0.0, conv_layers=())
     u8, u16 = np.zeros((1, 1), np.uint8), np.zeros((1, 1), np.uint16)
     w = SimpleNamespace(kind=QUANTIZED[0], qs=u8, qh=u8, sc=u8, d=u16, m=u16)
     layer = SimpleNamespace(**{name: w for name in LayerStack.MATS})
@@ -116,9 +122,10 @@ def stand_in_args(kv_dtype) -> tuple:
     i64 = np.zeros(1, np.int64)
     i32 = np.zeros((1, 1), np.int32)
     batch = SimpleNamespace(positions=i64, token_seq=i64, slot_mapping=i64, block_tables=i32, window_slots=i64,
-                            window_tables=i32, logits_idx=i64)
+                            window_tables=i32, logits_idx=i64, state_slots=i64, state_snap=i64)
     c = np.zeros((1, 1, 1, d), kv_dtype)
-    cache = SimpleNamespace(block_size=16, where=np.zeros((1, 2), np.int64), k=c, v=c, wk=c, wv=c)
+    cache = SimpleNamespace(block_size=16, where=np.zeros((1, 2), np.int64), k=c, v=c, wk=c, wv=c, conv=None,
+                            ssm_conv=None, ssm=None)
     return stack.args(np.zeros((1, d), np.float32), batch, cache, np.zeros(units.TABLE_SIZE, np.int64))
 
 
@@ -139,6 +146,33 @@ def call_experts(typingctx, addr, h, out, experts, p, layer, luts, threads, tabl
     two side by side)."""
     argtys = (h, out, experts, p, layer, luts, threads, table)
     check("experts", argtys, argtys == experts_sig())
+    return types.void(addr, *argtys), call_codegen(argtys)
+
+
+_NO_STATE4 = np.zeros((0, 0, 0, 0), np.float32)
+_NO_STATE5 = np.zeros((0, 0, 0, 0, 0), np.float32)
+
+
+@cache
+def mixer_sig() -> tuple:
+    """A recurrent mixer unit's argument types (h, out, mats, its part, layer, conv, ssm_conv, ssm, token_seq,
+    positions, state_slots, state_snap, luts, threads, table), from the stand-in's: parts.shortconv.forward
+    (a unit compiled only for models with short convolutions)."""
+    a = stand_in_args(np.float32)
+    f2 = types.Array(types.float32, 2, "C")
+    t = [numba.typeof(v) for v in a]
+    return (f2, f2, types.ListType(numba.typeof(a[14][0])), t[28], types.int64, t[25], t[26], t[27], t[2], t[1],
+            t[23], t[24], t[20], types.int64, t[22])
+
+
+@intrinsic
+def call_mixer(typingctx, addr, h, out, mats, p, layer, conv, ssm_conv, ssm, token_seq, positions, slots, snap, luts,
+               threads, table):
+    """The recurrent mixer unit at addr (Table slot MIXER): a hybrid model's mixer of one layer (p: its part,
+    parts.shortconv.ConvPart) on h -> out, compiled apart from the step (a model without such layers never
+    compiles it)."""
+    argtys = (h, out, mats, p, layer, conv, ssm_conv, ssm, token_seq, positions, slots, snap, luts, threads, table)
+    check("recurrent mixer", argtys, argtys == mixer_sig())
     return types.void(addr, *argtys), call_codegen(argtys)
 
 
@@ -163,16 +197,19 @@ def _append(mats, w):
 
 @njit(nogil=True, cache=True)
 def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_slots, window_tables, keep, block_size,
-                   where, k_cache, v_cache, wk, wv, mats, experts, nm, at, ff, mo, luts, threads, table):
+                   where, k_cache, v_cache, wk, wv, mats, experts, nm, at, ff, mo, luts, threads, table, state_slots,
+                   state_snap, conv, ssm_conv, ssm, cv):
     # x (T, dim) through every layer -> the rows `keep` (L,) of the result, (L, dim). k_cache/v_cache
     # (n_layers, n_slots, KVH, D|Dv) float32 or float16 bits (or q8_0 rows), wk/wv the same for the
     # sliding-window layers in a window pool, addressed through window_slots and window_tables; where
     # (n_layer, 2): each layer's pool (1: the window pool) and index in it (engine/kv_cache.py); mats:
-    # typed list of (kind, qs, qh, sc, d, m), experts: the same for MoE layers' experts; nm, at, ff, mo: the parts (parts.norms.NormsPart,
-    # parts.attention.AttnPart, parts.ffn.FfnPart, parts.moe.MoePart). In the last layer only the kept rows
-    # go past the KV writes (attention, output projection, feed-forward), as llama.cpp does: no other row is
-    # read after. table: the kernel units' addresses (units.Table.for_kinds), through which matmuls and
-    # attention run.
+    # typed list of (kind, qs, qh, sc, d, m), experts: the same for MoE layers' experts; nm, at, ff, mo, cv: the
+    # parts (parts.norms.NormsPart, parts.attention.AttnPart, parts.ffn.FfnPart, parts.moe.MoePart,
+    # parts.shortconv.ConvPart). A recurrent layer's mixer (cv.kind 1) runs every row through its sequence's
+    # state (conv, ssm_conv, ssm: the cache's; state_slots, state_snap: the batch's) in a unit of its own
+    # (call_mixer). In the last layer only the kept rows go past the KV writes or the recurrent mixer
+    # (attention, output projection, feed-forward), as llama.cpp does: no other row is read after. table: the
+    # kernel units' addresses (units.Table.for_kinds), through which matmuls, attention and mixers run.
     T, dim = x.shape
     n_layer = where.shape[0]
     h = np.empty((T, dim), np.float32)
@@ -181,22 +218,34 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_s
     v = np.empty((T, at.n_kv, at.v_head_dim), np.float32)
     scratch = np.empty(ffn.scratch_size(T, ff), np.float32)  # the dense FFNs' gate and up (ffn.forward)
     for layer in range(n_layer):
+        last = layer == n_layer - 1
         if nm.pre:
             norm(x, nm.attn[layer], nm.eps, h)
         else:
             h[:] = x
+        if cv.kind[layer] == 1:
+            f = np.empty((T, dim), np.float32)
+            call_mixer(table[units.MIXER], h, f, mats, cv, layer, conv, ssm_conv, ssm, token_seq, positions,
+                       state_slots, state_snap, luts, threads, table)
+            if last:
+                xs = x[keep]
+                _mixer_out(xs, f[keep], nm, layer)
+                _ffn_block(xs, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch)
+                return xs
+            _mixer_out(x, f, nm, layer)
+            _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch)
+            continue
         kc, vc, slots, tables = _layer_kv(where, layer, k_cache, v_cache, wk, wv, slot_mapping, block_tables,
                                           window_slots, window_tables)
         attention.project(h, q, k, v, positions, slots, kc, vc, mats, at, layer, luts, threads, table)
-        if layer < n_layer - 1:
-            _rest(x, q, positions, token_seq, tables, block_size, kc, vc, mats, experts, nm, at, ff, mo, layer,
-                  luts, threads, table, scratch)
-    kc, vc, slots, tables = _layer_kv(where, n_layer - 1, k_cache, v_cache, wk, wv, slot_mapping, block_tables,
-                                      window_slots, window_tables)
-    xs = x[keep]
-    _rest(xs, q[keep], positions[keep], token_seq[keep], tables, block_size, kc, vc, mats, experts, nm, at, ff, mo,
-          n_layer - 1, luts, threads, table, scratch)
-    return xs
+        if last:
+            xs = x[keep]
+            _rest(xs, q[keep], positions[keep], token_seq[keep], tables, block_size, kc, vc, mats, experts, nm, at, ff,
+                  mo, layer, luts, threads, table, scratch)
+            return xs
+        _rest(x, q, positions, token_seq, tables, block_size, kc, vc, mats, experts, nm, at, ff, mo, layer, luts,
+              threads, table, scratch)
+    return x[keep]  # no layers
 
 
 @njit(nogil=True, cache=True)
@@ -217,11 +266,25 @@ def _rest(x, q, positions, token_seq, block_tables, block_size, kc, vc, mats, ex
     f = np.empty((T, dim), np.float32)
     attention.attend(q, positions, token_seq, block_tables, block_size, kc, vc, mats, at, layer, luts, threads, table,
                      f)
+    _mixer_out(x, f, nm, layer)
+    _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _mixer_out(x, f, nm, layer):
+    # the mixer's output f (T, dim) post-normed and scaled where the model says, added to x
     if nm.post:
         norm(f, nm.post_attn[layer], nm.eps, f)
     if nm.res_scale != 0:
         f *= nm.res_scale
     add(x, f)
+
+
+@njit(nogil=True, cache=True)
+def _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch):
+    # a layer's feed-forward block on x (T, dim) in place: norm, the FFN or the experts, post-norm, residual
+    T, dim = x.shape
+    f = np.empty((T, dim), np.float32)
     h = np.empty((T, dim), np.float32)
     if nm.pre:
         norm(x, nm.ffn[layer], nm.eps, h)
