@@ -144,7 +144,7 @@ def show_compile_progress(stream=None) -> None:
     compile_status.show_progress(stream)
 
 
-STEP_MIXERS = ("attention", "shortconv")  # the layer mixers the compiled step runs
+STEP_MIXERS = ("attention", "shortconv", "deltanet")  # the layer mixers the compiled step runs
 
 
 def layer_stack(cfg, layers, inv_freqs, **flags):

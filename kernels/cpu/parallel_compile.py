@@ -77,10 +77,10 @@ def plan(path: str, kinds, kv_types, small_path: str | None = None, experts: boo
         from .step import experts_sig
 
         jobs.append(Job("experts", ("attr", f"{_PKG}.parts.moe", "forward"), experts_sig(), 8.0))
-    if "shortconv" in mixers:
+    if mixers:
         from .step import mixer_sig
 
-        jobs.append(Job("short convolution", ("attr", f"{_PKG}.parts.shortconv", "forward"), mixer_sig(), 4.0))
+        jobs += [Job(f"mixer {m}", ("attr", f"{_PKG}.parts.{m}", "forward"), mixer_sig(m), 4.0) for m in mixers]
     jobs += [Job(f"attention ({kv} KV)", ("attr", f"{_PKG}.attention", "paged_attention"), units.attention_sig(kv),
                  9.5) for kv in kv_types]
     fams = sorted({units.FAMILY_OF[k] for k in kinds})

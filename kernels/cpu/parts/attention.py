@@ -53,9 +53,11 @@ class AttnPart(NamedTuple):
     sinks: np.ndarray  # (n_layer, n_head) float32: each head's attention sink (gpt-oss), (n_layer, 0): none
     out_bias: int  # 1: a bias on the output projection
     bo: np.ndarray  # (n_layer, dim) float32 (zeros, and skipped, without out_bias)
+    gate: int  # 1: wq projects each head's query then its gate, the output times sigmoid(gate) (qwen35)
 
 
-def build(cfg, layers, mats: list, inv_freqs, qk_norm: int, qkv_bias: bool, sinks: bool = False) -> AttnPart:
+def build(cfg, layers, mats: list, inv_freqs, qk_norm: int, qkv_bias: bool, sinks: bool = False,
+          gate: bool = False) -> AttnPart:
     """The attention part of these layers; their matrices are appended to mats."""
     n, hd = cfg.n_layer, cfg.head_dim
     at, need = gather(layers, MATS, mats)
@@ -72,7 +74,7 @@ def build(cfg, layers, mats: list, inv_freqs, qk_norm: int, qkv_bias: bool, sink
                     np.array([cfg.sliding_window if cfg.is_sliding(i) else 0 for i in range(n)], np.int64),
                     np.float32(temp[0]), np.float64(temp[1]),
                     stack(layers, "sinks", cfg.n_head, 0.0) if sinks else np.zeros((n, 0), np.float32), int(sinks),
-                    stack(layers, "bo", cfg.dim, 0.0))
+                    stack(layers, "bo", cfg.dim, 0.0), int(gate))
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -97,16 +99,20 @@ def _rope_kv(q, k, v, positions, inv_freq, neox, rope_dim, mscale, slot_mapping,
 
 
 @njit(inline="always", nogil=True, cache=True)
-def project(h, q, k, v, positions, slot_mapping, kc, vc, mats, a, layer, luts, threads, table):
+def project(h, q, k, v, gate, positions, slot_mapping, kc, vc, mats, a, layer, luts, threads, table):
     # h (T, dim) -> q (T, H, D), k (T, KVH, D), v (T, KVH, Dv) of layer `layer` (a: AttnPart), with RoPE on
-    # q and k, and k and v written to the layer's KV cache kc/vc at slot_mapping
+    # q and k, and k and v written to the layer's KV cache kc/vc at slot_mapping; gate (T, H D): the output
+    # gates where a.gate (each head's query and gate projected side by side, split here)
     T = h.shape[0]
     q2 = q.reshape(T, a.n_head * a.head_dim)
     k2 = k.reshape(T, a.n_kv * a.head_dim)
     v2 = v.reshape(T, a.n_kv * a.v_head_dim)
     a8, a8k = quantize(h, a.need_qkv[layer])
-    int8.matmuls(mats[a.wq[layer]], mats[a.wk[layer]], mats[a.wv[layer]], np.int64(3), a8, a8k, luts, q2, k2, v2,
+    qg = np.empty((T, 2 * a.n_head * a.head_dim), np.float32) if a.gate else q2
+    int8.matmuls(mats[a.wq[layer]], mats[a.wk[layer]], mats[a.wv[layer]], np.int64(3), a8, a8k, luts, qg, k2, v2,
                  threads, table)
+    if a.gate:
+        _split_gate(qg, q2, gate, a.n_head, a.head_dim)
     if a.qkv_bias:
         add_bias(q2, a.bq[layer])
         add_bias(k2, a.bk[layer])
@@ -124,13 +130,27 @@ def project(h, q, k, v, positions, slot_mapping, kc, vc, mats, a, layer, luts, t
         ops.attn_temperature(q, positions, a.temp_scale, a.temp_floor)
 
 
+@njit(nogil=True, cache=True)
+def _split_gate(qg, q2, gate, n_head, d):
+    # qg (T, H 2 D), each head's query then its gate -> q2 (T, H D), gate (T, H D)
+    for t in range(qg.shape[0]):
+        for hh in range(n_head):
+            for i in range(d):
+                q2[t, hh * d + i] = qg[t, 2 * hh * d + i]
+                gate[t, hh * d + i] = qg[t, (2 * hh + 1) * d + i]
+
+
 @njit(inline="always", nogil=True, cache=True)
-def attend(q, positions, token_seq, block_tables, block_size, kc, vc, mats, a, layer, luts, threads, table, out):
-    # attention of q (T, H, D) over the layer's KV cache, then the output projection -> out (T, dim)
+def attend(q, gate, positions, token_seq, block_tables, block_size, kc, vc, mats, a, layer, luts, threads, table,
+           out):
+    # attention of q (T, H, D) over the layer's KV cache, times sigmoid(gate) where a.gate, then the output
+    # projection -> out (T, dim)
     T = q.shape[0]
     att = np.empty((T, a.n_head, a.v_head_dim), np.float32)
     units.call_attention(table[units.ATTENTION], q, kc, vc, token_seq, positions, block_tables, block_size, a.scale,
                          a.window[layer], a.softcap, a.sinks[layer], att)
+    if a.gate:
+        ops.sigmoid_mul_(att.reshape(T, a.n_head * a.v_head_dim), gate)
     o8, o8k = quantize(att.reshape(T, a.n_head * a.v_head_dim), a.need_o[layer])
     wo = mats[a.wo[layer]]
     int8.matmuls(wo, wo, wo, np.int64(1), o8, o8k, luts, out, out, out, threads, table)
