@@ -47,7 +47,7 @@ def warmup(models, kv_types, all_kernels, export_path, import_path, clear):
         click.echo(f"imported {m['files']} files for tier {m['tier']} into {cache.folder()}")
     if all_kernels:
         c = parallel_compile.start(backend.KERNEL_PATH, units.FAMILY_OF, kv_types or KV_TYPES, experts=True,
-                                       mixers=("shortconv", "deltanet"))
+                                       mixers=("shortconv", "deltanet", "mamba2"))
         if c is not None:
             c.wait()
     if run_models:

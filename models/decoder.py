@@ -108,7 +108,7 @@ class ArchSpec:
         return {"qk_norm": 2 if self.qk_norm_full else int(self.qk_norm), "post_norms": self.post_norms,
                 "gelu": self.activation == "gelu_tanh", "qkv_bias": self.qkv_bias, "pre_norms": self.pre_norms,
                 "moe": self.moe, "shared_expert": self.shared_expert, "sinks": self.attn_sinks, "oai": self.oai_experts,
-                "attn_gate": self.attn_gate}
+                "attn_gate": self.attn_gate, "feed_forward": self.feed_forward}
 
 
 @dataclass

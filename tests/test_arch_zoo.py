@@ -101,9 +101,10 @@ def test_greedy_continuations_match_llama_cpp(zoo, name):
 @pytest.mark.parametrize("name", GOLDEN)
 def test_compiled_step_equals_per_op_bit_for_bit(zoo, name):
     m = load_model(GGUFFile(zoo(name)), kb)
-    # the F16 model and the hybrids whose mixers the step does not run yet take the per-op path only; LFM2's
-    # short convolutions and Qwen3.5's delta nets (and its gated attention) are in the step
-    if name == "olmo2" or (m.cfg.recurrent and name not in ("lfm2", "qwen35")):
+    # the F16 model, Qwen3-Next's delta-net layout and the hybrids with experts take the per-op path only; the
+    # other hybrids' mixers (short convolutions, delta nets, Mamba2 alone or beside attention, FFN layers) and
+    # NoPE attention are in the step
+    if name in ("olmo2", "qwen3next") or (m.cfg.recurrent and m.spec.moe):
         assert m.stack is None
         return
     assert m.stack is not None
@@ -320,11 +321,11 @@ def test_the_parallel_compile_plans_the_step_signature_models_run(zoo):
     experts also gets the experts unit (its FFN, compiled beside the step), a dense model never does."""
     from edgeinfer.kernels.cpu import parallel_compile, step
     from edgeinfer.kernels.cpu.parts import moe as moe_part
-    from edgeinfer.kernels.cpu.parts import deltanet, shortconv
+    from edgeinfer.kernels.cpu.parts import deltanet, mamba2, shortconv
     from edgeinfer.models.common import has_experts, step_mixers
 
     units = {}
-    for name in ("qwen3", "qwen3moe", "lfm2", "qwen35"):
+    for name in ("qwen3", "qwen3moe", "lfm2", "qwen35", "mamba2"):
         gf = GGUFFile(zoo(name))
         m = load_model(gf, kb)
         cache = KVCache.for_model(m.cfg, 8, BS, "f16", kb=kb, n_state_slots=1)
@@ -332,12 +333,13 @@ def test_the_parallel_compile_plans_the_step_signature_models_run(zoo):
         jobs = {j.name: j for j in parallel_compile.plan("avx2", {kinds.Q8_0}, ["f16"], experts=has_experts(gf),
                                                          mixers=step_mixers(gf))}
         assert ("experts" in jobs) == (name == "qwen3moe") and ("mixer shortconv" in jobs) == (name == "lfm2")
-        assert ("mixer deltanet" in jobs) == (name == "qwen35")
+        assert ("mixer deltanet" in jobs) == (name == "qwen35") and ("mixer mamba2" in jobs) == (name == "mamba2")
         units.update(jobs)
     assert parallel_compile.step_sig("f16") in {tuple(s) for s in step.forward_layers.signatures}
     assert units["experts"].sig in {tuple(s) for s in moe_part.forward.signatures}
     assert units["mixer shortconv"].sig in {tuple(s) for s in shortconv.forward.signatures}
     assert units["mixer deltanet"].sig in {tuple(s) for s in deltanet.forward.signatures}
+    assert units["mixer mamba2"].sig in {tuple(s) for s in mamba2.forward.signatures}
 
 
 def test_qwen3_thinking_switch_reaches_the_template(zoo):

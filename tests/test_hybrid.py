@@ -55,7 +55,7 @@ def test_the_config_says_which_layers_keep_what(lfm2, zoo):
     assert m.state_bytes_per_seq == 3 * 4 * (3 * (512 + 2 * 2 * 32) + 512 * 32)
     n = load_model(GGUFFile(zoo("nemotron_h")), get_backend("cpu"))
     assert n.cfg.mixers == ("mamba2", "mlp", "attention", "mamba2", "mlp") and n.cfg.kv_layers == (2,)
-    assert not n.cfg.rope and n.stack is None and n.cfg.ffn_dim == 512
+    assert not n.cfg.rope and n.stack is not None and n.cfg.ffn_dim == 512  # NoPE in the step: angles 0
     g = load_model(GGUFFile(zoo("granitehybrid")), get_backend("cpu"))
     assert g.cfg.mixers == ("mamba2", "attention", "mamba2", "mamba2") and not g.cfg.rope
     assert g.spec.moe and g.spec.shared_expert and not g.spec.shared_gate and g.cfg.n_expert == 8

@@ -144,7 +144,7 @@ def show_compile_progress(stream=None) -> None:
     compile_status.show_progress(stream)
 
 
-STEP_MIXERS = ("attention", "shortconv", "deltanet")  # the layer mixers the compiled step runs
+STEP_MIXERS = ("attention", "shortconv", "deltanet", "mamba2", "attn_mamba2", "mlp")  # the mixers the step runs
 
 
 def layer_stack(cfg, layers, inv_freqs, **flags):
@@ -152,9 +152,11 @@ def layer_stack(cfg, layers, inv_freqs, **flags):
     inv_freqs: each layer's RoPE inverse frequencies; flags: the architecture's (ArchSpec.stack_flags)."""
     from .step import LayerStack
 
-    if not cfg.rope or any(cfg.mixer(i) not in STEP_MIXERS for i in range(cfg.n_layer)) or \
+    if any(cfg.mixer(i) not in STEP_MIXERS for i in range(cfg.n_layer)) or \
             (cfg.recurrent and flags.get("moe")):  # the per-op forward until the step has these
         return None
+    if not cfg.rope:  # NoPE: every attention layer's angles 0, which leaves q and k as they are
+        inv_freqs = [np.zeros_like(f) for f in inv_freqs]
     mats = [getattr(lw, name) for lw in layers for name in LayerStack.MATS]
     mats += [w for lw in layers for name in ("exp_gate", "exp_up", "exp_down") for w in (getattr(lw, name) or ())]
     quantized = {k for w in mats if (k := getattr(w, "kind", None)) is not None and kinds.is_quantized(k)}

@@ -33,7 +33,7 @@ from ..kinds import QUANTIZED, is_dense
 from . import moe as moe_kernels
 from . import quant, units
 from .calls import call_codegen, check
-from .parts import attention, deltanet, ffn, norms, shortconv
+from .parts import attention, deltanet, ffn, mamba2, norms, shortconv
 from .parts import moe as moe_part
 from .parts.rows import add, norm
 
@@ -42,21 +42,24 @@ class LayerStack:
     """A model's layers in the compiled step's form; None from :meth:`build` when a layer holds a
     float matrix."""
 
-    MATS = (*attention.MATS, *ffn.MATS, *shortconv.MATS, *deltanet.MATS)  # a layer's matrices outside the experts
+    # a layer's matrices outside the experts
+    MATS = (*attention.MATS, *ffn.MATS, *shortconv.MATS, *deltanet.MATS, *mamba2.MATS)
 
     def __init__(self, cfg, layers, inv_freqs, table, kinds, qk_norm: int, post_norms: bool, gelu: bool,
                  qkv_bias: bool = False, pre_norms: bool = True, moe: bool = False, shared_expert: bool = False,
-                 sinks: bool = False, oai: bool = False, attn_gate: bool = False, typed_lists: bool = True):
+                 sinks: bool = False, oai: bool = False, attn_gate: bool = False, feed_forward: bool = True,
+                 typed_lists: bool = True):
         self.table = table  # the kernel units (units.Table) of this process's path
         self.kinds = tuple(sorted(kinds))
         self._tables = {}  # KV cache dtype -> the int64 table of unit addresses the step takes
         mats, experts = [], []
         self.norms = norms.build(cfg, layers, pre_norms, post_norms)
         self.attn = attention.build(cfg, layers, mats, inv_freqs, qk_norm, qkv_bias, sinks, attn_gate)
-        self.ffn = ffn.build(cfg, layers, mats, gelu, moe, shared_expert)
+        self.ffn = ffn.build(cfg, layers, mats, gelu, moe, shared_expert, feed_forward)
         self.moe = moe_part.build(cfg, layers, experts, gelu, moe, oai)
         self.conv = shortconv.build(cfg, layers, mats)
         self.delta = deltanet.build(cfg, layers, mats)
+        self.mamba = mamba2.build(cfg, layers, mats)
         experts = experts or mats[:1]  # a stand-in for a dense model: never read
         # typed lists built by cached compiled functions: typed.List's own methods, called from Python,
         # compile afresh in every process (a second of start-up); a stand-in keeps the Python lists
@@ -66,7 +69,7 @@ class LayerStack:
     @classmethod
     def build(cls, cfg, layers, inv_freqs, table, kinds, *, qk_norm=0, post_norms=False, gelu=False,
               qkv_bias=False, pre_norms=True, moe=False, shared_expert=False, sinks=False, oai=False,
-              attn_gate=False):
+              attn_gate=False, feed_forward=True):
         """The stack for these layers and the architecture's switches (ArchSpec.stack_flags), or None
         where a matrix is a float one: float matrices (F32, F16, BF16: rare in quantized models) go
         through the per-op path, which keeps their float kernels out of this function's compile."""
@@ -79,7 +82,7 @@ class LayerStack:
         if any(getattr(lw, "ssm_ba", None) is not None for lw in layers):  # Qwen3-Next's delta nets: per op
             return None
         return cls(cfg, layers, inv_freqs, table, kinds, int(qk_norm), post_norms, gelu, qkv_bias, pre_norms, moe,
-                   shared_expert, sinks, oai, attn_gate)
+                   shared_expert, sinks, oai, attn_gate, feed_forward)
 
     def units_for(self, kv_dtype) -> np.ndarray:
         """The unit addresses for a KV cache of this dtype: this model's matmul families and attention."""
@@ -89,7 +92,7 @@ class LayerStack:
             t = self._tables[kv_dtype] = self.table.for_kinds(self.kinds, kv)
             if self.moe.n_expert:
                 t[units.EXPERTS] = units.address(moe_part.forward, experts_sig())
-            for name, part in (("shortconv", self.conv), ("deltanet", self.delta)):
+            for name, part in (("shortconv", self.conv), ("deltanet", self.delta), ("mamba2", self.mamba)):
                 if part.kind.any():
                     t[units.MIXER] = units.address(MIXERS[name].forward, mixer_sig(name))
         return t
@@ -102,7 +105,7 @@ class LayerStack:
                 batch.window_tables, batch.logits_idx, cache.block_size, cache.where, cache.k, cache.v, cache.wk,
                 cache.wv, self.mats, self.experts, self.norms, self.attn, self.ffn,
                 self.moe, quant.HALF_TO_F32, numba.get_num_threads(), table, batch.state_slots, batch.state_snap,
-                conv, ssm_conv, _NO_STATE5 if cache.ssm is None else cache.ssm, self.conv, self.delta)
+                conv, ssm_conv, _NO_STATE5 if cache.ssm is None else cache.ssm, self.conv, self.delta, self.mamba)
 
     def run(self, x, batch, cache) -> np.ndarray:
         """x (T, dim) float32, the embedded tokens, through every layer (x is overwritten) -> the final
@@ -158,8 +161,9 @@ _NO_STATE4 = np.zeros((0, 0, 0, 0), np.float32)
 _NO_STATE5 = np.zeros((0, 0, 0, 0, 0), np.float32)
 
 
-MIXERS = {"shortconv": shortconv, "deltanet": deltanet}  # the recurrent mixers the step runs, by cfg.mixer name
-_MIXER_ARG = {"shortconv": 28, "deltanet": 29}  # where each one's part is in forward_layers' arguments
+# the recurrent mixers the step runs, by cfg.mixer name, and where each one's part is in forward_layers' arguments
+MIXERS = {"shortconv": shortconv, "deltanet": deltanet, "mamba2": mamba2}
+_MIXER_ARG = {"shortconv": 28, "deltanet": 29, "mamba2": 30}
 
 
 @cache
@@ -178,7 +182,7 @@ def mixer_sig(name: str) -> tuple:
 def call_mixer(typingctx, addr, h, out, mats, p, layer, conv, ssm_conv, ssm, token_seq, positions, slots, snap, luts,
                threads, table):
     """The recurrent mixer unit at addr (Table slot MIXER): a hybrid model's mixer of one layer (p: its part,
-    parts.shortconv.ConvPart or parts.deltanet.DeltaPart) on h -> out, compiled apart from the step (a model without such layers never
+    parts.shortconv.ConvPart, parts.deltanet.DeltaPart or parts.mamba2.Mamba2Part) on h -> out, compiled apart from the step (a model without such layers never
     compiles it)."""
     argtys = (h, out, mats, p, layer, conv, ssm_conv, ssm, token_seq, positions, slots, snap, luts, threads, table)
     check("recurrent mixer", argtys, any(argtys == mixer_sig(name) for name in MIXERS))
@@ -207,14 +211,15 @@ def _append(mats, w):
 @njit(nogil=True, cache=True)
 def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_slots, window_tables, keep, block_size,
                    where, k_cache, v_cache, wk, wv, mats, experts, nm, at, ff, mo, luts, threads, table, state_slots,
-                   state_snap, conv, ssm_conv, ssm, cv, dn):
+                   state_snap, conv, ssm_conv, ssm, cv, dn, mb):
     # x (T, dim) through every layer -> the rows `keep` (L,) of the result, (L, dim). k_cache/v_cache
     # (n_layers, n_slots, KVH, D|Dv) float32 or float16 bits (or q8_0 rows), wk/wv the same for the
     # sliding-window layers in a window pool, addressed through window_slots and window_tables; where
     # (n_layer, 2): each layer's pool (1: the window pool) and index in it (engine/kv_cache.py); mats:
-    # typed list of (kind, qs, qh, sc, d, m), experts: the same for MoE layers' experts; nm, at, ff, mo, cv, dn:
-    # the parts (parts.norms.NormsPart, parts.attention.AttnPart, parts.ffn.FfnPart, parts.moe.MoePart,
-    # parts.shortconv.ConvPart, parts.deltanet.DeltaPart). A recurrent layer's mixer runs every row through its sequence's
+    # typed list of (kind, qs, qh, sc, d, m), experts: the same for MoE layers' experts; nm, at, ff, mo, cv, dn,
+    # mb: the parts (parts.norms.NormsPart, parts.attention.AttnPart, parts.ffn.FfnPart, parts.moe.MoePart,
+    # parts.shortconv.ConvPart, parts.deltanet.DeltaPart, parts.mamba2.Mamba2Part; a layer without a
+    # feed-forward block where ff.block is 0, an FFN as the mixer where ff.mlp). A recurrent layer's mixer runs every row through its sequence's
     # state (conv, ssm_conv, ssm: the cache's; state_slots, state_snap: the batch's) in a unit of its own
     # (call_mixer). In the last layer only the kept rows go past the KV writes or the recurrent mixer
     # (attention, output projection, feed-forward), as llama.cpp does: no other row is read after. table: the
@@ -233,14 +238,19 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_s
             norm(x, nm.attn[layer], nm.eps, h)
         else:
             h[:] = x
-        if cv.kind[layer] or dn.kind[layer]:
+        if cv.kind[layer] or dn.kind[layer] or mb.kind[layer] == 1 or ff.mlp[layer]:  # a mixer without KV
             f = np.empty((T, dim), np.float32)
             if cv.kind[layer]:
                 call_mixer(table[units.MIXER], h, f, mats, cv, layer, conv, ssm_conv, ssm, token_seq, positions,
                            state_slots, state_snap, luts, threads, table)
-            else:
+            elif dn.kind[layer]:
                 call_mixer(table[units.MIXER], h, f, mats, dn, layer, conv, ssm_conv, ssm, token_seq, positions,
                            state_slots, state_snap, luts, threads, table)
+            elif mb.kind[layer]:
+                call_mixer(table[units.MIXER], h, f, mats, mb, layer, conv, ssm_conv, ssm, token_seq, positions,
+                           state_slots, state_snap, luts, threads, table)
+            else:
+                ffn.mlp(h, f, mats, ff, layer, luts, threads, table)
             if last:
                 xs = x[keep]
                 _mixer_out(xs, f[keep], nm, layer)
@@ -252,13 +262,17 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_s
         kc, vc, slots, tables = _layer_kv(where, layer, k_cache, v_cache, wk, wv, slot_mapping, block_tables,
                                           window_slots, window_tables)
         attention.project(h, q, k, v, gate, positions, slots, kc, vc, mats, at, layer, luts, threads, table)
+        par = np.empty((T, dim if mb.kind[layer] == 2 else 0), np.float32)  # Falcon-H1: Mamba2 beside attention
+        if mb.kind[layer] == 2:
+            call_mixer(table[units.MIXER], h, par, mats, mb, layer, conv, ssm_conv, ssm, token_seq, positions,
+                       state_slots, state_snap, luts, threads, table)
         if last:
             xs = x[keep]
-            _rest(xs, q[keep], gate[keep], positions[keep], token_seq[keep], tables, block_size, kc, vc, mats, experts,
-                  nm, at, ff, mo, layer, luts, threads, table, scratch)
+            _rest(xs, q[keep], gate[keep], par[keep], positions[keep], token_seq[keep], tables, block_size, kc, vc, mats,
+                  experts, nm, at, ff, mo, layer, luts, threads, table, scratch)
             return xs
-        _rest(x, q, gate, positions, token_seq, tables, block_size, kc, vc, mats, experts, nm, at, ff, mo, layer, luts,
-              threads, table, scratch)
+        _rest(x, q, gate, par, positions, token_seq, tables, block_size, kc, vc, mats, experts, nm, at, ff, mo, layer,
+              luts, threads, table, scratch)
     return x[keep]  # no layers
 
 
@@ -272,14 +286,17 @@ def _layer_kv(where, layer, k_cache, v_cache, wk, wv, slot_mapping, block_tables
 
 
 @njit(nogil=True, cache=True)
-def _rest(x, q, gate, positions, token_seq, block_tables, block_size, kc, vc, mats, experts, nm, at, ff, mo, layer,
-          luts, threads, table, scratch):
+def _rest(x, q, gate, par, positions, token_seq, block_tables, block_size, kc, vc, mats, experts, nm, at, ff, mo,
+          layer, luts, threads, table, scratch):
     # a layer after its KV writes: attention of q (T, H, D) (gated by gate where the model has one), output
-    # projection, residual, feed-forward, residual, on x (T, dim) in place
+    # projection (plus par, a mixer's output beside it, where it has columns), residual, feed-forward,
+    # residual, on x (T, dim) in place
     T, dim = x.shape
     f = np.empty((T, dim), np.float32)
     attention.attend(q, gate, positions, token_seq, block_tables, block_size, kc, vc, mats, at, layer, luts, threads,
                      table, f)
+    if par.shape[1]:
+        add(f, par)
     _mixer_out(x, f, nm, layer)
     _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch)
 
@@ -297,6 +314,9 @@ def _mixer_out(x, f, nm, layer):
 @njit(nogil=True, cache=True)
 def _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch):
     # a layer's feed-forward block on x (T, dim) in place: norm, the FFN or the experts, post-norm, residual
+    # (none where the model's layers have no such block: ff.block 0)
+    if not ff.block:
+        return
     T, dim = x.shape
     f = np.empty((T, dim), np.float32)
     h = np.empty((T, dim), np.float32)

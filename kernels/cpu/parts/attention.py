@@ -62,7 +62,7 @@ def build(cfg, layers, mats: list, inv_freqs, qk_norm: int, qkv_bias: bool, sink
     n, hd = cfg.n_layer, cfg.head_dim
     at, need = gather(layers, MATS, mats)
     qn, kn = (cfg.n_head * hd, cfg.n_kv_head * hd) if qk_norm == 2 else (hd, hd)
-    scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
+    scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(max(cfg.head_dim, 1))  # (0: no attention)
     temp = getattr(cfg, "attn_temp", ()) or (0.0, 1.0)
     return AttnPart(int(cfg.n_head), int(cfg.n_kv_head), int(hd), int(cfg.v_head_dim), int(cfg.rope_dim), int(cfg.rope_neox), int(qk_norm),
                     int(qkv_bias), np.float32(cfg.norm_eps), np.float32(scale), np.float32(cfg.attn_softcap),

@@ -57,10 +57,11 @@ def build(cfg, layers, mats: list) -> DeltaPart:
     taps = np.zeros((n, cfg.ssm_conv if mine else 0, conv), np.float32)
     for i in mine:
         taps[i] = layers[i].ssm_conv1d
+    own = [lw if i in mine else None for i, lw in enumerate(layers)]  # (Mamba2 layers have vectors of these names)
     return DeltaPart(kind, int(cfg.ssm_groups) if mine else 1, int(h), int(conv), int(cfg.ssm_inner) if mine else 0,
                      float(cfg.norm_eps), at["ssm_qkv"], at["ssm_z"], at["ssm_beta"], at["ssm_alpha"], at["ssm_out"],
-                     need["in"], need["out"], taps, stack(layers, "ssm_dt_b", h, 0.0), stack(layers, "ssm_a", h, 0.0),
-                     stack(layers, "ssm_norm", cfg.ssm_state if mine else 0), state)
+                     need["in"], need["out"], taps, stack(own, "ssm_dt_b", h, 0.0), stack(own, "ssm_a", h, 0.0),
+                     stack(own, "ssm_norm", cfg.ssm_state if mine else 0), state)
 
 
 @njit(nogil=True, cache=True)

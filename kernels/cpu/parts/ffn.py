@@ -29,13 +29,17 @@ class FfnPart(NamedTuple):
     w_down: np.ndarray
     need_gate_up: np.ndarray  # (n_layer,) int64: the quantizations of the input gate and up read (rows.needs)
     need_down: np.ndarray  # (n_layer,) int64: those of the down projection's input
+    block: int  # 1: a feed-forward block after the mixer in every layer (0: Mamba2, Nemotron-H)
+    mlp: np.ndarray  # (n_layer,) int64: 1 where the layer's mixer is itself an FFN, down(relu(up h)^2) (`mlp`)
 
 
-def build(cfg, layers, mats: list, gelu: bool, moe: bool, shared_expert: bool) -> FfnPart:
+def build(cfg, layers, mats: list, gelu: bool, moe: bool, shared_expert: bool, block: bool = True) -> FfnPart:
     """The FFN part of these layers; their matrices are appended to mats."""
     at, need = gather(layers, MATS, mats)
+    n = cfg.n_layer
+    mlp = np.array([int(cfg.mixer(i) == "mlp") if hasattr(cfg, "mixer") else 0 for i in range(n)], np.int64)
     return FfnPart(int(cfg.ffn_dim), int(gelu), int(not moe), int(shared_expert), at["w_gate"], at["w_up"], at["w_down"],
-                   need["gate_up"], need["down"])
+                   need["gate_up"], need["down"], int(block), mlp)
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -96,4 +100,22 @@ def forward(h, out, mats, f, layer, luts, threads, table, scratch):
     int8.matmuls(wg, wu, wu, np.int64(2), g8, g8k, luts, gate, up, up, threads, table)
     d8, d8k = alloc_q(T, ffn, f.need_down[layer])
     act_quantize(gate, up, f.gelu, f.need_down[layer], d8, d8k)
+    int8.matmuls(wd, wd, wd, np.int64(1), d8, d8k, luts, out, out, out, threads, table)
+
+
+@njit(nogil=True, cache=True)
+def mlp(h, out, mats, f, layer, luts, threads, table):
+    # a layer whose mixer is an FFN alone (Nemotron-H): down(relu(up h)^2) of h (T, dim) -> out (T, dim)
+    T = h.shape[0]
+    wu, wd = mats[f.w_up[layer]], mats[f.w_down[layer]]
+    a8, a8k = quantize(h, f.need_gate_up[layer])
+    u = np.empty((T, f.ffn), np.float32)
+    int8.matmuls(wu, wu, wu, np.int64(1), a8, a8k, luts, u, u, u, threads, table)
+    for t in range(T):
+        for i in range(f.ffn):
+            v = u[t, i]
+            if v < 0:
+                v = np.float32(0.0)
+            u[t, i] = v * v
+    d8, d8k = quantize(u, f.need_down[layer])
     int8.matmuls(wd, wd, wd, np.int64(1), d8, d8k, luts, out, out, out, threads, table)
