@@ -108,7 +108,8 @@ class ArchSpec:
         return {"qk_norm": 2 if self.qk_norm_full else int(self.qk_norm), "post_norms": self.post_norms,
                 "gelu": self.activation == "gelu_tanh", "qkv_bias": self.qkv_bias, "pre_norms": self.pre_norms,
                 "moe": self.moe, "shared_expert": self.shared_expert, "sinks": self.attn_sinks, "oai": self.oai_experts,
-                "attn_gate": self.attn_gate, "feed_forward": self.feed_forward}
+                "attn_gate": self.attn_gate, "feed_forward": self.feed_forward, "moe_scored": self.moe_bias,
+                "shared_gate": self.shared_gate}
 
 
 @dataclass

@@ -152,8 +152,7 @@ def layer_stack(cfg, layers, inv_freqs, **flags):
     inv_freqs: each layer's RoPE inverse frequencies; flags: the architecture's (ArchSpec.stack_flags)."""
     from .step import LayerStack
 
-    if any(cfg.mixer(i) not in STEP_MIXERS for i in range(cfg.n_layer)) or \
-            (cfg.recurrent and flags.get("moe")):  # the per-op forward until the step has these
+    if any(cfg.mixer(i) not in STEP_MIXERS for i in range(cfg.n_layer)):  # the per-op forward until the step has these
         return None
     if not cfg.rope:  # NoPE: every attention layer's angles 0, which leaves q and k as they are
         inv_freqs = [np.zeros_like(f) for f in inv_freqs]

@@ -48,7 +48,7 @@ class LayerStack:
     def __init__(self, cfg, layers, inv_freqs, table, kinds, qk_norm: int, post_norms: bool, gelu: bool,
                  qkv_bias: bool = False, pre_norms: bool = True, moe: bool = False, shared_expert: bool = False,
                  sinks: bool = False, oai: bool = False, attn_gate: bool = False, feed_forward: bool = True,
-                 typed_lists: bool = True):
+                 moe_scored: bool = False, shared_gate: bool = True, typed_lists: bool = True):
         self.table = table  # the kernel units (units.Table) of this process's path
         self.kinds = tuple(sorted(kinds))
         self._tables = {}  # KV cache dtype -> the int64 table of unit addresses the step takes
@@ -56,7 +56,7 @@ class LayerStack:
         self.norms = norms.build(cfg, layers, pre_norms, post_norms)
         self.attn = attention.build(cfg, layers, mats, inv_freqs, qk_norm, qkv_bias, sinks, attn_gate)
         self.ffn = ffn.build(cfg, layers, mats, gelu, moe, shared_expert, feed_forward)
-        self.moe = moe_part.build(cfg, layers, experts, gelu, moe, oai)
+        self.moe = moe_part.build(cfg, layers, experts, gelu, moe, oai, moe_scored, shared_gate)
         self.conv = shortconv.build(cfg, layers, mats)
         self.delta = deltanet.build(cfg, layers, mats)
         self.mamba = mamba2.build(cfg, layers, mats)
@@ -69,7 +69,7 @@ class LayerStack:
     @classmethod
     def build(cls, cfg, layers, inv_freqs, table, kinds, *, qk_norm=0, post_norms=False, gelu=False,
               qkv_bias=False, pre_norms=True, moe=False, shared_expert=False, sinks=False, oai=False,
-              attn_gate=False, feed_forward=True):
+              attn_gate=False, feed_forward=True, moe_scored=False, shared_gate=True):
         """The stack for these layers and the architecture's switches (ArchSpec.stack_flags), or None
         where a matrix is a float one: float matrices (F32, F16, BF16: rare in quantized models) go
         through the per-op path, which keeps their float kernels out of this function's compile."""
@@ -77,12 +77,13 @@ class LayerStack:
             return isinstance(w, np.ndarray) or (w is not None and is_dense(w.kind))
 
         if any(is_float(getattr(lw, name)) for lw in layers for name in cls.MATS) or \
-                (moe and any(is_float(w) for lw in layers for w in (*lw.exp_gate, *lw.exp_up, *lw.exp_down))):
+                (moe and any(is_float(w) for lw in layers for w in (*(lw.exp_gate or ()), *(lw.exp_up or ()),
+                                                                   *(lw.exp_down or ())))):
             return None
         if any(getattr(lw, "ssm_ba", None) is not None for lw in layers):  # Qwen3-Next's delta nets: per op
             return None
         return cls(cfg, layers, inv_freqs, table, kinds, int(qk_norm), post_norms, gelu, qkv_bias, pre_norms, moe,
-                   shared_expert, sinks, oai, attn_gate, feed_forward)
+                   shared_expert, sinks, oai, attn_gate, feed_forward, moe_scored, shared_gate)
 
     def units_for(self, kv_dtype) -> np.ndarray:
         """The unit addresses for a KV cache of this dtype: this model's matmul families and attention."""
@@ -324,14 +325,17 @@ def _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratc
         norm(x, nm.ffn[layer], nm.eps, h)
     else:
         h[:] = x
-    if mo.n_expert == 0:
+    if mo.n_expert == 0 or not mo.on[layer]:
         ffn.forward(h, f, mats, ff, layer, luts, threads, table, scratch)
     else:
         call_experts(table[units.EXPERTS], h, f, experts, mo, layer, luts, threads, table)
         if ff.shared:
             s = np.empty((T, dim), np.float32)
             ffn.forward(h, s, mats, ff, layer, luts, threads, table, scratch)
-            moe_kernels.shared_gate_add(f, s, h, mo.sh_gate[layer])
+            if mo.sh_gated:
+                moe_kernels.shared_gate_add(f, s, h, mo.sh_gate[layer])
+            else:  # granitehybrid: added as it is
+                add(f, s)
     if nm.post:
         norm(f, nm.post_ffn[layer], nm.eps, f)
     if nm.res_scale != 0:

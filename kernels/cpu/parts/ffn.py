@@ -38,7 +38,8 @@ def build(cfg, layers, mats: list, gelu: bool, moe: bool, shared_expert: bool, b
     at, need = gather(layers, MATS, mats)
     n = cfg.n_layer
     mlp = np.array([int(cfg.mixer(i) == "mlp") if hasattr(cfg, "mixer") else 0 for i in range(n)], np.int64)
-    return FfnPart(int(cfg.ffn_dim), int(gelu), int(not moe), int(shared_expert), at["w_gate"], at["w_up"], at["w_down"],
+    dense = not moe or getattr(cfg, "dense_lead", 0) > 0  # (lfm2moe: its first layers' FFNs are dense)
+    return FfnPart(int(cfg.ffn_dim), int(gelu), int(dense), int(shared_expert), at["w_gate"], at["w_up"], at["w_down"],
                    need["gate_up"], need["down"], int(block), mlp)
 
 

@@ -34,24 +34,32 @@ class MoePart(NamedTuple):
     gate_b: np.ndarray  # (n_layer, E, ffn) float32: each expert's gate bias (oai; (n_layer, 0, 0) else)
     up_b: np.ndarray  # (n_layer, E, ffn)
     down_b: np.ndarray  # (n_layer, E, dim)
+    scored: int  # 1: lfm2moe's routing (moe.route_scored): a sigmoid (or softmax) score, a selection bias
+    sigmoid: int  # with scored: 1 each expert's sigmoid, 0 a softmax over the experts
+    sel_bias: np.ndarray  # (n_layer, E) float32: the selection bias (scored; (n_layer, 0) else)
+    sh_gated: int  # 1: the shared expert's output times sigmoid(h . sh_gate) (qwen2moe); 0: added as it is
+    on: np.ndarray  # (n_layer,) int64: 1 where the layer's FFN is the experts (lfm2moe's first layers: dense)
 
 
-def build(cfg, layers, experts: list, gelu: bool, moe_layers: bool, oai: bool = False) -> MoePart:
+def build(cfg, layers, experts: list, gelu: bool, moe_layers: bool, oai: bool = False, scored: bool = False,
+          shared_gate: bool = True) -> MoePart:
     """The MoE part of these layers; their experts' matrices are appended to `experts`, expert e of a
     layer at first + 3 e + (0 gate, 1 up, 2 down) (moe.expert_matmuls)."""
     n, e = cfg.n_layer, (int(cfg.n_expert) if moe_layers else 0)
     first = np.zeros(n, np.int64)
     need_gu, need_d = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    on = np.array([int(e > 0 and bool(lw.exp_gate)) for lw in layers], np.int64)
     for i, lw in enumerate(layers):
         first[i] = len(experts)
-        for x in range(e):
+        for x in range(e if on[i] else 0):
             for j, w in enumerate((lw.exp_gate[x], lw.exp_up[x], lw.exp_down[x])):
                 experts.append(int8.as_tuple(w))
                 if j == 2:
                     need_d[i] |= needs(w.kind)
                 else:
                     need_gu[i] |= needs(w.kind)
-    router = np.stack([lw.router if e else np.zeros((cfg.dim, 0), np.float32) for lw in layers]).astype(np.float32)
+    router = np.stack([lw.router if on[i] else np.zeros((cfg.dim, e), np.float32)
+                       for i, lw in enumerate(layers)]).astype(np.float32)
     oai = bool(oai and e)
 
     def per_expert(name, size):  # a layer's experts' biases (E, size), stacked over the layers
@@ -62,7 +70,9 @@ def build(cfg, layers, experts: list, gelu: bool, moe_layers: bool, oai: bool = 
     return MoePart(e, int(cfg.n_expert_used), int(cfg.expert_ffn_dim), int(cfg.expert_norm), np.float32(cfg.expert_scale),
                    2 if oai else int(gelu), router, stack(layers, "sh_gate", cfg.dim, 0.0), first, need_gu, need_d,
                    int(oai), per_expert("router_b", None), per_expert("exp_gate_b", 0), per_expert("exp_up_b", 0),
-                   per_expert("exp_down_b", 0))
+                   per_expert("exp_down_b", 0), int(scored and e > 0), int(getattr(cfg, "expert_sigmoid", False)),
+                   stack(layers, "exp_bias", e, 0.0) if scored and e else np.zeros((n, 0), np.float32),
+                   int(shared_gate), on)
 
 
 @njit(nogil=True, cache=True)
@@ -74,6 +84,8 @@ def forward(h, out, experts, p, layer, luts, threads, table):
     wts = np.empty((T, k), np.float32)
     if p.oai:
         moe.route_topk_softmax(h, p.router[layer], p.router_b[layer], k, ids, wts)
+    elif p.scored:
+        moe.route_scored(h, p.router[layer], k, p.sigmoid != 0, p.sel_bias[layer], p.norm_w != 0, p.w_scale, ids, wts)
     else:
         moe.route(h, p.router[layer], k, p.norm_w != 0, p.w_scale, ids, wts)
     offsets, order, pos = moe.plan(ids, p.n_expert)
