@@ -162,11 +162,11 @@ def has_experts(gf: GGUFFile) -> bool:
 
 def step_mixers(gf: GGUFFile) -> tuple:
     """The recurrent mixers of a file's layers that the compiled step runs as units of their own: LFM2's short
-    convolution (blk.N.shortconv.* tensors), Qwen3.5's gated delta net (blk.N.ssm_beta, Qwen3-Next's
-    ssm_ba layout taking the per-op path), Mamba2 (blk.N.ssm_d)."""
+    convolution (blk.N.shortconv.* tensors), the gated delta net (Qwen3.5's blk.N.ssm_beta, Qwen3-Next's
+    ssm_ba), Mamba2 (blk.N.ssm_d)."""
     names = gf.tensors
     return tuple(m for m, there in (("shortconv", any(".shortconv." in n for n in names)),
-                                    ("deltanet", any(".ssm_beta." in n for n in names)),
+                                    ("deltanet", any(".ssm_beta." in n or ".ssm_ba." in n for n in names)),
                                     ("mamba2", any(n.endswith(".ssm_d") for n in names))) if there)
 
 

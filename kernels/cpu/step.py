@@ -80,8 +80,8 @@ class LayerStack:
                 (moe and any(is_float(w) for lw in layers for w in (*(lw.exp_gate or ()), *(lw.exp_up or ()),
                                                                    *(lw.exp_down or ())))):
             return None
-        if any(getattr(lw, "ssm_ba", None) is not None for lw in layers):  # Qwen3-Next's delta nets: per op
-            return None
+        if any(getattr(lw, "ssm_ba", None) is not None and getattr(lw, "ssm_in", None) is not None for lw in layers):
+            return None  # older Qwen3-Next files: q, k, v and z in one ssm_in, per op
         return cls(cfg, layers, inv_freqs, table, kinds, int(qk_norm), post_norms, gelu, qkv_bias, pre_norms, moe,
                    shared_expert, sinks, oai, attn_gate, feed_forward, moe_scored, shared_gate)
 
@@ -183,8 +183,8 @@ def mixer_sig(name: str) -> tuple:
 def call_mixer(typingctx, addr, h, out, mats, p, layer, conv, ssm_conv, ssm, token_seq, positions, slots, snap, luts,
                threads, table):
     """The recurrent mixer unit at addr (Table slot MIXER): a hybrid model's mixer of one layer (p: its part,
-    parts.shortconv.ConvPart, parts.deltanet.DeltaPart or parts.mamba2.Mamba2Part) on h -> out, compiled apart from the step (a model without such layers never
-    compiles it)."""
+    parts.shortconv.ConvPart, parts.deltanet.DeltaPart or parts.mamba2.Mamba2Part) on h -> out, compiled apart
+    from the step (a model without such layers never compiles it)."""
     argtys = (h, out, mats, p, layer, conv, ssm_conv, ssm, token_seq, positions, slots, snap, luts, threads, table)
     check("recurrent mixer", argtys, any(argtys == mixer_sig(name) for name in MIXERS))
     return types.void(addr, *argtys), call_codegen(argtys)
@@ -216,15 +216,16 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_s
     # x (T, dim) through every layer -> the rows `keep` (L,) of the result, (L, dim). k_cache/v_cache
     # (n_layers, n_slots, KVH, D|Dv) float32 or float16 bits (or q8_0 rows), wk/wv the same for the
     # sliding-window layers in a window pool, addressed through window_slots and window_tables; where
-    # (n_layer, 2): each layer's pool (1: the window pool) and index in it (engine/kv_cache.py); mats:
-    # typed list of (kind, qs, qh, sc, d, m), experts: the same for MoE layers' experts; nm, at, ff, mo, cv, dn,
-    # mb: the parts (parts.norms.NormsPart, parts.attention.AttnPart, parts.ffn.FfnPart, parts.moe.MoePart,
-    # parts.shortconv.ConvPart, parts.deltanet.DeltaPart, parts.mamba2.Mamba2Part; a layer without a
-    # feed-forward block where ff.block is 0, an FFN as the mixer where ff.mlp). A recurrent layer's mixer runs every row through its sequence's
-    # state (conv, ssm_conv, ssm: the cache's; state_slots, state_snap: the batch's) in a unit of its own
-    # (call_mixer). In the last layer only the kept rows go past the KV writes or the recurrent mixer
-    # (attention, output projection, feed-forward), as llama.cpp does: no other row is read after. table: the
-    # kernel units' addresses (units.Table.for_kinds), through which matmuls, attention and mixers run.
+    # (n_layer, 2): each layer's pool (1: the window pool) and index in it (engine/kv_cache.py); mats: typed
+    # list of (kind, qs, qh, sc, d, m), experts: the same for MoE layers' experts; nm, at, ff, mo, cv, dn, mb:
+    # the parts (parts.norms.NormsPart, parts.attention.AttnPart, parts.ffn.FfnPart, parts.moe.MoePart,
+    # parts.shortconv.ConvPart, parts.deltanet.DeltaPart, parts.mamba2.Mamba2Part; no feed-forward block
+    # where ff.block is 0, an FFN as the mixer where ff.mlp). A recurrent layer's mixer runs every row through
+    # its sequence's state (conv, ssm_conv, ssm: the cache's; state_slots, state_snap: the batch's) in a unit
+    # of its own (call_mixer). In the last layer only the kept rows go past the KV writes or the recurrent
+    # mixer (attention, output projection, feed-forward), as llama.cpp does: no other row is read after.
+    # table: the kernel units' addresses (units.Table.for_kinds), through which matmuls, attention, experts
+    # and mixers run.
     T, dim = x.shape
     n_layer = where.shape[0]
     h = np.empty((T, dim), np.float32)
@@ -269,8 +270,8 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_s
                        state_slots, state_snap, luts, threads, table)
         if last:
             xs = x[keep]
-            _rest(xs, q[keep], gate[keep], par[keep], positions[keep], token_seq[keep], tables, block_size, kc, vc, mats,
-                  experts, nm, at, ff, mo, layer, luts, threads, table, scratch)
+            _rest(xs, q[keep], gate[keep], par[keep], positions[keep], token_seq[keep], tables, block_size, kc, vc,
+                  mats, experts, nm, at, ff, mo, layer, luts, threads, table, scratch)
             return xs
         _rest(x, q, gate, par, positions, token_seq, tables, block_size, kc, vc, mats, experts, nm, at, ff, mo, layer,
               luts, threads, table, scratch)

@@ -2,7 +2,8 @@
 projections, the causal convolution, the gated delta rule over the sequence's state, the gated per-head norm,
 the output projection; the per-op reference is models/parts/deltanet.py, whose kernels (kernels/cpu/recurrent.py:
 ssm_conv, delta_rule, norm_gate) this runs as they are. A unit of its own (step.call_mixer), compiled only
-for models with these layers. Qwen3-Next's layout (projections grouped by key head) takes the per-op path."""
+for models with these layers. Qwen3-Next's newer layout (beta and alpha in one ssm_ba) too; its older files'
+single ssm_in (q, k, v and z grouped by key head) take the per-op path."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from . import gather, stack
 from .rows import quantize
 
 # the matrices of a layer, by name -> the input each reads
-MATS = {"ssm_qkv": "in", "ssm_z": "in", "ssm_beta": "in", "ssm_alpha": "in", "ssm_out": "out"}
+MATS = {"ssm_qkv": "in", "ssm_z": "in", "ssm_beta": "in", "ssm_alpha": "in", "ssm_ba": "in", "ssm_out": "out"}
 
 
 class DeltaPart(NamedTuple):
@@ -40,6 +41,8 @@ class DeltaPart(NamedTuple):
     a: np.ndarray  # (n_layer, H) float32
     norm: np.ndarray  # (n_layer, Dv) float32: the output norm's weights
     state: np.ndarray  # (n_layer,) int64: each layer's index in the cache's ssm_conv and ssm (-1: none)
+    next: int  # 1: Qwen3-Next's layout: beta and alpha in one ssm_ba grouped by key head, value heads interleaved
+    ssm_ba: np.ndarray  # (n_layer,) int64 (next)
 
 
 def build(cfg, layers, mats: list) -> DeltaPart:
@@ -61,7 +64,8 @@ def build(cfg, layers, mats: list) -> DeltaPart:
     return DeltaPart(kind, int(cfg.ssm_groups) if mine else 1, int(h), int(conv), int(cfg.ssm_inner) if mine else 0,
                      float(cfg.norm_eps), at["ssm_qkv"], at["ssm_z"], at["ssm_beta"], at["ssm_alpha"], at["ssm_out"],
                      need["in"], need["out"], taps, stack(own, "ssm_dt_b", h, 0.0), stack(own, "ssm_a", h, 0.0),
-                     stack(own, "ssm_norm", cfg.ssm_state if mine else 0), state)
+                     stack(own, "ssm_norm", cfg.ssm_state if mine else 0), state,
+                     int(any(getattr(lw, "ssm_ba", None) is not None for lw in own if lw is not None)), at["ssm_ba"])
 
 
 @njit(nogil=True, cache=True)
@@ -74,16 +78,27 @@ def forward(h, out, mats, p, layer, conv, ssm_conv, ssm, token_seq, positions, s
     z = np.empty((T, p.inner), np.float32)
     beta = np.empty((T, p.heads), np.float32)
     alpha = np.empty((T, p.heads), np.float32)
-    wa = mats[p.ssm_alpha[layer]]
-    int8.matmuls(mats[p.ssm_qkv[layer]], mats[p.ssm_z[layer]], mats[p.ssm_beta[layer]], np.int64(3), a8, a8k, luts,
-                 qkv, z, beta, threads, table)
-    int8.matmuls(wa, wa, wa, np.int64(1), a8, a8k, luts, alpha, alpha, alpha, threads, table)
+    if p.next:  # Qwen3-Next: beta and alpha of each key head's value heads side by side in one projection
+        ba = np.empty((T, 2 * p.heads), np.float32)
+        int8.matmuls(mats[p.ssm_qkv[layer]], mats[p.ssm_z[layer]], mats[p.ssm_ba[layer]], np.int64(3), a8, a8k, luts,
+                     qkv, z, ba, threads, table)
+        r = p.heads // p.n_kheads
+        for t in range(T):
+            for g in range(p.n_kheads):
+                for j in range(r):
+                    beta[t, g * r + j] = ba[t, 2 * g * r + j]
+                    alpha[t, g * r + j] = ba[t, (2 * g + 1) * r + j]
+    else:
+        wa = mats[p.ssm_alpha[layer]]
+        int8.matmuls(mats[p.ssm_qkv[layer]], mats[p.ssm_z[layer]], mats[p.ssm_beta[layer]], np.int64(3), a8, a8k,
+                     luts, qkv, z, beta, threads, table)
+        int8.matmuls(wa, wa, wa, np.int64(1), a8, a8k, luts, alpha, alpha, alpha, threads, table)
     i = p.state[layer]
     x = np.empty((T, p.conv_dim), np.float32)
     recurrent.ssm_conv(qkv, p.taps[layer], np.zeros(p.conv_dim, np.float32), ssm_conv[i], token_seq, positions, slots,
                        snap, x)
     y = np.empty((T, p.inner), np.float32)
-    recurrent.delta_rule(x, alpha, beta, p.dt_b[layer], p.a[layer], p.n_kheads, False, p.eps, ssm[i], token_seq,
+    recurrent.delta_rule(x, alpha, beta, p.dt_b[layer], p.a[layer], p.n_kheads, p.next != 0, p.eps, ssm[i], token_seq,
                          positions, slots, snap, y)
     recurrent.norm_gate(y, z, p.norm[layer], p.heads, p.eps, y)
     o8, o8k = quantize(y, p.need_out[layer])
