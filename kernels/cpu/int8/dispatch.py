@@ -87,24 +87,33 @@ def _rows_any(w, q8, q8k, luts, out, n0, n1, isa):
 @njit(parallel=True, nogil=True, cache=True)
 def matmuls(w0, w1, w2, n_mats, q8, q8k, luts, o0, o1, o2, threads, table):
     # W_j (N_j, K) @ x (T, K) -> o_j (T, N_j) for the first n_mats of (w0, w1, w2), all reading the same x
-    # (q/k/v, gate/up), in one parallel region: each matrix's rows are cut into tasks, and all run together.
-    # table: units.Table's addresses; a task runs rows_any of its matrix's kind through the unit of that
-    # kind's family (compiled apart, called by address), that of the small path for a few tokens (calls.slot)
-    per0 = rows_per_task(o0.shape[1], threads)
-    per1 = rows_per_task(o1.shape[1], threads)
-    per2 = rows_per_task(o2.shape[1], threads)
-    t0 = -(-o0.shape[1] // per0)
-    t1 = -(-o1.shape[1] // per1) if n_mats > 1 else 0
-    t2 = -(-o2.shape[1] // per2) if n_mats > 2 else 0
-    for task in prange(t0 + t1 + t2):
-        if task < t0:
-            calls.call_rows(table[calls.slot(w0[0], o0.shape[0])], w0, q8, q8k, luts, o0, np.int64(task * per0),
-                            np.int64(min(o0.shape[1], (task + 1) * per0)))
-        elif task < t0 + t1:
-            i = task - t0
-            calls.call_rows(table[calls.slot(w1[0], o1.shape[0])], w1, q8, q8k, luts, o1, np.int64(i * per1),
-                            np.int64(min(o1.shape[1], (i + 1) * per1)))
-        else:
-            i = task - t0 - t1
-            calls.call_rows(table[calls.slot(w2[0], o2.shape[0])], w2, q8, q8k, luts, o2, np.int64(i * per2),
-                            np.int64(min(o2.shape[1], (i + 1) * per2)))
+    # (q/k/v, gate/up), in one parallel region: the matrices' rows one after another (each matrix starting at
+    # a multiple of 16) are cut into equal tasks, a task running the rows of each matrix it spans. prange
+    # gives each thread a contiguous run of tasks, so equal tasks are equal work whatever the matrices' sizes
+    # (a task per matrix share, as q with its smaller k and v, left one thread most of the work). table:
+    # units.Table's addresses; a task runs rows_any of its matrix's kind through the unit of that kind's
+    # family (compiled apart, called by address), that of the small path for a few tokens (calls.slot)
+    n0 = o0.shape[1]
+    n1 = o1.shape[1] if n_mats > 1 else 0
+    n2 = o2.shape[1] if n_mats > 2 else 0
+    s1 = -(-n0 // 16) * 16  # where matrix 1's rows start in the joint row space
+    s2 = s1 + -(-n1 // 16) * 16
+    total = s2 + n2 if n_mats > 2 else (s1 + n1 if n_mats > 1 else n0)
+    per = rows_per_task(total, threads)
+    for task in prange(-(-total // per)):
+        r0 = np.int64(task) * per
+        r1 = min(total, r0 + per)
+        _span(w0, o0, 0, n0, r0, r1, q8, q8k, luts, table)
+        if n_mats > 1:
+            _span(w1, o1, s1, n1, r0, r1, q8, q8k, luts, table)
+        if n_mats > 2:
+            _span(w2, o2, s2, n2, r0, r1, q8, q8k, luts, table)
+
+
+@njit(inline="always", cache=True)
+def _span(w, o, start, n, r0, r1, q8, q8k, luts, table):
+    # the rows of one matrix (rows [start, start + n) of the joint row space) that task rows [r0, r1) cover
+    a = max(r0, start) - start
+    b = min(r1, start + n) - start
+    if a < b:
+        calls.call_rows(table[calls.slot(w[0], o.shape[0])], w, q8, q8k, luts, o, np.int64(a), np.int64(b))
