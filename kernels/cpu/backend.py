@@ -154,8 +154,8 @@ def layer_stack(cfg, layers, inv_freqs, **flags):
 
     if any(cfg.mixer(i) not in STEP_MIXERS for i in range(cfg.n_layer)):  # the per-op forward until the step has these
         return None
-    if not cfg.rope:  # NoPE: every attention layer's angles 0, which leaves q and k as they are
-        inv_freqs = [np.zeros_like(f) for f in inv_freqs]
+    if not cfg.rope:  # NoPE: no frequencies, so RoPE rotates nothing (nor scales by rope_mscale): q, k as they are
+        inv_freqs = [np.zeros(0, np.float64) for _ in inv_freqs]
     mats = [getattr(lw, name) for lw in layers for name in LayerStack.MATS]
     mats += [w for lw in layers for name in ("exp_gate", "exp_up", "exp_down") for w in (getattr(lw, name) or ())]
     quantized = {k for w in mats if (k := getattr(w, "kind", None)) is not None and kinds.is_quantized(k)}
