@@ -144,16 +144,11 @@ def show_compile_progress(stream=None) -> None:
     compile_status.show_progress(stream)
 
 
-STEP_MIXERS = ("attention", "shortconv", "deltanet", "mamba2", "attn_mamba2", "mlp")  # the mixers the step runs
-
-
 def layer_stack(cfg, layers, inv_freqs, **flags):
     """The model's layers as one compiled call (step.LayerStack), or None where that cannot run them.
     inv_freqs: each layer's RoPE inverse frequencies; flags: the architecture's (ArchSpec.stack_flags)."""
     from .step import LayerStack
 
-    if any(cfg.mixer(i) not in STEP_MIXERS for i in range(cfg.n_layer)):  # the per-op forward until the step has these
-        return None
     if not cfg.rope:  # NoPE: no frequencies, so RoPE rotates nothing (nor scales by rope_mscale): q, k as they are
         inv_freqs = [np.zeros(0, np.float64) for _ in inv_freqs]
     mats = [getattr(lw, name) for lw in layers for name in LayerStack.MATS]

@@ -82,7 +82,10 @@ class LayerStack:
             return None
         if any(getattr(lw, "ssm_ba", None) is not None and getattr(lw, "ssm_in", None) is not None for lw in layers):
             return None  # older Qwen3-Next files: q, k, v and z in one ssm_in, per op
-        if len({MIXER_OF.get(cfg.mixer(i)) for i in range(cfg.n_layer)} - {None}) > 1:
+        mixers = {cfg.mixer(i) for i in range(cfg.n_layer)}
+        if not mixers <= {"attention", "mlp", *MIXER_OF}:  # a layer kind the step does not run: per op
+            return None
+        if len({MIXER_OF[m] for m in mixers if m in MIXER_OF}) > 1:
             return None  # two kinds of recurrent mixer in one model (none so far): the step has one MIXER slot
         return cls(cfg, layers, inv_freqs, table, kinds, int(qk_norm), post_norms, gelu, qkv_bias, pre_norms, moe,
                    shared_expert, sinks, oai, attn_gate, feed_forward, moe_scored, shared_gate)
@@ -166,7 +169,8 @@ _NO_STATE5 = np.zeros((0, 0, 0, 0, 0), np.float32)
 
 # the recurrent mixers the step runs, by cfg.mixer name, and where each one's part is in forward_layers' arguments
 MIXERS = {"shortconv": shortconv, "deltanet": deltanet, "mamba2": mamba2}
-MIXER_OF = {"shortconv": "shortconv", "deltanet": "deltanet", "mamba2": "mamba2", "attn_mamba2": "mamba2"}  # cfg.mixer
+# every cfg.mixer name with a recurrent mixer -> its MIXERS unit (attention and "mlp" run in the step itself)
+MIXER_OF = {"shortconv": "shortconv", "deltanet": "deltanet", "mamba2": "mamba2", "attn_mamba2": "mamba2"}
 _MIXER_ARG = {"shortconv": 28, "deltanet": 29, "mamba2": 30}
 
 
