@@ -25,49 +25,16 @@ from .ops import gated_act_range
 _CH = 64  # channels a task (state rows are contiguous in the channel)
 
 
-@njit(inline="always", cache=True)
-def _taps(st, w, v, out, c0, c1):
-    # channels [c0, c1) of a causal depthwise convolution: out = the taps w (L, C) over the state st (L - 1,
-    # C, oldest first) and the new values v (C,), added in tap order from 0.0; the state moves on by one.
-    # Loops over the channels innermost, so they vectorize (each channel's sum keeps its own order)
-    L = w.shape[0]
-    for ch in range(c0, c1):
-        out[ch] = np.float32(0.0)
-    for i in range(L - 1):
-        for ch in range(c0, c1):
-            out[ch] += st[i, ch] * w[i, ch]
-    for ch in range(c0, c1):
-        out[ch] += v[ch] * w[L - 1, ch]
-    for i in range(L - 2):
-        for ch in range(c0, c1):
-            st[i, ch] = st[i + 1, ch]
-    for ch in range(c0, c1):
-        st[L - 2, ch] = v[ch]
-
-
 @njit(parallel=True, nogil=True, cache=True)
 def shortconv(bcx, w, state, token_seq, positions, slots, snap, out):
     """bcx (T, 3D) float32: b, c, x of every token; w (L, D) float32, the taps (tap L - 1 on the newest
     value); state (n_slots, L - 1, D) float32, updated; token_seq (T,) each token's sequence (a row of
     slots); positions (T,); slots (S,) int64 each sequence's state slot; snap (T,) int64: a slot to copy the
     state into after the token (a prefix-cache checkpoint), or -1 -> out (T, D) = c * conv(b * x)."""
-    T = bcx.shape[0]
     D = w.shape[1]
     for task in prange((D + _CH - 1) // _CH):
         c0 = task * _CH
-        c1 = min(c0 + _CH, D)
-        bx = np.empty(D, np.float32)  # this task's channels of b * x
-        for t in range(T):
-            st = state[slots[token_seq[t]]]
-            if positions[t] == 0:  # a sequence starts: nothing before it
-                st[:, c0:c1] = 0.0
-            for ch in range(c0, c1):
-                bx[ch] = bcx[t, ch] * bcx[t, 2 * D + ch]
-            _taps(st, w, bx, out[t], c0, c1)
-            for ch in range(c0, c1):
-                out[t, ch] = bcx[t, D + ch] * out[t, ch]
-            if snap[t] >= 0:
-                state[snap[t], :, c0:c1] = st[:, c0:c1]
+        _conv_block(bcx, w, w[0], state, token_seq, positions, slots, snap, out, c0, min(c0 + _CH, D), True)
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -78,33 +45,69 @@ def ssm_conv(xbc, w, bias, state, token_seq, positions, slots, snap, out):
     C = w.shape[1]
     for task in prange((C + _CH - 1) // _CH):
         c0 = task * _CH
-        c1 = min(c0 + _CH, C)
-        _conv_block(xbc, w, bias, state, token_seq, positions, slots, snap, out, c0, c1)
+        _conv_block(xbc, w, bias, state, token_seq, positions, slots, snap, out, c0, min(c0 + _CH, C), False)
 
 
 @njit(nogil=True, cache=True)
-def _conv_block(xbc, w, bias, state, token_seq, positions, slots, snap, out, c0, c1):
-    # ssm_conv's channels [c0, c1) for every token, in one call (calls with arrays cost reference counts)
-    T, C = xbc.shape[0], w.shape[1]
-    n = c1 - c0
-    v = np.empty(C, np.float32)  # the token's input, contiguous
-    pre = np.empty((T, n), np.float32)  # convolution plus bias, for the vector SiLU
-    ones = np.ones((1, n), np.float32)
-    for t in range(T):
-        st = state[slots[token_seq[t]]]
+def _conv_block(src, w, bias, state, token_seq, positions, slots, snap, out, c0, c1, short):
+    # channels [c0, c1) of every token, in one call (calls with arrays cost reference counts): the tokens of
+    # a sequence in a row (a run, until another sequence's token or a sequence start) are laid end to end
+    # after the state's L - 1 rows in one buffer, and each token's taps read L rows of it, so the state is
+    # read and written once a run, not shifted every token. The input is b * x and the output c * conv for
+    # the short convolution (src: b, c, x), xbc and silu(conv + bias) for Mamba2's (src: xbc). The inner
+    # loops index rows taken as views from 0: an index LLVM cannot prove non-negative (numba wraps negative
+    # ones) keeps a loop from vectorizing
+    T, L, n = src.shape[0], w.shape[0], c1 - c0
+    D = w.shape[1]
+    wl = np.empty((L, n), np.float32)
+    for i in range(L):
+        wl[i] = w[i, c0:c1]
+    hist = np.empty((T + L - 1, n), np.float32)
+    acc = np.empty((T, n), np.float32)
+    t = 0
+    while t < T:
+        s = slots[token_seq[t]]
+        r1 = t + 1
+        while r1 < T and slots[token_seq[r1]] == s and positions[r1] != 0:
+            r1 += 1
         if positions[t] == 0:
-            st[:, c0:c1] = 0.0
-        for ch in range(c0, c1):
-            v[ch] = xbc[t, ch]
-        _taps(st, w, v, out[t], c0, c1)
-        for ch in range(c0, c1):
-            pre[t, ch - c0] = out[t, ch] + bias[ch]
-        if snap[t] >= 0:
-            state[snap[t], :, c0:c1] = st[:, c0:c1]
+            hist[:L - 1] = 0.0
+        else:
+            hist[:L - 1] = state[s, :, c0:c1]
+        for u in range(r1 - t):
+            h = hist[L - 1 + u]
+            if short:
+                b, x = src[t + u, c0:c1], src[t + u, 2 * D + c0:2 * D + c1]
+                for j in range(n):
+                    h[j] = b[j] * x[j]
+            else:
+                h[:] = src[t + u, c0:c1]
+        for u in range(r1 - t):  # each sum in tap order from 0.0, oldest first
+            a = acc[t + u]
+            a[:] = 0.0
+            for i in range(L):
+                h, wi = hist[u + i], wl[i]
+                for j in range(n):
+                    a[j] += h[j] * wi[j]
+            if snap[t + u] >= 0:
+                state[snap[t + u], :, c0:c1] = hist[u + 1:u + L]
+        state[s, :, c0:c1] = hist[r1 - t:r1 - t + L - 1]
+        t = r1
+    if short:
+        for t in range(T):
+            a, c, o = acc[t], src[t, D + c0:D + c1], out[t, c0:c1]
+            for j in range(n):
+                o[j] = c[j] * a[j]
+        return
+    bl = bias[c0:c1]
     for t in range(T):
-        gated_act_range(pre[t:t + 1], ones, pre[t:t + 1], False, 0, 0, n)  # SiLU eight lanes at a time (exp8)
-        for ch in range(c0, c1):
-            out[t, ch] = pre[t, ch - c0]
+        a = acc[t]
+        for j in range(n):
+            a[j] += bl[j]
+    flat = acc.reshape((1, T * n))
+    gated_act_range(flat, np.ones((1, T * n), np.float32), flat, False, 0, 0, T * n)  # SiLU eight lanes at a time
+    for t in range(T):
+        out[t, c0:c1] = acc[t]
 
 
 @njit(inline="always", cache=True)
