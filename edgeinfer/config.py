@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .cpus import default_threads  # noqa: F401  (the kernels' default thread count, read here by the runtime)
 
@@ -75,9 +75,40 @@ class ModelConfig:
     ssm_state: int = 0  # d_state,
     ssm_heads: int = 0  # heads (time_step_rank),
     ssm_groups: int = 0  # groups of B and C (n_group)
+    # layers of their own shapes (Gemma 4): each layer's (n_head, n_kv_head, head_dim, v_head_dim, rope_dim,
+    # ffn_dim), read through at(layer); () every layer the fields above
+    layer_shapes: tuple = ()
+    sliding_layers: tuple = ()  # which layers are sliding-window ones, one bool a layer (else swa_pattern)
+    # each layer's KV: its own index, or an earlier layer's whose KV it reads and holds none of its own
+    # (Gemma 4's last attention.shared_kv_layers layers); () every layer its own
+    kv_source: tuple = ()
+    per_layer_dim: int = 0  # Gemma 4's per-layer token inputs: each layer's slice of them (0: none)
+    rope_dim_local: int = 0  # the sliding-window layers' rotated dimensions (0: rope_dim)
 
     def is_sliding(self, layer: int) -> bool:
+        if self.sliding_layers:
+            return self.sliding_window > 0 and bool(self.sliding_layers[layer])
         return self.sliding_window > 0 and self.swa_pattern > 0 and (layer + 1) % self.swa_pattern != 0
+
+    def at(self, layer: int) -> "ModelConfig":
+        """The config as layer `layer` sees it: its head counts and sizes and FFN width where the model's
+        layers differ in them (layer_shapes), else this one."""
+        if not self.layer_shapes:
+            return self
+        n_head, n_kv_head, head_dim, v_head_dim, rope_dim, ffn_dim = self.layer_shapes[layer]
+        return replace(self, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim, v_head_dim=v_head_dim,
+                       rope_dim=rope_dim, ffn_dim=ffn_dim, layer_shapes=())
+
+    def kv_of(self, layer: int) -> int:
+        """The layer whose KV layer `layer` reads (itself, or an earlier one's it shares)."""
+        return self.kv_source[layer] if self.kv_source else layer
+
+    def pool_shape(self, window: bool) -> tuple:
+        """(n_kv_head, head_dim, v_head_dim) of the KV rows of the full-context pool's layers, or of the window
+        pool's (the sliding-window layers, which may have rows of their own: Gemma 4)."""
+        layers = [i for i in self.kv_layers if self.is_sliding(i) == window] or [0]
+        c = self.at(layers[0])
+        return c.n_kv_head, c.head_dim, c.v_head_dim
 
     def mixer(self, layer: int) -> str:
         return self.mixers[layer] if self.mixers else "attention"
@@ -85,7 +116,7 @@ class ModelConfig:
     @property
     def kv_layers(self) -> tuple:
         """The layers that keep paged KV (the attention layers), in order."""
-        return tuple(i for i in range(self.n_layer) if self.mixer(i) in ("attention", "attn_mamba2"))
+        return tuple(i for i in range(self.n_layer) if self.mixer(i) in ("attention", "attn_mamba2") and self.kv_of(i) == i)
 
     @property
     def window_layers(self) -> tuple:

@@ -107,9 +107,19 @@ def _architecture_facts(gf: GGUFFile, arch: str) -> dict[str, Any]:
                                                                    "rope_factors_long.weight") if n in t]
     if factors:
         out["rope_factors"] = ", ".join(factors)
+    swa_dim = _int(g("attention.key_length_swa"))
+    if swa_dim is not None:  # Gemma 4: the sliding-window layers' heads are their own size
+        out["head_dim_sliding"] = swa_dim
     qn = t.get("blk.0.attn_q_norm.weight")
     if qn is not None:
-        out["qk_norm"] = "per head" if head_dim and qn.n_elements == head_dim else "whole projection"
+        per_head = head_dim and qn.n_elements in (head_dim, swa_dim)
+        out["qk_norm"] = "per head" if per_head else "whole projection"
+    shared = _int(g("attention.shared_kv_layers"))
+    if shared:
+        out["shared_kv_layers"] = f"the last {shared} (they read earlier layers' KV)"
+    per_layer = _int(g("embedding_length_per_layer_input"))
+    if per_layer:
+        out["per_layer_inputs"] = f"{per_layer} a layer"
     kinds = _layer_kinds(gf)
     if kinds:  # a hybrid model: what its layers keep (a delta net's attn_qkv is its own, not a fused attention)
         out["layer_kinds"] = ", ".join(f"{n} {k}" for k, n in kinds.items())

@@ -92,6 +92,10 @@ def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig, kv_forma
     """kv_formats: the KV row formats (a backend's KV_FORMATS, as the engine passes them, or the kernels'
     one table, kernels/kv_format.py, as file_estimate passes it before any backend is loaded)."""
     T = config.max_num_batched_tokens
+    if cfg.layer_shapes:  # layers of their own sizes: the largest of each
+        shapes = [cfg.at(i) for i in range(cfg.n_layer)]
+        cfg = replace(cfg, **{k: max(getattr(c, k) for c in shapes)
+                              for k in ("n_head", "n_kv_head", "head_dim", "v_head_dim", "ffn_dim")})
     ffn_f32, ffn_q8 = _ffn_rows(cfg)
     per_row = (4 * cfg.dim + ffn_f32 + (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim
                + cfg.n_head * cfg.v_head_dim)  # float32 activations alive at once in a layer
@@ -102,10 +106,13 @@ def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig, kv_forma
     # a sequence's next step sees window - 1 tokens before its first, in two blocks more than they fill at
     # most (one partly behind the window, one the step starts in)
     per_seq = min(-(-(cfg.sliding_window - 1) // bs) + 2, -(-ctx // bs)) if n_window else 0
-    return Estimate(weights=weight_bytes, kv_per_token={t: f.bytes_per_token(cfg, full) for t, f in kv_formats.items()},
+    # each pool's rows (Gemma 4's sliding-window layers have rows of their own shape)
+    full_cfg, win_cfg = (replace(cfg, **dict(zip(("n_kv_head", "head_dim", "v_head_dim"), cfg.pool_shape(w))))
+                         for w in (False, True))
+    return Estimate(weights=weight_bytes, kv_per_token={t: f.bytes_per_token(full_cfg, full) for t, f in kv_formats.items()},
                     buffers=buffers, max_context=ctx, active_weights=active_weights,
                     state_per_seq=2 * getattr(cfg, "state_bytes_per_seq", 0),  # its slot, and a checkpoint's
-                    window_kv_per_token={t: f.bytes_per_token(cfg, n_window) for t, f in kv_formats.items()},
+                    window_kv_per_token={t: f.bytes_per_token(win_cfg, n_window) for t, f in kv_formats.items()},
                     window_blocks_per_seq=per_seq, window_step_blocks=-(-T // bs) if n_window else 0, block_size=bs)
 
 

@@ -26,6 +26,7 @@ from ..gguf_file import GGUFFile
 from . import parts
 from .common import ModelLoadError, WeightLoader, check_vocab, meta, rope_inv_freq
 from .hparams import config_from_gguf, imrope_pairs, resolve, yarn_mix  # noqa: F401  (resolve: for models/__init__)
+from . import per_layer
 from .parts import norms
 
 if TYPE_CHECKING:  # the engine's types, only named here: models never build them
@@ -97,6 +98,15 @@ class ArchSpec:
     # gpt-oss's experts: a bias on the router, the k largest logits weighted by a softmax over them alone, a bias
     # on each expert's gate, up and down, and the clamped SwiGLU (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE)
     oai_experts: bool = False
+    # Gemma 4: layers of their own shapes and kinds, and shared KV (hparams._layer_shapes_config); each layer's
+    # slice of per-layer token inputs added after its FFN (per_layer_input); V RMS-normed (no weights) and
+    # V = K where a layer has no attn_v (v_norm); a layer's output times its layer_output_scale where the file
+    # has one (layer_scale); the scores not scaled (attn_scale_one)
+    layer_shapes: bool = False
+    per_layer_input: bool = False
+    v_norm: bool = False
+    layer_scale: bool = False
+    attn_scale_one: bool = False
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -161,6 +171,10 @@ class LayerWeights:
     exp_gate_b: np.ndarray | None = None  # (n_expert, expert_ffn) float32: each expert's gate bias (oai_experts)
     exp_up_b: np.ndarray | None = None  # (n_expert, expert_ffn)
     exp_down_b: np.ndarray | None = None  # (n_expert, dim)
+    ple_gate: object = None  # (per_layer_dim, dim): the gate of the layer's per-layer input (per_layer_input)
+    ple_proj: object = None  # (dim, per_layer_dim)
+    ple_norm: np.ndarray | None = None  # (dim,)
+    out_scale: np.ndarray | None = None  # (1,): the layer's output times it (layer_scale)
 
 
 LayerTensor = parts.LayerTensor
@@ -174,6 +188,13 @@ def layer_tensors(spec: ArchSpec, cfg: ModelConfig, has=lambda tensor: False, la
     blocks = (("mixer", parts.mixer(cfg, layer)), ("ffn", parts.feed_forward(spec, cfg, layer)))
     for block, part in blocks[:2 if spec.feed_forward else 1]:
         out += [*norms.pre(spec, cfg, block), *part.tensors(spec, cfg, has), *norms.post(spec, cfg, block)]
+    if spec.per_layer_input and cfg.per_layer_dim:  # Gemma 4: gate, projection and norm of its per-layer input
+        e = cfg.per_layer_dim
+        out += [(("ple_gate",), TN.PER_LAYER_INP_GATE, "weight", (e, cfg.dim), None),
+                (("ple_proj",), TN.PER_LAYER_PROJ, "weight", (cfg.dim, e), None),
+                (("ple_norm",), TN.PER_LAYER_POST_NORM, "weight", (cfg.dim,), None)]
+    if spec.layer_scale and has(TN.LAYER_OUT_SCALE):
+        out.append((("out_scale",), TN.LAYER_OUT_SCALE, "weight", (1,), None))
     return out
 
 
@@ -185,6 +206,7 @@ def tensor_name(tensor: TN, part: str, layer: int) -> str:
 
 
 def load_layer(ld: WeightLoader, spec: ArchSpec, cfg: ModelConfig, i: int) -> LayerWeights:
+    cfg = cfg.at(i)  # this layer's sizes (Gemma 4's differ by layer)
     got = {}
     for fields, tensor, part, shape, rows in layer_tensors(spec, cfg, lambda t: ld.has(tensor_name(t, "weight", i)), i):
         name = tensor_name(tensor, part, i)
@@ -202,6 +224,8 @@ def load_layer(ld: WeightLoader, spec: ArchSpec, cfg: ModelConfig, i: int) -> La
             got[fields[0]] = ld.vector(name, *shape)
         else:
             got[fields[0]] = ld.matrix(name, *shape)
+    if spec.v_norm and cfg.kv_of(i) == i and "wk" not in got:  # a layer with KV of its own needs its k
+        raise ModelLoadError(f"missing tensor {tensor_name(TN.ATTN_K, 'weight', i)!r}")
     return LayerWeights(**got)
 
 
@@ -225,10 +249,13 @@ class Model:
             raise ModelLoadError(f"{cfg.arch}'s attention temperature (attention.temperature_scale) is not on the "
                                  f"{kb.NAME} backend yet (use the CPU)")
         if cfg.rope_base_local is not None:
-            self.inv_freq_local = kb.upload(rope_inv_freq(cfg.rope_dim, cfg.rope_base_local))
+            self.inv_freq_local = kb.upload(rope_inv_freq(cfg.rope_dim_local or cfg.rope_dim, cfg.rope_base_local))
         ld = WeightLoader(gf, kb)
         self.tok_embd = ld.matrix("token_embd.weight", cfg.vocab_size, cfg.dim)
         self.layers = [load_layer(ld, spec, cfg, i) for i in range(cfg.n_layer)]
+        self.ple = None
+        if spec.per_layer_input and cfg.per_layer_dim:  # Gemma 4's per-layer token inputs (per_layer.py)
+            self.ple = per_layer.load(ld, cfg)
         self.output_norm = ld.vector(f"{spec.output_norm}.weight", cfg.dim)
         self.output = ld.matrix("output.weight", cfg.vocab_size, cfg.dim) if ld.has("output.weight") else self.tok_embd
         factors = self._rope_factors(gf, ld, n_ctx)
@@ -241,8 +268,8 @@ class Model:
         self.inv_freq = kb.upload(inv_freq)
         self.inv_freq_none = kb.upload(np.zeros_like(inv_freq))  # a layer without positions: angle 0, x unchanged
         # every layer in one compiled call where the backend has one; forward_per_op is the reference
-        self.stack = kb.layer_stack(cfg, self.layers, [self.layer_inv_freq(i) for i in range(cfg.n_layer)],
-                                    **spec.stack_flags)
+        self.stack = None if spec.layer_shapes else kb.layer_stack(
+            cfg, self.layers, [self.layer_inv_freq(i) for i in range(cfg.n_layer)], **spec.stack_flags)
 
     def _rope_factors(self, gf: GGUFFile, ld: WeightLoader, n_ctx: int | None):
         # per-frequency divisors of the RoPE angles: Llama 3's rope_freqs, or LongRoPE's short or long
@@ -286,13 +313,19 @@ class Model:
         kb, cfg, spec = self.kb, self.cfg, self.spec
         batch = kb.prepare_batch(batch)
         x = self.embed(batch.token_ids)
+        ple = per_layer.inputs(kb, cfg, self.ple, batch.token_ids, x) if self.ple is not None else None
         h = kb.empty(x.shape)
         for i, lw in enumerate(self.layers):  # two residual blocks a layer: the mixer's, the feed-forward's
             at = parts.Where(i, batch, cache, self.layer_inv_freq(i))
-            parts.residual(kb, cfg, spec, parts.mixer(cfg, i), lw, x, h, lw.attn_norm, lw.post_attn_norm, at)
+            c = cfg.at(i)
+            parts.residual(kb, c, spec, parts.mixer(cfg, i), lw, x, h, lw.attn_norm, lw.post_attn_norm, at)
             if spec.feed_forward:
-                parts.residual(kb, cfg, spec, parts.feed_forward(spec, cfg, i), lw, x, h, lw.ffn_norm, lw.post_ffn_norm,
+                parts.residual(kb, c, spec, parts.feed_forward(spec, cfg, i), lw, x, h, lw.ffn_norm, lw.post_ffn_norm,
                                at)
+            if ple is not None:
+                per_layer.add(kb, cfg, lw, x, ple[i])
+            if lw.out_scale is not None:  # Gemma 4's layer_output_scale
+                kb.scale_(x, np.float32(kb.to_host(lw.out_scale)[0]))
         rows = kb.take_rows(x, batch.logits_idx)
         return self.normed(rows) if hidden else self.logits(rows)
 

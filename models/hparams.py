@@ -55,7 +55,7 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
         n_kv_head=n_kv_head,
         head_dim=head_dim,
         v_head_dim=meta(gf, a, "attention.value_length", head_dim),
-        ffn_dim=(max(_per_layer(gf, "feed_forward_length", n_layer)) if spec.mlp_layers
+        ffn_dim=(max(_per_layer(gf, "feed_forward_length", n_layer)) if spec.mlp_layers or spec.layer_shapes
                  else meta(gf, a, "feed_forward_length", required=not spec.moe) or 0),
         vocab_size=int(emb.shape[1]),
         context_length=meta(gf, a, "context_length", 2048),
@@ -77,6 +77,8 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
     if spec.swa_pattern:
         cfg = replace(cfg, rope_base_local=spec.rope_base_local, swa_pattern=spec.swa_pattern,
                       sliding_window=int(meta(gf, a, "attention.sliding_window", 0) or 0))
+    if spec.layer_shapes:
+        cfg = _layer_shapes_config(gf, cfg)
     if spec.softcaps:
         cap_a, cap_f = spec.softcap_defaults
         cfg = replace(cfg, attn_softcap=float(meta(gf, a, "attn_logit_softcapping", cap_a) or 0.0),
@@ -99,6 +101,8 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
         cfg = replace(cfg, rope=False)
     if spec.granite:
         cfg = _granite_config(gf, cfg)
+    if spec.attn_scale_one:  # Gemma 4: q and k are RMS-normed, the scores not scaled
+        cfg = replace(cfg, attn_scale=1.0)
     if spec.gemma2_scale and n_layer == 46:  # llama.cpp's rule for Gemma 2 27B (query_pre_attn_scalar)
         cfg = replace(cfg, attn_scale=float(1.0 / np.sqrt(dim / n_head)))
     if spec.moe:
@@ -175,6 +179,8 @@ def _layer_mixers(gf: GGUFFile, spec: ArchSpec, n_layer: int, n_head: int) -> tu
     layers are linear attention apart); a state-space model's head_count is 0."""
     key = f"{gf.architecture}.attention.head_count_kv"
     if not spec.recurrent:
+        if spec.layer_shapes and key in gf.metadata:  # Gemma 4: given per layer (set apart by at())
+            return (), max(_per_layer(gf, "attention.head_count_kv", n_layer))
         return (), meta(gf, gf.architecture, "attention.head_count_kv", n_head)
     if spec.recurrent == "attn_mamba2":  # Falcon-H1: attention and Mamba2 in every layer
         return (spec.recurrent,) * n_layer, meta(gf, gf.architecture, "attention.head_count_kv", n_head)
@@ -195,6 +201,50 @@ def _layer_mixers(gf: GGUFFile, spec: ArchSpec, n_layer: int, n_head: int) -> tu
             raise ModelLoadError(f"metadata key '{gf.architecture}.feed_forward_length' gives different sizes "
                                  f"({sizes}) to the feed-forward layers; edgeinfer supports one")
     return tuple(mixers), (heads[0] if heads else n_head)
+
+
+def _layer_shapes_config(gf: GGUFFile, cfg: ModelConfig) -> ModelConfig:
+    # Gemma 4's layers: sliding-window ones (attention.sliding_window_pattern, one bool a layer) with their own
+    # head size, rotated dimensions and RoPE base, head counts and FFN widths per layer, and the last
+    # attention.shared_kv_layers layers reading the KV of the last earlier layer of their kind (llama.cpp's rule)
+    a, n = cfg.arch, cfg.n_layer
+    if meta(gf, a, "expert_count", 0):
+        raise ModelLoadError(f"{a} with a mixture of experts (expert_count {meta(gf, a, 'expert_count')}) is not "
+                             "supported yet: edgeinfer runs the dense Gemma 4 models")
+    key = f"{a}.attention.sliding_window_pattern"
+    pattern = gf.metadata.get(key)
+    if not isinstance(pattern, (list, np.ndarray)) or len(pattern) != n:
+        raise ModelLoadError(f"metadata key {key!r} must give one bool for each of the {n} layers")
+    sliding = tuple(bool(x) for x in pattern)
+    swa_dims = (int(meta(gf, a, "attention.key_length_swa", required=True)),
+                int(meta(gf, a, "attention.value_length_swa", required=True)))
+    rot_swa = int(meta(gf, a, "rope.dimension_count_swa", swa_dims[0]))
+    heads = _per_layer(gf, "attention.head_count", n)
+    kv_heads = _per_layer(gf, "attention.head_count_kv", n) if f"{a}.attention.head_count_kv" in gf.metadata else heads
+    ffn = _per_layer(gf, "feed_forward_length", n)
+    shapes = tuple((heads[i], kv_heads[i], *(swa_dims if sliding[i] else (cfg.head_dim, cfg.v_head_dim)),
+                    rot_swa if sliding[i] else cfg.rope_dim, ffn[i]) for i in range(n))
+    for i, (nh, nkv, hd, vd, rot, _) in enumerate(shapes):
+        if min(nh, nkv, hd, vd) < 1 or nh % nkv or rot > hd or rot % 2:
+            raise ModelLoadError(f"{a} layer {i}: {nh} heads of {hd} over {nkv} KV heads (values {vd}), {rot} rotated "
+                                 "dimensions: the heads must be a multiple of the KV heads and the rotated dimensions "
+                                 "an even number within the head")
+    for kind in (True, False):  # one KV row shape in each pool
+        if len({s[1:4] for s, sl in zip(shapes, sliding) if sl == kind}) > 1:
+            raise ModelLoadError(f"{a}: the {'sliding-window' if kind else 'full-attention'} layers' KV heads or "
+                                 "sizes differ from layer to layer; edgeinfer supports one shape for each kind")
+    shared = int(meta(gf, a, "attention.shared_kv_layers", 0) or 0)
+    first = n - shared
+    source = list(range(n))
+    for i in range(first, n):  # llama.cpp: the last sliding layer before them, or the last full one
+        source[i] = first - (2 if sliding[i] else 1)
+        if not 0 <= source[i] < first or sliding[source[i]] != sliding[i]:
+            raise ModelLoadError(f"{a}.attention.shared_kv_layers is {shared}: layer {i} would read layer "
+                                 f"{source[i]}'s KV, which is not a layer of its kind with KV of its own")
+    base_swa = float(meta(gf, a, "rope.freq_base_swa", cfg.rope_base))
+    return replace(cfg, layer_shapes=shapes, sliding_layers=sliding, kv_source=tuple(source) if shared else (),
+                   sliding_window=int(meta(gf, a, "attention.sliding_window", 0) or 0), rope_base_local=base_swa,
+                   rope_dim_local=rot_swa, per_layer_dim=int(meta(gf, a, "embedding_length_per_layer_input", 0) or 0))
 
 
 def _deltanet_layers(gf: GGUFFile, n_layer: int) -> list[bool]:

@@ -87,8 +87,10 @@ class PlannedTensor:
 # the MoE routers (ffn_gate_inp, and qwen2moe's shared-expert gate ffn_gate_inp_shexp), the RoPE
 # frequency tables (rope_freqs: Llama 3.x; rope_factors_short/long: Phi-3), BERT's position and
 # token-type embeddings; norms (attn_q_norm, ffn_post_norm, ...) by their "_norm.weight" suffix; the small
-# convolution taps of the recurrent layers (Mamba's ssm_conv1d, LFM2's shortconv.conv)
-_KEEP_PARTS = ("_norm.weight", "ffn_gate_inp", "rope_freqs", "rope_factors", "ssm_conv1d", "shortconv.conv.weight")
+# convolution taps of the recurrent layers (Mamba's ssm_conv1d, LFM2's shortconv.conv); Gemma 4's per-layer
+# input projection (per_layer_model_proj: "not too big") and Gemma 3n's small altup and laurel matrices
+_KEEP_PARTS = ("_norm.weight", "ffn_gate_inp", "rope_freqs", "rope_factors", "ssm_conv1d", "shortconv.conv.weight",
+               "per_layer_model_proj", "altup", "laurel")
 _KEEP_NAMES = ("position_embd.weight", "token_types.weight")
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
@@ -103,7 +105,7 @@ def _category(name: str) -> str:
     count as attn_v; experts (ffn_*_exps) and shared experts (ffn_*_shexp) as their dense counterparts."""
     if name == "output.weight":
         return "output"
-    if name == "token_embd.weight":
+    if name in ("token_embd.weight", "per_layer_token_embd.weight"):  # (Gemma 4's per-layer table as llama.cpp)
         return "token_embd"
     for part, cat in (("attn_qkv.weight", "attn_v"), ("attn_kv_b.weight", "attn_v"), ("attn_v.weight", "attn_v"),
                       ("attn_k.weight", "attn_k"), ("attn_q.weight", "attn_q"), ("attn_output.weight", "attn_output"),

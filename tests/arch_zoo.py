@@ -1351,6 +1351,76 @@ def write_qwen35_bench(path) -> None:
     _finish(w)
 
 
+def write_gemma4(path) -> None:
+    """gemma4 (Gemma 4 dense): 6 layers, dim 256, 4 heads; layers 0, 1, 2, 4 sliding-window (window 8; head
+    size 64 all rotated, RoPE base 10000, 2 KV heads), layers 3 and 5 full attention (head size 128, 1 KV
+    head, base 1e6, "proportional" RoPE: rope_freqs 1 on the first 16 of 64 pairs and 1e30, no rotation, on the
+    rest). attention.shared_kv_layers 2: layer 4 reads layer 2's KV and layer 5 layer 3's (llama.cpp's rule:
+    the last sliding, the last full layer before them); layer 4 still has an attn_k (unused), layer 5 none.
+    Layer 3 has no attn_v: V is K's projection. FFN 512 wide, 1024 in the shared layers (double-wide MLP,
+    feed_forward_length per layer). Per-layer token inputs of 32 a layer (per_layer_token_embd Q8_0,
+    per_layer_model_proj, each layer's inp_gate, proj and post_norm), layer_output_scale on every layer but 1.
+    llama.cpp's gemma4: embeddings times sqrt(dim); q, k normed per head with weights, V RMS-normed without;
+    scores not scaled (f_attention_scale 1), so the q and k norms' weights are ~0.35 (scores of std ~1, not a
+    chaotic model); post norms; final logit softcap 30. Q4_K_M-like types."""
+    n_layer, dim, n_head, ffn, e = 6, 256, 4, 512, 32
+    sliding = [True, True, True, False, True, False]
+    hd = {True: 64, False: 128}
+    kv = {True: 2, False: 1}
+    r = _Init(31)
+    w = gguf.GGUFWriter(str(path), "gemma4")
+    w.add_block_count(n_layer)
+    w.add_context_length(512)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length([ffn] * 4 + [2 * ffn] * 2)
+    w.add_head_count(n_head)
+    w.add_head_count_kv([kv[s] for s in sliding])
+    w.add_key_length(hd[False])
+    w.add_value_length(hd[False])
+    w.add_key_length_swa(hd[True])
+    w.add_value_length_swa(hd[True])
+    w.add_rope_dimension_count(hd[False])
+    w.add_rope_dimension_count_swa(hd[True])
+    w.add_rope_freq_base(1e6)
+    w.add_rope_freq_base_swa(1e4)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(8)
+    w.add_sliding_window_pattern(sliding)
+    w.add_shared_kv_layers(2)
+    w.add_embedding_length_per_layer_input(e)
+    w.add_final_logit_softcapping(30.0)
+    vocab = _spm_vocab(w)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.06), T.Q6_K)
+    _add(w, "rope_freqs.weight", np.array([1.0] * 16 + [1e30] * 48, np.float32))
+    _add(w, "per_layer_token_embd.weight", r.embd(vocab, n_layer * e, 0.5), T.Q8_0)
+    _add(w, "per_layer_model_proj.weight", r.mat(n_layer * e, dim), T.Q4_K)
+    _add(w, "per_layer_proj_norm.weight", r.norm(e))
+    for i, sl in enumerate(sliding):
+        p, d, f = f"blk.{i}.", hd[sl], ffn * (2 if i >= 4 else 1)
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _add(w, p + "attn_q.weight", r.mat(n_head * d, dim), T.Q4_K)
+        if i != 5:
+            _add(w, p + "attn_k.weight", r.mat(kv[sl] * d, dim), T.Q4_K)
+            _add(w, p + "attn_k_norm.weight", 0.35 * r.norm(d))
+        if i not in (3, 5):
+            _add(w, p + "attn_v.weight", r.mat(kv[sl] * d, dim), _q4km("attn_v", i, n_layer))
+        _add(w, p + "attn_q_norm.weight", 0.35 * r.norm(d))
+        _add(w, p + "attn_output.weight", r.mat(dim, n_head * d), T.Q4_K)
+        _add(w, p + "post_attention_norm.weight", 2 * r.norm(dim))
+        _add(w, p + "ffn_norm.weight", r.norm(dim))
+        _add(w, p + "ffn_gate.weight", r.mat(f, dim, 2), T.Q4_K)
+        _add(w, p + "ffn_up.weight", r.mat(f, dim), T.Q4_K)
+        _add(w, p + "ffn_down.weight", r.mat(dim, f), _q4km("ffn_down", i, n_layer))
+        _add(w, p + "post_ffw_norm.weight", 2 * r.norm(dim))
+        _add(w, p + "inp_gate.weight", r.mat(e, dim, 2), T.Q4_K)
+        _add(w, p + "proj.weight", r.mat(dim, e), T.Q8_0)
+        _add(w, p + "post_norm.weight", r.norm(dim))
+        if i != 1:
+            _add(w, p + "layer_output_scale.weight", np.array([0.6 + 0.1 * i], np.float32))
+    _add(w, "output_norm.weight", 2.5 * r.norm(dim))
+    _finish(w)
+
+
 ZOO = {
     "qwen3": write_qwen3,
     "llama3": write_llama3,
@@ -1380,6 +1450,7 @@ ZOO = {
     "mamba2_bench": write_mamba2_bench,
     "qwen35_bench": write_qwen35_bench,
     "gpt-oss_bench": write_gpt_oss_bench,
+    "gemma4": write_gemma4,
 }
 GOLDEN = [n for n in ZOO if not n.endswith("_bench")]  # the models tests/golden/arch_zoo.json covers
 

@@ -34,9 +34,18 @@ class KVCache:
         """A cache of n_blocks blocks shaped for the model config cfg, with n_state_slots sequence slots of
         recurrent state where the model has recurrent layers, and n_window_blocks blocks for its
         sliding-window layers where it has them (0: those layers in the full-context pool)."""
+        if len({cfg.pool_shape(cfg.is_sliding(i)) for i in cfg.kv_layers}) > 1 and not n_window_blocks:
+            # sliding-window layers with rows of their own shape (Gemma 4) keep a pool of their own even where the
+            # caller asks for none: as many blocks as the full pool, addressed as it is (the batch's window
+            # tables default to its block tables)
+            n_window_blocks = n_blocks
         window_layers = tuple(i for i in cfg.kv_layers if cfg.is_sliding(i)) if n_window_blocks else ()
-        cache = cls(cfg.n_layer, n_blocks, block_size, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim, dtype, kb=kb,
-                    kv_layers=cfg.kv_layers, window_layers=window_layers, n_window_blocks=n_window_blocks)
+        cache = cls(cfg.n_layer, n_blocks, block_size, *cfg.pool_shape(False), dtype, kb=kb,
+                    kv_layers=cfg.kv_layers, window_layers=window_layers, n_window_blocks=n_window_blocks,
+                    window_shape=cfg.pool_shape(True))
+        for layer in range(cfg.n_layer):  # a layer that shares an earlier layer's KV reads it where it is
+            if cfg.kv_of(layer) != layer:
+                cache.where[layer] = cache.where[cfg.kv_of(layer)]
         slots = max(n_state_slots, 1)
         if cfg.conv_layers:
             cache.conv = kb.zeros((len(cfg.conv_layers), slots, cfg.conv_l_cache - 1, cfg.dim), np.float32)
@@ -49,7 +58,8 @@ class KVCache:
         return cache
 
     def __init__(self, n_layer: int, n_blocks: int, block_size: int, n_kv_head: int, head_dim: int,
-                 v_head_dim: int, dtype: str = "f32", *, kb, kv_layers=None, window_layers=(), n_window_blocks=0):
+                 v_head_dim: int, dtype: str = "f32", *, kb, kv_layers=None, window_layers=(), n_window_blocks=0,
+                 window_shape=None):
         if dtype not in kb.KV_FORMATS:
             raise ValueError(f"kv cache dtype must be one of {', '.join(kb.KV_FORMATS)}, got {dtype!r}")
         fmt = kb.KV_FORMATS[dtype]
@@ -72,8 +82,10 @@ class KVCache:
         w_slots = max(self.n_window_blocks * block_size, 1)
         self.k = kb.zeros((len(full), n_slots, n_kv_head, fmt.row_len(head_dim)), fmt.storage)
         self.v = kb.zeros((len(full), n_slots, n_kv_head, fmt.row_len(v_head_dim)), fmt.storage)
-        self.wk = kb.zeros((len(window_layers), w_slots, n_kv_head, fmt.row_len(head_dim)), fmt.storage)
-        self.wv = kb.zeros((len(window_layers), w_slots, n_kv_head, fmt.row_len(v_head_dim)), fmt.storage)
+        w_heads, w_dim, w_vdim = window_shape or (n_kv_head, head_dim, v_head_dim)  # (Gemma 4's are their own)
+        fmt.check(w_dim, w_vdim)
+        self.wk = kb.zeros((len(window_layers), w_slots, w_heads, fmt.row_len(w_dim)), fmt.storage)
+        self.wv = kb.zeros((len(window_layers), w_slots, w_heads, fmt.row_len(w_vdim)), fmt.storage)
         # Each layer touches its own slice: with transparent huge pages, the first token would make
         # every layer's K and V resident 2 MB at a time. Small pages keep memory to the blocks used.
         for a in (self.k, self.v, self.wk, self.wv):

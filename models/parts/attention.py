@@ -23,13 +23,19 @@ def tensors(spec: ArchSpec, cfg: ModelConfig, has) -> list:
         hq *= 2
     if has(TN.ATTN_QKV) and spec.recurrent != "deltanet":  # (a delta net layer's attn_qkv is its own)
         out = [(("wq", "wk", "wv"), TN.ATTN_QKV, "weight", (hq + hk + hv, d), (hq, hk, hv))]
+    elif spec.v_norm:  # Gemma 4: no attn_v where V is K; no attn_k (nor its norm) in a layer reading another's KV
+        out = [(("wq",), TN.ATTN_Q, "weight", (hq, d), None)]
+        out += [(("wk",), TN.ATTN_K, "weight", (hk, d), None)] if has(TN.ATTN_K) else []
+        out += [(("wv",), TN.ATTN_V, "weight", (hv, d), None)] if has(TN.ATTN_V) else []
     else:
         out = [(("wq",), TN.ATTN_Q, "weight", (hq, d), None), (("wk",), TN.ATTN_K, "weight", (hk, d), None),
                (("wv",), TN.ATTN_V, "weight", (hv, d), None)]
     out.append((("wo",), TN.ATTN_OUT, "weight", (d, cfg.n_head * cfg.v_head_dim), None))
     if spec.qk_norm or spec.qk_norm_full:
         qn, kn = (hq, hk) if spec.qk_norm_full else (cfg.head_dim, cfg.head_dim)
-        out += [(("q_norm",), TN.ATTN_Q_NORM, "weight", (qn,), None), (("k_norm",), TN.ATTN_K_NORM, "weight", (kn,), None)]
+        out.append((("q_norm",), TN.ATTN_Q_NORM, "weight", (qn,), None))
+        if has(TN.ATTN_K) or not spec.v_norm:
+            out.append((("k_norm",), TN.ATTN_K_NORM, "weight", (kn,), None))
     if spec.qkv_bias:
         out += [(("bq",), TN.ATTN_Q, "bias", (hq,), None), (("bk",), TN.ATTN_K, "bias", (hk,), None),
                 (("bv",), TN.ATTN_V, "bias", (hv,), None)]
@@ -43,7 +49,11 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
     batch, cache, layer = at.batch, at.cache, at.layer
     t = h.shape[0]
     hq = kb.quantize_input(h)  # one quantized activation for q, k and v
-    q2, k2, v2 = kb.matmul_many([lw.wq, lw.wk, lw.wv], hq)
+    own = cfg.kv_of(layer) == layer  # else the layer reads an earlier layer's KV (Gemma 4): q alone
+    mats = [lw.wq, lw.wk, lw.wv] if own and lw.wv is not None else [lw.wq, lw.wk] if own else [lw.wq]
+    q2, k2, v2 = (*kb.matmul_many(mats, hq), None, None)[:3]
+    if own and lw.wv is None:  # Gemma 4's layers without attn_v: V is K's projection (before K's norm)
+        v2 = k2.copy()
     if spec.attn_gate:  # qwen35: (T, heads, [query, gate], head_dim) -> the queries, and the gates for later
         qg = q2.reshape(t, cfg.n_head, 2, cfg.head_dim)
         q2 = np.ascontiguousarray(qg[:, :, 0]).reshape(t, cfg.n_head * cfg.head_dim)
@@ -56,23 +66,30 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
         kb.rmsnorm(q2, lw.q_norm, cfg.norm_eps, q2)
         kb.rmsnorm(k2, lw.k_norm, cfg.norm_eps, k2)
     q = q2.reshape(t, cfg.n_head, cfg.head_dim)
-    k = k2.reshape(t, cfg.n_kv_head, cfg.head_dim)
-    v = v2.reshape(t, cfg.n_kv_head, cfg.v_head_dim)
     if spec.qk_norm:
         qf = q.reshape(t * cfg.n_head, cfg.head_dim)
-        kf = k.reshape(t * cfg.n_kv_head, cfg.head_dim)
         kb.rmsnorm(qf, lw.q_norm, cfg.norm_eps, qf)
-        kb.rmsnorm(kf, lw.k_norm, cfg.norm_eps, kf)
     if cfg.rope:  # else NoPE: no positions in q and k (Granite 4 H, Nemotron-H)
-        qr, kr = (q[:, :, : cfg.rope_dim], k[:, :, : cfg.rope_dim]) if cfg.rope_dim < cfg.head_dim else (q, k)
-        kb.rope(qr, batch.positions, at.inv_freq, cfg.rope_neox, cfg.rope_mscale)
-        kb.rope(kr, batch.positions, at.inv_freq, cfg.rope_neox, cfg.rope_mscale)
+        kb.rope(q[:, :, : cfg.rope_dim] if cfg.rope_dim < cfg.head_dim else q, batch.positions, at.inv_freq,
+                cfg.rope_neox, cfg.rope_mscale)
     if cfg.attn_temp:  # Mistral 3: the queries past the original context sharpened
         kb.attn_temperature(q, batch.positions, np.float32(cfg.attn_temp[0]), np.float64(cfg.attn_temp[1]))
     kc, vc = cache.layer(layer)
     slots, tables = (batch.window_slots, batch.window_tables) if cache.windowed(layer) else \
         (batch.slot_mapping, batch.block_tables)
-    kb.write_kv(kb.kv_store(k, cache.dtype), kb.kv_store(v, cache.dtype), slots, kc, vc)
+    if own:
+        k = k2.reshape(t, cfg.n_kv_head, cfg.head_dim)
+        v = v2.reshape(t, cfg.n_kv_head, cfg.v_head_dim)
+        if spec.qk_norm:
+            kf = k.reshape(t * cfg.n_kv_head, cfg.head_dim)
+            kb.rmsnorm(kf, lw.k_norm, cfg.norm_eps, kf)
+        if spec.v_norm:  # Gemma 4: V RMS-normed, no weights
+            vf = v.reshape(t * cfg.n_kv_head, cfg.v_head_dim)
+            kb.rmsnorm(vf, kb.upload(np.ones(cfg.v_head_dim, np.float32)), cfg.norm_eps, vf)
+        if cfg.rope:
+            kb.rope(k[:, :, : cfg.rope_dim] if cfg.rope_dim < cfg.head_dim else k, batch.positions, at.inv_freq,
+                    cfg.rope_neox, cfg.rope_mscale)
+        kb.write_kv(kb.kv_store(k, cache.dtype), kb.kv_store(v, cache.dtype), slots, kc, vc)
     out = kb.empty((t, cfg.n_head, cfg.v_head_dim))
     scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
     window = cfg.sliding_window if cfg.is_sliding(layer) else 0
