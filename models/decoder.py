@@ -245,6 +245,9 @@ class Model:
         if cfg.recurrent and not hasattr(kb, "ssm_scan"):
             raise ModelLoadError(f"{cfg.arch} has recurrent layers ({spec.recurrent}): the {kb.NAME} backend cannot "
                                  "run those yet (use the CPU)")
+        if spec.layer_shapes and kb.NAME != "cpu":
+            raise ModelLoadError(f"{cfg.arch}'s layers of their own shapes, shared KV and per-layer inputs are not on the "
+                                 f"{kb.NAME} backend yet (use the CPU)")
         if cfg.attn_temp and not hasattr(kb, "attn_temperature"):
             raise ModelLoadError(f"{cfg.arch}'s attention temperature (attention.temperature_scale) is not on the "
                                  f"{kb.NAME} backend yet (use the CPU)")

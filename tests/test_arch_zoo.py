@@ -311,6 +311,16 @@ def test_moe_on_the_cuda_backend_is_a_one_line_error(zoo):
         load_model(GGUFFile(zoo("qwen3moe")), get_backend("cuda"))
 
 
+def test_gemma4_on_the_cuda_backend_is_a_one_line_error(zoo):
+    pytest.importorskip("numba.cuda")
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        pytest.skip("the CUDA backend is tested on numba's simulator")
+    from edgeinfer.models.common import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="gemma4's layers of their own shapes.* are not on the cuda backend yet"):
+        load_model(GGUFFile(zoo("gemma4")), get_backend("cuda"))
+
+
 @pytest.mark.parametrize("name", ["llama3", "phi3"])
 def test_rope_factor_models_load_on_the_cuda_backend(zoo, name):
     """Llama 3's rope_freqs and LongRoPE's factors are read on the host and divide the frequencies before
