@@ -119,7 +119,7 @@ class ArchSpec:
                 "gelu": self.activation == "gelu_tanh", "qkv_bias": self.qkv_bias, "pre_norms": self.pre_norms,
                 "moe": self.moe, "shared_expert": self.shared_expert, "sinks": self.attn_sinks, "oai": self.oai_experts,
                 "attn_gate": self.attn_gate, "feed_forward": self.feed_forward, "moe_scored": self.moe_bias,
-                "shared_gate": self.shared_gate}
+                "shared_gate": self.shared_gate, "v_norm": self.v_norm}
 
 
 @dataclass
@@ -271,8 +271,8 @@ class Model:
         self.inv_freq = kb.upload(inv_freq)
         self.inv_freq_none = kb.upload(np.zeros_like(inv_freq))  # a layer without positions: angle 0, x unchanged
         # every layer in one compiled call where the backend has one; forward_per_op is the reference
-        self.stack = None if spec.layer_shapes else kb.layer_stack(
-            cfg, self.layers, [self.layer_inv_freq(i) for i in range(cfg.n_layer)], **spec.stack_flags)
+        self.stack = kb.layer_stack(cfg, self.layers, [self.layer_inv_freq(i) for i in range(cfg.n_layer)],
+                                    **spec.stack_flags)
 
     def _rope_factors(self, gf: GGUFFile, ld: WeightLoader, n_ctx: int | None):
         # per-frequency divisors of the RoPE angles: Llama 3's rope_freqs, or LongRoPE's short or long
@@ -302,7 +302,9 @@ class Model:
         hidden states after the output norm (L, dim) instead (what llama.cpp's embeddings are)."""
         if self.stack is None:
             return self.forward_per_op(batch, cache, hidden)
-        rows = self.stack.run(self.embed(batch.token_ids), batch, cache)
+        x = self.embed(batch.token_ids)
+        ple = per_layer.inputs(self.kb, self.cfg, self.ple, batch.token_ids, x) if self.ple is not None else None
+        rows = self.stack.run(x, batch, cache, ple)
         return self.normed(rows) if hidden else self.logits(rows)
 
     def embed(self, token_ids):

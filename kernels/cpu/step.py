@@ -33,7 +33,7 @@ from ..kinds import QUANTIZED, is_dense
 from . import moe as moe_kernels
 from . import quant, units
 from .calls import call_codegen, check
-from .parts import attention, deltanet, ffn, mamba2, norms, shortconv
+from .parts import attention, deltanet, ffn, mamba2, norms, per_layer, shortconv
 from .parts import moe as moe_part
 from .parts.rows import add, norm
 
@@ -43,23 +43,24 @@ class LayerStack:
     float matrix."""
 
     # a layer's matrices outside the experts
-    MATS = (*attention.MATS, *ffn.MATS, *shortconv.MATS, *deltanet.MATS, *mamba2.MATS)
+    MATS = (*attention.MATS, *ffn.MATS, *shortconv.MATS, *deltanet.MATS, *mamba2.MATS, *per_layer.MATS)
 
     def __init__(self, cfg, layers, inv_freqs, table, kinds, qk_norm: int, post_norms: bool, gelu: bool,
                  qkv_bias: bool = False, pre_norms: bool = True, moe: bool = False, shared_expert: bool = False,
                  sinks: bool = False, oai: bool = False, attn_gate: bool = False, feed_forward: bool = True,
-                 moe_scored: bool = False, shared_gate: bool = True, typed_lists: bool = True):
+                 moe_scored: bool = False, shared_gate: bool = True, v_norm: bool = False, typed_lists: bool = True):
         self.table = table  # the kernel units (units.Table) of this process's path
         self.kinds = tuple(sorted(kinds))
         self._tables = {}  # KV cache dtype -> the int64 table of unit addresses the step takes
         mats, experts = [], []
         self.norms = norms.build(cfg, layers, pre_norms, post_norms)
-        self.attn = attention.build(cfg, layers, mats, inv_freqs, qk_norm, qkv_bias, sinks, attn_gate)
+        self.attn = attention.build(cfg, layers, mats, inv_freqs, qk_norm, qkv_bias, sinks, attn_gate, v_norm)
         self.ffn = ffn.build(cfg, layers, mats, gelu, moe, shared_expert, feed_forward)
         self.moe = moe_part.build(cfg, layers, experts, gelu, moe, oai, moe_scored, shared_gate)
         self.conv = shortconv.build(cfg, layers, mats)
         self.delta = deltanet.build(cfg, layers, mats)
         self.mamba = mamba2.build(cfg, layers, mats)
+        self.ple = per_layer.build(cfg, layers, mats)
         experts = experts or mats[:1]  # a stand-in for a dense model: never read
         # typed lists built by cached compiled functions: typed.List's own methods, called from Python,
         # compile afresh in every process (a second of start-up); a stand-in keeps the Python lists
@@ -69,7 +70,7 @@ class LayerStack:
     @classmethod
     def build(cls, cfg, layers, inv_freqs, table, kinds, *, qk_norm=0, post_norms=False, gelu=False,
               qkv_bias=False, pre_norms=True, moe=False, shared_expert=False, sinks=False, oai=False,
-              attn_gate=False, feed_forward=True, moe_scored=False, shared_gate=True):
+              attn_gate=False, feed_forward=True, moe_scored=False, shared_gate=True, v_norm=False):
         """The stack for these layers and the architecture's switches (ArchSpec.stack_flags), or None
         where a matrix is a float one: float matrices (F32, F16, BF16: rare in quantized models) go
         through the per-op path, which keeps their float kernels out of this function's compile."""
@@ -88,7 +89,7 @@ class LayerStack:
         if len({MIXER_OF[m] for m in mixers if m in MIXER_OF}) > 1:
             return None  # two kinds of recurrent mixer in one model (none so far): the step has one MIXER slot
         return cls(cfg, layers, inv_freqs, table, kinds, int(qk_norm), post_norms, gelu, qkv_bias, pre_norms, moe,
-                   shared_expert, sinks, oai, attn_gate, feed_forward, moe_scored, shared_gate)
+                   shared_expert, sinks, oai, attn_gate, feed_forward, moe_scored, shared_gate, v_norm)
 
     def units_for(self, kv_dtype) -> np.ndarray:
         """The unit addresses for a KV cache of this dtype: this model's matmul families and attention."""
@@ -103,20 +104,21 @@ class LayerStack:
                     t[units.MIXER] = units.address(MIXERS[name].forward, mixer_sig(name))
         return t
 
-    def args(self, x, batch, cache, table) -> tuple:
-        """forward_layers' arguments, in order."""
+    def args(self, x, batch, cache, table, ple=None) -> tuple:
+        """forward_layers' arguments, in order; ple: every layer's per-layer inputs (n_layer, T, E) (Gemma 4)."""
         # the recurrent state (a hybrid model's), empty stand-ins for the kinds a model lacks
         conv, ssm_conv = (_NO_STATE4 if a is None else a for a in (cache.conv, cache.ssm_conv))
         return (x, batch.positions, batch.token_seq, batch.slot_mapping, batch.block_tables, batch.window_slots,
                 batch.window_tables, batch.logits_idx, cache.block_size, cache.where, cache.k, cache.v, cache.wk,
                 cache.wv, self.mats, self.experts, self.norms, self.attn, self.ffn,
                 self.moe, quant.HALF_TO_F32, numba.get_num_threads(), table, batch.state_slots, batch.state_snap,
-                conv, ssm_conv, _NO_STATE5 if cache.ssm is None else cache.ssm, self.conv, self.delta, self.mamba)
+                conv, ssm_conv, _NO_STATE5 if cache.ssm is None else cache.ssm, self.conv, self.delta, self.mamba,
+                _NO_PLE if ple is None else ple, self.ple)
 
-    def run(self, x, batch, cache) -> np.ndarray:
+    def run(self, x, batch, cache, ple=None) -> np.ndarray:
         """x (T, dim) float32, the embedded tokens, through every layer (x is overwritten) -> the final
-        hidden states of the rows batch.logits_idx selects, (L, dim)."""
-        return forward_layers(*self.args(x, batch, cache, self.units_for(cache.k.dtype)))
+        hidden states of the rows batch.logits_idx selects, (L, dim); ple: the per-layer inputs (Gemma 4's)."""
+        return forward_layers(*self.args(x, batch, cache, self.units_for(cache.k.dtype), ple))
 
 
 def stand_in_args(kv_dtype) -> tuple:
@@ -164,6 +166,7 @@ def call_experts(typingctx, addr, h, out, experts, p, layer, luts, threads, tabl
 
 
 _NO_STATE4 = np.zeros((0, 0, 0, 0), np.float32)
+_NO_PLE = np.zeros((0, 0, 0), np.float32)
 _NO_STATE5 = np.zeros((0, 0, 0, 0, 0), np.float32)
 
 
@@ -219,7 +222,7 @@ def _append(mats, w):
 @njit(nogil=True, cache=True)
 def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_slots, window_tables, keep, block_size,
                    where, k_cache, v_cache, wk, wv, mats, experts, nm, at, ff, mo, luts, threads, table, state_slots,
-                   state_snap, conv, ssm_conv, ssm, cv, dn, mb):
+                   state_snap, conv, ssm_conv, ssm, cv, dn, mb, ple, pl):
     # x (T, dim) through every layer -> the rows `keep` (L,) of the result, (L, dim). k_cache/v_cache
     # (n_layers, n_slots, KVH, D|Dv) float32 or float16 bits (or q8_0 rows), wk/wv the same for the
     # sliding-window layers in a window pool, addressed through window_slots and window_tables; where
@@ -232,13 +235,16 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_s
     # of its own (call_mixer). In the last layer only the kept rows go past the KV writes or the recurrent
     # mixer (attention, output projection, feed-forward), as llama.cpp does: no other row is read after.
     # table: the kernel units' addresses (units.Table.for_kinds), through which matmuls, attention, experts
-    # and mixers run.
+    # and mixers run. ple (n_layer, T, E), pl (parts.per_layer.PerLayerPart): each layer's per-layer input,
+    # added after its feed-forward block where pl.on, and its output scale (Gemma 4's).
     T, dim = x.shape
     n_layer = where.shape[0]
     h = np.empty((T, dim), np.float32)
-    q = np.empty((T, at.n_head, at.head_dim), np.float32)
-    k = np.empty((T, at.n_kv, at.head_dim), np.float32)
-    v = np.empty((T, at.n_kv, at.v_head_dim), np.float32)
+    # q, k and v of the largest layer; each layer's are views of its own sizes (at.dims)
+    qbuf = np.empty(T * at.n_head * at.head_dim, np.float32)
+    kbuf = np.empty(T * at.n_kv * at.head_dim, np.float32)
+    vbuf = np.empty(T * at.n_kv * at.v_head_dim, np.float32)
+    no_inp = np.empty((T, 0), np.float32)
     gate = np.empty((T, at.n_head * at.head_dim if at.gate else 0), np.float32)  # the attention's output gates
     scratch = np.empty(ffn.scratch_size(T, ff), np.float32)  # the dense FFNs' gate and up (ffn.forward)
     for layer in range(n_layer):
@@ -260,16 +266,24 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_s
                            state_slots, state_snap, luts, threads, table)
             else:
                 ffn.mlp(h, f, mats, ff, layer, luts, threads, table)
+            inp = ple[layer] if pl.on else no_inp
             if last:
                 xs = x[keep]
                 _mixer_out(xs, f[keep], nm, layer)
                 _ffn_block(xs, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch)
+                per_layer.forward(xs, inp[keep] if pl.on else inp, mats, pl, layer, luts, threads, table)
                 return xs
             _mixer_out(x, f, nm, layer)
             _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch)
+            per_layer.forward(x, inp, mats, pl, layer, luts, threads, table)
             continue
         kc, vc, slots, tables = _layer_kv(where, layer, k_cache, v_cache, wk, wv, slot_mapping, block_tables,
                                           window_slots, window_tables)
+        nh, nkv, hd, vd = at.dims[layer, 0], at.dims[layer, 1], at.dims[layer, 2], at.dims[layer, 3]
+        q = qbuf[:T * nh * hd].reshape((T, nh, hd))
+        k = kbuf[:T * nkv * hd].reshape((T, nkv, hd))
+        v = vbuf[:T * nkv * vd].reshape((T, nkv, vd))
+        inp = ple[layer] if pl.on else no_inp
         attention.project(h, q, k, v, gate, positions, slots, kc, vc, mats, at, layer, luts, threads, table)
         par = np.empty((T, dim if mb.kind[layer] == 2 else 0), np.float32)  # Falcon-H1: Mamba2 beside attention
         if mb.kind[layer] == 2:
@@ -279,9 +293,11 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_s
             xs = x[keep]
             _rest(xs, q[keep], gate[keep], par[keep], positions[keep], token_seq[keep], tables, block_size, kc, vc,
                   mats, experts, nm, at, ff, mo, layer, luts, threads, table, scratch)
+            per_layer.forward(xs, inp[keep] if pl.on else inp, mats, pl, layer, luts, threads, table)
             return xs
         _rest(x, q, gate, par, positions, token_seq, tables, block_size, kc, vc, mats, experts, nm, at, ff, mo, layer,
               luts, threads, table, scratch)
+        per_layer.forward(x, inp, mats, pl, layer, luts, threads, table)
     return x[keep]  # no layers
 
 

@@ -54,27 +54,51 @@ class AttnPart(NamedTuple):
     out_bias: int  # 1: a bias on the output projection
     bo: np.ndarray  # (n_layer, dim) float32 (zeros, and skipped, without out_bias)
     gate: int  # 1: wq projects each head's query then its gate, the output times sigmoid(gate) (qwen35)
+    # each layer's (n_head, n_kv, head_dim, v_head_dim, rope_dim) (Gemma 4's differ by layer; the sizes above:
+    # the largest, which the step's buffers hold), (n_layer, 5) int64
+    dims: np.ndarray
+    own: np.ndarray  # (n_layer,) int64: 1 where the layer writes KV of its own (0: it reads an earlier layer's)
+    v_norm: int  # 1: V RMS-normed without weights (Gemma 4), and V = K's projection where a layer has no wv
+    v_ones: np.ndarray  # (v_head_dim,) float32 ones: that norm's weights
 
 
 def build(cfg, layers, mats: list, inv_freqs, qk_norm: int, qkv_bias: bool, sinks: bool = False,
-          gate: bool = False) -> AttnPart:
+          gate: bool = False, v_norm: bool = False) -> AttnPart:
     """The attention part of these layers; their matrices are appended to mats."""
-    n, hd = cfg.n_layer, cfg.head_dim
+    n = cfg.n_layer
     at, need = gather(layers, MATS, mats)
-    qn, kn = (cfg.n_head * hd, cfg.n_kv_head * hd) if qk_norm == 2 else (hd, hd)
+    dims = np.array([[c.n_head, c.n_kv_head, c.head_dim, c.v_head_dim, c.rope_dim]
+                     for c in (cfg.at(i) if hasattr(cfg, "at") else cfg for i in range(n))], np.int64).reshape(n, 5)
+    nh, nkv, hd, vd, rd = (int(max(d, *dims[:, j])) for j, d in
+                           enumerate((cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.v_head_dim, cfg.rope_dim)))
+    qn, kn = (nh * hd, nkv * hd) if qk_norm == 2 else (hd, hd)
     scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(max(cfg.head_dim, 1))  # (0: no attention)
     temp = getattr(cfg, "attn_temp", ()) or (0.0, 1.0)
-    return AttnPart(int(cfg.n_head), int(cfg.n_kv_head), int(hd), int(cfg.v_head_dim), int(cfg.rope_dim), int(cfg.rope_neox), int(qk_norm),
+    kv_of = getattr(cfg, "kv_of", lambda i: i)
+    freqs = np.zeros((n, max([len(f) for f in inv_freqs] + [0])), np.float64)  # each layer's, from the left
+    for i, f in enumerate(inv_freqs):
+        freqs[i, :len(f)] = f
+    return AttnPart(nh, nkv, hd, vd, rd, int(cfg.rope_neox), int(qk_norm),
                     int(qkv_bias), np.float32(cfg.norm_eps), np.float32(scale), np.float32(cfg.attn_softcap),
                     np.float32(cfg.rope_mscale), at["wq"], at["wk"], at["wv"], at["wo"], need["qkv"], need["o"],
-                    stack(layers, "q_norm", qn), stack(layers, "k_norm", kn),
-                    stack(layers, "bq", cfg.n_head * hd, 0.0), stack(layers, "bk", cfg.n_kv_head * hd, 0.0),
-                    stack(layers, "bv", cfg.n_kv_head * cfg.v_head_dim, 0.0),
-                    np.stack([np.asarray(f, np.float64) for f in inv_freqs]),
-                    np.array([cfg.sliding_window if cfg.is_sliding(i) else 0 for i in range(n)], np.int64),
+                    _padded(layers, "q_norm", qn), _padded(layers, "k_norm", kn),
+                    stack(layers, "bq", nh * hd, 0.0), stack(layers, "bk", nkv * hd, 0.0), stack(layers, "bv", nkv * vd, 0.0),
+                    freqs, np.array([cfg.sliding_window if cfg.is_sliding(i) else 0 for i in range(n)], np.int64),
                     np.float32(temp[0]), np.float64(temp[1]),
-                    stack(layers, "sinks", cfg.n_head, 0.0) if sinks else np.zeros((n, 0), np.float32), int(sinks),
-                    stack(layers, "bo", cfg.dim, 0.0), int(gate))
+                    stack(layers, "sinks", nh, 0.0) if sinks else np.zeros((n, 0), np.float32), int(sinks),
+                    stack(layers, "bo", cfg.dim, 0.0), int(gate), dims,
+                    np.array([int(kv_of(i) == i) for i in range(n)], np.int64), int(v_norm), np.ones(vd, np.float32))
+
+
+def _padded(layers, name: str, size: int) -> np.ndarray:
+    # the layers' vectors `name` (each its layer's head size, Gemma 4's differ) from the left of (n_layer, size)
+    # rows of ones
+    out = np.ones((len(layers), size), np.float32)
+    for i, lw in enumerate(layers):
+        w = getattr(lw, name, None)
+        if w is not None:
+            out[i, :len(w)] = w
+    return out
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -98,34 +122,59 @@ def _rope_kv(q, k, v, positions, inv_freq, neox, rope_dim, mscale, slot_mapping,
             ops.write_kv_row(k, v, slot_mapping, kc, vc, t)
 
 
+@njit(nogil=True, cache=True)
+def _rope_q(q, positions, inv_freq, neox, rope_dim, mscale):
+    # RoPE on q alone (a layer that reads an earlier layer's KV)
+    for t in range(q.shape[0]):
+        ops.rope_row(q[:, :, :rope_dim], positions, inv_freq, neox, t, mscale)
+
+
 @njit(inline="always", nogil=True, cache=True)
 def project(h, q, k, v, gate, positions, slot_mapping, kc, vc, mats, a, layer, luts, threads, table):
-    # h (T, dim) -> q (T, H, D), k (T, KVH, D), v (T, KVH, Dv) of layer `layer` (a: AttnPart), with RoPE on
-    # q and k, and k and v written to the layer's KV cache kc/vc at slot_mapping; gate (T, H D): the output
-    # gates where a.gate (each head's query and gate projected side by side, split here)
+    # h (T, dim) -> q (T, H, D), k (T, KVH, D), v (T, KVH, Dv) of layer `layer` (a: AttnPart; q, k and v shaped
+    # as its a.dims), with RoPE on q and k, and k and v written to the layer's KV cache kc/vc at slot_mapping;
+    # gate (T, H D): the output gates where a.gate (each head's query and gate projected side by side, split
+    # here). A layer that reads an earlier layer's KV (a.own 0) projects and rotates q alone
     T = h.shape[0]
-    q2 = q.reshape(T, a.n_head * a.head_dim)
-    k2 = k.reshape(T, a.n_kv * a.head_dim)
-    v2 = v.reshape(T, a.n_kv * a.v_head_dim)
+    nh, nkv, hd, vd, rd = a.dims[layer, 0], a.dims[layer, 1], a.dims[layer, 2], a.dims[layer, 3], a.dims[layer, 4]
+    q2 = q.reshape(T, nh * hd)
+    k2 = k.reshape(T, nkv * hd)
+    v2 = v.reshape(T, nkv * vd)
+    own = a.own[layer] != 0
     a8, a8k = quantize(h, a.need_qkv[layer])
-    qg = np.empty((T, 2 * a.n_head * a.head_dim), np.float32) if a.gate else q2
-    int8.matmuls(mats[a.wq[layer]], mats[a.wk[layer]], mats[a.wv[layer]], np.int64(3), a8, a8k, luts, qg, k2, v2,
-                 threads, table)
+    qg = np.empty((T, 2 * nh * hd), np.float32) if a.gate else q2
+    wq = mats[a.wq[layer]]
+    if not own:
+        int8.matmuls(wq, wq, wq, np.int64(1), a8, a8k, luts, qg, qg, qg, threads, table)
+    elif a.wv[layer] < 0:  # Gemma 4's layers without wv: V is K's projection, before K's norm
+        wk = mats[a.wk[layer]]
+        int8.matmuls(wq, wk, wk, np.int64(2), a8, a8k, luts, qg, k2, k2, threads, table)
+        v2[:] = k2
+    else:
+        int8.matmuls(wq, mats[a.wk[layer]], mats[a.wv[layer]], np.int64(3), a8, a8k, luts, qg, k2, v2, threads, table)
     if a.gate:
-        _split_gate(qg, q2, gate, a.n_head, a.head_dim)
+        _split_gate(qg, q2, gate, nh, hd)
     if a.qkv_bias:
         add_bias(q2, a.bq[layer])
         add_bias(k2, a.bk[layer])
         add_bias(v2, a.bv[layer])
     if a.qk_norm == 1:  # per head
-        qf = q.reshape(T * a.n_head, a.head_dim)
-        kf = k.reshape(T * a.n_kv, a.head_dim)
-        norm(qf, a.q_norm[layer], a.eps, qf)
-        norm(kf, a.k_norm[layer], a.eps, kf)
+        qf = q.reshape(T * nh, hd)
+        norm(qf, a.q_norm[layer, :hd], a.eps, qf)
+        if own:
+            kf = k.reshape(T * nkv, hd)
+            norm(kf, a.k_norm[layer, :hd], a.eps, kf)
     elif a.qk_norm == 2:  # over each token's whole projection
         norm(q2, a.q_norm[layer], a.eps, q2)
         norm(k2, a.k_norm[layer], a.eps, k2)
-    _rope_kv(q, k, v, positions, a.inv_freq[layer], a.neox, a.rope_dim, a.mscale, slot_mapping, kc, vc)
+    if a.v_norm and own:
+        vf = v.reshape(T * nkv, vd)
+        norm(vf, a.v_ones[:vd], a.eps, vf)
+    freqs = a.inv_freq[layer, :rd // 2] if a.inv_freq.shape[1] else a.inv_freq[layer]
+    if own:
+        _rope_kv(q, k, v, positions, freqs, a.neox, rd, a.mscale, slot_mapping, kc, vc)
+    else:
+        _rope_q(q, positions, freqs, a.neox, rd, a.mscale)
     if a.temp_scale != 0:
         ops.attn_temperature(q, positions, a.temp_scale, a.temp_floor)
 
@@ -146,12 +195,13 @@ def attend(q, gate, positions, token_seq, block_tables, block_size, kc, vc, mats
     # attention of q (T, H, D) over the layer's KV cache, times sigmoid(gate) where a.gate, then the output
     # projection -> out (T, dim)
     T = q.shape[0]
-    att = np.empty((T, a.n_head, a.v_head_dim), np.float32)
+    nh, vd = a.dims[layer, 0], a.dims[layer, 3]
+    att = np.empty((T, nh, vd), np.float32)
     units.call_attention(table[units.ATTENTION], q, kc, vc, token_seq, positions, block_tables, block_size, a.scale,
                          a.window[layer], a.softcap, a.sinks[layer], att)
     if a.gate:
-        ops.sigmoid_mul_(att.reshape(T, a.n_head * a.v_head_dim), gate)
-    o8, o8k = quantize(att.reshape(T, a.n_head * a.v_head_dim), a.need_o[layer])
+        ops.sigmoid_mul_(att.reshape(T, nh * vd), gate)
+    o8, o8k = quantize(att.reshape(T, nh * vd), a.need_o[layer])
     wo = mats[a.wo[layer]]
     int8.matmuls(wo, wo, wo, np.int64(1), o8, o8k, luts, out, out, out, threads, table)
     if a.out_bias:

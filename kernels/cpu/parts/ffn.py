@@ -20,7 +20,7 @@ MATS = {"w_gate": "gate_up", "w_up": "gate_up", "w_down": "down"}
 class FfnPart(NamedTuple):
     """A model's dense FFNs (or its MoE layers' shared experts)."""
 
-    ffn: int  # the FFN's width
+    ffn: int  # the FFN's width (the widest layer's)
     gelu: int  # 1: GELU (tanh) gates, else SiLU
     dense: int  # 1: the layers' FFN (else the MoE layers' shared expert, if `shared`)
     shared: int  # 1: MoE layers with a shared expert
@@ -31,6 +31,7 @@ class FfnPart(NamedTuple):
     need_down: np.ndarray  # (n_layer,) int64: those of the down projection's input
     block: int  # 1: a feed-forward block after the mixer in every layer (0: Mamba2, Nemotron-H)
     mlp: np.ndarray  # (n_layer,) int64: 1 where the layer's mixer is itself an FFN, down(relu(up h)^2) (`mlp`)
+    width: np.ndarray  # (n_layer,) int64: each layer's FFN width (Gemma 4's last layers' are twice the others')
 
 
 def build(cfg, layers, mats: list, gelu: bool, moe: bool, shared_expert: bool, block: bool = True) -> FfnPart:
@@ -39,8 +40,9 @@ def build(cfg, layers, mats: list, gelu: bool, moe: bool, shared_expert: bool, b
     n = cfg.n_layer
     mlp = np.array([int(cfg.mixer(i) == "mlp") if hasattr(cfg, "mixer") else 0 for i in range(n)], np.int64)
     dense = not moe or getattr(cfg, "dense_lead", 0) > 0  # (lfm2moe: its first layers' FFNs are dense)
-    return FfnPart(int(cfg.ffn_dim), int(gelu), int(dense), int(shared_expert), at["w_gate"], at["w_up"], at["w_down"],
-                   need["gate_up"], need["down"], int(block), mlp)
+    width = np.array([cfg.at(i).ffn_dim if hasattr(cfg, "at") else cfg.ffn_dim for i in range(n)], np.int64)
+    return FfnPart(int(max(cfg.ffn_dim, *width)), int(gelu), int(dense), int(shared_expert), at["w_gate"], at["w_up"],
+                   at["w_down"], need["gate_up"], need["down"], int(block), mlp, width)
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -93,7 +95,7 @@ def forward(h, out, mats, f, layer, luts, threads, table, scratch):
     # for gate and up (scratch_size), allocated once for every layer: a prompt's are tens of MB, which the
     # allocator would otherwise hand back to the system and fault in again, page by page, per layer
     T = h.shape[0]
-    ffn = f.ffn
+    ffn = f.width[layer]
     wg, wu, wd = mats[f.w_gate[layer]], mats[f.w_up[layer]], mats[f.w_down[layer]]
     g8, g8k = quantize(h, f.need_gate_up[layer])
     gate = scratch[: T * ffn].reshape(T, ffn)
@@ -110,10 +112,10 @@ def mlp(h, out, mats, f, layer, luts, threads, table):
     T = h.shape[0]
     wu, wd = mats[f.w_up[layer]], mats[f.w_down[layer]]
     a8, a8k = quantize(h, f.need_gate_up[layer])
-    u = np.empty((T, f.ffn), np.float32)
+    u = np.empty((T, f.width[layer]), np.float32)
     int8.matmuls(wu, wu, wu, np.int64(1), a8, a8k, luts, u, u, u, threads, table)
     for t in range(T):
-        for i in range(f.ffn):
+        for i in range(u.shape[1]):
             v = u[t, i]
             if v < 0:
                 v = np.float32(0.0)
