@@ -6,7 +6,13 @@ As transformers' environment: trim_blocks and lstrip_blocks, the loop controls e
 and a `tojson` that writes plain JSON and takes json.dumps' ensure_ascii, indent, separators and
 sort_keys. Templates' own switches (Qwen3's `enable_thinking`, Llama 3's `date_string`, ...) are
 `variables` of `render` (`LLM.render_chat(..., template_vars=...)` in the Python API; the server and
-the CLI do not pass any yet)."""
+the CLI do not pass any yet).
+
+Gemma 4's templates (they write `<|tool_call>call:`) get what llama.cpp's common/chat.cpp gives them:
+an older template (without the "OpenAI Chat Completions" tool-message handling) gets each assistant
+turn with tool calls, the `tool` messages after it and a final assistant answer merged into one
+assistant message with `tool_responses`, as that template expects; and a prompt that ends a turn
+(`<turn|>`) where a generation prompt was asked for gets `<|turn>model\n` added."""
 
 from __future__ import annotations
 
@@ -31,6 +37,17 @@ GEMMA = (
     "{{ '<start_of_turn>' + role + '\n' }}{% endif %}{{ message['content'] + '<end_of_turn>\n' }}{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
+# Gemma 4's turns, for a Gemma 4 vocabulary without a template (thinking off unless enable_thinking, as
+# Gemma 4's own template)
+GEMMA4 = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<|turn>' + role + '\n' + message['content'] | trim + '<turn|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|turn>model\n' }}"
+    "{% if not enable_thinking | default(false) %}{{ '<|channel>thought\n<channel|>' }}{% endif %}{% endif %}"
+)
+GEMMA4_MARK = "'<|tool_call>call:'"  # how llama.cpp tells a Gemma 4 template
+GEMMA4_TOOL_MESSAGES = "{#- OpenAI Chat Completions:"  # a template that renders `tool` messages itself
 ROLES = ("system", "user", "assistant", "tool")
 # the variables render() sets itself; `variables` may not replace them
 RESERVED = frozenset(("messages", "add_generation_prompt", "bos_token", "eos_token", "tools",
@@ -46,9 +63,61 @@ def _raise(message):
 
 
 def default_template(tokenizer) -> str:
-    if "<start_of_turn>" in getattr(tokenizer, "_special_text", {}):
+    special = getattr(tokenizer, "_special_text", {})
+    if "<start_of_turn>" in special:
         return GEMMA
+    if "<|turn>" in special and "<turn|>" in special:
+        return GEMMA4
     return CHATML
+
+
+def _json_or_text(text):
+    def no_constant(name):
+        raise ValueError(name)
+
+    try:
+        return json.loads(text, parse_constant=no_constant)  # (JSON proper: no NaN or Infinity)
+    except (ValueError, RecursionError):
+        return text
+
+
+def gemma4_tool_responses(messages: list[dict]) -> list[dict]:
+    """llama.cpp's workaround for older Gemma 4 templates (common/parsers/gemma4.cpp): an assistant
+    message with tool calls, the `tool` messages after it and a following assistant message with content
+    but no calls become one assistant message with tool_calls, tool_responses ({name, response}: the
+    call's function name, else the tool_call_id; the content parsed as JSON where it is JSON), content
+    and reasoning_content."""
+    out, i = [], 0
+    while i < len(messages):
+        m = messages[i]
+        calls = m.get("tool_calls")
+        if m.get("role") != "assistant" or not isinstance(calls, list) or not calls:
+            out.append(m)
+            i += 1
+            continue
+        merged = {"role": "assistant", "tool_calls": list(calls)}
+        responses = []
+        i += 1
+        while i < len(messages) and messages[i].get("role") == "tool":
+            t = messages[i]
+            k = len(responses)
+            f = calls[k].get("function") if k < len(calls) and isinstance(calls[k], dict) else None
+            name = f.get("name") if isinstance(f, dict) and isinstance(f.get("name"), str) else ""
+            if not name:
+                name = t.get("tool_call_id") if isinstance(t.get("tool_call_id"), str) else ""
+            content = t.get("content")
+            responses.append({"name": name, "response": _json_or_text(content) if isinstance(content, str) else content})
+            i += 1
+        if responses:
+            merged["tool_responses"] = responses
+        if i < len(messages) and messages[i].get("role") == "assistant" and not messages[i].get("tool_calls") \
+                and messages[i].get("content"):
+            merged["content"] = messages[i]["content"]
+            i += 1
+        if isinstance(m.get("reasoning_content"), str):
+            merged["reasoning_content"] = m["reasoning_content"]
+        out.append(merged)
+    return out
 
 
 def validate_messages(messages) -> list[dict]:
@@ -253,6 +322,8 @@ class ChatTemplate:
         namespace["str_join"] = namespace["markup_join"] = _bounded_join  # the `~` operator
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.is_gemma4 = GEMMA4_MARK in self.source
+        self._gemma4_merge_tools = self.is_gemma4 and GEMMA4_TOOL_MESSAGES not in self.source
 
     @property
     def knows_tools(self) -> bool:
@@ -266,14 +337,19 @@ class ChatTemplate:
         from jinja2 import TemplateError
 
         messages = validate_messages(messages)
+        if self._gemma4_merge_tools:
+            messages = gemma4_tool_responses(messages)
         extra = dict(_check_variables(variables))
         if tools:
             extra["tools"] = tools
         previous = sys.gettrace()
         sys.settrace(_Deadline(RENDER_SECONDS))
         try:
-            return _bounded_join(self._template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+            text = _bounded_join(self._template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
                                                          bos_token=self.bos_token, eos_token=self.eos_token, **extra))
+            if self.is_gemma4 and add_generation_prompt and text.endswith("<turn|>\n"):
+                text += "<|turn>model\n"  # (llama.cpp: a turn ended after tool results, the model's opened)
+            return text
         except ChatTemplateError:
             raise
         except RecursionError:

@@ -19,6 +19,23 @@ The rules (llama.cpp's):
 tag (`<thi`, `</th`) or trailing blanks of the reasoning until the next delta settles it, so a tag is
 never split between reasoning and answer, and the pieces it gives join to exactly what
 `split_reasoning` gives for the whole text.
+
+Gemma 4 (format "gemma4") writes its reasoning as `<|channel>thought` ... `<channel|>` (two
+user-defined tokens, so their text is in the reply); its rules are llama.cpp's peg-gemma4 parser's
+(common/chat.cpp):
+
+- a block may open anywhere in the reply, and every block is reasoning (their texts joined); extra
+  `<|channel>` before `<|channel>thought` are dropped;
+- the blanks after `thought` are dropped, nothing else: neither the reasoning's trailing blanks nor
+  the answer's blanks around a block;
+- a `<channel|>` outside a block, or a `<|channel>` not followed by `thought`, ends the reply: what
+  follows is dropped; so is a partial tag at its very end (`<|chan`, `<|channel>th`, `<channel`);
+- a block that never closes is all reasoning; whitespace-only reasoning is none.
+
+prompt_opens_reasoning tells a Gemma 4 prompt (it has `<|turn>`, `<|channel>` or a tool token) by
+what it returns: a `ReplyStart` whose `fmt` is "gemma4", false as a bool unless the prompt ends inside
+an open block; ReasoningParser and split_reasoning take it as `in_reasoning` and follow its format
+(so the server, which passes that answer on, reads Gemma 4 replies by Gemma 4's rules).
 """
 
 from __future__ import annotations
@@ -26,6 +43,35 @@ from __future__ import annotations
 OPEN, CLOSE = "<think>", "</think>"
 REASONING, CONTENT = "reasoning", "content"
 FORMATS = ("auto", "none", "deepseek")  # the server's --reasoning-format
+THINK, GEMMA4 = "think", "gemma4"  # the reply formats ReasoningParser reads
+CHANNEL, CHANNEL_END, THOUGHT = "<|channel>", "<channel|>", "thought"  # Gemma 4's block: <|channel>thought...<channel|>
+# Gemma 4's control and user-defined tokens that end its prompts: one of them is in any prompt's last tokens
+GEMMA4_MARKS = ("<|turn>", "<turn|>", CHANNEL, CHANNEL_END, "<|tool_response>", "<tool_response|>", "<tool_call|>")
+_ASCII_BLANKS = " \t\n\v\f\r"  # what llama.cpp's parser skips after `thought` (isspace)
+
+
+class ReplyStart:
+    """How a rendered prompt leaves the reply, for formats other than <think>: `fmt` (GEMMA4) and
+    whether the reply starts inside a reasoning block (its truth value, as prompt_opens_reasoning's bool)."""
+
+    __slots__ = ("fmt", "inside")
+
+    def __init__(self, fmt: str, inside: bool = False):
+        self.fmt, self.inside = fmt, bool(inside)
+
+    def __bool__(self) -> bool:
+        return self.inside
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, ReplyStart):
+            return (self.fmt, self.inside) == (other.fmt, other.inside)
+        return isinstance(other, bool) and other == self.inside
+
+    def __hash__(self) -> int:
+        return hash((self.fmt, self.inside))
+
+    def __repr__(self) -> str:
+        return f"ReplyStart({self.fmt!r}, inside={self.inside})"
 
 
 def _partial_suffix(text: str, tag: str) -> int:
@@ -38,15 +84,23 @@ def _partial_suffix(text: str, tag: str) -> int:
 
 class ReasoningParser:
     """Text deltas in, ("reasoning", str) and ("content", str) pieces out: feed() each delta, finish()
-    once at the end. in_reasoning: the prompt ends inside an open <think> (see prompt_opens_reasoning)."""
+    once at the end. in_reasoning: the prompt ends inside an open block (see prompt_opens_reasoning;
+    a ReplyStart also names the format). fmt: THINK or GEMMA4, over in_reasoning's."""
 
-    def __init__(self, in_reasoning: bool = False):
-        self._forced = in_reasoning
+    def __init__(self, in_reasoning: bool | ReplyStart = False, fmt: str | None = None):
+        self.fmt = fmt or getattr(in_reasoning, "fmt", THINK)
+        if self.fmt not in (THINK, GEMMA4):
+            raise ValueError(f"reasoning format must be {THINK!r} or {GEMMA4!r}, got {self.fmt!r}")
+        self._forced = bool(in_reasoning)
         self._state = "start"  # "start" (has the reply opened a block?), REASONING or CONTENT
         self._buf = ""  # text held back
         self._lead = True  # the current part's leading blanks are still being dropped
+        if self.fmt == GEMMA4:
+            self._state = REASONING if self._forced else CONTENT
 
     def feed(self, delta: str) -> list[tuple[str, str]]:
+        if self.fmt == GEMMA4:
+            return self._feed_gemma4(delta)
         self._buf += delta
         out: list[tuple[str, str]] = []
         while True:
@@ -85,8 +139,58 @@ class ReasoningParser:
                 self._buf = self._buf[keep:]
             return out
 
+    def _feed_gemma4(self, delta: str) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        if self._state == "end":
+            return out
+        buf = self._buf + delta
+        while True:
+            if self._state == CONTENT:
+                k_open, k_end = buf.find(CHANNEL), buf.find(CHANNEL_END)
+                if k_end >= 0 and (k_open < 0 or k_end < k_open):  # a close outside a block ends the reply
+                    _put(out, CONTENT, buf[:k_end])
+                    self._state, buf = "end", ""
+                    break
+                if k_open < 0:  # hold what may be the start of a tag
+                    hold = max(_partial_suffix(buf, CHANNEL), _partial_suffix(buf, CHANNEL_END))
+                    _put(out, CONTENT, buf[:len(buf) - hold])
+                    buf = buf[len(buf) - hold:]
+                    break
+                _put(out, CONTENT, buf[:k_open])
+                buf = buf[k_open:]
+                j = 0
+                while buf.startswith(CHANNEL, j):  # <|channel> not followed by `thought` is skipped
+                    j += len(CHANNEL)
+                rest = buf[j:]
+                if rest.startswith(THOUGHT):
+                    buf, self._state, self._lead = rest[len(THOUGHT):], REASONING, True
+                    continue
+                if THOUGHT.startswith(rest) or CHANNEL.startswith(rest):
+                    break  # not settled yet
+                self._state, buf = "end", ""  # another channel: llama.cpp's parser stops there
+                break
+            if self._lead:
+                buf = buf.lstrip(_ASCII_BLANKS)
+                if not buf:
+                    break
+                self._lead = False
+            k = buf.find(CHANNEL_END)
+            if k >= 0:
+                _put(out, REASONING, buf[:k])
+                buf, self._state = buf[k + len(CHANNEL_END):], CONTENT
+                continue
+            hold = _partial_suffix(buf, CHANNEL_END)
+            _put(out, REASONING, buf[:len(buf) - hold])
+            buf = buf[len(buf) - hold:]
+            break
+        self._buf = buf
+        return out
+
     def finish(self) -> list[tuple[str, str]]:
         """What was held back, once the reply is complete."""
+        if self.fmt == GEMMA4:  # only a partial tag, or the blanks after `thought`: dropped, as llama.cpp does
+            self._buf = ""
+            return []
         rest, self._buf = self._buf, ""
         if self._state == "start":  # only blanks or a partial "<think>": text as it is (or reasoning)
             if not self._forced:
@@ -100,9 +204,14 @@ class ReasoningParser:
         return [(self._state, rest)] if rest else []
 
 
-def split_reasoning(text: str, in_reasoning: bool = False) -> tuple[str | None, str]:
+def _put(out: list, kind: str, text: str) -> None:
+    if text:
+        out.append((kind, text))
+
+
+def split_reasoning(text: str, in_reasoning: bool | ReplyStart = False, fmt: str | None = None) -> tuple[str | None, str]:
     """A whole reply as (reasoning or None, answer), by the rules above."""
-    p = ReasoningParser(in_reasoning)
+    p = ReasoningParser(in_reasoning, fmt)
     parts = {REASONING: [], CONTENT: []}
     for kind, piece in p.feed(text) + p.finish():
         parts[kind].append(piece)
@@ -110,12 +219,23 @@ def split_reasoning(text: str, in_reasoning: bool = False) -> tuple[str | None, 
 
 
 def template_thinks(template_source: str | None) -> bool:
-    """Does a chat template write <think> blocks (a model that reasons)? --reasoning-format auto asks."""
-    return bool(template_source) and OPEN in template_source
+    """Does a chat template write <think> blocks, or Gemma 4's thought channel (a model that reasons)?
+    --reasoning-format auto asks."""
+    return bool(template_source) and (OPEN in template_source or CHANNEL + THOUGHT in template_source)
 
 
-def prompt_opens_reasoning(prompt_text: str) -> bool:
-    """Does a rendered prompt end inside an open <think> (the template opened it for the model)?"""
+def template_format(template_source: str | None) -> str:
+    """The reply format of a chat template's model: GEMMA4 for Gemma 4's thought channel, else THINK."""
+    return GEMMA4 if template_source and CHANNEL + THOUGHT in template_source else THINK
+
+
+def prompt_opens_reasoning(prompt_text: str) -> bool | ReplyStart:
+    """Does a rendered prompt end inside an open <think> (the template opened it for the model)? For a
+    Gemma 4 prompt (one with its turn, channel or tool tokens) a ReplyStart of format GEMMA4, true when
+    the prompt ends inside an open thought channel (a reply continued from its reasoning)."""
+    if any(mark in prompt_text for mark in GEMMA4_MARKS):
+        k = prompt_text.rfind(CHANNEL + THOUGHT)
+        return ReplyStart(GEMMA4, k >= 0 and CHANNEL_END not in prompt_text[k:])
     return prompt_text.rstrip().endswith(OPEN)
 
 

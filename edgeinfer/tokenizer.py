@@ -4,6 +4,9 @@
 - ``llama`` (SentencePiece BPE): llama.cpp's algorithm, here in Python: merge the adjacent pair whose
   merged piece scores highest, until no adjacent pair forms a piece; unknown characters fall back to
   byte pieces ``<0xNN>``. Building it is a dict of the pieces (a few tens of ms for 262k pieces).
+- ``gemma4`` (Gemma 4: BPE by merge rank over SentencePiece-style text): spaces become ``▁``, the text is
+  cut only at newlines (a run of newlines that is a token is taken whole), and the `tokenizers` library
+  merges each line by rank, unknown characters falling back to ``<0xNN>`` pieces (tokenizer_gemma4.py).
 
 Control and user-defined tokens are matched in the raw text before either algorithm runs, longest
 first; control tokens only when ``parse_special`` is set, user-defined ones always (as llama.cpp).
@@ -21,6 +24,7 @@ import numpy as np
 from .errors import EdgeInferError
 from .gguf_file import GGUFFile
 from .pretokenize import PRE_TOKENIZERS, LiteralMatcher, wpm_words
+from .tokenizer_gemma4 import gemma4_bpe, gemma4_encode, gemma4_token_types
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
@@ -57,13 +61,19 @@ class Tokenizer:
         self.tokens: list[str] = tokens
         n = len(tokens)
         types = gf.get("tokenizer.ggml.token_type")
-        self.token_types = np.asarray(types, np.int32) if types is not None else np.full(n, NORMAL, np.int32)
-        if len(self.token_types) != n:
-            raise TokenizerError(f"tokenizer.ggml.token_type has {len(self.token_types)} entries for {n} tokens")
+        self.token_types = np.array(types, np.int32) if types is not None else np.full(n, NORMAL, np.int32)
+        if self.token_types.ndim != 1 or len(self.token_types) != n:
+            raise TokenizerError(f"tokenizer.ggml.token_type has {self.token_types.size} entries for {n} tokens")
+        gemma4_stops: set[int] = set()
+        gemma4_not_stops: set[int] = set()
+        if self.model == "gemma4":  # llama.cpp's end-of-generation names become control tokens (before matching)
+            gemma4_stops, gemma4_not_stops = gemma4_token_types(tokens, self.token_types)
         self.bos_id = self._opt_id(gf, "tokenizer.ggml.bos_token_id")
         self.eos_id = self._opt_id(gf, "tokenizer.ggml.eos_token_id")
         self.eot_id = self._opt_id(gf, "tokenizer.ggml.eot_token_id")
         self.add_bos = bool(gf.get("tokenizer.ggml.add_bos_token", self.model in ("llama", "bert")))
+        if self.model == "gemma4":
+            self.add_bos = True  # llama.cpp overrides a file's false for Gemma 4 (its PR 21500)
         self.add_eos = bool(gf.get("tokenizer.ggml.add_eos_token", False))
         # SentencePiece vocabularies put a space in front of the text unless the file says not to (llama.cpp's rule)
         self.add_space_prefix = bool(gf.get("tokenizer.ggml.add_space_prefix", self.model == "llama"))
@@ -74,7 +84,7 @@ class Tokenizer:
         self._match_all = LiteralMatcher({tokens[i]: i for i in special})
         self._match_user = LiteralMatcher({tokens[i]: i for i in special if self.token_types[i] == USER_DEFINED})
         # Tokens that end a turn: EOS, EOT, and the control tokens chat templates end a message with.
-        stops = {i for i in (self.eos_id, self.eot_id) if i is not None}
+        stops = {i for i in (self.eos_id, self.eot_id) if i is not None} | gemma4_stops
         # harmony (gpt-oss: <|return|> and <|call|>): <|end|> ends a message within a reply, not the reply
         harmony = "<|return|>" in self._special_text and "<|call|>" in self._special_text
         for name in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "<|return|>", "<|call|>"):
@@ -83,7 +93,7 @@ class Tokenizer:
                 stops.add(i)
         if harmony and "<|end|>" in self._special_text:  # even where the file names it its end-of-turn token
             stops.discard(self._special_text["<|end|>"])  # (llama.cpp drops it from its EOG list)
-        self.stop_ids = frozenset(stops)
+        self.stop_ids = frozenset(stops - gemma4_not_stops)
 
         if self.model == "gpt2":
             self._init_bpe(gf)
@@ -91,9 +101,12 @@ class Tokenizer:
             self._init_spm(gf)
         elif self.model == "bert":
             self._init_wpm(gf)
+        elif self.model == "gemma4":
+            self._piece = {t: i for i, t in enumerate(self.tokens)}  # later duplicates win, as llama.cpp's map
+            self._bpe, self._n_real = gemma4_bpe(self.tokens, self._piece, gf.get("tokenizer.ggml.merges"))
         else:
             raise TokenizerError(f"tokenizer {self.model!r} is not supported (supported: gpt2 byte-level BPE, "
-                                 f"llama SentencePiece, bert WordPiece)")
+                                 f"llama SentencePiece, bert WordPiece, gemma4 BPE)")
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -194,6 +207,8 @@ class Tokenizer:
             return self._bpe.encode(text, add_special_tokens=False).ids
         if self.model == "bert":
             return self._wpm(text)
+        if self.model == "gemma4":
+            return gemma4_encode(self._bpe, self._piece, self._n_real, text)
         if self.add_space_prefix and first:
             text = " " + text
         return self._spm(text.replace(" ", "▁"))
