@@ -107,6 +107,7 @@ class ArchSpec:
     v_norm: bool = False
     layer_scale: bool = False
     attn_scale_one: bool = False
+    gemma4_moe: bool = False  # Gemma 4's experts beside a dense FFN, each normed apart (parts/gemma4_moe.py)
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -175,6 +176,11 @@ class LayerWeights:
     ple_proj: object = None  # (dim, per_layer_dim)
     ple_norm: np.ndarray | None = None  # (dim,)
     out_scale: np.ndarray | None = None  # (1,): the layer's output times it (layer_scale)
+    post_ffn_norm_1: np.ndarray | None = None  # (dim,): gemma4_moe: the dense FFN's output norm,
+    pre_ffn_norm_2: np.ndarray | None = None  # the experts' input norm,
+    post_ffn_norm_2: np.ndarray | None = None  # their output norm,
+    router_scale: np.ndarray | None = None  # the router input's per-element scale,
+    exp_down_scale: np.ndarray | None = None  # (n_expert,): each expert's output scale (where the file has one)
 
 
 LayerTensor = parts.LayerTensor
@@ -208,10 +214,14 @@ def tensor_name(tensor: TN, part: str, layer: int) -> str:
 def load_layer(ld: WeightLoader, spec: ArchSpec, cfg: ModelConfig, i: int) -> LayerWeights:
     cfg = cfg.at(i)  # this layer's sizes (Gemma 4's differ by layer)
     got = {}
-    for fields, tensor, part, shape, rows in layer_tensors(spec, cfg, lambda t: ld.has(tensor_name(t, "weight", i)), i):
+    has = lambda t, part="weight": ld.has(tensor_name(t, part, i))  # noqa: E731
+    for fields, tensor, part, shape, rows in layer_tensors(spec, cfg, has, i):
         name = tensor_name(tensor, part, i)
         if rows == "experts":
             got[fields[0]] = ld.matrix_rows(name, shape, [shape[1]] * shape[0])
+        elif rows == "experts_halves":  # fused experts: each one's first half of rows, then its second
+            mats = ld.matrix_rows(name, shape, [shape[1] // 2] * (2 * shape[0]))
+            got[fields[0]], got[fields[1]] = mats[0::2], mats[1::2]
         elif rows == "float":  # the router (kernels/cpu/moe.py's route), a convolution's taps: transposed
             got[fields[0]] = np.ascontiguousarray(ld.float_matrix(name, *shape).T, dtype=np.float32)
         elif rows == "plain":  # a float 2-D tensor as it is (gpt-oss's per-expert biases)
@@ -271,8 +281,9 @@ class Model:
         self.inv_freq = kb.upload(inv_freq)
         self.inv_freq_none = kb.upload(np.zeros_like(inv_freq))  # a layer without positions: angle 0, x unchanged
         # every layer in one compiled call where the backend has one; forward_per_op is the reference
-        self.stack = kb.layer_stack(cfg, self.layers, [self.layer_inv_freq(i) for i in range(cfg.n_layer)],
-                                    **spec.stack_flags)
+        # (Gemma 4's experts: the per-op path so far)
+        self.stack = None if spec.gemma4_moe else kb.layer_stack(
+            cfg, self.layers, [self.layer_inv_freq(i) for i in range(cfg.n_layer)], **spec.stack_flags)
 
     def _rope_factors(self, gf: GGUFFile, ld: WeightLoader, n_ctx: int | None):
         # per-frequency divisors of the RoPE angles: Llama 3's rope_freqs, or LongRoPE's short or long
@@ -321,7 +332,7 @@ class Model:
         ple = per_layer.inputs(kb, cfg, self.ple, batch.token_ids, x) if self.ple is not None else None
         h = kb.empty(x.shape)
         for i, lw in enumerate(self.layers):  # two residual blocks a layer: the mixer's, the feed-forward's
-            at = parts.Where(i, batch, cache, self.layer_inv_freq(i))
+            at = parts.Where(i, batch, cache, self.layer_inv_freq(i), x)
             c = cfg.at(i)
             parts.residual(kb, c, spec, parts.mixer(cfg, i), lw, x, h, lw.attn_norm, lw.post_attn_norm, at)
             if spec.feed_forward:

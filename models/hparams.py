@@ -105,7 +105,7 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
         cfg = replace(cfg, attn_scale=1.0)
     if spec.gemma2_scale and n_layer == 46:  # llama.cpp's rule for Gemma 2 27B (query_pre_attn_scalar)
         cfg = replace(cfg, attn_scale=float(1.0 / np.sqrt(dim / n_head)))
-    if spec.moe:
+    if spec.moe or spec.gemma4_moe:
         cfg = _moe_config(gf, spec, cfg)
     return cfg
 
@@ -208,9 +208,6 @@ def _layer_shapes_config(gf: GGUFFile, cfg: ModelConfig) -> ModelConfig:
     # head size, rotated dimensions and RoPE base, head counts and FFN widths per layer, and the last
     # attention.shared_kv_layers layers reading the KV of the last earlier layer of their kind (llama.cpp's rule)
     a, n = cfg.arch, cfg.n_layer
-    if meta(gf, a, "expert_count", 0):
-        raise ModelLoadError(f"{a} with a mixture of experts (expert_count {meta(gf, a, 'expert_count')}) is not "
-                             "supported yet: edgeinfer runs the dense Gemma 4 models")
     key = f"{a}.attention.sliding_window_pattern"
     pattern = gf.metadata.get(key)
     if not isinstance(pattern, (list, np.ndarray)) or len(pattern) != n:

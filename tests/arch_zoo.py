@@ -1351,7 +1351,7 @@ def write_qwen35_bench(path) -> None:
     _finish(w)
 
 
-def write_gemma4(path) -> None:
+def write_gemma4(path, experts: bool = False) -> None:
     """gemma4 (Gemma 4 dense): 6 layers, dim 256, 4 heads; layers 0, 1, 2, 4 sliding-window (window 8; head
     size 64 all rotated, RoPE base 10000, 2 KV heads), layers 3 and 5 full attention (head size 128, 1 KV
     head, base 1e6, "proportional" RoPE: rope_freqs 1 on the first 16 of 64 pairs and 1e30, no rotation, on the
@@ -1367,8 +1367,9 @@ def write_gemma4(path) -> None:
     sliding = [True, True, True, False, True, False]
     hd = {True: 64, False: 128}
     kv = {True: 2, False: 1}
-    r = _Init(31)
+    r = _Init(37 if experts else 31)
     w = gguf.GGUFWriter(str(path), "gemma4")
+    n_exp, fe = 4, 256
     w.add_block_count(n_layer)
     w.add_context_length(512)
     w.add_embedding_length(dim)
@@ -1389,6 +1390,10 @@ def write_gemma4(path) -> None:
     w.add_shared_kv_layers(2)
     w.add_embedding_length_per_layer_input(e)
     w.add_final_logit_softcapping(30.0)
+    if experts:
+        w.add_expert_count(n_exp)
+        w.add_expert_used_count(4)
+        w.add_expert_feed_forward_length(fe)
     vocab = _spm_vocab(w)
     _add(w, "token_embd.weight", r.embd(vocab, dim, 0.06), T.Q6_K)
     _add(w, "rope_freqs.weight", np.array([1.0] * 16 + [1e30] * 48, np.float32))
@@ -1411,6 +1416,20 @@ def write_gemma4(path) -> None:
         _add(w, p + "ffn_gate.weight", r.mat(f, dim, 2), T.Q4_K)
         _add(w, p + "ffn_up.weight", r.mat(f, dim), T.Q4_K)
         _add(w, p + "ffn_down.weight", r.mat(dim, f), _q4km("ffn_down", i, n_layer))
+        if experts:  # the experts beside the dense FFN, gate and up fused in layers 0-2 and apart in 3-5
+            _add(w, p + "post_ffw_norm_1.weight", r.norm(dim))
+            _add(w, p + "pre_ffw_norm_2.weight", r.norm(dim))
+            _add(w, p + "post_ffw_norm_2.weight", r.norm(dim))
+            _add(w, p + "ffn_gate_inp.weight", r.mat(n_exp, dim, 8))
+            _add(w, p + "ffn_gate_inp.scale", r.norm(dim))
+            if i < 3:
+                _add(w, p + "ffn_gate_up_exps.weight", r.exps(n_exp, 2 * fe, dim) * np.repeat([2.0, 1.0], fe)[:, None],
+                     T.Q4_K)
+            else:
+                _add(w, p + "ffn_gate_exps.weight", r.exps(n_exp, fe, dim, 2), T.Q4_K)
+                _add(w, p + "ffn_up_exps.weight", r.exps(n_exp, fe, dim), T.Q4_K)
+            _add(w, p + "ffn_down_exps.weight", r.exps(n_exp, dim, fe), T.Q4_K)
+            _add(w, p + "ffn_down_exps.scale", 0.5 + r.rng.random(n_exp))
         _add(w, p + "post_ffw_norm.weight", 2 * r.norm(dim))
         _add(w, p + "inp_gate.weight", r.mat(e, dim, 2), T.Q4_K)
         _add(w, p + "proj.weight", r.mat(dim, e), T.Q8_0)
@@ -1419,6 +1438,17 @@ def write_gemma4(path) -> None:
             _add(w, p + "layer_output_scale.weight", np.array([0.6 + 0.1 * i], np.float32))
     _add(w, "output_norm.weight", 2.5 * r.norm(dim))
     _finish(w)
+
+
+def write_gemma4moe(path) -> None:
+    """gemma4 with experts (Gemma 4 26B-A4B style): write_gemma4's model (its own draws) with, in every layer,
+    4 experts (256 wide) beside the dense FFN, all 4 used by every token (with 2 of 4 the choice of the second
+    flips between two correct engines' roundings on near-ties, and a model that small then differs wholesale:
+    the top-k itself is the routers' shared code, checked on the other MoE zoo models); post_ffw_norm_1 on the dense FFN's output,
+    pre_ffw_norm_2 on the experts' input, post_ffw_norm_2 on their weighted sum; the router (F32, x8) on the
+    layer's input RMS-normed without weights, times 1/sqrt(dim) and ffn_gate_inp.scale; ffn_down_exps.scale
+    on each expert's output; layers 0-2 with gate and up fused (ffn_gate_up_exps), 3-5 apart."""
+    write_gemma4(path, experts=True)
 
 
 ZOO = {
@@ -1451,6 +1481,7 @@ ZOO = {
     "qwen35_bench": write_qwen35_bench,
     "gpt-oss_bench": write_gpt_oss_bench,
     "gemma4": write_gemma4,
+    "gemma4moe": write_gemma4moe,
 }
 GOLDEN = [n for n in ZOO if not n.endswith("_bench")]  # the models tests/golden/arch_zoo.json covers
 

@@ -1,5 +1,5 @@
 """The parts of a decoder layer, one module per kind: norms.py, attention.py (the mixer), shortconv.py, mamba2.py and deltanet.py (recurrent mixers), mlp.py (a layer that
-is a feed-forward block alone), parallel.py (attention and Mamba2 side by side), ffn.py and moe.py (the feed-forward: dense, or a mixture of experts).
+is a feed-forward block alone), parallel.py (attention and Mamba2 side by side), ffn.py, moe.py and gemma4_moe.py (the feed-forward: dense, or a mixture of experts).
 
 A layer is two residual blocks, each a sequence of parts: a norm (pre_norms), the part, a norm on its
 output (post_norms), the residual add; the first block's part is the mixer, the second's the
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import attention, deltanet, ffn, mamba2, mlp, moe, parallel, shortconv
+from . import attention, deltanet, ffn, gemma4_moe, mamba2, mlp, moe, parallel, shortconv
 
 if TYPE_CHECKING:
     from ...config import ModelConfig
@@ -38,6 +38,7 @@ class Where(NamedTuple):
     batch: Any  # engine.model_runner.Batch, prepared by the backend
     cache: Any  # engine.kv_cache.KVCache
     inv_freq: Any  # (rope_dim / 2,) float64, on the backend
+    x: Any = None  # the residual stream before the block's norm (Gemma 4's experts read it)
 
 
 MIXERS = {"attention": attention, "shortconv": shortconv, "mamba2": mamba2, "deltanet": deltanet, "mlp": mlp,
@@ -51,6 +52,8 @@ def mixer(cfg: ModelConfig, layer: int):
 
 def feed_forward(spec: ArchSpec, cfg: ModelConfig, layer: int):
     """The module of layer `layer`'s feed-forward part (an MoE model's first cfg.dense_lead layers: dense)."""
+    if spec.gemma4_moe:
+        return gemma4_moe
     return moe if spec.moe and layer >= cfg.dense_lead else ffn
 
 
