@@ -115,7 +115,7 @@ def max_diff(a, b, first=0, last=None):
 
 QUANTIZED = ["lfm2", "lfm2moe", "mamba2", "granitehybrid", "nemotron_h", "qwen35", "qwen35moe", "qwen3next",
              "falcon-h1", "smollm3", "granite",
-             "granitemoe", "mistral3", "gemma4", "gemma4moe"]  # zoo models whose F16 form llama-quantize makes Q4_K_M of (quantize-model's check)
+             "granitemoe", "mistral3", "gemma4", "gemma4moe", "gemma3n"]  # zoo models whose F16 form llama-quantize makes Q4_K_M of (quantize-model's check)
 
 
 # zoo models llama-quantize makes another mix of: the key llama_quantize_<mix>_sha256, llama.cpp's ftype

@@ -84,6 +84,9 @@ class ModelConfig:
     kv_source: tuple = ()
     per_layer_dim: int = 0  # Gemma 4's per-layer token inputs: each layer's slice of them (0: none)
     rope_dim_local: int = 0  # the sliding-window layers' rotated dimensions (0: rope_dim)
+    altup: int = 0  # Gemma 3n's streams of the residual (AltUp; 0: none), the active one, LAuReL's rank
+    altup_active: int = 0
+    laurel_rank: int = 0
 
     def is_sliding(self, layer: int) -> bool:
         if self.sliding_layers:

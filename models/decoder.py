@@ -27,7 +27,7 @@ from . import parts
 from .common import ModelLoadError, WeightLoader, check_vocab, meta, rope_inv_freq
 from .hparams import config_from_gguf, imrope_pairs, resolve, yarn_mix  # noqa: F401  (resolve: for models/__init__)
 from . import per_layer
-from .parts import norms
+from .parts import altup, norms
 
 if TYPE_CHECKING:  # the engine's types, only named here: models never build them
     from ..engine.kv_cache import KVCache
@@ -108,6 +108,7 @@ class ArchSpec:
     layer_scale: bool = False
     attn_scale_one: bool = False
     gemma4_moe: bool = False  # Gemma 4's experts beside a dense FFN, each normed apart (parts/gemma4_moe.py)
+    altup: bool = False  # Gemma 3n's streams of the residual and LAuReL (gemma3n.py, its model of its own)
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -181,6 +182,14 @@ class LayerWeights:
     post_ffn_norm_2: np.ndarray | None = None  # their output norm,
     router_scale: np.ndarray | None = None  # the router input's per-element scale,
     exp_down_scale: np.ndarray | None = None  # (n_expert,): each expert's output scale (where the file has one)
+    laurel_l: object = None  # altup (Gemma 3n): LAuReL's (rank, dim) and (dim, rank) matrices and its norm,
+    laurel_r: object = None
+    laurel_norm: np.ndarray | None = None
+    altup_correct_coef: np.ndarray | None = None  # (n, n) float32: the correction's coefficients,
+    altup_correct_scale: np.ndarray | None = None  # (dim,)
+    altup_predict_coef: np.ndarray | None = None  # (n * n, n) float32: the prediction's,
+    altup_router: np.ndarray | None = None  # (n, dim) float32: the modalities' router and its norm
+    altup_router_norm: np.ndarray | None = None
 
 
 LayerTensor = parts.LayerTensor
@@ -199,6 +208,8 @@ def layer_tensors(spec: ArchSpec, cfg: ModelConfig, has=lambda tensor: False, la
         out += [(("ple_gate",), TN.PER_LAYER_INP_GATE, "weight", (e, cfg.dim), None),
                 (("ple_proj",), TN.PER_LAYER_PROJ, "weight", (cfg.dim, e), None),
                 (("ple_norm",), TN.PER_LAYER_POST_NORM, "weight", (cfg.dim,), None)]
+    if spec.altup:
+        out += altup.tensors(cfg)
     if spec.layer_scale and has(TN.LAYER_OUT_SCALE):
         out.append((("out_scale",), TN.LAYER_OUT_SCALE, "weight", (1,), None))
     return out
@@ -269,6 +280,7 @@ class Model:
         self.ple = None
         if spec.per_layer_input and cfg.per_layer_dim:  # Gemma 4's per-layer token inputs (per_layer.py)
             self.ple = per_layer.load(ld, cfg)
+        self._extra(ld, cfg)
         self.output_norm = ld.vector(f"{spec.output_norm}.weight", cfg.dim)
         self.output = ld.matrix("output.weight", cfg.vocab_size, cfg.dim) if ld.has("output.weight") else self.tok_embd
         factors = self._rope_factors(gf, ld, n_ctx)
@@ -282,8 +294,11 @@ class Model:
         self.inv_freq_none = kb.upload(np.zeros_like(inv_freq))  # a layer without positions: angle 0, x unchanged
         # every layer in one compiled call where the backend has one; forward_per_op is the reference
         # (Gemma 4's experts: the per-op path so far)
-        self.stack = None if spec.gemma4_moe else kb.layer_stack(
+        self.stack = None if spec.gemma4_moe or spec.altup else kb.layer_stack(
             cfg, self.layers, [self.layer_inv_freq(i) for i in range(cfg.n_layer)], **spec.stack_flags)
+
+    def _extra(self, ld: WeightLoader, cfg: ModelConfig) -> None:
+        """An architecture's model-wide tensors beyond these (gemma3n.Model's AltUp projections)."""
 
     def _rope_factors(self, gf: GGUFFile, ld: WeightLoader, n_ctx: int | None):
         # per-frequency divisors of the RoPE angles: Llama 3's rope_freqs, or LongRoPE's short or long

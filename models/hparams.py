@@ -71,14 +71,14 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
     if mixers:
         cfg = _recurrent_config(gf, spec, replace(cfg, mixers=mixers))
     swa_base = meta(gf, a, "rope.freq_base_swa", None)
-    if spec.swa_pattern and spec.rope_base_local is None and swa_base is not None and float(swa_base) != cfg.rope_base:
+    if spec.swa_pattern and not spec.layer_shapes and spec.rope_base_local is None and swa_base is not None and float(swa_base) != cfg.rope_base:
         raise ModelLoadError(f"{a}.rope.freq_base_swa ({swa_base}) differs from {a}.rope.freq_base ({cfg.rope_base}): "
                              "sliding-window layers with a RoPE base of their own are not supported for this architecture")
     if spec.swa_pattern:
         cfg = replace(cfg, rope_base_local=spec.rope_base_local, swa_pattern=spec.swa_pattern,
                       sliding_window=int(meta(gf, a, "attention.sliding_window", 0) or 0))
     if spec.layer_shapes:
-        cfg = _layer_shapes_config(gf, cfg)
+        cfg = _layer_shapes_config(gf, spec, cfg)
     if spec.softcaps:
         cap_a, cap_f = spec.softcap_defaults
         cfg = replace(cfg, attn_softcap=float(meta(gf, a, "attn_logit_softcapping", cap_a) or 0.0),
@@ -101,6 +101,13 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
         cfg = replace(cfg, rope=False)
     if spec.granite:
         cfg = _granite_config(gf, cfg)
+    if spec.altup:  # Gemma 3n
+        n, act = int(meta(gf, a, "altup.num_inputs", 4)), int(meta(gf, a, "altup.active_idx", 0))
+        lt = gf.tensors.get("blk.0.laurel_l.weight")
+        if n < 2 or not 0 <= act < n or lt is None or len(lt.shape) != 2:
+            raise ModelLoadError(f"{a}.altup.num_inputs {n} and altup.active_idx {act} (at least 2 streams, the "
+                                 "active one among them), and a blk.0.laurel_l.weight matrix, are needed")
+        cfg = replace(cfg, altup=n, altup_active=act, laurel_rank=int(lt.shape[1]))
     if spec.attn_scale_one:  # Gemma 4: q and k are RMS-normed, the scores not scaled
         cfg = replace(cfg, attn_scale=1.0)
     if spec.gemma2_scale and n_layer == 46:  # llama.cpp's rule for Gemma 2 27B (query_pre_attn_scalar)
@@ -203,19 +210,22 @@ def _layer_mixers(gf: GGUFFile, spec: ArchSpec, n_layer: int, n_head: int) -> tu
     return tuple(mixers), (heads[0] if heads else n_head)
 
 
-def _layer_shapes_config(gf: GGUFFile, cfg: ModelConfig) -> ModelConfig:
+def _layer_shapes_config(gf: GGUFFile, spec: ArchSpec, cfg: ModelConfig) -> ModelConfig:
     # Gemma 4's layers: sliding-window ones (attention.sliding_window_pattern, one bool a layer) with their own
     # head size, rotated dimensions and RoPE base, head counts and FFN widths per layer, and the last
     # attention.shared_kv_layers layers reading the KV of the last earlier layer of their kind (llama.cpp's rule)
     a, n = cfg.arch, cfg.n_layer
     key = f"{a}.attention.sliding_window_pattern"
-    pattern = gf.metadata.get(key)
+    pattern = gf.metadata.get(key, spec.swa_pattern or None)  # (Gemma 3n: every fifth layer global without it)
+    if isinstance(pattern, (int, np.integer)) and not isinstance(pattern, bool) and pattern > 0:
+        pattern = [(i + 1) % int(pattern) != 0 for i in range(n)]
     if not isinstance(pattern, (list, np.ndarray)) or len(pattern) != n:
         raise ModelLoadError(f"metadata key {key!r} must give one bool for each of the {n} layers")
     sliding = tuple(bool(x) for x in pattern)
-    swa_dims = (int(meta(gf, a, "attention.key_length_swa", required=True)),
-                int(meta(gf, a, "attention.value_length_swa", required=True)))
-    rot_swa = int(meta(gf, a, "rope.dimension_count_swa", swa_dims[0]))
+    # the sliding-window layers' head sizes: their own in Gemma 4's files, the others' in Gemma 3n's
+    swa_dims = (int(meta(gf, a, "attention.key_length_swa", cfg.head_dim)),
+                int(meta(gf, a, "attention.value_length_swa", cfg.v_head_dim)))
+    rot_swa = int(meta(gf, a, "rope.dimension_count_swa", swa_dims[0] if swa_dims[0] != cfg.head_dim else cfg.rope_dim))
     heads = _per_layer(gf, "attention.head_count", n)
     kv_heads = _per_layer(gf, "attention.head_count_kv", n) if f"{a}.attention.head_count_kv" in gf.metadata else heads
     ffn = _per_layer(gf, "feed_forward_length", n)

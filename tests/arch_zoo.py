@@ -1451,6 +1451,68 @@ def write_gemma4moe(path) -> None:
     write_gemma4(path, experts=True)
 
 
+def write_gemma3n(path) -> None:
+    """gemma3n (Gemma 3n): 22 layers, dim 256, 4 heads / 2 kv heads of 64, ffn 512, every fifth layer global
+    (attention.sliding_window_pattern; layer 21 made global too, window 8), RoPE bases 1e6 and 1e4 (sliding).
+    The sizes llama.cpp fixes for it rather than reading them: 4 AltUp streams (the first active), LAuReL of rank
+    64, per-layer inputs of 256, KV of its own in the first 20 layers (the last 2 read layers 18 and 19's:
+    attention.shared_kv_layers 2 says so too), activation sparsity (mean + 1.645 std) in the first 10 FFNs.
+    AltUp's and LAuReL's matrices and the per-layer projection F16 (llama-quantize keeps them), the router and
+    coefficients F32, the rest
+    Q4_K_M-like; q and k norms ~0.35 (unscaled scores, as gemma4) and the post-norms ~0.3 (22 layers on
+    four streams: larger blocks make a chaotic model)."""
+    n_layer, dim, n_head, n_kv, hd, ffn, e, n_alt, rank = 22, 256, 4, 2, 64, 512, 256, 4, 64
+    sliding = [i % 5 != 4 for i in range(n_layer)]
+    sliding[21] = False
+    r = _Init(41)
+    w = gguf.GGUFWriter(str(path), "gemma3n")
+    _hparams(w, "gemma3n", n_layer=n_layer, n_ctx=512, dim=dim, ffn=ffn, n_head=n_head, n_kv=n_kv, head_dim=hd,
+             base=1e6)
+    w.add_rope_freq_base_swa(1e4)
+    w.add_sliding_window(8)
+    w.add_sliding_window_pattern(sliding)
+    w.add_shared_kv_layers(2)
+    w.add_embedding_length_per_layer_input(e)
+    w.add_altup_active_idx(0)
+    w.add_altup_num_inputs(n_alt)
+    w.add_final_logit_softcapping(30.0)
+    vocab = _spm_vocab(w)
+    _add(w, "token_embd.weight", r.embd(vocab, dim, 0.06), T.Q6_K)
+    _add(w, "per_layer_token_embd.weight", r.embd(vocab, n_layer * e, 0.5), T.Q8_0)
+    _add(w, "per_layer_model_proj.weight", r.mat(n_layer * e, dim), T.F16)
+    _add(w, "per_layer_proj_norm.weight", r.norm(e))
+    _add(w, "altup_proj.weight", r.exps(n_alt - 1, dim, dim), T.F16)
+    _add(w, "altup_unembd_proj.weight", r.exps(n_alt - 1, dim, dim), T.F16)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        _add(w, p + "attn_norm.weight", r.norm(dim))
+        _add(w, p + "attn_q.weight", r.mat(n_head * hd, dim), T.Q4_K)
+        _add(w, p + "attn_k.weight", r.mat(n_kv * hd, dim), T.Q4_K)
+        _add(w, p + "attn_v.weight", r.mat(n_kv * hd, dim), _q4km("attn_v", i, n_layer))
+        _add(w, p + "attn_q_norm.weight", 0.35 * r.norm(hd))
+        _add(w, p + "attn_k_norm.weight", 0.35 * r.norm(hd))
+        _add(w, p + "attn_output.weight", r.mat(dim, n_head * hd), T.Q4_K)
+        _add(w, p + "post_attention_norm.weight", 0.3 * r.norm(dim))
+        _add(w, p + "ffn_norm.weight", r.norm(dim))
+        _add(w, p + "ffn_gate.weight", r.mat(ffn, dim, 2), T.Q4_K)
+        _add(w, p + "ffn_up.weight", r.mat(ffn, dim), T.Q4_K)
+        _add(w, p + "ffn_down.weight", r.mat(dim, ffn), _q4km("ffn_down", i, n_layer))
+        _add(w, p + "post_ffw_norm.weight", 0.3 * r.norm(dim))
+        _add(w, p + "inp_gate.weight", r.mat(e, dim, 2), T.Q4_K)
+        _add(w, p + "proj.weight", r.mat(dim, e), T.Q4_K)
+        _add(w, p + "post_norm.weight", r.norm(dim))
+        _add(w, p + "altup_correct_coef.weight", 0.3 * r.rng.standard_normal((n_alt, n_alt)))
+        _add(w, p + "altup_correct_scale.weight", r.norm(dim))
+        _add(w, p + "altup_predict_coef.weight", 0.3 * r.rng.standard_normal((n_alt * n_alt, n_alt)))
+        _add(w, p + "altup_router.weight", r.mat(n_alt, dim, 16))
+        _add(w, p + "altup_router_norm.weight", r.norm(dim))
+        _add(w, p + "laurel_l.weight", r.mat(rank, dim), T.F16)
+        _add(w, p + "laurel_r.weight", r.mat(dim, rank), T.F16)
+        _add(w, p + "laurel_post_norm.weight", r.norm(dim))
+    _add(w, "output_norm.weight", 2.5 * r.norm(dim))
+    _finish(w)
+
+
 ZOO = {
     "qwen3": write_qwen3,
     "llama3": write_llama3,
@@ -1482,6 +1544,7 @@ ZOO = {
     "gpt-oss_bench": write_gpt_oss_bench,
     "gemma4": write_gemma4,
     "gemma4moe": write_gemma4moe,
+    "gemma3n": write_gemma3n,
 }
 GOLDEN = [n for n in ZOO if not n.endswith("_bench")]  # the models tests/golden/arch_zoo.json covers
 

@@ -104,7 +104,7 @@ def test_compiled_step_equals_per_op_bit_for_bit(zoo, name):
     # the F16 model takes the per-op path only; the hybrids' mixers (short convolutions, delta nets in Qwen3.5's
     # and Qwen3-Next's layouts, Mamba2 alone or beside attention, FFN layers), NoPE attention, lfm2moe's scored
     # routing and dense first layers, granitehybrid's ungated shared expert are in the step
-    if name in ("olmo2", "gemma4moe"):  # (Gemma 4's experts: per op so far)
+    if name in ("olmo2", "gemma4moe", "gemma3n"):  # (Gemma 4's experts and Gemma 3n: per op so far)
         assert m.stack is None
         return
     assert m.stack is not None
@@ -293,6 +293,10 @@ def _rewrite(src, dst, *, drop=(), meta=None, arch=None):
     ("gemma4moe", {"drop": ["blk.1.ffn_gate_inp.scale"]}, "missing tensor 'blk.1.ffn_gate_inp.scale'"),
     ("gemma4moe", {"drop": ["blk.4.pre_ffw_norm_2.weight"]}, "missing tensor 'blk.4.pre_ffw_norm_2.weight'"),
     ("gemma4moe", {"meta": {"gemma4.expert_feed_forward_length": 128}}, "tensor 'blk.0.ffn_gate_up_exps.weight' has"),
+    ("gemma3n", {"drop": ["blk.3.laurel_r.weight"]}, "missing tensor 'blk.3.laurel_r.weight'"),
+    ("gemma3n", {"drop": ["altup_unembd_proj.weight"]}, "missing tensor 'altup_unembd_proj.weight'"),
+    ("gemma3n", {"drop": ["blk.0.laurel_l.weight"]}, "a blk.0.laurel_l.weight matrix"),
+    ("gemma3n", {"meta": {"gemma3n.altup.active_idx": 4}}, "altup.active_idx 4"),
 ])
 def test_a_broken_file_of_a_new_architecture_is_a_one_line_error(zoo, tmp_path, name, change, message):
     p = tmp_path / "broken.gguf"
@@ -314,14 +318,16 @@ def test_moe_on_the_cuda_backend_is_a_one_line_error(zoo):
         load_model(GGUFFile(zoo("qwen3moe")), get_backend("cuda"))
 
 
-def test_gemma4_on_the_cuda_backend_is_a_one_line_error(zoo):
+@pytest.mark.parametrize("name, message", [("gemma4", "gemma4's layers of their own shapes.* are not on the cuda backend yet"),
+                                           ("gemma3n", "gemma3n is not on the cuda backend yet")])
+def test_gemma_4_and_3n_on_the_cuda_backend_are_a_one_line_error(zoo, name, message):
     pytest.importorskip("numba.cuda")
     if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
         pytest.skip("the CUDA backend is tested on numba's simulator")
     from edgeinfer.models.common import ModelLoadError
 
-    with pytest.raises(ModelLoadError, match="gemma4's layers of their own shapes.* are not on the cuda backend yet"):
-        load_model(GGUFFile(zoo("gemma4")), get_backend("cuda"))
+    with pytest.raises(ModelLoadError, match=message):
+        load_model(GGUFFile(zoo(name)), get_backend("cuda"))
 
 
 @pytest.mark.parametrize("name", ["llama3", "phi3"])

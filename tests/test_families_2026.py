@@ -63,7 +63,7 @@ def test_the_layer_without_positions_changes_the_logits(smollm3, tmp_path):
 
 @pytest.mark.parametrize("name, embd", [("smollm3", "Q6_K"), ("granite", "Q4_K"), ("granitemoe", "Q4_K"),
                                         ("mistral3", "Q4_K"), ("gemma4", "Q6_K"),
-                                        ("gemma4moe", "Q6_K")])
+                                        ("gemma4moe", "Q6_K"), ("gemma3n", "Q6_K")])
 def test_quantize_model_writes_llama_quantizes_file_byte_for_byte(tmp_path, name, embd):
     """Q4_K_M of the zoo models' F16 forms; smollm3's output is tied, so token_embd takes the output's Q6_K,
     as llama-quantize does; sha256 from llama.cpp (benchmarks/make_arch_golden.py)."""

@@ -103,7 +103,7 @@ def test_unknown_architecture_names_the_supported_ones(tmp_path):
     w = gguf.GGUFWriter(str(p), "mamba")
     w.add_tensor("t", np.zeros(32, np.float32))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    with pytest.raises(ModelLoadError, match="unsupported architecture 'mamba' \\(supported: falcon-h1, gemma2, gemma3, gemma4, gpt-oss, granite, granitehybrid, granitemoe, lfm2, "
+    with pytest.raises(ModelLoadError, match="unsupported architecture 'mamba' \\(supported: falcon-h1, gemma2, gemma3, gemma3n, gemma4, gpt-oss, granite, granitehybrid, granitemoe, lfm2, "
                        "lfm2moe, llama, mamba2, mistral3, nemotron_h, nomic-bert, olmo2, olmoe, phi3, qwen2, qwen2moe, qwen3, qwen35, "
                        "qwen35moe, qwen3moe, qwen3next, smollm3\\)"):
         load_model(GGUFFile(p), kb)
