@@ -121,7 +121,7 @@ class ArchSpec:
                 "gelu": self.activation == "gelu_tanh", "qkv_bias": self.qkv_bias, "pre_norms": self.pre_norms,
                 "moe": self.moe, "shared_expert": self.shared_expert, "sinks": self.attn_sinks, "oai": self.oai_experts,
                 "attn_gate": self.attn_gate, "feed_forward": self.feed_forward, "moe_scored": self.moe_bias,
-                "shared_gate": self.shared_gate, "v_norm": self.v_norm}
+                "shared_gate": self.shared_gate, "v_norm": self.v_norm, "g4_moe": self.gemma4_moe}
 
 
 @dataclass
@@ -293,8 +293,8 @@ class Model:
         self.inv_freq = kb.upload(inv_freq)
         self.inv_freq_none = kb.upload(np.zeros_like(inv_freq))  # a layer without positions: angle 0, x unchanged
         # every layer in one compiled call where the backend has one; forward_per_op is the reference
-        # (Gemma 4's experts: the per-op path so far)
-        self.stack = None if spec.gemma4_moe or spec.altup else kb.layer_stack(
+        # (Gemma 3n: the per-op path so far)
+        self.stack = None if spec.altup else kb.layer_stack(
             cfg, self.layers, [self.layer_inv_freq(i) for i in range(cfg.n_layer)], **spec.stack_flags)
 
     def _extra(self, ld: WeightLoader, cfg: ModelConfig) -> None:

@@ -48,7 +48,8 @@ class LayerStack:
     def __init__(self, cfg, layers, inv_freqs, table, kinds, qk_norm: int, post_norms: bool, gelu: bool,
                  qkv_bias: bool = False, pre_norms: bool = True, moe: bool = False, shared_expert: bool = False,
                  sinks: bool = False, oai: bool = False, attn_gate: bool = False, feed_forward: bool = True,
-                 moe_scored: bool = False, shared_gate: bool = True, v_norm: bool = False, typed_lists: bool = True):
+                 moe_scored: bool = False, shared_gate: bool = True, v_norm: bool = False, g4_moe: bool = False,
+                 typed_lists: bool = True):
         self.table = table  # the kernel units (units.Table) of this process's path
         self.kinds = tuple(sorted(kinds))
         self._tables = {}  # KV cache dtype -> the int64 table of unit addresses the step takes
@@ -56,7 +57,7 @@ class LayerStack:
         self.norms = norms.build(cfg, layers, pre_norms, post_norms)
         self.attn = attention.build(cfg, layers, mats, inv_freqs, qk_norm, qkv_bias, sinks, attn_gate, v_norm)
         self.ffn = ffn.build(cfg, layers, mats, gelu, moe, shared_expert, feed_forward)
-        self.moe = moe_part.build(cfg, layers, experts, gelu, moe, oai, moe_scored, shared_gate)
+        self.moe = moe_part.build(cfg, layers, experts, gelu, moe or g4_moe, oai, moe_scored, shared_gate, g4_moe)
         self.conv = shortconv.build(cfg, layers, mats)
         self.delta = deltanet.build(cfg, layers, mats)
         self.mamba = mamba2.build(cfg, layers, mats)
@@ -70,7 +71,7 @@ class LayerStack:
     @classmethod
     def build(cls, cfg, layers, inv_freqs, table, kinds, *, qk_norm=0, post_norms=False, gelu=False,
               qkv_bias=False, pre_norms=True, moe=False, shared_expert=False, sinks=False, oai=False,
-              attn_gate=False, feed_forward=True, moe_scored=False, shared_gate=True, v_norm=False):
+              attn_gate=False, feed_forward=True, moe_scored=False, shared_gate=True, v_norm=False, g4_moe=False):
         """The stack for these layers and the architecture's switches (ArchSpec.stack_flags), or None
         where a matrix is a float one: float matrices (F32, F16, BF16: rare in quantized models) go
         through the per-op path, which keeps their float kernels out of this function's compile."""
@@ -78,7 +79,7 @@ class LayerStack:
             return isinstance(w, np.ndarray) or (w is not None and is_dense(w.kind))
 
         if any(is_float(getattr(lw, name)) for lw in layers for name in cls.MATS) or \
-                (moe and any(is_float(w) for lw in layers for w in (*(lw.exp_gate or ()), *(lw.exp_up or ()),
+                ((moe or g4_moe) and any(is_float(w) for lw in layers for w in (*(lw.exp_gate or ()), *(lw.exp_up or ()),
                                                                    *(lw.exp_down or ())))):
             return None
         if any(getattr(lw, "ssm_ba", None) is not None and getattr(lw, "ssm_in", None) is not None for lw in layers):
@@ -89,7 +90,7 @@ class LayerStack:
         if len({MIXER_OF[m] for m in mixers if m in MIXER_OF}) > 1:
             return None  # two kinds of recurrent mixer in one model (none so far): the step has one MIXER slot
         return cls(cfg, layers, inv_freqs, table, kinds, int(qk_norm), post_norms, gelu, qkv_bias, pre_norms, moe,
-                   shared_expert, sinks, oai, attn_gate, feed_forward, moe_scored, shared_gate, v_norm)
+                   shared_expert, sinks, oai, attn_gate, feed_forward, moe_scored, shared_gate, v_norm, g4_moe)
 
     def units_for(self, kv_dtype) -> np.ndarray:
         """The unit addresses for a KV cache of this dtype: this model's matmul families and attention."""
@@ -147,20 +148,20 @@ def stand_in_args(kv_dtype) -> tuple:
 
 @cache
 def experts_sig() -> tuple:
-    """parts.moe.forward's argument types (h, out, experts, MoePart, layer, luts, threads, table), from the
+    """parts.moe.forward's argument types (h, r, out, experts, MoePart, layer, luts, threads, table), from the
     stand-in's: the experts unit, compiled for models with experts alone (parallel_compile)."""
     a = stand_in_args(np.float32)
     f2 = types.Array(types.float32, 2, "C")
-    return (f2, f2, types.ListType(numba.typeof(a[15][0])), numba.typeof(a[19]), types.int64, numba.typeof(a[20]),
+    return (f2, f2, f2, types.ListType(numba.typeof(a[15][0])), numba.typeof(a[19]), types.int64, numba.typeof(a[20]),
             types.int64, numba.typeof(a[22]))
 
 
 @intrinsic
-def call_experts(typingctx, addr, h, out, experts, p, layer, luts, threads, table):
-    """The experts unit at addr (Table slot EXPERTS): parts.moe.forward(h, out, experts, p, ...), compiled
+def call_experts(typingctx, addr, h, r, out, experts, p, layer, luts, threads, table):
+    """The experts unit at addr (Table slot EXPERTS): parts.moe.forward(h, r, out, experts, p, ...), compiled
     apart from the step (a dense model's step never compiles the mixture; a model with experts compiles the
     two side by side)."""
-    argtys = (h, out, experts, p, layer, luts, threads, table)
+    argtys = (h, r, out, experts, p, layer, luts, threads, table)
     check("experts", argtys, argtys == experts_sig())
     return types.void(addr, *argtys), call_codegen(argtys)
 
@@ -351,8 +352,21 @@ def _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratc
         h[:] = x
     if mo.n_expert == 0 or not mo.on[layer]:
         ffn.forward(h, f, mats, ff, layer, luts, threads, table, scratch)
+    elif mo.g4:  # Gemma 4: the dense FFN and the experts side by side, each normed apart
+        ffn.forward(h, f, mats, ff, layer, luts, threads, table, scratch)
+        norm(f, mo.post1[layer], nm.eps, f)
+        r = np.empty((T, dim), np.float32)  # the router's input
+        norm(x, mo.ones, nm.eps, r)
+        r *= mo.rdiv
+        for t in range(T):
+            r[t] *= mo.rscale[layer]
+        norm(x, mo.pre2[layer], nm.eps, h)
+        e = np.empty((T, dim), np.float32)
+        call_experts(table[units.EXPERTS], h, r, e, experts, mo, layer, luts, threads, table)
+        norm(e, mo.post2[layer], nm.eps, e)
+        add(f, e)
     else:
-        call_experts(table[units.EXPERTS], h, f, experts, mo, layer, luts, threads, table)
+        call_experts(table[units.EXPERTS], h, h, f, experts, mo, layer, luts, threads, table)
         if ff.shared:
             s = np.empty((T, dim), np.float32)
             ffn.forward(h, s, mats, ff, layer, luts, threads, table, scratch)

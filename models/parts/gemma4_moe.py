@@ -4,8 +4,8 @@ of the input normed apart (pre_ffw_norm_2), post-normed (post_ffw_norm_2). The r
 RMS-normed without weights, times 1/sqrt(dim) and a per-element scale (ffn_gate_inp.scale): a softmax over the
 experts, the k most probable, their weights renormalised; each expert's output times its down scale
 (ffn_down_exps.scale) where the file has one. The gate and up projections of the experts may be one fused
-tensor (ffn_gate_up_exps: each expert's gate rows, then its up rows). The compiled step does not run it yet
-(such a model takes this path)."""
+tensor (ffn_gate_up_exps: each expert's gate rows, then its up rows). The compiled step's code of it is in
+kernels/cpu/step.py's _ffn_block and kernels/cpu/parts/moe.py (MoePart.g4)."""
 
 from __future__ import annotations
 

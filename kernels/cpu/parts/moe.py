@@ -39,10 +39,21 @@ class MoePart(NamedTuple):
     sel_bias: np.ndarray  # (n_layer, E) float32: the selection bias (scored; (n_layer, 0) else)
     sh_gated: int  # 1: the shared expert's output times sigmoid(h . sh_gate) (qwen2moe); 0: added as it is
     on: np.ndarray  # (n_layer,) int64: 1 where the layer's FFN is the experts (lfm2moe's first layers: dense)
+    # Gemma 4's experts (g4 1): beside the dense FFN (post-normed by post1), their input normed by pre2, their sum by
+    # post2; the router reads the layer's input RMS-normed without weights (ones), times rdiv and rscale; each
+    # expert's output times down_s (ones where the file has none)
+    g4: int
+    post1: np.ndarray  # (n_layer, dim) float32
+    pre2: np.ndarray
+    post2: np.ndarray
+    rscale: np.ndarray
+    rdiv: np.float32
+    ones: np.ndarray  # (dim,) float32
+    down_s: np.ndarray  # (n_layer, E) float32
 
 
 def build(cfg, layers, experts: list, gelu: bool, moe_layers: bool, oai: bool = False, scored: bool = False,
-          shared_gate: bool = True) -> MoePart:
+          shared_gate: bool = True, g4: bool = False) -> MoePart:
     """The MoE part of these layers; their experts' matrices are appended to `experts`, expert e of a
     layer at first + 3 e + (0 gate, 1 up, 2 down) (moe.expert_matmuls)."""
     n, e = cfg.n_layer, (int(cfg.n_expert) if moe_layers else 0)
@@ -72,22 +83,26 @@ def build(cfg, layers, experts: list, gelu: bool, moe_layers: bool, oai: bool = 
                    int(oai), per_expert("router_b", None), per_expert("exp_gate_b", 0), per_expert("exp_up_b", 0),
                    per_expert("exp_down_b", 0), int(scored and e > 0), int(getattr(cfg, "expert_sigmoid", False)),
                    stack(layers, "exp_bias", e, 0.0) if scored and e else np.zeros((n, 0), np.float32),
-                   int(shared_gate), on)
+                   int(shared_gate), on, int(g4 and e > 0), stack(layers, "post_ffn_norm_1", cfg.dim),
+                   stack(layers, "pre_ffn_norm_2", cfg.dim), stack(layers, "post_ffn_norm_2", cfg.dim),
+                   stack(layers, "router_scale", cfg.dim), np.float32(1.0) / np.float32(np.sqrt(np.float32(cfg.dim))),
+                   np.ones(cfg.dim, np.float32), stack(layers, "exp_down_scale", e))
 
 
 @njit(nogil=True, cache=True)
-def forward(h, out, experts, p, layer, luts, threads, table):
-    # the mixture-of-experts FFN of h (T, dim) -> out (T, dim) of layer `layer` (p: MoePart)
+def forward(h, r, out, experts, p, layer, luts, threads, table):
+    # the mixture-of-experts FFN of h (T, dim) -> out (T, dim) of layer `layer` (p: MoePart), routed on r (T, dim)
+    # (h itself but for Gemma 4's)
     k, fe = p.k, p.ffn
     T, dim = h.shape
     ids = np.empty((T, k), np.int64)
     wts = np.empty((T, k), np.float32)
     if p.oai:
-        moe.route_topk_softmax(h, p.router[layer], p.router_b[layer], k, ids, wts)
+        moe.route_topk_softmax(r, p.router[layer], p.router_b[layer], k, ids, wts)
     elif p.scored:
-        moe.route_scored(h, p.router[layer], k, p.sigmoid != 0, p.sel_bias[layer], p.norm_w != 0, p.w_scale, ids, wts)
+        moe.route_scored(r, p.router[layer], k, p.sigmoid != 0, p.sel_bias[layer], p.norm_w != 0, p.w_scale, ids, wts)
     else:
-        moe.route(h, p.router[layer], k, p.norm_w != 0, p.w_scale, ids, wts)
+        moe.route(r, p.router[layer], k, p.norm_w != 0, p.w_scale, ids, wts)
     offsets, order, pos = moe.plan(ids, p.n_expert)
     # each token quantized once, its rows then gathered: the same bits as quantizing the gathered rows
     q8, q8k = quantize(h, p.need_gate_up[layer])
@@ -106,7 +121,17 @@ def forward(h, out, experts, p, layer, luts, threads, table):
     moe.expert_matmuls(experts, base, 2, offsets, d8, d8k, luts, y, y, threads, table)
     if p.oai:
         _expert_bias(y, offsets, p.down_b[layer])
+    if p.g4:
+        _expert_scale(y, offsets, p.down_s[layer])
     moe.combine(y, pos, wts, out)
+
+
+@njit(nogil=True, cache=True)
+def _expert_scale(x, offsets, s):
+    # each expert's rows of x (sorted by expert: offsets, moe.plan) times that expert's scale s[e]
+    for e in range(offsets.shape[0] - 1):
+        for r in range(offsets[e], offsets[e + 1]):
+            x[r] *= s[e]
 
 
 @njit(nogil=True, cache=True)
