@@ -3,3 +3,7 @@
 
 class EdgeInferError(Exception):
     """Base of the runtime's user-facing errors (bad model names, failed pulls, bad requests)."""
+
+
+class TokenizerError(EdgeInferError):
+    """The GGUF vocabulary is missing, inconsistent or of an unsupported kind (edgeinfer.tokenizer's)."""

@@ -21,16 +21,12 @@ from typing import Iterable
 
 import numpy as np
 
-from .errors import EdgeInferError
+from .errors import EdgeInferError, TokenizerError  # noqa: F401  (TokenizerError: imported from here)
 from .gguf_file import GGUFFile
 from .pretokenize import PRE_TOKENIZERS, LiteralMatcher, wpm_words
 from .tokenizer_gemma4 import gemma4_bpe, gemma4_encode, gemma4_token_types
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-
-
-class TokenizerError(EdgeInferError):
-    """The GGUF vocabulary is missing, inconsistent or of an unsupported kind."""
 
 
 def bytes_to_unicode() -> dict[int, str]:

@@ -24,7 +24,7 @@ from itertools import chain
 
 import numpy as np
 
-from .errors import EdgeInferError
+from .errors import EdgeInferError, TokenizerError
 
 NORMAL, CONTROL, USER_DEFINED = 1, 3, 4
 _LINES = re.compile(r"[^\n]+|\n+")
@@ -38,8 +38,6 @@ EOG_NAMES = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<
 
 
 def _error(message: str) -> Exception:
-    from .tokenizer import TokenizerError  # (tokenizer.py imports this module)
-
     return TokenizerError(message)
 
 

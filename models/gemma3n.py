@@ -43,9 +43,8 @@ class Model(decoder.Model):
         self.altup_unembd = ld.matrix_rows("altup_unembd_proj.weight", (n, d, d), [d] * n)
 
     def forward(self, batch, cache, hidden: bool = False) -> np.ndarray:
-        return self.forward_per_op(batch, cache, hidden)
-
-    def forward_per_op(self, batch, cache, hidden: bool = False) -> np.ndarray:
+        """Logits (or final hidden states) as decoder.Model.forward's, through the four streams: one backend call
+        per op (this model's one forward: it is also its forward_per_op)."""
         kb, cfg, spec = self.kb, self.cfg, self.spec
         batch = kb.prepare_batch(batch)
         x0 = self.embed(batch.token_ids)
@@ -85,6 +84,8 @@ class Model(decoder.Model):
         kb.scale_(x, np.float32(1.0) / np.float32(self.n_altup))
         rows = kb.take_rows(x, batch.logits_idx)
         return self.normed(rows) if hidden else self.logits(rows)
+
+    forward_per_op = forward
 
     def _modalities(self, lw, x) -> np.ndarray:
         # the router's tanh of the stream x (T, dim) RMS-normed, times 1/dim: (T, n_altup)
