@@ -1513,6 +1513,71 @@ def write_gemma3n(path) -> None:
     _finish(w)
 
 
+def write_gemma4_bench(path) -> None:
+    """A realistic-shape random gemma4 for benchmarks only: Gemma 4 E2B's shape, 35 layers of dim 1536, 8 heads
+    over 1 KV head; sliding-window layers (window 512, four of every five) of heads of 256, full-attention ones of
+    512 with their partial RoPE (rope_freqs: a quarter of the pairs rotated); the last 20 layers reading the KV of
+    the last of each kind before them; FFN 6144, twice that in those shared layers; per-layer inputs of 256;
+    vocabulary 262144, tied embedding (Q6_K), per_layer_token_embd Q8_0, per_layer_model_proj F16; Q4_K_M-like
+    (Q6_K attn_v / ffn_down on llama.cpp's use_more_bits layers). About 3.8 GB, from pooled blocks."""
+    n_layer, dim, ffn, n_head, n_kv, e, shared = 35, 1536, 6144, 8, 1, 256, 20
+    hd = {True: 256, False: 512}
+    sliding = [i % 5 != 4 for i in range(n_layer)]
+    rng = np.random.default_rng(15)
+    pool: dict = {}
+    w = gguf.GGUFWriter(str(path), "gemma4")
+    w.add_block_count(n_layer)
+    w.add_context_length(32768)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length([ffn if i < n_layer - shared else 2 * ffn for i in range(n_layer)])
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(hd[False])
+    w.add_value_length(hd[False])
+    w.add_key_length_swa(hd[True])
+    w.add_value_length_swa(hd[True])
+    w.add_rope_dimension_count(hd[False])
+    w.add_rope_dimension_count_swa(hd[True])
+    w.add_rope_freq_base(1e6)
+    w.add_rope_freq_base_swa(1e4)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(512)
+    w.add_sliding_window_pattern(sliding)
+    w.add_shared_kv_layers(shared)
+    w.add_embedding_length_per_layer_input(e)
+    w.add_final_logit_softcapping(30.0)
+    vocab = _gpt2_vocab(w, ["<pad>", "<eos>", "<bos>"], eos=1, n_extra=262144 - 3 - 256 - len(GPT2_MERGES),
+                        template=GEMMA_TEMPLATE)
+    q, f32 = _pooled_writers(w, rng, pool)
+    q("token_embd.weight", (vocab, dim), T.Q6_K, 0.5 * np.sqrt(dim))
+    f32("rope_freqs.weight", np.array([1.0] * 64 + [1e30] * 192))
+    q("per_layer_token_embd.weight", (vocab, n_layer * e), T.Q8_0, 0.5 * np.sqrt(n_layer * e))
+    w.add_tensor("per_layer_model_proj.weight",
+                 (rng.standard_normal((n_layer * e, dim), np.float32) / np.sqrt(dim)).astype(np.float16))
+    f32("per_layer_proj_norm.weight", 1 + 0.1 * rng.standard_normal(e))
+    for i, sl in enumerate(sliding):
+        p, d, f = f"blk.{i}.", hd[sl], ffn if i < n_layer - shared else 2 * ffn
+        f32(p + "attn_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+        q(p + "attn_q.weight", (n_head * d, dim), T.Q4_K)
+        q(p + "attn_k.weight", (n_kv * d, dim), T.Q4_K)
+        q(p + "attn_v.weight", (n_kv * d, dim), _q4km("attn_v", i, n_layer))
+        f32(p + "attn_q_norm.weight", 0.35 * (1 + 0.1 * rng.standard_normal(d)))
+        f32(p + "attn_k_norm.weight", 0.35 * (1 + 0.1 * rng.standard_normal(d)))
+        q(p + "attn_output.weight", (dim, n_head * d), T.Q4_K)
+        f32(p + "post_attention_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+        f32(p + "ffn_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+        q(p + "ffn_gate.weight", (f, dim), T.Q4_K)
+        q(p + "ffn_up.weight", (f, dim), T.Q4_K)
+        q(p + "ffn_down.weight", (dim, f), _q4km("ffn_down", i, n_layer))
+        f32(p + "post_ffw_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+        q(p + "inp_gate.weight", (e, dim), T.Q4_K)
+        q(p + "proj.weight", (dim, e), T.Q8_0)
+        f32(p + "post_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+        f32(p + "layer_output_scale.weight", np.array([0.5 + 0.01 * i]))
+    f32("output_norm.weight", 1 + 0.1 * rng.standard_normal(dim))
+    _finish(w)
+
+
 ZOO = {
     "qwen3": write_qwen3,
     "llama3": write_llama3,
@@ -1545,6 +1610,7 @@ ZOO = {
     "gemma4": write_gemma4,
     "gemma4moe": write_gemma4moe,
     "gemma3n": write_gemma3n,
+    "gemma4_bench": write_gemma4_bench,
 }
 GOLDEN = [n for n in ZOO if not n.endswith("_bench")]  # the models tests/golden/arch_zoo.json covers
 
