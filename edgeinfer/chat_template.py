@@ -225,6 +225,7 @@ def _generation_extension():
 
 def _environment():
     from jinja2.ext import loopcontrols
+    from jinja2.runtime import Macro
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class Bounded(ImmutableSandboxedEnvironment):
@@ -251,7 +252,9 @@ def _environment():
             return super().call_binop(context, operator, left, right)
 
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's own signature)
-            if __obj is not __self.globals.get("range"):  # range has the sandbox's own bound (MAX_RANGE)
+            # range has the sandbox's own bound (MAX_RANGE); a template's own macro takes any value (Gemma 4's
+            # format_argument gets each tool-call argument, a timestamp too), its body bounded as the rest
+            if __obj is not __self.globals.get("range") and not isinstance(__obj, Macro):
                 _check_args(getattr(__obj, "__name__", "a function"), args, kwargs)
             out = super().call(__context, __obj, *args, **kwargs)
             if _sized(out) > MAX_CHARS:

@@ -21,6 +21,12 @@ The reply is parsed the same way: each <tool_call> block whose JSON names a give
 call, and so does a reply that is nothing but such a JSON object (small models often leave out the
 tags; streamed, a reply that starts with "{" is held back until it is complete). With tool_choice "required" or a named function the reply is constrained by a grammar built
 from the tools' parameter schemas, so it is always a well-formed call with arguments that match.
+
+Gemma 4's template renders tools and calls itself, and the model writes its calls in its own form,
+`<|tool_call>call:NAME{key:<|"|>text<|"|>,n:2}<tool_call|>` (edgeinfer.tools_gemma4 reads them): the
+reply is read for both forms, whatever the model, as llama.cpp's peg-gemma4 parser reads Gemma 4's. A
+block of either form that is not a well-formed call of a given tool stays text. (The grammar of a
+forced tool_choice is the Hermes form for every model, Gemma 4's too.)
 """
 
 from __future__ import annotations
@@ -32,10 +38,10 @@ from dataclasses import dataclass
 
 from .errors import EdgeInferError
 from .structured import JSON_DEFAULTS, close_objects
+from .tools_gemma4 import G_OPEN, read_call as read_gemma4_call
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_CALL_RE = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
 
 FALLBACK_SYSTEM = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -226,25 +232,65 @@ def _as_call(body: str, names: set[str]) -> dict | None:
             return None
     if not isinstance(args, dict):
         return None
+    return _call(obj["name"], args)
+
+
+def _call(name: str, args: dict) -> dict:
     return {"id": new_call_id(), "type": "function",
-            "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def _blocks(buf: str, names: set[str], final: bool) -> tuple[list[tuple[str, object]], str]:
+    """("text", str) and ("call", dict) events of text that may hold <tool_call> blocks (Hermes) and
+    <|tool_call> ones (Gemma 4), and what is held back: a tag's possible start, a call not yet
+    complete (nothing when final: the text is all there is)."""
+    events: list[tuple[str, object]] = []
+    while buf:
+        found = [(k, tag) for tag in (OPEN, G_OPEN) if (k := buf.find(tag)) >= 0]
+        if not found:
+            keep = 0 if final else max(_partial_suffix(buf, OPEN), _partial_suffix(buf, G_OPEN))
+            if len(buf) > keep:
+                events.append(("text", buf[:len(buf) - keep]))
+                buf = buf[len(buf) - keep:]
+            break
+        k, tag = min(found)
+        if k > 0:
+            events.append(("text", buf[:k]))
+            buf = buf[k:]
+        if tag == OPEN:
+            end = buf.find(CLOSE)
+            if end < 0:
+                if final:
+                    events.append(("text", buf))
+                    buf = ""
+                break  # inside a call: wait for its end
+            end += len(CLOSE)
+            call = _as_call(buf[len(OPEN):end - len(CLOSE)].strip(), names)
+        else:
+            got = read_gemma4_call(buf, final)
+            if got is None:
+                break  # not yet known
+            end, name, args = got
+            call = _call(name, args) if name in names else None
+        events.append(("text", buf[:end]) if call is None else ("call", call))
+        buf = buf[end:]
+    return events, buf
 
 
 def parse_reply(text: str, tools: list[Tool]) -> tuple[str | None, list[dict]]:
     """(content, tool calls) of a whole reply. Blocks that are not a call of a given tool stay text."""
     names = {t.name for t in tools}
-    calls, parts, pos = [], [], 0
-    for m in _CALL_RE.finditer(text):
-        call = _as_call(m.group(1), names)
-        if call is None:
+    calls, parts, pending = [], [], ""
+    for kind, value in _blocks(text, names, True)[0]:
+        if kind == "text":
+            pending += value
             continue
-        before = text[pos:m.start()]
-        if not calls or before.strip():  # whitespace between calls is a separator, not content
-            parts.append(before)
-        calls.append(call)
-        pos = m.end()
-    if not calls or text[pos:].strip():
-        parts.append(text[pos:])
+        if not calls or pending.strip():  # whitespace between calls is a separator, not content
+            parts.append(pending)
+        pending = ""
+        calls.append(value)
+    if not calls or pending.strip():
+        parts.append(pending)
     if not calls:  # a reply that is nothing but a bare call object (small models drop the tags)
         call = _as_call(text.strip(), names) if text.strip().startswith("{") else None
         return (None, [call]) if call else (text, [])
@@ -254,7 +300,8 @@ def parse_reply(text: str, tools: list[Tool]) -> tuple[str | None, list[dict]]:
 
 class StreamParser:
     """parse_reply for a stream: feed text deltas, get ("text", str) and ("call", dict) events.
-    Text that may be the start of a <tool_call> tag is held back until it is clear."""
+    Text that may be the start of a <tool_call> or <|tool_call> tag is held back until it is clear,
+    and so is a call until it is complete."""
 
     def __init__(self, tools: list[Tool]):
         self.names = {t.name for t in tools}
@@ -276,32 +323,13 @@ class StreamParser:
             return []
         return self._feed_tags(delta)
 
-    def _feed_tags(self, delta: str) -> list[tuple[str, object]]:
-        self.buf += delta
-        events = []
-        while self.buf:
-            k = self.buf.find(OPEN)
-            if k < 0:
-                keep = _partial_suffix(self.buf, OPEN)
-                if len(self.buf) > keep:
-                    events.append(("text", self.buf[:len(self.buf) - keep]))
-                    self.buf = self.buf[len(self.buf) - keep:]
-                break
-            if k > 0:
-                events.append(("text", self.buf[:k]))
-                self.buf = self.buf[k:]
-            end = self.buf.find(CLOSE)
-            if end < 0:
-                break  # inside a call: wait for its end
-            block = self.buf[:end + len(CLOSE)]
-            self.buf = self.buf[end + len(CLOSE):]
-            call = _as_call(block[len(OPEN):-len(CLOSE)].strip(), self.names)
-            events.append(("text", block) if call is None else ("call", call))
+    def _feed_tags(self, delta: str, final: bool = False) -> list[tuple[str, object]]:
+        events, self.buf = _blocks(self.buf + delta, self.names, final)
         return self._drop_separators(events)
 
     def _drop_separators(self, events):
         # whitespace between and after calls is not content (parse_reply strips it too); held until
-        # something else follows
+        # something else follows (once other text follows a call, its blanks are content)
         out = []
         for kind, value in events:
             if kind == "call":
@@ -311,6 +339,7 @@ class StreamParser:
                 if self._after_call and not value.strip():
                     self._ws_hold = value
                     continue
+                self._after_call = False
             out.append((kind, value))
         return out
 
@@ -325,8 +354,7 @@ class StreamParser:
             if call is not None:
                 return [("call", call)]
             events = self._feed_tags(held)
-        rest, self.buf = self.buf, ""
-        events += self._drop_separators([("text", rest)] if rest else [])
+        events += self._feed_tags("", final=True)
         self._ws_hold = ""
         return events
 
