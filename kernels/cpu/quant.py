@@ -9,6 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import formats, kinds
+from . import simd
 
 # 16-bit pattern -> float32 value: row 0 reads it as float16 (the block scales, F16 weights),
 # row 1 as bfloat16 (BF16 weights). 512 KiB, shared by every kernel.
@@ -64,22 +65,45 @@ def _lane_sum(acc, t):
     return s
 
 
+HALF_ROWS = 4  # rows of a task widened to float32 together
+
+
 @njit(parallel=True, nogil=True, cache=True, fastmath=EXACT)
 def matmul_half(kind, d, luts, x, out):
-    # F16 (kind 0) / BF16 (kind 1): d (N, K) uint16 bit patterns
+    # F16 (kind 0) / BF16 (kind 1): d (N, K) uint16 bit patterns. Each row's values are widened once (not once a
+    # token), then every output element is 32 lanes of fused multiply-adds over its row's groups of 32 in order
+    # (four f32x8 vectors), its tail (K % 32) added to the first lanes, the lanes summed in order from 0.0: the
+    # same bits whatever the tokens, and as the scalar loop with contracted multiply-adds computed them
     N = out.shape[1]
     T, K = x.shape
     tab = luts[kind]
+    G = K // 32
     for task in prange((N + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        acc = np.empty(T * 32, np.float32)
-        for n in range(task * ROWS_PER_TASK, min(N, (task + 1) * ROWS_PER_TASK)):
-            acc[:] = 0
-            for g in range(K // 32):
-                for t in range(T):
-                    for j in range(32):
-                        acc[t * 32 + j] += tab[d[n, g * 32 + j]] * x[t, g * 32 + j]
-            for k in range(K // 32 * 32, K):  # rows need not be a multiple of 32 long
-                for t in range(T):
-                    acc[t * 32 + k % 32] += tab[d[n, k]] * x[t, k]
+        w = np.empty((HALF_ROWS, K), np.float32)
+        lanes = np.empty(32, np.float32)
+        end = min(N, (task + 1) * ROWS_PER_TASK)
+        for n0 in range(task * ROWS_PER_TASK, end, HALF_ROWS):
+            R = min(HALF_ROWS, end - n0)
+            for r in range(R):
+                for k in range(K):
+                    w[r, k] = tab[d[n0 + r, k]]
             for t in range(T):
-                out[t, n] = _lane_sum(acc, t)
+                for r in range(R):
+                    wo, xo = r * K, t * K
+                    a0 = a1 = a2 = a3 = simd.zerof()
+                    for g in range(G):
+                        o = g * 32
+                        a0 = simd.fma8(simd.loadf8(w, wo + o), simd.loadf8(x, xo + o), a0)
+                        a1 = simd.fma8(simd.loadf8(w, wo + o + 8), simd.loadf8(x, xo + o + 8), a1)
+                        a2 = simd.fma8(simd.loadf8(w, wo + o + 16), simd.loadf8(x, xo + o + 16), a2)
+                        a3 = simd.fma8(simd.loadf8(w, wo + o + 24), simd.loadf8(x, xo + o + 24), a3)
+                    simd.storef8(lanes, 0, a0)
+                    simd.storef8(lanes, 8, a1)
+                    simd.storef8(lanes, 16, a2)
+                    simd.storef8(lanes, 24, a3)
+                    for k in range(G * 32, K):  # rows need not be a multiple of 32 long
+                        lanes[k % 32] += w[r, k] * x[t, k]
+                    s = np.float32(0.0)
+                    for j in range(32):
+                        s += lanes[j]
+                    out[t, n0 + r] = s
