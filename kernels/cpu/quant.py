@@ -84,25 +84,36 @@ def matmul_half(kind, d, luts, x, out):
         end = min(N, (task + 1) * ROWS_PER_TASK)
         for n0 in range(task * ROWS_PER_TASK, end, HALF_ROWS):
             R = min(HALF_ROWS, end - n0)
-            for r in range(R):
-                for k in range(K):
-                    w[r, k] = tab[d[n0 + r, k]]
+            if kind != 0 or T > 1:  # (a token of F16: widened as it is read, vcvtph2ps, the same values)
+                for r in range(R):
+                    for k in range(K):
+                        w[r, k] = tab[d[n0 + r, k]]
             for t in range(T):
                 for r in range(R):
-                    wo, xo = r * K, t * K
+                    xo = t * K
                     a0 = a1 = a2 = a3 = simd.zerof()
-                    for g in range(G):
-                        o = g * 32
-                        a0 = simd.fma8(simd.loadf8(w, wo + o), simd.loadf8(x, xo + o), a0)
-                        a1 = simd.fma8(simd.loadf8(w, wo + o + 8), simd.loadf8(x, xo + o + 8), a1)
-                        a2 = simd.fma8(simd.loadf8(w, wo + o + 16), simd.loadf8(x, xo + o + 16), a2)
-                        a3 = simd.fma8(simd.loadf8(w, wo + o + 24), simd.loadf8(x, xo + o + 24), a3)
+                    if kind == 0 and T == 1:
+                        wo = (n0 + r) * K
+                        for g in range(G):
+                            o = g * 32
+                            a0 = simd.fma8(simd.loadf8(d, wo + o), simd.loadf8(x, xo + o), a0)
+                            a1 = simd.fma8(simd.loadf8(d, wo + o + 8), simd.loadf8(x, xo + o + 8), a1)
+                            a2 = simd.fma8(simd.loadf8(d, wo + o + 16), simd.loadf8(x, xo + o + 16), a2)
+                            a3 = simd.fma8(simd.loadf8(d, wo + o + 24), simd.loadf8(x, xo + o + 24), a3)
+                    else:
+                        wo = r * K
+                        for g in range(G):
+                            o = g * 32
+                            a0 = simd.fma8(simd.loadf8(w, wo + o), simd.loadf8(x, xo + o), a0)
+                            a1 = simd.fma8(simd.loadf8(w, wo + o + 8), simd.loadf8(x, xo + o + 8), a1)
+                            a2 = simd.fma8(simd.loadf8(w, wo + o + 16), simd.loadf8(x, xo + o + 16), a2)
+                            a3 = simd.fma8(simd.loadf8(w, wo + o + 24), simd.loadf8(x, xo + o + 24), a3)
                     simd.storef8(lanes, 0, a0)
                     simd.storef8(lanes, 8, a1)
                     simd.storef8(lanes, 16, a2)
                     simd.storef8(lanes, 24, a3)
                     for k in range(G * 32, K):  # rows need not be a multiple of 32 long
-                        lanes[k % 32] += w[r, k] * x[t, k]
+                        lanes[k % 32] += tab[d[n0 + r, k]] * x[t, k]
                     s = np.float32(0.0)
                     for j in range(32):
                         s += lanes[j]
