@@ -1578,6 +1578,67 @@ def write_gemma4_bench(path) -> None:
     _finish(w)
 
 
+def write_gemma3n_bench(path) -> None:
+    """A realistic-shape random gemma3n for benchmarks only: Gemma 3n E2B's shape, 30 layers of dim 2048, 8
+    heads over 2 KV heads of 256, every fifth layer global (window 512), the last 10 on shared KV, FFN 8192,
+    four AltUp streams, LAuReL rank 64, per-layer inputs of 256, vocabulary 262144 (tied, Q6_K;
+    per_layer_token_embd Q8_0), AltUp, LAuReL and per_layer_model_proj F16, the rest Q4_K_M-like. About 3.5 GB."""
+    n_layer, dim, ffn, n_head, n_kv, hd, e, n_alt, rank = 30, 2048, 8192, 8, 2, 256, 256, 4, 64
+    rng = np.random.default_rng(16)
+    pool: dict = {}
+    w = gguf.GGUFWriter(str(path), "gemma3n")
+    _hparams(w, "gemma3n", n_layer=n_layer, n_ctx=32768, dim=dim, ffn=ffn, n_head=n_head, n_kv=n_kv, head_dim=hd,
+             base=1e6)
+    w.add_rope_freq_base_swa(1e4)
+    w.add_sliding_window(512)
+    w.add_sliding_window_pattern([i % 5 != 4 for i in range(n_layer)])
+    w.add_shared_kv_layers(10)
+    w.add_embedding_length_per_layer_input(e)
+    w.add_altup_active_idx(0)
+    w.add_altup_num_inputs(n_alt)
+    w.add_final_logit_softcapping(30.0)
+    vocab = _gpt2_vocab(w, ["<pad>", "<eos>", "<bos>"], eos=1, n_extra=262144 - 3 - 256 - len(GPT2_MERGES),
+                        template=GEMMA_TEMPLATE)
+    q, f32 = _pooled_writers(w, rng, pool)
+    f16 = lambda name, shape, s=1.0: w.add_tensor(  # noqa: E731
+        name, (rng.standard_normal(shape, np.float32) * (s / np.sqrt(shape[-1]))).astype(np.float16))
+    norm = lambda n, s=1.0: s * (1 + 0.1 * rng.standard_normal(n))  # noqa: E731
+    q("token_embd.weight", (vocab, dim), T.Q6_K, 0.5 * np.sqrt(dim))
+    q("per_layer_token_embd.weight", (vocab, n_layer * e), T.Q8_0, 0.5 * np.sqrt(n_layer * e))
+    f16("per_layer_model_proj.weight", (n_layer * e, dim))
+    f32("per_layer_proj_norm.weight", norm(e))
+    f16("altup_proj.weight", (n_alt - 1, dim, dim))
+    f16("altup_unembd_proj.weight", (n_alt - 1, dim, dim))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        f32(p + "attn_norm.weight", norm(dim))
+        q(p + "attn_q.weight", (n_head * hd, dim), T.Q4_K)
+        q(p + "attn_k.weight", (n_kv * hd, dim), T.Q4_K)
+        q(p + "attn_v.weight", (n_kv * hd, dim), _q4km("attn_v", i, n_layer))
+        f32(p + "attn_q_norm.weight", norm(hd, 0.35))
+        f32(p + "attn_k_norm.weight", norm(hd, 0.35))
+        q(p + "attn_output.weight", (dim, n_head * hd), T.Q4_K)
+        f32(p + "post_attention_norm.weight", norm(dim, 0.3))
+        f32(p + "ffn_norm.weight", norm(dim))
+        q(p + "ffn_gate.weight", (ffn, dim), T.Q4_K)
+        q(p + "ffn_up.weight", (ffn, dim), T.Q4_K)
+        q(p + "ffn_down.weight", (dim, ffn), _q4km("ffn_down", i, n_layer))
+        f32(p + "post_ffw_norm.weight", norm(dim, 0.3))
+        q(p + "inp_gate.weight", (e, dim), T.Q4_K)
+        q(p + "proj.weight", (dim, e), T.Q4_K)
+        f32(p + "post_norm.weight", norm(dim))
+        f32(p + "altup_correct_coef.weight", 0.3 * rng.standard_normal((n_alt, n_alt)))
+        f32(p + "altup_correct_scale.weight", norm(dim))
+        f32(p + "altup_predict_coef.weight", 0.3 * rng.standard_normal((n_alt * n_alt, n_alt)))
+        f32(p + "altup_router.weight", rng.standard_normal((n_alt, dim)) * (16 / np.sqrt(dim)))
+        f32(p + "altup_router_norm.weight", norm(dim))
+        f16(p + "laurel_l.weight", (rank, dim))
+        f16(p + "laurel_r.weight", (dim, rank))
+        f32(p + "laurel_post_norm.weight", norm(dim))
+    f32("output_norm.weight", norm(dim))
+    _finish(w)
+
+
 ZOO = {
     "qwen3": write_qwen3,
     "llama3": write_llama3,
@@ -1611,6 +1672,7 @@ ZOO = {
     "gemma4moe": write_gemma4moe,
     "gemma3n": write_gemma3n,
     "gemma4_bench": write_gemma4_bench,
+    "gemma3n_bench": write_gemma3n_bench,
 }
 GOLDEN = [n for n in ZOO if not n.endswith("_bench")]  # the models tests/golden/arch_zoo.json covers
 
