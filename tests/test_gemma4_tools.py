@@ -19,7 +19,7 @@ from edgeinfer.reasoning import GEMMA4 as GEMMA4_FORMAT, ReplyStart
 from edgeinfer.tools import StreamParser, parse_reply, parse_tools, prepare_messages
 from edgeinfer.tools_gemma4 import G_CLOSE, G_OPEN, read_call
 
-from test_gemma4_template import CURRENT, render, write_tiny_gemma4_chat
+from test_gemma4_template import CURRENT, api, render, write_tiny_gemma4_chat  # noqa: F401  (api: a fixture)
 
 NAMES = ["get_time", "get_weather", "empty_args", "special_function", "amount", "toggle", "set_nullable",
          "todo_list", "set_config", "f"]
@@ -311,24 +311,6 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    openai = pytest.importorskip("openai")
-    pytest.importorskip("starlette")
-    import time
-
-    from starlette.testclient import TestClient
-
-    from edgeinfer.server.app import ServerConfig, create_app
-
-    path = tmp_path_factory.mktemp("gemma4tools") / "tiny-gemma4.gguf"
-    write_tiny_gemma4_chat(path, CURRENT)
-    app = create_app(ServerConfig(models=[str(path)]))
-    with TestClient(app) as http:
-        t0 = time.monotonic()
-        while http.get("/health").status_code != 200 and time.monotonic() - t0 < 120:
-            time.sleep(0.1)
-        yield openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
 
 
 BROKEN = "<|tool_call>call:get_weather{city:?}<tool_call|>"

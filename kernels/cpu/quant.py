@@ -68,6 +68,23 @@ def _lane_sum(acc, t):
 HALF_ROWS = 4  # rows of a task widened to float32 together
 
 
+@njit(inline="always", cache=True)
+def _lanes32(a, ao, x, xo, G, lanes):
+    # lanes (32,) = the fused multiply-adds of a.flat[ao:] (float32, or F16 bits widened as read) and x.flat[xo:]
+    # over G groups of 32, lane by lane in group order, from 0.0
+    a0 = a1 = a2 = a3 = simd.zerof()
+    for g in range(G):
+        o = g * 32
+        a0 = simd.fma8(simd.loadf8(a, ao + o), simd.loadf8(x, xo + o), a0)
+        a1 = simd.fma8(simd.loadf8(a, ao + o + 8), simd.loadf8(x, xo + o + 8), a1)
+        a2 = simd.fma8(simd.loadf8(a, ao + o + 16), simd.loadf8(x, xo + o + 16), a2)
+        a3 = simd.fma8(simd.loadf8(a, ao + o + 24), simd.loadf8(x, xo + o + 24), a3)
+    simd.storef8(lanes, 0, a0)
+    simd.storef8(lanes, 8, a1)
+    simd.storef8(lanes, 16, a2)
+    simd.storef8(lanes, 24, a3)
+
+
 @njit(parallel=True, nogil=True, cache=True, fastmath=EXACT)
 def matmul_half(kind, d, luts, x, out):
     # F16 (kind 0) / BF16 (kind 1): d (N, K) uint16 bit patterns. Each row's values are widened once (not once a
@@ -91,27 +108,10 @@ def matmul_half(kind, d, luts, x, out):
             for t in range(T):
                 for r in range(R):
                     xo = t * K
-                    a0 = a1 = a2 = a3 = simd.zerof()
                     if kind == 0 and T == 1:
-                        wo = (n0 + r) * K
-                        for g in range(G):
-                            o = g * 32
-                            a0 = simd.fma8(simd.loadf8(d, wo + o), simd.loadf8(x, xo + o), a0)
-                            a1 = simd.fma8(simd.loadf8(d, wo + o + 8), simd.loadf8(x, xo + o + 8), a1)
-                            a2 = simd.fma8(simd.loadf8(d, wo + o + 16), simd.loadf8(x, xo + o + 16), a2)
-                            a3 = simd.fma8(simd.loadf8(d, wo + o + 24), simd.loadf8(x, xo + o + 24), a3)
+                        _lanes32(d, (n0 + r) * K, x, xo, G, lanes)
                     else:
-                        wo = r * K
-                        for g in range(G):
-                            o = g * 32
-                            a0 = simd.fma8(simd.loadf8(w, wo + o), simd.loadf8(x, xo + o), a0)
-                            a1 = simd.fma8(simd.loadf8(w, wo + o + 8), simd.loadf8(x, xo + o + 8), a1)
-                            a2 = simd.fma8(simd.loadf8(w, wo + o + 16), simd.loadf8(x, xo + o + 16), a2)
-                            a3 = simd.fma8(simd.loadf8(w, wo + o + 24), simd.loadf8(x, xo + o + 24), a3)
-                    simd.storef8(lanes, 0, a0)
-                    simd.storef8(lanes, 8, a1)
-                    simd.storef8(lanes, 16, a2)
-                    simd.storef8(lanes, 24, a3)
+                        _lanes32(w, r * K, x, xo, G, lanes)
                     for k in range(G * 32, K):  # rows need not be a multiple of 32 long
                         lanes[k % 32] += tab[d[n0 + r, k]] * x[t, k]
                     s = np.float32(0.0)
