@@ -229,11 +229,13 @@ def template_format(template_source: str | None) -> str:
     return GEMMA4 if template_source and CHANNEL + THOUGHT in template_source else THINK
 
 
-def prompt_opens_reasoning(prompt_text: str) -> bool | ReplyStart:
+def prompt_opens_reasoning(prompt_text: str, fmt: str | None = None) -> bool | ReplyStart:
     """Does a rendered prompt end inside an open <think> (the template opened it for the model)? For a
-    Gemma 4 prompt (one with its turn, channel or tool tokens) a ReplyStart of format GEMMA4, true when
-    the prompt ends inside an open thought channel (a reply continued from its reasoning)."""
-    if any(mark in prompt_text for mark in GEMMA4_MARKS):
+    Gemma 4 prompt a ReplyStart of format GEMMA4, true when the prompt ends inside an open thought channel
+    (a reply continued from its reasoning). fmt: the template's format (template_format), as the server
+    passes it, so that another model's prompt quoting Gemma 4's tokens is not read as Gemma 4's; None: told
+    by the prompt (one with Gemma 4's turn, channel or tool tokens)."""
+    if fmt == GEMMA4 or (fmt is None and any(mark in prompt_text for mark in GEMMA4_MARKS)):
         k = prompt_text.rfind(CHANNEL + THOUGHT)
         return ReplyStart(GEMMA4, k >= 0 and CHANNEL_END not in prompt_text[k:])
     return prompt_text.rstrip().endswith(OPEN)

@@ -107,6 +107,9 @@ def config_from_gguf(gf: GGUFFile, spec: ArchSpec) -> ModelConfig:
         if n < 2 or not 0 <= act < n or lt is None or len(lt.shape) != 2:
             raise ModelLoadError(f"{a}.altup.num_inputs {n} and altup.active_idx {act} (at least 2 streams, the "
                                  "active one among them), and a blk.0.laurel_l.weight matrix, are needed")
+        if cfg.per_layer_dim <= 0:
+            raise ModelLoadError(f"{a}.embedding_length_per_layer_input is {cfg.per_layer_dim}: Gemma 3n's layers "
+                                 "need their per-layer inputs")
         cfg = replace(cfg, altup=n, altup_active=act, laurel_rank=int(lt.shape[1]))
     if spec.attn_scale_one:  # Gemma 4: q and k are RMS-normed, the scores not scaled
         cfg = replace(cfg, attn_scale=1.0)
@@ -222,6 +225,10 @@ def _layer_shapes_config(gf: GGUFFile, spec: ArchSpec, cfg: ModelConfig) -> Mode
     if not isinstance(pattern, (list, np.ndarray)) or len(pattern) != n:
         raise ModelLoadError(f"metadata key {key!r} must give one bool for each of the {n} layers")
     sliding = tuple(bool(x) for x in pattern)
+    window = int(meta(gf, a, "attention.sliding_window", 0) or 0)
+    if any(sliding) and window <= 0:
+        raise ModelLoadError(f"{key!r} marks sliding-window layers but {a}.attention.sliding_window is {window}: "
+                             "it must be the window's length")
     # the sliding-window layers' head sizes: their own in Gemma 4's files, the others' in Gemma 3n's
     swa_dims = (int(meta(gf, a, "attention.key_length_swa", cfg.head_dim)),
                 int(meta(gf, a, "attention.value_length_swa", cfg.v_head_dim)))
@@ -250,7 +257,7 @@ def _layer_shapes_config(gf: GGUFFile, spec: ArchSpec, cfg: ModelConfig) -> Mode
                                  f"{source[i]}'s KV, which is not a layer of its kind with KV of its own")
     base_swa = float(meta(gf, a, "rope.freq_base_swa", cfg.rope_base))
     return replace(cfg, layer_shapes=shapes, sliding_layers=sliding, kv_source=tuple(source) if shared else (),
-                   sliding_window=int(meta(gf, a, "attention.sliding_window", 0) or 0), rope_base_local=base_swa,
+                   sliding_window=window, rope_base_local=base_swa,
                    rope_dim_local=rot_swa, per_layer_dim=int(meta(gf, a, "embedding_length_per_layer_input", 0) or 0))
 
 

@@ -297,6 +297,8 @@ def _rewrite(src, dst, *, drop=(), meta=None, arch=None):
     ("gemma3n", {"drop": ["altup_unembd_proj.weight"]}, "missing tensor 'altup_unembd_proj.weight'"),
     ("gemma3n", {"drop": ["blk.0.laurel_l.weight"]}, "a blk.0.laurel_l.weight matrix"),
     ("gemma3n", {"meta": {"gemma3n.altup.active_idx": 4}}, "altup.active_idx 4"),
+    ("gemma3n", {"meta": {"gemma3n.embedding_length_per_layer_input": 0}}, "need their per-layer inputs"),
+    ("gemma4", {"meta": {"gemma4.attention.sliding_window": 0}}, "it must be the window's length"),
 ])
 def test_a_broken_file_of_a_new_architecture_is_a_one_line_error(zoo, tmp_path, name, change, message):
     p = tmp_path / "broken.gguf"
@@ -306,6 +308,17 @@ def test_a_broken_file_of_a_new_architecture_is_a_one_line_error(zoo, tmp_path, 
     assert r.returncode != 0
     err = r.stderr.split("\x1b[K")[-1].strip()  # after any compile progress line
     assert len(err.splitlines()) == 1 and message in err, r.stderr[-2000:]
+
+
+def test_a_gemma4_draft_model_addresses_its_own_window_pool_as_the_full_one(zoo):
+    """A runner given no window pool (a draft model's) still gets one for Gemma 4's sliding layers (their rows
+    are of their own shape), addressed by the block tables, not the target's window tables."""
+    from edgeinfer.engine.model_runner import ModelRunner
+
+    m = load_model(GGUFFile(zoo("gemma4")), kb)
+    r = ModelRunner(m, 8, BS, "f32")
+    assert r.cache.n_window_blocks == 8 and not r.window
+    assert ModelRunner(m, 8, BS, "f32", n_window_blocks=4).window
 
 
 def test_moe_on_the_cuda_backend_is_a_one_line_error(zoo):

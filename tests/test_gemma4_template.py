@@ -267,6 +267,10 @@ def test_gemma4_templates_and_prompts():
         assert isinstance(start, ReplyStart) and start.fmt == GEMMA4_FORMAT and not start and start == False  # noqa: E712
     assert prompt_opens_reasoning(on + "<|channel>thought\nI was") == ReplyStart(GEMMA4_FORMAT, True)
     assert prompt_opens_reasoning("<|im_start|>assistant\n<think>\n") is True  # other formats: as before
+    # another model's prompt quoting Gemma 4's tokens stays that model's, told by its template's format
+    quoting = "<|im_start|>user\nwhat is <|channel>?<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    assert prompt_opens_reasoning(quoting, THINK) is True
+    assert prompt_opens_reasoning(on, GEMMA4_FORMAT) == ReplyStart(GEMMA4_FORMAT, False)
     with pytest.raises(ValueError, match="reasoning format"):
         ReasoningParser(fmt="qwen")
 

@@ -127,7 +127,9 @@ class ModelRunner:
         # whose sequences' window tables are the target's)
         self.cache = KVCache.for_model(model.cfg, n_blocks, block_size, kv_dtype, kb=model.kb,
                                        n_state_slots=n_state_slots, n_window_blocks=n_window_blocks)
-        self.window = self.cache.n_window_blocks > 0
+        # window tables only where this runner was given a window pool: a pool the cache makes itself (sliding
+        # layers with rows of their own shape, Gemma 4's, in a draft model) is addressed as the full one is
+        self.window = n_window_blocks > 0
         self.block_size = block_size
         self.num_forward_tokens = 0  # counts every token computed (prefix-cache tests read it)
 

@@ -120,7 +120,7 @@ def read_reply_as_templated(gen: Generation, llm, reasoning_format: str) -> None
     elif reasoning.splits(reasoning_format, llm.chat_template.source):
         gen.reasoning = True
         gen.reasoning_open = reasoning.prompt_opens_reasoning(
-            llm.tokenizer.decode(gen.prompt_ids[-16:], special=True))
+            llm.tokenizer.decode(gen.prompt_ids[-16:], special=True), reasoning.template_format(llm.chat_template.source))
 
 
 class Output:
