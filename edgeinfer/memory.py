@@ -84,6 +84,8 @@ def _ffn_rows(cfg: ModelConfig) -> tuple[int, int]:
     if not n_expert:
         return 3 * cfg.ffn_dim, cfg.ffn_dim
     used, fe, shared = cfg.n_expert_used, cfg.expert_ffn_dim, cfg.shared_ffn_dim
+    if getattr(cfg, "layer_shapes", ()):  # Gemma 4's experts run beside a dense FFN of ffn_dim
+        shared = cfg.ffn_dim
     return n_expert + used * (2 * fe + cfg.dim) + 3 * shared, used * fe + shared
 
 
@@ -98,7 +100,9 @@ def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig, kv_forma
                               for k in ("n_head", "n_kv_head", "head_dim", "v_head_dim", "ffn_dim")})
     ffn_f32, ffn_q8 = _ffn_rows(cfg)
     per_row = (4 * cfg.dim + ffn_f32 + (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim
-               + cfg.n_head * cfg.v_head_dim)  # float32 activations alive at once in a layer
+               + cfg.n_head * cfg.v_head_dim  # float32 activations alive at once in a layer
+               + 2 * cfg.n_layer * getattr(cfg, "per_layer_dim", 0)  # Gemma's per-layer inputs (a token's, made once)
+               + 3 * cfg.dim * max(getattr(cfg, "altup", 0) - 1, 0))  # Gemma 3n's other streams, predicted and corrected
     quantized = cfg.dim + ffn_q8 + cfg.n_head * cfg.v_head_dim  # int8 copies, plus scales (~1/8)
     buffers = T * (4 * per_row + quantized * 9 // 8) + 2 * config.seqs_limit * cfg.vocab_size * 4
     n_window, bs, ctx = len(cfg.window_layers), config.block_size, max_context(cfg, config)
