@@ -13,6 +13,7 @@ from . import simd
 
 # 16-bit pattern -> float32 value: row 0 reads it as float16 (the block scales, F16 weights),
 # row 1 as bfloat16 (BF16 weights). 512 KiB, shared by every kernel.
+HALF_F16, HALF_BF16 = 0, 1  # matmul_half's kind: the row of HALF_TO_F32 its weights read
 _bits = np.arange(65536, dtype=np.uint32)
 with np.errstate(invalid="ignore"):  # signalling NaNs set the invalid flag on aarch64 (numpy warns); kept as NaNs
     HALF_TO_F32 = np.stack([_bits.astype(np.uint16).view(np.float16).astype(np.float32),
@@ -101,14 +102,14 @@ def matmul_half(kind, d, luts, x, out):
         end = min(N, (task + 1) * ROWS_PER_TASK)
         for n0 in range(task * ROWS_PER_TASK, end, HALF_ROWS):
             R = min(HALF_ROWS, end - n0)
-            if kind != 0 or T > 1:  # (a token of F16: widened as it is read, vcvtph2ps, the same values)
+            if kind != HALF_F16 or T > 1:  # (a token of F16: widened as it is read, vcvtph2ps, the same values)
                 for r in range(R):
                     for k in range(K):
                         w[r, k] = tab[d[n0 + r, k]]
             for t in range(T):
                 for r in range(R):
                     xo = t * K
-                    if kind == 0 and T == 1:
+                    if kind == HALF_F16 and T == 1:
                         _lanes32(d, (n0 + r) * K, x, xo, G, lanes)
                     else:
                         _lanes32(w, r * K, x, xo, G, lanes)
