@@ -4,10 +4,9 @@ has each of its corners: a newline run that is a token no merge reaches, a dupli
 </s> (llama.cpp makes it plain text), a user-defined <|tool_response> (llama.cpp makes it a control token
 that ends generation), a missing byte token, characters outside the vocabulary.
 
-The token ids llama.cpp gives (llama-cpp-python 0.3.36, vocab_only) are kept below, so the checks run
-without it; where llama-cpp-python is installed every string is also run through it, live. The real
-Gemma 4 vocabulary of llama.cpp's tokenizer test set is checked too (marked `model`: it is fetched once
-with the other ggml-vocab files)."""
+The tokens and text llama.cpp gives (llama-cpp-python 0.3.36, vocab_only, on this file) are kept below, so
+the checks run without it. The real Gemma 4 vocabulary of llama.cpp's tokenizer test set is checked too
+(marked `model`: it is fetched once with the other ggml-vocab files)."""
 
 import gguf
 import pytest
@@ -83,12 +82,6 @@ def tok(vocab_path):
     return Tokenizer(GGUFFile(vocab_path))
 
 
-@pytest.fixture(scope="module")
-def llama(vocab_path):
-    llama_cpp = pytest.importorskip("llama_cpp")
-    return llama_cpp.Llama(str(vocab_path), vocab_only=True, verbose=False)
-
-
 # text -> the pieces llama.cpp gives (no BOS, special tokens not parsed); <0xNN> are byte tokens
 EXPECTED = {
     "": [],
@@ -117,6 +110,12 @@ EXPECTED = {
     "<|tool_response>": ["<", "|", "t", "o", "o", "l", "<0x5F>", "r", "e", "s", "<0x70>", "o", "n", "s", "e", ">"],
     "a<|channel>b": ["a", "<|channel>", "b"],  # user-defined: matched even when special tokens are not parsed
     "x ▁y": ["x", "▁▁", "y"],  # a literal ▁ is a space to the tokenizer
+    "<turn|> tail  \n\n\n\n\n\n\n\n\n x": ["<", "t", "<0x75>", "r", "n", "|", ">", "▁t", "a", "i", "l", "▁▁", "\n\n",
+                                          "\n\n", "\n\n", "\n\n\n", "▁", "x"],
+    "Hello\n\nworld  ": ["Hello", "\n\n", "w", "or", "ld", "▁▁"],
+    "'?,.:|/ Tt ee": ["'", "?", ",", ".", ":", "|", "/", "▁", "T", "t", "▁", "e", "e"],
+    "é" * 9 + " é é": ["é"] * 9 + ["▁é", "▁é"],
+    "\t\t \n\r\r": ["\t", "\t", "▁", "\n", "<0x0D>", "<0x0D>"],
 }
 # the same with special tokens parsed
 EXPECTED_SPECIAL = {
@@ -127,7 +126,11 @@ EXPECTED_SPECIAL = {
     "<bos><|channel>thought\n<channel|> ok": ["<bos>", "<|channel>", "th", "o", "<0x75>", "g", "h", "t", "\n",
                                               "<channel|>", "▁", "o", "<0x6B>"],
     "</s><unk>": ["</s>", "<unk>"],
+    "<turn|> tail  \n\n\n\n\n\n\n\n\n x": ["<turn|>", "▁t", "a", "i", "l", "▁▁", "\n\n", "\n\n", "\n\n", "\n\n\n", "▁",
+                                          "x"],
 }
+# what llama.cpp's detokenizer gives back for the tokens of each text above where that is not the text
+DECODED = {"😀!": b"\x9f\x98\x80!", "x ▁y": b"x  y"}
 
 
 def pieces(tok: Tokenizer, ids) -> list[str]:
@@ -156,21 +159,12 @@ def test_end_of_generation_tokens(tok):
 
 
 @pytest.mark.parametrize("special", [False, True])
-def test_every_string_matches_llama_cpp_live(tok, llama, special):
-    texts = list(EXPECTED) + list(EXPECTED_SPECIAL) + ["<turn|> tail  \n\n\n\n\n\n\n\n\n x", "Hello\n\nworld  ",
-                                                       "'?,.:|/ Tt ee", "é" * 9 + " é é", "\t\t \n\r\r"]
-    for text in texts:
-        want = llama.tokenize(text.encode(), add_bos=True, special=special)
-        assert tok.encode(text, parse_special=special) == want, text
-        ids = want[1:]  # (llama-cpp-python drops a leading space after a BOS)
-        assert tok.decode_bytes(ids, special=special) == llama.detokenize(ids, special=special), text
-
-
-def test_the_end_of_generation_set_matches_llama_cpp_live(tok, llama):
-    import llama_cpp
-
-    eog = {i for i in range(tok.vocab_size) if llama_cpp.llama_vocab_is_eog(llama._model.vocab, i)}
-    assert set(tok.stop_ids) == eog
+def test_the_text_back_as_llama_cpp_gives_it(tok, special):
+    """Every text of both tables, encoded either way (with or without parsing special tokens), decodes to
+    the bytes llama.cpp's detokenizer gives for the same tokens (the text, but for a dropped byte and ▁)."""
+    for text in list(EXPECTED) + list(EXPECTED_SPECIAL):
+        ids = tok.encode(text, add_bos=False, parse_special=special)
+        assert tok.decode_bytes(ids, special=special) == DECODED.get(text, text.encode()), text
 
 
 def test_round_trip(tok):

