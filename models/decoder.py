@@ -293,9 +293,12 @@ class Model:
         self.inv_freq = kb.upload(inv_freq)
         self.inv_freq_none = kb.upload(np.zeros_like(inv_freq))  # a layer without positions: angle 0, x unchanged
         # every layer in one compiled call where the backend has one; forward_per_op is the reference
-        # (Gemma 3n: the per-op path so far)
-        self.stack = None if spec.altup else kb.layer_stack(
-            cfg, self.layers, [self.layer_inv_freq(i) for i in range(cfg.n_layer)], **spec.stack_flags)
+        self.stack = self._stack(kb, spec)
+
+    def _stack(self, kb, spec: ArchSpec):
+        """The layers in one compiled call (the backend's), or None: per op."""
+        return kb.layer_stack(self.cfg, self.layers, [self.layer_inv_freq(i) for i in range(self.cfg.n_layer)],
+                              **spec.stack_flags)
 
     def _extra(self, ld: WeightLoader, cfg: ModelConfig) -> None:
         """An architecture's model-wide tensors beyond these (gemma3n.Model's AltUp projections)."""

@@ -12,7 +12,8 @@ the KV of earlier ones) run on one of four streams of the residual (AltUp):
   through the corrected active stream times altup_correct_scale, gated and projected) to the other streams;
 - at the end the other streams go back through altup_unembd_proj (each scaled to the first's magnitude) and
   the four are averaged.
-The compiled step does not run it (the per-op path alone), and the CUDA backend not at all."""
+On the CPU every layer runs in one compiled call (kernels/cpu/altup.py: the same row functions as the per-op
+path here, so the two agree bit for bit); the CUDA backend does not run it."""
 
 from __future__ import annotations
 
@@ -42,18 +43,46 @@ class Model(decoder.Model):
         self.altup_proj = ld.matrix_rows("altup_proj.weight", (n, d, d), [d] * n)
         self.altup_unembd = ld.matrix_rows("altup_unembd_proj.weight", (n, d, d), [d] * n)
 
+    def _stack(self, kb, spec):
+        # the compiled walk over the streams (kernels/cpu/altup.py), or None: per op
+        cfg = self.cfg
+        return kb.altup_stack(cfg, self.layers, [self.layer_inv_freq(i) for i in range(cfg.n_layer)], SPARSE_LAYERS,
+                              SPARSE_STD, **spec.stack_flags)
+
     def forward(self, batch, cache, hidden: bool = False) -> np.ndarray:
-        """Logits (or final hidden states) as decoder.Model.forward's, through the four streams: one backend call
-        per op (this model's one forward: it is also its forward_per_op)."""
-        kb, cfg, spec = self.kb, self.cfg, self.spec
-        batch = kb.prepare_batch(batch)
+        """Logits (or final hidden states) as decoder.Model.forward's, through the four streams: every layer in
+        one compiled call where the backend has one (the CPU's), else per op (forward_per_op)."""
+        if self.stack is None:
+            return self.forward_per_op(batch, cache, hidden)
+        streams, ple = self._streams(batch)
+        rows = self.kb.altup_run(self.stack, streams, batch, cache, ple)
+        return self._out(list(rows), hidden)
+
+    def _streams(self, batch):
+        # the embedded tokens as the n streams (n, T, dim), and every layer's per-layer inputs
+        kb, cfg = self.kb, self.cfg
         x0 = self.embed(batch.token_ids)
         ple = per_layer.inputs(kb, cfg, self.ple, batch.token_ids, x0)
-        streams = [x0] + _rescaled(x0, [kb.matmul(w, x0) for w in self.altup_proj])
-        ones = np.ones(cfg.dim, np.float32)
+        return np.stack([x0] + _rescaled(x0, [kb.matmul(w, x0) for w in self.altup_proj])), ple
+
+    def _out(self, streams, hidden: bool):
+        # the streams (of the rows that get logits) back through altup_unembd_proj and averaged -> logits
+        kb = self.kb
+        rest = _rescaled(streams[self.active], [kb.matmul(w, s) for w, s in zip(self.altup_unembd, streams[1:])])
+        x = np.array(streams[0])
+        for r in rest:
+            kb.add_(x, r)
+        kb.scale_(x, np.float32(1.0) / np.float32(self.n_altup))
+        return self.normed(x) if hidden else self.logits(x)
+
+    def _per_op(self, batch, cache, hidden: bool = False) -> np.ndarray:
+        """The reference: one backend call per op (this model's forward_per_op)."""
+        kb, cfg, spec = self.kb, self.cfg, self.spec
+        batch = kb.prepare_batch(batch)
+        streams, ple = self._streams(batch)
         for i, lw in enumerate(self.layers):
             c = cfg.at(i)
-            pred = self._predict(lw, streams)
+            pred = kb.altup_predict(streams, self._modalities(lw, streams[self.active]), lw.altup_predict_coef)
             active = pred[self.active]
             h = kb.empty(active.shape)
             kb.rmsnorm(active, lw.attn_norm, cfg.norm_eps, h)
@@ -69,7 +98,7 @@ class Model(decoder.Model):
             f = self._ffn(lw, h, i)
             kb.rmsnorm(f, lw.post_ffn_norm, cfg.norm_eps, f)
             kb.add_(f, y)
-            streams = self._correct(lw, pred, f, ones)
+            streams = kb.altup_correct(pred, f, self.active, self._modalities(lw, f), lw.altup_correct_coef)
             first = streams[self.active] * lw.altup_correct_scale
             g = kb.matmul(lw.ple_gate, first)
             kb.gelu_tanh_mul(g, ple[i], g)
@@ -77,40 +106,13 @@ class Model(decoder.Model):
             kb.rmsnorm(p, lw.ple_norm, cfg.norm_eps, p)
             for j in range(1, self.n_altup):  # (llama.cpp: every stream but the first)
                 kb.add_(streams[j], p)
-        rest = _rescaled(streams[self.active], [kb.matmul(w, s) for w, s in zip(self.altup_unembd, streams[1:])])
-        x = streams[0]
-        for r in rest:
-            kb.add_(x, r)
-        kb.scale_(x, np.float32(1.0) / np.float32(self.n_altup))
-        rows = kb.take_rows(x, batch.logits_idx)
-        return self.normed(rows) if hidden else self.logits(rows)
+        return self._out([kb.take_rows(s, batch.logits_idx) for s in streams], hidden)
 
-    forward_per_op = forward
+    forward_per_op = _per_op
 
     def _modalities(self, lw, x) -> np.ndarray:
         # the router's tanh of the stream x (T, dim) RMS-normed, times 1/dim: (T, n_altup)
-        r = self.kb.empty(x.shape)
-        self.kb.rmsnorm(x, lw.altup_router_norm, self.cfg.norm_eps, r)
-        r *= np.float32(1.0) / np.float32(self.cfg.dim)
-        return np.tanh(_rows_dot(r, lw.altup_router))
-
-    def _predict(self, lw, streams) -> list:
-        # each stream predicted from all of them: pred[n] = stream[n] + sum_k coef[t, n, k] stream[k]
-        n = self.n_altup
-        coefs = _rows_dot(self._modalities(lw, streams[self.active]), lw.altup_predict_coef).reshape(-1, n, n)
-        out = []
-        for j in range(n):
-            p = np.zeros_like(streams[0])
-            for k in range(n):
-                p += coefs[:, j, k, None] * streams[k]
-            out.append(p + streams[j])
-        return out
-
-    def _correct(self, lw, pred, act, ones) -> list:
-        # every prediction moved by the innovation (act less the active prediction) times its coefficient + 1
-        coefs = _rows_dot(self._modalities(lw, act), lw.altup_correct_coef) + np.float32(1.0)
-        innovation = act - pred[self.active]
-        return [innovation * coefs[:, j, None] + pred[j] for j in range(self.n_altup)]
+        return self.kb.altup_modalities(x, lw.altup_router_norm, lw.altup_router, self.cfg.norm_eps)
 
     def _ffn(self, lw, h, layer: int):
         # the GELU-gated FFN; the first SPARSE_LAYERS layers keep what of each gate row lies beyond
@@ -118,10 +120,7 @@ class Model(decoder.Model):
         kb = self.kb
         g, u = kb.matmul_many([lw.w_gate, lw.w_up], h)
         if layer < SPARSE_LAYERS:
-            mean = g.mean(axis=1, dtype=np.float32, keepdims=True)
-            d = g - mean
-            std = np.sqrt((d * d).sum(axis=1, dtype=np.float32, keepdims=True) / np.float32(g.shape[1] - 1))
-            g = np.maximum(g - (mean + std * SPARSE_STD), np.float32(0.0)).astype(np.float32)
+            kb.sparsify_(g, SPARSE_STD)
         kb.gelu_tanh_mul(g, u, g)
         return kb.matmul(lw.w_down, g)
 
@@ -130,9 +129,3 @@ def _rescaled(target, xs) -> list:
     # each x (T, dim) times |target| / |x|, per row (llama.cpp's calc_magnitude: the square root of the sum of squares)
     mag = np.sqrt((target * target).sum(axis=1, dtype=np.float32, keepdims=True))
     return [x * mag / np.sqrt((x * x).sum(axis=1, dtype=np.float32, keepdims=True)) for x in xs]
-
-
-def _rows_dot(x, w) -> np.ndarray:
-    # x (T, K) times w (N, K) transposed -> (T, N) float32, each element one sum over K in numpy's order for that
-    # length: the same bits whatever T (a BLAS product's blocking depends on the rows, so a batch would not)
-    return (x[:, None, :] * w[None, :, :]).sum(axis=2, dtype=np.float32)

@@ -103,8 +103,8 @@ def test_compiled_step_equals_per_op_bit_for_bit(zoo, name):
     m = load_model(GGUFFile(zoo(name)), kb)
     # the F16 model takes the per-op path only; the hybrids' mixers (short convolutions, delta nets in Qwen3.5's
     # and Qwen3-Next's layouts, Mamba2 alone or beside attention, FFN layers), NoPE attention, lfm2moe's scored
-    # routing and dense first layers, granitehybrid's ungated shared expert are in the step
-    if name in ("olmo2", "gemma3n"):  # (Gemma 3n: per op so far)
+    # routing and dense first layers, granitehybrid's ungated shared expert, Gemma 3n's streams are in the step
+    if name == "olmo2":
         assert m.stack is None
         return
     assert m.stack is not None

@@ -157,6 +157,57 @@ def layer_stack(cfg, layers, inv_freqs, **flags):
     return LayerStack.build(cfg, layers, inv_freqs, UNITS, quantized, **flags)
 
 
+def altup_stack(cfg, layers, inv_freqs, sparse_layers: int, sparse_std, **flags):
+    """Gemma 3n's layers as one compiled call: (step.LayerStack, altup.AltupPart) for altup.run, or None where
+    that cannot run them (a float matrix, LAuReL's not F16/BF16)."""
+    from . import altup
+
+    stack = layer_stack(cfg, layers, inv_freqs, **flags)
+    part = None if stack is None else altup.build(cfg, layers, sparse_layers, sparse_std)
+    return None if part is None else (stack, part)
+
+
+def altup_run(stack, streams, batch, cache, ple) -> np.ndarray:
+    """streams (n, T, dim) through every layer of altup_stack's `stack` -> the kept rows of each (n, L, dim)."""
+    from . import altup
+
+    return altup.run(*stack, streams, batch, cache, ple)
+
+
+def altup_modalities(x, router_norm, router, eps) -> np.ndarray:
+    """Gemma 3n's router: tanh(router . rmsnorm(x) / dim) of x (T, dim) -> (T, n) (altup.modalities)."""
+    from . import altup
+
+    out = np.empty((x.shape[0], router.shape[0]), np.float32)
+    altup.modalities(x, router_norm, router, np.float32(eps), out)
+    return out
+
+
+def altup_predict(streams, mod, coef) -> np.ndarray:
+    """Every stream (n, T, dim) predicted from all of them by the modalities mod (T, n) (altup.predict)."""
+    from . import altup
+
+    out = np.empty_like(streams)
+    altup.predict(streams, mod, coef, out)
+    return out
+
+
+def altup_correct(pred, act, active: int, mod, coef) -> np.ndarray:
+    """Every prediction (n, T, dim) moved by the innovation of act (T, dim) (altup.correct)."""
+    from . import altup
+
+    out = np.empty_like(pred)
+    altup.correct(pred, act, active, mod, coef, out)
+    return out
+
+
+def sparsify_(g, std_mul) -> None:
+    """Each row of g less its mean + std_mul standard deviations, cut at 0, in place (Gemma 3n's FFN gates)."""
+    from . import altup
+
+    altup.sparsify(g, np.float32(std_mul))
+
+
 # -- mixture of experts (moe.py) --------------------------------------------------------------------
 
 

@@ -94,13 +94,28 @@ def forward(h, out, mats, f, layer, luts, threads, table, scratch):
     # the gated FFN of h (T, dim) -> out (T, dim), with layer `layer`'s matrices (f: FfnPart); scratch: room
     # for gate and up (scratch_size), allocated once for every layer: a prompt's are tens of MB, which the
     # allocator would otherwise hand back to the system and fault in again, page by page, per layer
+    gate, up = gate_up(h, mats, f, layer, luts, threads, table, scratch)
+    down(gate, up, out, mats, f, layer, luts, threads, table)
+
+
+@njit(nogil=True, cache=True)
+def gate_up(h, mats, f, layer, luts, threads, table, scratch):
+    # the FFN's gate and up projections of h (T, dim), in scratch: (gate, up), each (T, width)
     T = h.shape[0]
     ffn = f.width[layer]
-    wg, wu, wd = mats[f.w_gate[layer]], mats[f.w_up[layer]], mats[f.w_down[layer]]
+    wg, wu = mats[f.w_gate[layer]], mats[f.w_up[layer]]
     g8, g8k = quantize(h, f.need_gate_up[layer])
     gate = scratch[: T * ffn].reshape(T, ffn)
     up = scratch[T * ffn: 2 * T * ffn].reshape(T, ffn)
     int8.matmuls(wg, wu, wu, np.int64(2), g8, g8k, luts, gate, up, up, threads, table)
+    return gate, up
+
+
+@njit(nogil=True, cache=True)
+def down(gate, up, out, mats, f, layer, luts, threads, table):
+    # out (T, dim) = the down projection of act(gate) * up
+    T, ffn = gate.shape
+    wd = mats[f.w_down[layer]]
     d8, d8k = alloc_q(T, ffn, f.need_down[layer])
     act_quantize(gate, up, f.gelu, f.need_down[layer], d8, d8k)
     int8.matmuls(wd, wd, wd, np.int64(1), d8, d8k, luts, out, out, out, threads, table)

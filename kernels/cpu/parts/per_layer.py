@@ -40,21 +40,27 @@ def build(cfg, layers, mats: list) -> PerLayerPart:
 
 
 @njit(nogil=True, cache=True)
+def project(x, inp, mats, p, layer, luts, threads, table, y):
+    # layer `layer`'s per-layer input inp (T, E) through x (T, dim): y = norm(proj(gelu(gate x) * inp)) (T, dim)
+    T = x.shape[0]
+    E = inp.shape[1]
+    g = np.empty((T, E), np.float32)
+    wg, wp = mats[p.ple_gate[layer]], mats[p.ple_proj[layer]]
+    a8, a8k = quantize(x, p.need_ple_in[layer])
+    int8.matmuls(wg, wg, wg, np.int64(1), a8, a8k, luts, g, g, g, threads, table)
+    ops.gated_act(g, inp, g, True)
+    b8, b8k = quantize(g, p.need_ple_out[layer])
+    int8.matmuls(wp, wp, wp, np.int64(1), b8, b8k, luts, y, y, y, threads, table)
+    norm(y, p.norm[layer], p.eps, y)
+
+
+@njit(nogil=True, cache=True)
 def forward(x, inp, mats, p, layer, luts, threads, table):
     # the end of layer `layer` on its output x (T, dim) in place: its per-layer input inp (T, E) where p.on,
     # then its scale where it has one
     if p.on:
-        T, dim = x.shape
-        E = inp.shape[1]
-        g = np.empty((T, E), np.float32)
-        wg, wp = mats[p.ple_gate[layer]], mats[p.ple_proj[layer]]
-        a8, a8k = quantize(x, p.need_ple_in[layer])
-        int8.matmuls(wg, wg, wg, np.int64(1), a8, a8k, luts, g, g, g, threads, table)
-        ops.gated_act(g, inp, g, True)
-        y = np.empty((T, dim), np.float32)
-        b8, b8k = quantize(g, p.need_ple_out[layer])
-        int8.matmuls(wp, wp, wp, np.int64(1), b8, b8k, luts, y, y, y, threads, table)
-        norm(y, p.norm[layer], p.eps, y)
+        y = np.empty(x.shape, np.float32)
+        project(x, inp, mats, p, layer, luts, threads, table, y)
         add(x, y)
     if p.scale[layer] != 0:
         x *= p.scale[layer]
