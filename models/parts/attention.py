@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from gguf.constants import MODEL_TENSOR as TN
 
+from . import norms
+
 if TYPE_CHECKING:
     from ...config import ModelConfig
     from ..decoder import ArchSpec, LayerWeights
@@ -85,7 +87,7 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
             kb.rmsnorm(kf, lw.k_norm, cfg.norm_eps, kf)
         if spec.v_norm:  # Gemma 4: V RMS-normed, no weights
             vf = v.reshape(t * cfg.n_kv_head, cfg.v_head_dim)
-            kb.rmsnorm(vf, kb.upload(np.ones(cfg.v_head_dim, np.float32)), cfg.norm_eps, vf)
+            kb.rmsnorm(vf, norms.ones(kb, cfg.v_head_dim), cfg.norm_eps, vf)
         if cfg.rope:
             kb.rope(k[:, :, : cfg.rope_dim] if cfg.rope_dim < cfg.head_dim else k, batch.positions, at.inv_freq,
                     cfg.rope_neox, cfg.rope_mscale)

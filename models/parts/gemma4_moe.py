@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from gguf.constants import MODEL_TENSOR as TN
 
-from . import ffn
+from . import ffn, norms
 
 if TYPE_CHECKING:
     from ...config import ModelConfig
@@ -49,7 +49,7 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
     dense = ffn.gated(kb, spec, h, lw.w_gate, lw.w_up, lw.w_down)
     kb.rmsnorm(dense, lw.post_ffn_norm_1, cfg.norm_eps, dense)
     r = kb.empty(x.shape)  # the router's input
-    kb.rmsnorm(x, kb.upload(np.ones(cfg.dim, f32)), cfg.norm_eps, r)
+    kb.rmsnorm(x, norms.ones(kb, cfg.dim), cfg.norm_eps, r)
     kb.scale_(r, f32(1.0) / f32(np.sqrt(f32(cfg.dim))))
     r *= lw.router_scale  # (the CPU's arrays: Gemma 4 runs there alone)
     ids, wts = kb.moe_route(r, lw.router, k, True, 0.0)

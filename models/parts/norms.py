@@ -3,8 +3,10 @@ per-op code is parts.residual; the compiled step's is kernels/cpu/parts/norms.py
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING
 
+import numpy as np
 from gguf.constants import MODEL_TENSOR as TN
 
 if TYPE_CHECKING:
@@ -29,3 +31,9 @@ def post(spec: ArchSpec, cfg: ModelConfig, block: str) -> list:
     """The norm on `block`'s output, where the architecture has one."""
     _, (field, tensor) = BLOCKS[block]
     return [((field,), tensor, "weight", (cfg.dim,), None)] if spec.post_norms else []
+
+
+@cache
+def ones(kb, n: int):
+    """A weightless RMS norm's weights (n ones), uploaded once per backend and size."""
+    return kb.upload(np.ones(n, np.float32))
