@@ -97,7 +97,8 @@ def rm(model):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--memory", is_flag=True, help="Estimate the memory a run needs: weights, KV per 1k tokens, buffers.")
 @click.option("--kv-type", type=click.Choice(KV_TYPES), default=None, help="KV type for --memory's pool.")
-@click.option("--max-context", type=click.IntRange(0, None), default=0, help="Context for --memory's pool.")
+@click.option("--max-context", type=click.IntRange(0, None), default=0,
+              help="Context for --memory's pool (0: as a run sizes it, by the memory available).")
 @click.option("--max-seqs", type=click.IntRange(0, None), default=0,
               help="Sequences at once for --memory (0: sized for the cores, as the engine does).")
 def inspect(model, as_json, memory, kv_type, max_context, max_seqs):
@@ -112,7 +113,12 @@ def inspect(model, as_json, memory, kv_type, max_context, max_seqs):
             from edgeinfer.config import EngineConfig
 
             config = EngineConfig(kv_dtype=kv_type or "", max_context=max_context, max_seqs=max_seqs)
-            s["memory"] = mem.report(estimate_file(gf, config), config)
+            why = "--max-context"
+            if not max_context:  # as a run would size it: by the memory available now
+                from edgeinfer.file_estimate import context_for_memory
+
+                config, why = context_for_memory(gf, config)
+            s["memory"] = {**mem.report(estimate_file(gf, config), config), "context_from": why}
     if as_json:
         click.echo(json.dumps(s))
         return
@@ -155,6 +161,7 @@ def inspect(model, as_json, memory, kv_type, max_context, max_seqs):
         for label, v in rows:
             click.echo(f"  {label:<{width}} {v:>8.1f} MB" if v is not None else f"  {label}")
         click.echo(f"  {'total when all is resident':<{width}} {m['total_mb']:>8.1f} MB")
+        click.echo(f"  context {m['max_context']} tokens: {m['context_from']}")
 
 
 def _short_count(n: int) -> str:

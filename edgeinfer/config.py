@@ -167,13 +167,15 @@ class EngineConfig:
     threads: int = 0  # 0: all available cores
     block_size: int = 16
     num_kv_blocks: int = 0  # 0: one full context's worth, shared by the running sequences (see memory.py)
-    kv_cache_mb: float = 512.0  # an upper bound on the KV pool when num_kv_blocks is 0
+    kv_cache_mb: float = 0.0  # an upper bound on the KV pool when num_kv_blocks is 0 (0: none, one full context)
     # KV storage: "f32"; "f16" (half of f32; the CPU default, as llama.cpp's); "q8_0" (int8 blocks of 32
     # with a float16 scale: 53% of f16). "" picks the backend's default (f16 on the CPU, f32 on CUDA).
     kv_dtype: str = ""
     max_seqs: int = 0  # 0: sized for the cores (4 per core, at least 8)
     max_num_batched_tokens: int = 512
-    max_context: int = 0  # 0: the model's context length, capped at DEFAULT_MAX_CONTEXT
+    # 0: sized by LLM: the model's trained context, cut to what memory allows (memory.context_for_memory); an
+    # engine made without LLM: the model's capped at DEFAULT_MAX_CONTEXT
+    max_context: int = 0
     backend: str = "cpu"
     # 0: none. Else the MB this model may use in all (runtime + weights + KV + buffers): the KV pool and
     # the number of sequences are sized to fit, or loading fails naming the smallest budget that fits.
@@ -186,8 +188,8 @@ class EngineConfig:
         for name in ("block_size", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.kv_cache_mb <= 0:
-            raise ValueError(f"kv_cache_mb must be > 0, got {self.kv_cache_mb}")
+        if self.kv_cache_mb < 0:
+            raise ValueError(f"kv_cache_mb must be >= 0, got {self.kv_cache_mb}")
         if self.backend not in ("cpu", "cuda"):
             raise ValueError(f"backend must be 'cpu' or 'cuda', got {self.backend!r}")
         if not self.kv_dtype:

@@ -1,13 +1,19 @@
 """What a GGUF file will need once loaded, read from its header without loading its weights: the
 weights as repacked (quant/repack.loaded_bytes), the KV per token of each KV type (the kernels' one
 table of KV row formats), the step's buffers (memory.estimate). `edgeinfer inspect --memory`, the
-server's budget and LLM's memory budget use it; the engine sizes its pool with memory.py alone."""
+server's budget and LLM's memory budget use it, and so does the sizing of a context nobody gave
+(context_for_memory); the engine sizes its pool with memory.py alone."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
+
+from . import memory
 from .config import EngineConfig
 from .kernels.kv_format import KV_FORMATS
 from .memory import Estimate, estimate
+from .memory_available import available_memory
 from .models import model_config
 from .quant.repack import loaded_bytes
 
@@ -44,3 +50,22 @@ def estimate_file(gf, config: EngineConfig) -> Estimate:
     n_expert = getattr(cfg, "n_expert", 0)
     active = active_weight_bytes(gf, n_expert, cfg.n_expert_used) if n_expert else 0
     return estimate(weight_bytes(gf), cfg, config, KV_FORMATS, active)
+
+
+def context_for_memory(gf, config: EngineConfig) -> tuple[EngineConfig, str]:
+    """config with the context of the model in an open GGUFFile sized to the memory available now
+    (memory.context_for_memory), and why that context, in words."""
+    est = estimate_file(gf, config)
+    available = available_memory()
+    if available is None:
+        return (replace(config, max_context=est.max_context),
+                f"the model's, capped at {memory.DEFAULT_MAX_CONTEXT} (the memory available could not be read)")
+    ctx, why = memory.context_for_memory(est, config, available)
+    return replace(config, max_context=ctx), why
+
+
+def fit_budget_for(gf, config: EngineConfig) -> EngineConfig:
+    """config with its context (where it gives none), KV pool and sequences sized to config.memory_budget_mb
+    for the model in an open GGUFFile."""
+    return memory.fit_budget([estimate_file(gf, config)], [config], config.memory_budget_mb,
+                             [os.path.basename(gf.path)])[0]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -76,8 +75,14 @@ class LLM:
         self.gguf = GGUFFile(self.path)
         # where loading goes, for `edgeinfer bench` (start-up breakdown), in seconds
         self.timings = {"open_s": time.perf_counter() - t0}
+        # the context: as given; else the trained one, cut to the budget or to the memory available now
+        self.context_note = "--max-context" if config.max_context else "the memory budget"
+        from .file_estimate import context_for_memory, fit_budget_for
+
         if config.memory_budget_mb:
             config = fit_budget_for(self.gguf, config)
+        elif not config.max_context:
+            config, self.context_note = context_for_memory(self.gguf, config)
         lap = time.perf_counter()
 
         def mark(name):
@@ -430,15 +435,6 @@ class LLM:
 
     def stats(self) -> dict:
         return self.engine.stats() if self.engine is not None else {}
-
-
-def fit_budget_for(gf: GGUFFile, config: EngineConfig) -> EngineConfig:
-    """config with its KV pool and sequences sized to config.memory_budget_mb for the model in gf."""
-    from . import memory
-    from .file_estimate import estimate_file
-
-    return memory.fit_budget([estimate_file(gf, config)], [config], config.memory_budget_mb,
-                             [os.path.basename(gf.path)])[0]
 
 
 __all__ = ["LLM", "Completion", "StreamChunk", "SamplingParams", "RequestOutput"]

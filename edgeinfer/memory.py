@@ -39,6 +39,12 @@ MB = 2**20
 # benchmarks/memory_report.py measures it). A budget is for the whole process, so both count.
 RUNTIME_BYTES = 165 * MB
 MIN_TOKENS_PER_SEQ = 256  # with a budget, the number of sequences is cut so each has at least this much KV
+# With no --max-context the context is the model's trained one, cut so that one context's KV takes at most
+# this share of the memory left once the model is loaded (without a budget: of what the machine, or the
+# container, has available when it loads; with a budget: all of what the budget leaves), never below
+# MIN_CONTEXT tokens.
+KV_SHARE = 0.5
+MIN_CONTEXT = 256
 
 
 class MemoryBudgetError(EdgeInferError):
@@ -59,6 +65,7 @@ class Estimate:
     window_blocks_per_seq: int = 0  # a running sequence's blocks in the window pool between steps (0: no pool)
     window_step_blocks: int = 0  # and a step's tokens' blocks, at most, whichever sequences they are of
     block_size: int = 16
+    trained_context: int = 0  # the model's own context length (its GGUF's context_length)
 
     def kv(self, kv_type: str, tokens: int) -> int:
         return self.kv_per_token[kv_type] * tokens
@@ -67,14 +74,43 @@ class Estimate:
         """The bytes of `blocks` blocks of the window pool."""
         return blocks * self.block_size * self.window_kv_per_token[kv_type] if self.window_blocks_per_seq else 0
 
+    def fixed(self, kv_type: str) -> int:
+        """What one running sequence needs whatever the context: weights, buffers, its window, its state."""
+        window = self.window_kv(kv_type, self.window_blocks_per_seq + self.window_step_blocks)
+        return self.weights + self.buffers + window + self.state_per_seq
+
     def minimum(self, kv_type: str) -> int:
         """This model's share of a budget with the smallest pool: one full context."""
-        window = self.window_kv(kv_type, self.window_blocks_per_seq + self.window_step_blocks)
-        return self.weights + self.buffers + self.kv(kv_type, self.max_context) + window + self.state_per_seq
+        return self.fixed(kv_type) + self.kv(kv_type, self.max_context)
+
+    def context_within(self, kv_type: str, room: int) -> int:
+        """The longest context, at most the trained one and a whole number of blocks, whose KV fits in room
+        bytes; at least MIN_CONTEXT tokens (or the trained context, if shorter)."""
+        trained = self.trained_context or self.max_context  # (0: an estimate made without a model)
+        per_token = self.kv_per_token[kv_type]
+        if per_token == 0:  # no layer holds KV for the whole context (a recurrent model): the trained one
+            return trained
+        fit = max(room, 0) // per_token // self.block_size * self.block_size
+        return min(trained, max(fit, MIN_CONTEXT))
 
 
 def max_context(cfg: ModelConfig, config: EngineConfig) -> int:
+    """config's context, or where it gives none (an engine made without LLM, which sizes it by memory:
+    context_for_memory) the model's capped at DEFAULT_MAX_CONTEXT."""
     return config.max_context or min(cfg.context_length, DEFAULT_MAX_CONTEXT)
+
+
+def context_for_memory(est: Estimate, config: EngineConfig, available: int) -> tuple[int, str]:
+    """With no --max-context and no budget: the trained context, cut so that one context's KV (of
+    config's KV type) takes at most KV_SHARE of the `available` bytes left once the model is loaded
+    (available: measured before loading it) -> (context, why, for the start-up line)."""
+    t = config.kv_dtype
+    room = int(KV_SHARE * (available - RUNTIME_BYTES - est.fixed(t)))
+    ctx = est.context_within(t, room)
+    if ctx >= est.trained_context:
+        return ctx, "the model's trained context"
+    return ctx, (f"the model's {est.trained_context} cut so its KV ({t}) takes at most {KV_SHARE:.0%} of the "
+                 f"{max(available - est.fixed(t), 0) / MB:.0f} MB left after the model (--max-context sets it)")
 
 
 def _ffn_rows(cfg: ModelConfig) -> tuple[int, int]:
@@ -117,14 +153,18 @@ def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig, kv_forma
                     buffers=buffers, max_context=ctx, active_weights=active_weights,
                     state_per_seq=2 * getattr(cfg, "state_bytes_per_seq", 0),  # its slot, and a checkpoint's
                     window_kv_per_token={t: f.bytes_per_token(win_cfg, n_window) for t, f in kv_formats.items()},
-                    window_blocks_per_seq=per_seq, window_step_blocks=-(-T // bs) if n_window else 0, block_size=bs)
+                    window_blocks_per_seq=per_seq, window_step_blocks=-(-T // bs) if n_window else 0, block_size=bs,
+                    trained_context=cfg.context_length)
 
 
 def default_blocks(est: Estimate, config: EngineConfig) -> int:
-    """The pool without a budget: one full context, within config.kv_cache_mb."""
+    """The pool without a budget: one full context (within config.kv_cache_mb, where that is set)."""
     bs = config.block_size
     per_block = max(est.kv_per_token[config.kv_dtype] * bs, 1)  # 0 for a model with no attention layer
-    return max(1, min(-(-est.max_context // bs), int(config.kv_cache_mb * MB // per_block)))
+    blocks = -(-est.max_context // bs)
+    if config.kv_cache_mb:
+        blocks = min(blocks, int(config.kv_cache_mb * MB // per_block))
+    return max(1, blocks)
 
 
 def window_blocks(est: Estimate, config: EngineConfig, blocks: int) -> int:
@@ -151,6 +191,7 @@ def fit_budget(estimates: list[Estimate], configs: list[EngineConfig], budget_mb
     Raises MemoryBudgetError naming the parts and the smallest budget that would fit."""
     names = names or [f"model {i + 1}" for i in range(len(estimates))]
     budget = int(budget_mb * MB)
+    estimates = _contexts_within(estimates, configs, budget)
     need = RUNTIME_BYTES + sum(e.minimum(c.kv_dtype) for e, c in zip(estimates, configs))
     if need > budget:
         parts = [f"runtime {RUNTIME_BYTES / MB:.0f} MB"]
@@ -177,6 +218,24 @@ def fit_budget(estimates: list[Estimate], configs: list[EngineConfig], budget_mb
         blocks = max(ctx_blocks, min(blocks, c.seqs_limit * ctx_blocks))
         seqs = max(1, min(c.seqs_limit, blocks * bs // MIN_TOKENS_PER_SEQ, 1 + state_seqs))
         out.append(replace(c, num_kv_blocks=int(blocks), max_seqs=int(seqs), max_context=e.max_context))
+    return out
+
+
+def _contexts_within(estimates: list[Estimate], configs: list[EngineConfig], budget: int) -> list[Estimate]:
+    """The estimates with the context of each model given none (config.max_context 0) sized to the budget:
+    what the budget leaves after the runtime, every model's fixed needs and the given contexts' KV, shared
+    in proportion to the KV of each one's trained context (so every such model's context is cut by the same
+    factor, if at all)."""
+    auto = [i for i, c in enumerate(configs) if not c.max_context]
+    if not auto:
+        return estimates
+    room = budget - RUNTIME_BYTES - sum(e.fixed(c.kv_dtype) for e, c in zip(estimates, configs)) \
+        - sum(e.kv(c.kv_dtype, e.max_context) for i, (e, c) in enumerate(zip(estimates, configs)) if i not in auto)
+    want = [estimates[i].kv(configs[i].kv_dtype, estimates[i].trained_context) for i in auto]
+    out = list(estimates)
+    for i, w in zip(auto, want):
+        share = room * w // sum(want) if sum(want) else room
+        out[i] = replace(estimates[i], max_context=estimates[i].context_within(configs[i].kv_dtype, share))
     return out
 
 

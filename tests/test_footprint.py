@@ -129,15 +129,22 @@ def test_memory_budget_sizes_the_pool_or_names_the_smallest(tmp_path):
         from edgeinfer.models import model_config
 
         est = memory.estimate(weight_bytes(gf), model_config(gf), EngineConfig(), KV_FORMATS)
-    smallest = memory.RUNTIME_BYTES + est.minimum("f16")
+    smallest = memory.RUNTIME_BYTES + est.minimum("f16")  # the trained context, 512 tokens
+    # a budget a byte short of it: the context is cut to the whole blocks that fit (with --max-context, an error)
+    cut = LLM(str(p), memory_budget_mb=(smallest - 1) / memory.MB, progress=False)
+    assert cut.engine.max_context == 512 - 16 and cut.engine.block_manager.num_blocks == 496 // 16
+    with pytest.raises(MemoryBudgetError, match="KV for one 512-token context"):
+        LLM(str(p), memory_budget_mb=(smallest - 1) / memory.MB, max_context=512, progress=False)
+    # never below memory.MIN_CONTEXT tokens: a budget short of that names the smallest that fits
+    least = smallest - est.kv("f16", 512 - memory.MIN_CONTEXT)
     with pytest.raises(MemoryBudgetError) as e:
-        LLM(str(p), memory_budget_mb=(smallest - 1) / memory.MB, progress=False)
+        LLM(str(p), memory_budget_mb=(least - 1) / memory.MB, progress=False)
     msg = str(e.value)
-    assert f"the smallest budget that fits is {-(-smallest // memory.MB)} MB" in msg
-    assert "weights" in msg and "KV for one 512-token context" in msg
-    # q8_0 needs less: a budget f16 misses can fit it
+    assert f"the smallest budget that fits is {-(-least // memory.MB)} MB" in msg
+    assert "weights" in msg and f"KV for one {memory.MIN_CONTEXT}-token context" in msg
+    # q8_0 needs less: a budget too small for f16's whole context holds q8_0's
     q8 = LLM(str(p), memory_budget_mb=(smallest - 1) / memory.MB, kv_type="q8_0", progress=False)
-    assert q8.engine.block_manager.num_blocks * 16 >= 512
+    assert q8.engine.max_context == 512 and q8.engine.block_manager.num_blocks * 16 >= 512
     # a roomy budget: more KV than one context, never more than a context per sequence
     big = LLM(str(p), memory_budget_mb=smallest / memory.MB + 4, progress=False)
     blocks = big.engine.block_manager.num_blocks

@@ -113,6 +113,7 @@ def test_two_concurrent_requests_load_a_model_once(models_dir):
     finally:
         log = output(s)
     assert log.count("loaded b (") == 1, log
+    assert "context 4096 tokens: the model's trained context)" in log  # what it chose, and why
 
 
 def test_unknown_and_refused_models(lazy, models_dir, tmp_path):

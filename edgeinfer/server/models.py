@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -180,11 +181,14 @@ class ModelManager(Servables):
             await asyncio.wait([after])
         try:
             try:
-                info = await asyncio.to_thread(describe, sm.source, sm.engine_config)
+                info = await asyncio.to_thread(describe, sm.source, sm.engine_config, not self.budget)
             except Exception as e:
                 raise P.APIError(500, f"model {sm.name!r} failed to load: {type(e).__name__}: {e}") from None
             sm.size, sm.details = info["size"], info["details"]
             sm.parts = {k: info[k] for k in ("weights", "buffers", "kv")}
+            if not sm.engine_config.max_context:  # the context counted is the one it gets
+                sm.engine_config = replace(sm.engine_config, max_context=info["max_context"])
+            sm.context_from = info["context_from"]
             if budget and self.budget:
                 await self._make_room(sm)
             await asyncio.to_thread(sm.load)
@@ -203,7 +207,8 @@ class ModelManager(Servables):
         self.startup_errors.pop(sm.name, None)
         sm.status = "loaded"
         sm.last_used = time.monotonic()
-        print(f"loaded {sm.name} ({sm.size / memory.MB:.0f} MB estimated)", file=sys.stderr, flush=True)
+        ctx = f"; context {sm.llm.engine.max_context} tokens: {sm.context_from}" if sm.llm.engine else ""
+        print(f"loaded {sm.name} ({sm.size / memory.MB:.0f} MB estimated{ctx})", file=sys.stderr, flush=True)
         if sm.name in self.startup_pending:
             self.startup_pending.discard(sm.name)
             if not self.startup_pending and not self.startup_errors:

@@ -45,15 +45,25 @@ def _refused(name: str, why: str) -> P.APIError:
                       code="model_path_not_allowed")
 
 
-def describe(path: str, config: EngineConfig) -> dict:
+def describe(path: str, config: EngineConfig, by_memory: bool = False) -> dict:
     """What the server says about a model before loading it: its estimated bytes in memory (weights,
-    step buffers and the KV pool its engine config allocates; edgeinfer.memory) and Ollama's details."""
+    step buffers and the KV pool its engine config allocates; edgeinfer.memory), Ollama's details, and the
+    context it counted (max_context; context_from: why). A config with no context: with by_memory, the
+    model's trained context cut to the memory available (as LLM sizes it), else (under the server's memory
+    budget) the model's capped at memory.DEFAULT_MAX_CONTEXT."""
     from ..gguf_file import GGUFFile
     from ..info import parameters
 
     with GGUFFile(path) as gf:
         from ..file_estimate import estimate_file  # reads the file's tensors: models and quant, loaded lazily
 
+        why = "as configured (--max-context, or the memory budget)"
+        if not config.max_context:
+            why = f"the model's, capped at {memory.DEFAULT_MAX_CONTEXT} under the memory budget"
+            if by_memory:
+                from ..file_estimate import context_for_memory
+
+                config, why = context_for_memory(gf, config)
         est = estimate_file(gf, config)
         arch = gf.architecture
         n_params = parameters(gf)[0]
@@ -63,6 +73,7 @@ def describe(path: str, config: EngineConfig) -> dict:
     quant = max(by_bytes, key=by_bytes.get) if by_bytes else ""
     size = f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{n_params / 1e6:.1f}M"
     return {"size": est.weights + est.buffers + kv, "weights": est.weights, "buffers": est.buffers, "kv": kv,
+            "max_context": est.max_context, "context_from": why,
             "details": {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
                         "parameter_size": size, "quantization_level": quant}}
 

@@ -40,6 +40,7 @@ class ServedModel:
         self.expires_at: datetime | None = None  # when idle with a timer running
         self.size = 0  # estimated bytes (describe)
         self.parts: dict = {}
+        self.context_from = ""  # why its context is what it is (describe)
         self.details: dict = {}
         self.digest = ""
         self.task: asyncio.Task | None = None  # the load
