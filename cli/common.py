@@ -3,6 +3,7 @@ loading a model with them."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import click
@@ -28,13 +29,33 @@ def sampling_options(f, temperature: float = 0.8):
     return engine_options(f)
 
 
-def engine_options(f, budget: bool = True):
-    """--kv-type, --max-context and (where a budget applies) --memory-budget."""
-    opts = [
+def kv_type_options(f):
+    """--kv-type, --kv-type-k and --kv-type-v, passed on as one `kv_type`: "T", or "K/V" where K's and V's
+    differ (a side not given: --kv-type's, else the backend's default; config.kv_type_name)."""
+    @functools.wraps(f)
+    def combined(*args, kv_type_k=None, kv_type_v=None, **kw):
+        kv = kw.get("kv_type")
+        if kv_type_k or kv_type_v:
+            kw["kv_type"] = f"{kv_type_k or kv or ''}/{kv_type_v or kv or ''}"
+        return f(*args, **kw)
+
+    for opt in reversed([
         click.option("--kv-type", type=click.Choice(KV_TYPES), default=None,
-                     help="KV cache storage (default: f16 on the CPU, f32 on CUDA); q8_0 needs about half of f16."),
+                     help="KV cache storage, K and V (default: f16 on the CPU, f32 on CUDA); q8_0 needs about half "
+                          "of f16."),
+        click.option("--kv-type-k", type=click.Choice(KV_TYPES), default=None, help="K's storage alone."),
+        click.option("--kv-type-v", type=click.Choice(KV_TYPES), default=None, help="V's storage alone."),
+    ]):
+        combined = opt(combined)
+    return combined
+
+
+def engine_options(f, budget: bool = True):
+    """--kv-type (--kv-type-k, --kv-type-v), --max-context and (where a budget applies) --memory-budget."""
+    opts = [
         click.option("--max-context", type=click.IntRange(0, None), default=0,
-                     help="Tokens per sequence at most (default: the model's context, capped at 4096)."),
+                     help="Tokens per sequence at most (default: the model's trained context, cut to what the "
+                          "memory available allows)."),
     ]
     if budget:
         opts.append(click.option("--memory-budget", "memory_budget", type=click.FloatRange(0, None), default=0.0,
@@ -42,7 +63,7 @@ def engine_options(f, budget: bool = True):
                                       "(an error names the smallest budget that would)."))
     for opt in reversed(opts):
         f = opt(f)
-    return f
+    return kv_type_options(f)
 
 
 def constraint_options(f):

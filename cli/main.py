@@ -8,9 +8,10 @@ import sys
 import click
 
 from edgeinfer import registry
-from edgeinfer.config import KV_TYPES
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf_file import GGUFError
+
+from .common import kv_type_options
 
 
 class _Group(click.Group):
@@ -96,11 +97,11 @@ def rm(model):
 @click.argument("model")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--memory", is_flag=True, help="Estimate the memory a run needs: weights, KV per 1k tokens, buffers.")
-@click.option("--kv-type", type=click.Choice(KV_TYPES), default=None, help="KV type for --memory's pool.")
 @click.option("--max-context", type=click.IntRange(0, None), default=0,
               help="Context for --memory's pool (0: as a run sizes it, by the memory available).")
 @click.option("--max-seqs", type=click.IntRange(0, None), default=0,
               help="Sequences at once for --memory (0: sized for the cores, as the engine does).")
+@kv_type_options
 def inspect(model, as_json, memory, kv_type, max_context, max_seqs):
     """Show a model's architecture, sizes, tokenizer and tensor types (--memory: what a run needs)."""
     from edgeinfer.info import summarize

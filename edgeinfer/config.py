@@ -160,6 +160,19 @@ KV_TYPES = ("f32", "f16", "q8_0")
 DEFAULT_MAX_CONTEXT = 4096  # tokens per sequence when the caller does not say: an edge box's KV budget
 
 
+def kv_type_name(kv: str, default: str = "f16") -> str:
+    """A KV type as given, "T" (K and V both T) or "K/V" (either side empty: `default`), as the one name of
+    K's and V's types where they agree, else "K/V" (kernels/kv_format.kv_name). ValueError on an unknown type."""
+    k, slash, v = kv.partition("/")
+    k = k or default
+    v = (v or default) if slash else k
+    for t in (k, v):
+        if t not in KV_TYPES:
+            raise ValueError(f"KV type {t!r} is not one of {', '.join(KV_TYPES)} (K's and V's may differ: "
+                             "K/V, as q8_0/f16)")
+    return k if k == v else f"{k}/{v}"
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs: threads, KV cache size, batching limits, backend."""
@@ -169,7 +182,8 @@ class EngineConfig:
     num_kv_blocks: int = 0  # 0: one full context's worth, shared by the running sequences (see memory.py)
     kv_cache_mb: float = 0.0  # an upper bound on the KV pool when num_kv_blocks is 0 (0: none, one full context)
     # KV storage: "f32"; "f16" (half of f32; the CPU default, as llama.cpp's); "q8_0" (int8 blocks of 32
-    # with a float16 scale: 53% of f16). "" picks the backend's default (f16 on the CPU, f32 on CUDA).
+    # with a float16 scale: 53% of f16); or "K/V", K and V each its own (as llama.cpp's -ctk, -ctv; "q8_0/f16").
+    # "" picks the backend's default (f16 on the CPU, f32 on CUDA). Kept as one name where K's and V's agree.
     kv_dtype: str = ""
     max_seqs: int = 0  # 0: sized for the cores (4 per core, at least 8)
     max_num_batched_tokens: int = 512
@@ -192,10 +206,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_mb must be >= 0, got {self.kv_cache_mb}")
         if self.backend not in ("cpu", "cuda"):
             raise ValueError(f"backend must be 'cpu' or 'cuda', got {self.backend!r}")
-        if not self.kv_dtype:
-            object.__setattr__(self, "kv_dtype", "f32" if self.backend == "cuda" else "f16")
-        if self.kv_dtype not in KV_TYPES:
-            raise ValueError(f"kv_dtype must be one of {', '.join(KV_TYPES)}, got {self.kv_dtype!r}")
+        default = "f32" if self.backend == "cuda" else "f16"
+        object.__setattr__(self, "kv_dtype", kv_type_name(self.kv_dtype or default, default))
         if self.backend == "cuda" and self.kv_dtype != "f32":
             raise ValueError(f"the CUDA backend has no {self.kv_dtype} KV cache yet: use kv type 'f32'")
         if self.memory_budget_mb < 0:

@@ -149,12 +149,23 @@ def estimate(weight_bytes: int, cfg: ModelConfig, config: EngineConfig, kv_forma
     # each pool's rows (Gemma 4's sliding-window layers have rows of their own shape)
     full_cfg, win_cfg = (replace(cfg, **dict(zip(("n_kv_head", "head_dim", "v_head_dim"), cfg.pool_shape(w))))
                          for w in (False, True))
-    return Estimate(weights=weight_bytes, kv_per_token={t: f.bytes_per_token(full_cfg, full) for t, f in kv_formats.items()},
+    return Estimate(weights=weight_bytes, kv_per_token=_per_token(kv_formats, full_cfg, full),
                     buffers=buffers, max_context=ctx, active_weights=active_weights,
                     state_per_seq=2 * getattr(cfg, "state_bytes_per_seq", 0),  # its slot, and a checkpoint's
-                    window_kv_per_token={t: f.bytes_per_token(win_cfg, n_window) for t, f in kv_formats.items()},
+                    window_kv_per_token=_per_token(kv_formats, win_cfg, n_window),
                     window_blocks_per_seq=per_seq, window_step_blocks=-(-T // bs) if n_window else 0, block_size=bs,
                     trained_context=cfg.context_length)
+
+
+def _per_token(kv_formats: dict, cfg: ModelConfig, n_layers: int) -> dict:
+    """KV type -> bytes one token's K and V take in n_layers layers of cfg's shape: every type for both, then
+    every K/V pair of two ("q8_0/f16": K's rows in the first, V's in the second)."""
+    out = {t: f.bytes_per_token(cfg, n_layers) for t, f in kv_formats.items()}
+    for k, fk in kv_formats.items():
+        for v, fv in kv_formats.items():
+            if k != v:
+                out[f"{k}/{v}"] = n_layers * cfg.n_kv_head * (fk.row_bytes(cfg.head_dim) + fv.row_bytes(cfg.v_head_dim))
+    return out
 
 
 def default_blocks(est: Estimate, config: EngineConfig) -> int:
@@ -245,7 +256,8 @@ def report(est: Estimate, config: EngineConfig) -> dict:
     kv = pool_bytes(est, config, blocks)
     out = {
         "weights_mb": round(est.weights / MB, 1),
-        "kv_mb_per_1k_tokens": {t: round(b * 1000 / MB, 2) for t, b in est.kv_per_token.items()},
+        "kv_mb_per_1k_tokens": {t: round(b * 1000 / MB, 2) for t, b in est.kv_per_token.items()
+                                if "/" not in t or t == config.kv_dtype},  # each type, and the pair in use
         "buffers_mb": round(est.buffers / MB, 1),
         "runtime_mb": round(RUNTIME_BYTES / MB, 1),
         "max_context": est.max_context,
@@ -257,7 +269,7 @@ def report(est: Estimate, config: EngineConfig) -> dict:
     if est.window_blocks_per_seq:  # sliding-window layers: a window per running sequence, in a pool of their own
         bs, wb = config.block_size, window_blocks(est, config, blocks)
         out["window_kv_mb_per_seq"] = {t: round(est.window_kv(t, est.window_blocks_per_seq) / MB, 2)
-                                       for t in est.window_kv_per_token}
+                                       for t in est.window_kv_per_token if "/" not in t or t == config.kv_dtype}
         out["window_kv_pool_mb"] = round(est.window_kv(config.kv_dtype, wb) / MB, 1)
         out["window_kv_tokens_per_seq"] = est.window_blocks_per_seq * bs
         out["window_kv_step_tokens"] = est.window_step_blocks * bs  # a step's tokens, whichever sequences'

@@ -10,6 +10,10 @@ A cache is, per layer, (n_slots, n_kv_head, row_len(d)) elements of `storage`:
   f16   float16 bit patterns (uint16): half of f32, the CPU default (as llama.cpp's)
   q8_0  int8: the row's d quants (blocks of 32), then the blocks' float16 scales as little-endian byte
         pairs: d + d/16 bytes, 1.0625 bytes per value (llama.cpp's q8_0 block: 34 bytes per 32 values)
+
+K and V may have types of their own: a KV type is one name (both) or "K/V" (`kv_pair`, `kv_name`), as
+llama.cpp's -ctk and -ctv. Each cache array is in its own type's rows; the kernels read each by its
+array's element type.
 """
 
 from __future__ import annotations
@@ -29,19 +33,34 @@ class KVFormat:
         """Elements in one row of d values: d, or d quants + 2 bytes of scale per block."""
         return d + 2 * d // self.block if self.block else d
 
-    def check(self, head_dim: int, v_head_dim: int) -> None:
-        """ValueError when a model's head sizes do not fit this format's blocks."""
-        if self.block and (head_dim % self.block or v_head_dim % self.block):
+    def check(self, *dims: int) -> None:
+        """ValueError when a model's head sizes (of the rows this format holds) do not fit its blocks."""
+        if self.block and any(d % self.block for d in dims):
             raise ValueError(f"a {self.name} KV cache needs head sizes that are multiples of {self.block} (this "
-                             f"model's are {head_dim} and {v_head_dim}): use kv_type 'f16'")
+                             f"model's are {' and '.join(map(str, dims))}): use kv_type 'f16'")
+
+    def row_bytes(self, d: int) -> int:
+        return self.row_len(d) * np.dtype(self.storage).itemsize
 
     def bytes_per_token(self, cfg, n_layers: int | None = None) -> int:
         """Bytes one token's K and V take in every attention layer of a model config cfg (a recurrent
         layer keeps none), or in n_layers of them."""
-        row = self.row_len(cfg.head_dim) + self.row_len(cfg.v_head_dim)
         n = len(cfg.kv_layers) if n_layers is None else n_layers
-        return n * cfg.n_kv_head * row * np.dtype(self.storage).itemsize
+        return n * cfg.n_kv_head * (self.row_bytes(cfg.head_dim) + self.row_bytes(cfg.v_head_dim))
+
+
+def kv_pair(kv: str) -> tuple[str, str]:
+    """A KV type, one name (K and V both) or "K/V", as (K's type, V's)."""
+    k, _, v = kv.partition("/")
+    return k, v or k
+
+
+def kv_name(k: str, v: str) -> str:
+    """The KV type of K in k and V in v: one name where they are the same."""
+    return k if k == v else f"{k}/{v}"
 
 
 KV_FORMATS = {f.name: f for f in (KVFormat("f32", np.float32), KVFormat("f16", np.uint16),
                                   KVFormat("q8_0", np.int8, 32))}
+# every KV type: each format for K with each for V
+KV_TYPES_ALL = tuple(kv_name(k, v) for k in KV_FORMATS for v in KV_FORMATS)

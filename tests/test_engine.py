@@ -187,7 +187,7 @@ def test_float32_and_float16_kv_caches(tiny_llama_path):
 
 
 def test_engine_config_validation():
-    for kwargs, fragment in [({"kv_dtype": "f8"}, "kv_dtype"), ({"block_size": 0}, "block_size"),
+    for kwargs, fragment in [({"kv_dtype": "f8"}, "KV type 'f8' is not one of"), ({"block_size": 0}, "block_size"),
                              ({"threads": -1}, "threads"), ({"kv_cache_mb": -1}, "kv_cache_mb"),
                              ({"backend": "tpu"}, "backend")]:
         with pytest.raises(ValueError, match=fragment):

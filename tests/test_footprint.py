@@ -101,6 +101,50 @@ def test_q8_0_kv_against_f16_kv_on_a_tiny_model(tmp_path, seed):
     assert together == alone  # batched or alone, the same greedy tokens
 
 
+def test_k_and_v_of_their_own_types_through_the_engine(tmp_path):
+    """K in q8_0 and V in f16 (and the other way): the compiled step and the per-op forward agree bit for bit,
+    and so do a batch and each prompt alone; the memory estimate counts each half in its own type."""
+    from edgeinfer import memory
+
+    p = tmp_path / "g.gguf"
+    write_tiny_gemma3(p, qtype=T.Q8_0, seed=3)
+    m = load_model(GGUFFile(p), kb)
+    ids = np.random.default_rng(3).integers(3, 200, 40)
+    f16, q8 = forward_logits(m, "f16", ids), forward_logits(m, "q8_0", ids)
+    for kv in ("q8_0/f16", "f16/q8_0"):
+        step = forward_logits(m, kv, ids)
+        c = m.cfg
+        n = len(ids)
+        cache = KVCache(c.n_layer, -(-n // 4), 4, c.n_kv_head, c.head_dim, c.v_head_dim, dtype=kv, kb=kb)
+        per_op = m.forward_per_op(Batch(ids, np.arange(n), np.zeros(n), np.arange(n), np.arange(-(-n // 4))[None],
+                                        np.arange(n)), cache)
+        np.testing.assert_array_equal(step, per_op)
+        assert not np.array_equal(step, f16) and not np.array_equal(step, q8)  # each half is read in its own type
+        assert np.abs(step - f16).max() < 0.15 * f16.std()
+    llm = LLM(str(p), kv_type="q8_0/f16", progress=False)
+    assert (llm.engine.cache.k.dtype, llm.engine.cache.v.dtype) == (np.int8, np.uint16)
+    est = memory.estimate(0, llm.config, llm.engine.config, kb.KV_FORMATS)
+    assert est.kv_per_token["q8_0/f16"] * 2 == est.kv_per_token["q8_0"] + est.kv_per_token["f16"]
+    prompts = ["<start_of_turn>user\nhi", "hello there", "<start_of_turn>user\nhi again"]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    together = [c.token_ids for c in llm.generate(prompts, params)]
+    assert together == [llm.generate(pr, params)[0].token_ids for pr in prompts]
+
+
+def test_k_and_v_types_from_the_cli(tmp_path):
+    from edgeinfer.cli.main import main
+
+    p = tmp_path / "g.gguf"
+    write_tiny_gemma3(p, qtype=T.Q8_0)
+    r = CliRunner().invoke(main, ["generate", str(p), "hi", "-n", "2", "--kv-type-k", "q8_0", "--kv-type-v", "f16"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["inspect", str(p), "--memory", "--json", "--kv-type", "f32", "--kv-type-v", "q8_0"])
+    m = json.loads(r.output)["memory"]
+    assert m["default_kv_type"] == "f32/q8_0" and set(m["kv_mb_per_1k_tokens"]) == {"f32", "f16", "q8_0", "f32/q8_0"}
+    r = CliRunner().invoke(main, ["generate", str(p), "hi", "--kv-type-k", "q4_0"])
+    assert r.exit_code == 2 and "'q4_0' is not one of" in r.output
+
+
 def test_kv_type_defaults_and_errors(tiny_llama_path):
     assert EngineConfig().kv_dtype == "f16"
     assert EngineConfig(backend="cuda").kv_dtype == "f32"

@@ -12,7 +12,8 @@ from ..pages import MADV_NOHUGEPAGE, madvise
 
 class KVCache:
     """Paged KV storage: for each attention layer, (n_blocks * block_size) slots of n_kv_head rows in the
-    row format `dtype` names (f32, f16 bits or q8_0 blocks; kernels/kv_format.py). The attention kernel
+    row format `dtype` names (f32, f16 bits or q8_0 blocks; kernels/kv_format.py), or "K/V" (K's rows in one,
+    V's in the other: k_dtype, v_dtype). The attention kernel
     widens or dequantizes as it reads. kb: the backend the cache is for (its row formats and its arrays).
 
     kv_layers: the model layers that have KV, in order (None: all n_layer); `layer(i)` is model layer i's
@@ -60,13 +61,18 @@ class KVCache:
     def __init__(self, n_layer: int, n_blocks: int, block_size: int, n_kv_head: int, head_dim: int,
                  v_head_dim: int, dtype: str = "f32", *, kb, kv_layers=None, window_layers=(), n_window_blocks=0,
                  window_shape=None):
-        if dtype not in kb.KV_FORMATS:
-            raise ValueError(f"kv cache dtype must be one of {', '.join(kb.KV_FORMATS)}, got {dtype!r}")
-        fmt = kb.KV_FORMATS[dtype]
-        fmt.check(head_dim, v_head_dim)
+        k_type, _, v_type = dtype.partition("/")  # "K/V": K's and V's rows each in their own format
+        v_type = v_type or k_type
+        for t in (k_type, v_type):
+            if t not in kb.KV_FORMATS:
+                raise ValueError(f"kv cache dtype must be one of {', '.join(kb.KV_FORMATS)} (or K/V), got {dtype!r}")
+        fk, fv = kb.KV_FORMATS[k_type], kb.KV_FORMATS[v_type]
+        fk.check(head_dim)
+        fv.check(v_head_dim)
         self.n_blocks = n_blocks
         self.block_size = block_size
         self.dtype = dtype
+        self.k_dtype, self.v_dtype = k_type, v_type
         kv_layers = tuple(range(n_layer)) if kv_layers is None else tuple(kv_layers)
         window_layers = [i for i in kv_layers if i in set(window_layers)] if n_window_blocks else []
         full = [i for i in kv_layers if i not in window_layers]
@@ -80,12 +86,13 @@ class KVCache:
         self.state_index: dict = {}  # a recurrent layer -> its index in its kind's state arrays
         n_slots = n_blocks * block_size
         w_slots = max(self.n_window_blocks * block_size, 1)
-        self.k = kb.zeros((len(full), n_slots, n_kv_head, fmt.row_len(head_dim)), fmt.storage)
-        self.v = kb.zeros((len(full), n_slots, n_kv_head, fmt.row_len(v_head_dim)), fmt.storage)
+        self.k = kb.zeros((len(full), n_slots, n_kv_head, fk.row_len(head_dim)), fk.storage)
+        self.v = kb.zeros((len(full), n_slots, n_kv_head, fv.row_len(v_head_dim)), fv.storage)
         w_heads, w_dim, w_vdim = window_shape or (n_kv_head, head_dim, v_head_dim)  # (Gemma 4's are their own)
-        fmt.check(w_dim, w_vdim)
-        self.wk = kb.zeros((len(window_layers), w_slots, w_heads, fmt.row_len(w_dim)), fmt.storage)
-        self.wv = kb.zeros((len(window_layers), w_slots, w_heads, fmt.row_len(w_vdim)), fmt.storage)
+        fk.check(w_dim)
+        fv.check(w_vdim)
+        self.wk = kb.zeros((len(window_layers), w_slots, w_heads, fk.row_len(w_dim)), fk.storage)
+        self.wv = kb.zeros((len(window_layers), w_slots, w_heads, fv.row_len(w_vdim)), fv.storage)
         # Each layer touches its own slice: with transparent huge pages, the first token would make
         # every layer's K and V resident 2 MB at a time. Small pages keep memory to the blocks used.
         for a in (self.k, self.v, self.wk, self.wv):

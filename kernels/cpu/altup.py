@@ -226,5 +226,5 @@ def run(stack, part: AltupPart, streams, batch, cache, ple) -> np.ndarray:
     return forward_layers(streams, batch.positions, batch.token_seq, batch.slot_mapping, batch.block_tables,
                           batch.window_slots, batch.window_tables, batch.logits_idx, cache.block_size, cache.where,
                           cache.k, cache.v, cache.wk, cache.wv, stack.mats, stack.norms, stack.attn, stack.ffn,
-                          quant.HALF_TO_F32, numba.get_num_threads(), stack.units_for(cache.k.dtype), ple, stack.ple,
-                          part)
+                          quant.HALF_TO_F32, numba.get_num_threads(), stack.units_for(cache.k.dtype, cache.v.dtype),
+                          ple, stack.ple, part)

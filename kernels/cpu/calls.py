@@ -18,7 +18,7 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from ..kinds import COUNT
-from ..kv_format import KV_FORMATS
+from ..kv_format import KV_FORMATS, KV_TYPES_ALL, kv_pair
 from . import simd
 
 # -- the call -------------------------------------------------------------------------------------
@@ -89,13 +89,20 @@ def slot(kind, tokens):
     return kind + SMALL if tokens <= simd.SMALL_TOKENS else kind
 
 
-KV_DTYPES = {name: f.storage for name, f in KV_FORMATS.items()}  # KV cache element type per KV type
+# every KV type (one for both, or K/V: kv_format.KV_TYPES_ALL) -> the element types of its K and V arrays
+KV_DTYPES = {name: tuple(KV_FORMATS[t].storage for t in kv_pair(name)) for name in KV_TYPES_ALL}
+
+
+def kv_type_of(k_dtype, v_dtype) -> str:
+    """The KV type whose K and V arrays have these element types."""
+    return next(kv for kv, (k, v) in KV_DTYPES.items() if np.dtype(k) == np.dtype(k_dtype)
+                and np.dtype(v) == np.dtype(v_dtype))
 
 
 def attention_sig(kv: str) -> tuple:
-    """attention.paged_attention's argument types for a KV cache of type kv (config.KV_TYPES)."""
-    c = types.Array(from_dtype(np.dtype(KV_DTYPES[kv])), 3, "C")
+    """attention.paged_attention's argument types for a KV cache of type kv (KV_DTYPES' names)."""
+    k, v = (types.Array(from_dtype(np.dtype(d)), 3, "C") for d in KV_DTYPES[kv])
     f3 = types.Array(types.float32, 3, "C")
     i1 = types.Array(types.int64, 1, "C")
-    return (f3, c, c, i1, i1, types.Array(types.int32, 2, "C"), types.int64, types.float32, types.int64,
+    return (f3, k, v, i1, i1, types.Array(types.int32, 2, "C"), types.int64, types.float32, types.int64,
             types.float32, types.Array(types.float32, 1, "C"), f3)

@@ -49,7 +49,7 @@ def step_sig(kv: str) -> tuple:
     from . import step
 
     return tuple(types.ListType(numba.typeof(a[0])) if isinstance(a, list) else numba.typeof(a)
-                 for a in step.stand_in_args(units.KV_DTYPES[kv]))
+                 for a in step.stand_in_args(*units.KV_DTYPES[kv]))
 
 
 def resolve(ref: tuple):

@@ -31,7 +31,7 @@ from numba.extending import intrinsic
 
 from ..kinds import QUANTIZED, is_dense
 from . import moe as moe_kernels
-from . import quant, units
+from . import calls, quant, units
 from .calls import call_codegen, check
 from .parts import attention, deltanet, ffn, mamba2, norms, per_layer, shortconv
 from .parts import moe as moe_part
@@ -92,12 +92,13 @@ class LayerStack:
         return cls(cfg, layers, inv_freqs, table, kinds, int(qk_norm), post_norms, gelu, qkv_bias, pre_norms, moe,
                    shared_expert, sinks, oai, attn_gate, feed_forward, moe_scored, shared_gate, v_norm, g4_moe)
 
-    def units_for(self, kv_dtype) -> np.ndarray:
-        """The unit addresses for a KV cache of this dtype: this model's matmul families and attention."""
-        t = self._tables.get(kv_dtype)
+    def units_for(self, k_dtype, v_dtype) -> np.ndarray:
+        """The unit addresses for a KV cache whose K and V arrays have these element types: this model's matmul
+        families and attention."""
+        key = (np.dtype(k_dtype), np.dtype(v_dtype))
+        t = self._tables.get(key)
         if t is None:
-            kv = next(k for k, d in units.KV_DTYPES.items() if np.dtype(d) == np.dtype(kv_dtype))
-            t = self._tables[kv_dtype] = self.table.for_kinds(self.kinds, kv)
+            t = self._tables[key] = self.table.for_kinds(self.kinds, calls.kv_type_of(*key))
             if self.moe.n_expert:
                 t[units.EXPERTS] = units.address(moe_part.forward, experts_sig())
             for name, part in (("shortconv", self.conv), ("deltanet", self.delta), ("mamba2", self.mamba)):
@@ -119,13 +120,14 @@ class LayerStack:
     def run(self, x, batch, cache, ple=None) -> np.ndarray:
         """x (T, dim) float32, the embedded tokens, through every layer (x is overwritten) -> the final
         hidden states of the rows batch.logits_idx selects, (L, dim); ple: the per-layer inputs (Gemma 4's)."""
-        return forward_layers(*self.args(x, batch, cache, self.units_for(cache.k.dtype), ple))
+        return forward_layers(*self.args(x, batch, cache, self.units_for(cache.k.dtype, cache.v.dtype), ple))
 
 
-def stand_in_args(kv_dtype) -> tuple:
-    """forward_layers' arguments for a one-layer model of quantized matrices and a KV cache of this
-    dtype, the typed lists left as Python lists of their items: what parallel_compile types the step's
-    signature from (its types are those of every model's, MoE or not)."""
+def stand_in_args(k_dtype, v_dtype=None) -> tuple:
+    """forward_layers' arguments for a one-layer model of quantized matrices and a KV cache whose K arrays have
+    this element type (and V's v_dtype: the same where None), the typed lists left as Python lists of their
+    items: what parallel_compile types the step's signature from (its types are those of every model's, MoE
+    or not)."""
     d = 32
     cfg = SimpleNamespace(n_layer=1, dim=d, n_head=1, n_kv_head=1, head_dim=d, v_head_dim=d, ffn_dim=d, rope_dim=d,
                           rope_neox=False, norm_eps=1e-5, attn_scale=None, attn_softcap=0.0, rope_mscale=1.0,
@@ -140,8 +142,9 @@ def stand_in_args(kv_dtype) -> tuple:
     i32 = np.zeros((1, 1), np.int32)
     batch = SimpleNamespace(positions=i64, token_seq=i64, slot_mapping=i64, block_tables=i32, window_slots=i64,
                             window_tables=i32, logits_idx=i64, state_slots=i64, state_snap=i64)
-    c = np.zeros((1, 1, 1, d), kv_dtype)
-    cache = SimpleNamespace(block_size=16, where=np.zeros((1, 2), np.int64), k=c, v=c, wk=c, wv=c, conv=None,
+    c = np.zeros((1, 1, 1, d), k_dtype)
+    cv = c if v_dtype is None else np.zeros((1, 1, 1, d), v_dtype)
+    cache = SimpleNamespace(block_size=16, where=np.zeros((1, 2), np.int64), k=c, v=cv, wk=c, wv=cv, conv=None,
                             ssm_conv=None, ssm=None)
     return stack.args(np.zeros((1, d), np.float32), batch, cache, np.zeros(units.TABLE_SIZE, np.int64))
 

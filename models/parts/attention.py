@@ -91,7 +91,7 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
         if cfg.rope:
             kb.rope(k[:, :, : cfg.rope_dim] if cfg.rope_dim < cfg.head_dim else k, batch.positions, at.inv_freq,
                     cfg.rope_neox, cfg.rope_mscale)
-        kb.write_kv(kb.kv_store(k, cache.dtype), kb.kv_store(v, cache.dtype), slots, kc, vc)
+        kb.write_kv(kb.kv_store(k, cache.k_dtype), kb.kv_store(v, cache.v_dtype), slots, kc, vc)
     out = kb.empty((t, cfg.n_head, cfg.v_head_dim))
     scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
     window = cfg.sliding_window if cfg.is_sliding(layer) else 0
