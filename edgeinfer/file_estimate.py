@@ -52,15 +52,23 @@ def estimate_file(gf, config: EngineConfig) -> Estimate:
     return estimate(weight_bytes(gf), cfg, config, KV_FORMATS, active)
 
 
-def context_for_memory(gf, config: EngineConfig) -> tuple[EngineConfig, str]:
-    """config with the context of the model in an open GGUFFile sized to the memory available now
-    (memory.context_for_memory), and why that context, in words."""
+def context_for_memory(gf, config: EngineConfig, held: int = 0) -> tuple[EngineConfig, str]:
+    """config with the context of the model in an open GGUFFile sized to the memory available now, less `held`
+    bytes (what models already loaded hold but have not touched yet: their KV pools) (memory.context_for_memory),
+    and why that context, in words. For a model with LongRoPE factors (which apply by the context, to every
+    sequence: the same text must not get other factors on a machine with more memory) and on a backend other
+    than the CPU (which allocates the whole pool at load, on the device): the model's capped at
+    DEFAULT_MAX_CONTEXT, as before contexts were sized by memory."""
     est = estimate_file(gf, config)
+    capped = f"the model's, capped at {memory.DEFAULT_MAX_CONTEXT}"
+    if config.backend != "cpu":
+        return replace(config, max_context=est.max_context), f"{capped} (on {config.backend}, --max-context sets it)"
     available = available_memory()
     if available is None:
-        return (replace(config, max_context=est.max_context),
-                f"the model's, capped at {memory.DEFAULT_MAX_CONTEXT} (the memory available could not be read)")
-    ctx, why = memory.context_for_memory(est, config, available)
+        return replace(config, max_context=est.max_context), f"{capped} (the memory available could not be read)"
+    ctx, why = memory.context_for_memory(est, config, available - held)
+    if "rope_factors_long.weight" in gf.tensors and ctx > est.max_context:
+        ctx, why = est.max_context, f"{capped} (LongRoPE's factors follow the context: --max-context sets it)"
     return replace(config, max_context=ctx), why
 
 

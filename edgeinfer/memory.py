@@ -74,10 +74,11 @@ class Estimate:
         """The bytes of `blocks` blocks of the window pool."""
         return blocks * self.block_size * self.window_kv_per_token[kv_type] if self.window_blocks_per_seq else 0
 
-    def fixed(self, kv_type: str) -> int:
-        """What one running sequence needs whatever the context: weights, buffers, its window, its state."""
-        window = self.window_kv(kv_type, self.window_blocks_per_seq + self.window_step_blocks)
-        return self.weights + self.buffers + window + self.state_per_seq
+    def fixed(self, kv_type: str, seqs: int = 1) -> int:
+        """What `seqs` running sequences need whatever the context: weights, buffers, their windows and a step's
+        (sliding-window layers), their recurrent states."""
+        window = self.window_kv(kv_type, seqs * self.window_blocks_per_seq + self.window_step_blocks)
+        return self.weights + self.buffers + window + seqs * self.state_per_seq
 
     def minimum(self, kv_type: str) -> int:
         """This model's share of a budget with the smallest pool: one full context."""
@@ -102,15 +103,16 @@ def max_context(cfg: ModelConfig, config: EngineConfig) -> int:
 
 def context_for_memory(est: Estimate, config: EngineConfig, available: int) -> tuple[int, str]:
     """With no --max-context and no budget: the trained context, cut so that one context's KV (of
-    config's KV type) takes at most KV_SHARE of the `available` bytes left once the model is loaded
-    (available: measured before loading it) -> (context, why, for the start-up line)."""
+    config's KV type) takes at most KV_SHARE of the `available` bytes left once the model is loaded with
+    what every sequence it may run needs besides (windows, recurrent state); available: measured before
+    loading it, less what other models already hold -> (context, why, for the start-up line)."""
     t = config.kv_dtype
-    room = int(KV_SHARE * (available - RUNTIME_BYTES - est.fixed(t)))
-    ctx = est.context_within(t, room)
+    left = available - RUNTIME_BYTES - est.fixed(t, config.seqs_limit)
+    ctx = est.context_within(t, int(KV_SHARE * left))
     if ctx >= est.trained_context:
         return ctx, "the model's trained context"
     return ctx, (f"the model's {est.trained_context} cut so its KV ({t}) takes at most {KV_SHARE:.0%} of the "
-                 f"{max(available - est.fixed(t), 0) / MB:.0f} MB left after the model (--max-context sets it)")
+                 f"{max(left, 0) / MB:.0f} MB left after the model (--max-context sets it)")
 
 
 def _ffn_rows(cfg: ModelConfig) -> tuple[int, int]:
@@ -234,19 +236,26 @@ def fit_budget(estimates: list[Estimate], configs: list[EngineConfig], budget_mb
 
 def _contexts_within(estimates: list[Estimate], configs: list[EngineConfig], budget: int) -> list[Estimate]:
     """The estimates with the context of each model given none (config.max_context 0) sized to the budget:
-    what the budget leaves after the runtime, every model's fixed needs and the given contexts' KV, shared
-    in proportion to the KV of each one's trained context (so every such model's context is cut by the same
-    factor, if at all)."""
+    what it leaves after the runtime, the models' fixed needs and the given contexts' KV, shared in proportion
+    to the KV of each one's trained context (every such context cut by the same factor, if at all). Sized so
+    that all its sequences fit beside it (their windows and recurrent states), or, where that is shorter
+    than DEFAULT_MAX_CONTEXT, so that one does (fewer sequences then: fit_budget cuts them)."""
     auto = [i for i, c in enumerate(configs) if not c.max_context]
     if not auto:
         return estimates
-    room = budget - RUNTIME_BYTES - sum(e.fixed(c.kv_dtype) for e, c in zip(estimates, configs)) \
-        - sum(e.kv(c.kv_dtype, e.max_context) for i, (e, c) in enumerate(zip(estimates, configs)) if i not in auto)
+    given = sum(e.kv(c.kv_dtype, e.max_context) for i, (e, c) in enumerate(zip(estimates, configs)) if i not in auto)
     want = [estimates[i].kv(configs[i].kv_dtype, estimates[i].trained_context) for i in auto]
+
+    def contexts(seqs) -> list[int]:
+        room = budget - RUNTIME_BYTES - given - sum(e.fixed(c.kv_dtype, seqs(c)) for e, c in zip(estimates, configs))
+        return [estimates[i].context_within(configs[i].kv_dtype, room * w // sum(want) if sum(want) else room)
+                for i, w in zip(auto, want)]
+
+    every = contexts(lambda c: c.seqs_limit)
+    one = contexts(lambda c: 1)
     out = list(estimates)
-    for i, w in zip(auto, want):
-        share = room * w // sum(want) if sum(want) else room
-        out[i] = replace(estimates[i], max_context=estimates[i].context_within(configs[i].kv_dtype, share))
+    for i, a, b in zip(auto, every, one):
+        out[i] = replace(estimates[i], max_context=max(a, min(b, DEFAULT_MAX_CONTEXT)))
     return out
 
 

@@ -24,12 +24,23 @@ def _meminfo_available(path: str) -> int | None:
     return None
 
 
-def _left(limit_path: str, usage_path: str) -> int | None:
-    # a cgroup's limit less its usage, or None where it has no limit ("max", or v1's near-2**63 "unlimited")
-    limit, usage = _read(limit_path), _read(usage_path)
-    if limit is None or usage is None or not limit.isdigit() or not usage.isdigit() or int(limit) >= 2**60:
+def _stat(path: str, name: str) -> int:
+    # a field of a cgroup's memory.stat ("name value" lines), 0 where absent
+    for line in (_read(path) or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == name and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def _left(folder: str, limit: str, usage: str, stat: str) -> int | None:
+    # a cgroup's limit less its usage, or None where it has no limit ("max", or v1's near-2**63 "unlimited").
+    # Its usage counts the page cache its files filled (a model read, a pull); the inactive part of it is
+    # reclaimed before the limit bites, so it does not count (as kubelet's working set leaves it out)
+    lim, use = _read(f"{folder}/{limit}"), _read(f"{folder}/{usage}")
+    if lim is None or use is None or not lim.isdigit() or not use.isdigit() or int(lim) >= 2**60:
         return None
-    return max(int(limit) - int(usage), 0)
+    return max(int(lim) - max(int(use) - _stat(f"{folder}/memory.stat", stat), 0), 0)
 
 
 def cgroup_left(proc_cgroup: str = PROC_CGROUP, root: str = CGROUP_ROOT) -> int | None:
@@ -40,13 +51,12 @@ def cgroup_left(proc_cgroup: str = PROC_CGROUP, root: str = CGROUP_ROOT) -> int 
         _, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if controllers == "":  # v2's unified hierarchy: "0::/path"
-            found += [b for p in _ancestors(path)
-                      if (b := _left(f"{root}{p.rstrip('/')}/memory.max", f"{root}{p.rstrip('/')}/memory.current"))
-                      is not None]
+            found += [b for p in _ancestors(path) if (b := _left(f"{root}{p.rstrip('/')}", "memory.max",
+                                                                 "memory.current", "inactive_file")) is not None]
         elif "memory" in controllers.split(","):
             found += [b for p in _ancestors(path)
-                      if (b := _left(f"{root}/memory{p.rstrip('/')}/memory.limit_in_bytes",
-                                     f"{root}/memory{p.rstrip('/')}/memory.usage_in_bytes")) is not None]
+                      if (b := _left(f"{root}/memory{p.rstrip('/')}", "memory.limit_in_bytes",
+                                     "memory.usage_in_bytes", "total_inactive_file")) is not None]
     return min(found) if found else None
 
 

@@ -163,11 +163,13 @@ def has_experts(gf: GGUFFile) -> bool:
 def step_mixers(gf: GGUFFile) -> tuple:
     """The recurrent mixers of a file's layers that the compiled step runs as units of their own: LFM2's short
     convolution (blk.N.shortconv.* tensors), the gated delta net (Qwen3.5's blk.N.ssm_beta, Qwen3-Next's
-    ssm_ba), Mamba2 (blk.N.ssm_d)."""
+    ssm_ba), Mamba2 (blk.N.ssm_d); and "altup" where the layers run in a walk of their own instead (Gemma 3n's
+    streams: blk.N.altup_router)."""
     names = gf.tensors
     return tuple(m for m, there in (("shortconv", any(".shortconv." in n for n in names)),
                                     ("deltanet", any(".ssm_beta." in n or ".ssm_ba." in n for n in names)),
-                                    ("mamba2", any(n.endswith(".ssm_d") for n in names))) if there)
+                                    ("mamba2", any(n.endswith(".ssm_d") for n in names)),
+                                    ("altup", any(".altup_router." in n for n in names))) if there)
 
 
 def rope_inv_freq(dim: int, base: float, freq_scale: float = 1.0, factors: np.ndarray | None = None) -> np.ndarray:

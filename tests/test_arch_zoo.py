@@ -363,8 +363,10 @@ def test_the_parallel_compile_plans_the_step_signature_models_run(zoo):
     from edgeinfer.kernels.cpu.parts import deltanet, mamba2, shortconv
     from edgeinfer.models.common import has_experts, step_mixers
 
+    from edgeinfer.kernels.cpu import altup
+
     units = {}
-    for name in ("qwen3", "qwen3moe", "lfm2", "qwen35", "mamba2"):
+    for name in ("qwen3", "qwen3moe", "lfm2", "qwen35", "mamba2", "gemma3n"):
         gf = GGUFFile(zoo(name))
         m = load_model(gf, kb)
         cache = KVCache.for_model(m.cfg, 8, BS, "f16", kb=kb, n_state_slots=1)
@@ -373,12 +375,14 @@ def test_the_parallel_compile_plans_the_step_signature_models_run(zoo):
                                                          mixers=step_mixers(gf))}
         assert ("experts" in jobs) == (name == "qwen3moe") and ("mixer shortconv" in jobs) == (name == "lfm2")
         assert ("mixer deltanet" in jobs) == (name == "qwen35") and ("mixer mamba2" in jobs) == (name == "mamba2")
+        assert ("altup walk (f16 KV)" in jobs) == (name == "gemma3n") != ("step (f16 KV)" in jobs)  # one or the other
         units.update(jobs)
     assert parallel_compile.step_sig("f16") in {tuple(s) for s in step.forward_layers.signatures}
     assert units["experts"].sig in {tuple(s) for s in moe_part.forward.signatures}
     assert units["mixer shortconv"].sig in {tuple(s) for s in shortconv.forward.signatures}
     assert units["mixer deltanet"].sig in {tuple(s) for s in deltanet.forward.signatures}
     assert units["mixer mamba2"].sig in {tuple(s) for s in mamba2.forward.signatures}
+    assert units["altup walk (f16 KV)"].sig in {tuple(s) for s in altup.forward_layers.signatures}  # Gemma 3n's
 
 
 def test_qwen3_thinking_switch_reaches_the_template(zoo):

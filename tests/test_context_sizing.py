@@ -58,6 +58,24 @@ def test_a_context_cut_to_the_memory_available(long_model, monkeypatch):
     assert llm.engine.max_context == memory.DEFAULT_MAX_CONTEXT and "could not be read" in llm.context_note
 
 
+def test_longrope_models_and_other_backends_keep_the_capped_context(zoo, tmp_path):
+    from test_arch_zoo import _rewrite
+
+    p = tmp_path / "phi3-long.gguf"
+    _rewrite(zoo("phi3"), p, meta={"phi3.context_length": 131072})  # LongRoPE, trained for 131,072
+    with GGUFFile(p) as gf:  # its factors follow the context: the old default, whatever the memory
+        config, why = file_estimate.context_for_memory(gf, EngineConfig())
+        assert config.max_context == memory.DEFAULT_MAX_CONTEXT and "LongRoPE" in why
+    with GGUFFile(zoo("phi3")) as gf:  # trained for 1,024: that
+        assert file_estimate.context_for_memory(gf, EngineConfig())[0].max_context == 1024
+    q = tmp_path / "olmo2-long.gguf"
+    _rewrite(zoo("olmo2"), q, meta={"olmo2.context_length": 65536})
+    with GGUFFile(q) as gf:  # the CUDA backend allocates its whole pool at load: the old default there
+        config, why = file_estimate.context_for_memory(gf, EngineConfig(backend="cuda"))
+        assert config.max_context == memory.DEFAULT_MAX_CONTEXT and "on cuda" in why
+        assert file_estimate.context_for_memory(gf, EngineConfig())[0].max_context == 65536
+
+
 def test_context_within_rules():
     est = memory.Estimate(weights=0, kv_per_token={"f16": 1000}, buffers=0, max_context=4096, trained_context=32768)
     assert est.context_within("f16", 10**12) == 32768  # the trained context at most
@@ -83,6 +101,27 @@ def test_a_shared_budget_cuts_every_unset_context_by_one_factor():
     assert out[1].max_context == 4096 and out[0].max_context == (32 * MB - 16 * MB) // 1024 // 16 * 16
 
 
+def test_sizing_leaves_room_for_every_sequences_window_and_state():
+    """A sliding-window model: its sequences' windows are counted before the context takes what is left (with
+    a budget, and without one), so a budget does not end with one sequence at a time."""
+    est = memory.Estimate(weights=500 * MB, kv_per_token={"f16": 32768}, buffers=50 * MB, max_context=4096,
+                          trained_context=131072, window_kv_per_token={"f16": 65536}, window_blocks_per_seq=34,
+                          window_step_blocks=32, state_per_seq=2 * MB)
+    config = EngineConfig(max_seqs=8)
+    per_seq = est.window_kv("f16", 34) + 2 * MB
+    (out,) = memory.fit_budget([est], [config], 4000)
+    assert out.max_seqs == 8 and out.max_context > memory.DEFAULT_MAX_CONTEXT
+    room = 4000 * MB - memory.RUNTIME_BYTES - est.fixed("f16", 8)
+    assert out.max_context == room // 32768 // 16 * 16
+    # a tight budget: the old default context with fewer sequences, not a short context with all of them
+    small = (memory.RUNTIME_BYTES + est.fixed("f16") + est.kv("f16", 4096) + 2 * per_seq) / MB
+    (out,) = memory.fit_budget([est], [config], small)
+    assert out.max_context == 4096 and 1 < out.max_seqs < 8
+    # without a budget: every sequence's window and state come out of the memory first
+    available = memory.RUNTIME_BYTES + est.fixed("f16", 8) + 2 * 10000 * 32768
+    assert memory.context_for_memory(est, config, available)[0] == 10000 // 16 * 16
+
+
 def test_available_memory_reads_meminfo_and_the_cgroup_limit(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       16000000 kB\nMemFree:  100 kB\nMemAvailable:    8000000 kB\n")
@@ -97,12 +136,16 @@ def test_available_memory_reads_meminfo_and_the_cgroup_limit(tmp_path):
     (cg / "memory.max").write_text(f"{2 * 2**30}\n")  # a limit above: the tightest on the path counts
     (cg / "memory.current").write_text(f"{2**30}\n")
     assert available_memory(str(meminfo), str(proc), str(cg)) == 2**30
+    (cg / "memory.stat").write_text(f"anon 1000\ninactive_file {2**28}\nactive_file 5\n")  # page cache it can drop
+    assert available_memory(str(meminfo), str(proc), str(cg)) == 2**30 + 2**28
     v1 = tmp_path / "v1"
     (v1 / "memory" / "box").mkdir(parents=True)
     (v1 / "memory" / "box" / "memory.limit_in_bytes").write_text(f"{3 * 2**30}\n")
     (v1 / "memory" / "box" / "memory.usage_in_bytes").write_text(f"{2**30}\n")
     proc.write_text("5:memory:/box\n4:cpu,cpuacct:/box\n")
     assert cgroup_left(str(proc), str(v1)) == 2 * 2**30
+    (v1 / "memory" / "box" / "memory.stat").write_text(f"cache 9\ntotal_inactive_file {2**29}\n")
+    assert cgroup_left(str(proc), str(v1)) == 2 * 2**30 + 2**29
     (v1 / "memory" / "box" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "unlimited"
     assert cgroup_left(str(proc), str(v1)) is None
     assert available_memory() > 0  # this machine's, read for real

@@ -45,12 +45,13 @@ def _refused(name: str, why: str) -> P.APIError:
                       code="model_path_not_allowed")
 
 
-def describe(path: str, config: EngineConfig, by_memory: bool = False) -> dict:
+def describe(path: str, config: EngineConfig, by_memory: bool = False, held: int = 0) -> dict:
     """What the server says about a model before loading it: its estimated bytes in memory (weights,
     step buffers and the KV pool its engine config allocates; edgeinfer.memory), Ollama's details, and the
     context it counted (max_context; context_from: why). A config with no context: with by_memory, the
     model's trained context cut to the memory available (as LLM sizes it), else (under the server's memory
-    budget) the model's capped at memory.DEFAULT_MAX_CONTEXT."""
+    budget) the model's capped at memory.DEFAULT_MAX_CONTEXT; held: the bytes the models already loaded hold
+    without having touched them yet (their KV pools), which the memory available does not show."""
     from ..gguf_file import GGUFFile
     from ..info import parameters
 
@@ -63,7 +64,7 @@ def describe(path: str, config: EngineConfig, by_memory: bool = False) -> dict:
             if by_memory:
                 from ..file_estimate import context_for_memory
 
-                config, why = context_for_memory(gf, config)
+                config, why = context_for_memory(gf, config, held)
         est = estimate_file(gf, config)
         arch = gf.architecture
         n_params = parameters(gf)[0]

@@ -69,10 +69,18 @@ def plan(path: str, kinds, kv_types, small_path: str | None = None, experts: boo
     """Every job a model of these matrix kinds (quantized, as the backend holds them) needs on `path` (and
     small_path, that of the matmuls of a few tokens: units.Table); experts: the model has a mixture of
     experts (its FFN is a unit of its own, step.call_experts); mixers: its recurrent mixers that the step
-    runs (units of their own, step.call_mixer: step.MIXERS' names, models/common.step_mixers)."""
+    runs (units of their own, step.call_mixer: step.MIXERS' names, models/common.step_mixers), and "altup"
+    for a model whose layers run in altup.py's walk instead of the step."""
     kinds = {int(k) for k in kinds if is_quantized(k)}
-    jobs = [Job(f"step ({kv} KV)", ("attr", f"{_PKG}.step", "forward_layers"), step_sig(kv), 19.0)
-            for kv in kv_types]
+    if "altup" in mixers:  # Gemma 3n: its own walk over its streams (altup.py) in place of the step
+        from .altup import altup_sig
+
+        mixers = tuple(m for m in mixers if m != "altup")
+        jobs = [Job(f"altup walk ({kv} KV)", ("attr", f"{_PKG}.altup", "forward_layers"), altup_sig(kv), 19.0)
+                for kv in kv_types]
+    else:
+        jobs = [Job(f"step ({kv} KV)", ("attr", f"{_PKG}.step", "forward_layers"), step_sig(kv), 19.0)
+                for kv in kv_types]
     if experts:
         from .step import experts_sig
 
