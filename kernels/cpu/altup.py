@@ -228,19 +228,3 @@ def run(stack, part: AltupPart, streams, batch, cache, ple) -> np.ndarray:
                           cache.k, cache.v, cache.wk, cache.wv, stack.mats, stack.norms, stack.attn, stack.ffn,
                           quant.HALF_TO_F32, numba.get_num_threads(), stack.units_for(cache.k.dtype, cache.v.dtype),
                           ple, stack.ple, part)
-
-
-def altup_sig(kv: str) -> tuple:
-    """forward_layers' argument types for a KV cache of type kv, from the compiled step's stand-in (the step's
-    arguments of the same names, parallel_compile.step_sig) and a stand-in AltupPart: what parallel_compile
-    precompiles for a Gemma 3n model."""
-    from numba import typeof, types
-
-    from .parallel_compile import step_sig
-
-    s = step_sig(kv)
-    f1, f2, f3 = (np.zeros((1,) * n, np.float32) for n in (1, 2, 3))
-    u3 = np.zeros((1, 1, 1), np.uint16)
-    part = AltupPart(0, f2, f3, f3, f3, f2, 0, u3, u3, f2, f1, np.float32(1.0))
-    return (types.Array(types.float32, 3, "C"), *s[1:15], s[16], s[17], s[18], s[20], s[21], s[22], s[31], s[32],
-            typeof(part))

@@ -24,6 +24,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import numba
+import numpy as np
 from numba import types
 
 from ..kinds import is_quantized, uses_q8k
@@ -52,6 +53,19 @@ def step_sig(kv: str) -> tuple:
                  for a in step.stand_in_args(*units.KV_DTYPES[kv]))
 
 
+def altup_sig(kv: str) -> tuple:
+    """altup.forward_layers' argument types for a KV cache of type kv: the step's of the same names (step_sig)
+    and a stand-in AltupPart's (Gemma 3n's walk)."""
+    from .altup import AltupPart
+
+    s = step_sig(kv)
+    f1, f2, f3 = (np.zeros((1,) * n, np.float32) for n in (1, 2, 3))
+    u3 = np.zeros((1, 1, 1), np.uint16)
+    part = AltupPart(0, f2, f3, f3, f3, f2, 0, u3, u3, f2, f1, np.float32(1.0))
+    return (types.Array(types.float32, 3, "C"), *s[1:15], s[16], s[17], s[18], s[20], s[21], s[22], s[31], s[32],
+            numba.typeof(part))
+
+
 def resolve(ref: tuple):
     """The dispatcher a job names."""
     if ref[0] == "rows":
@@ -73,8 +87,6 @@ def plan(path: str, kinds, kv_types, small_path: str | None = None, experts: boo
     for a model whose layers run in altup.py's walk instead of the step."""
     kinds = {int(k) for k in kinds if is_quantized(k)}
     if "altup" in mixers:  # Gemma 3n: its own walk over its streams (altup.py) in place of the step
-        from .altup import altup_sig
-
         mixers = tuple(m for m in mixers if m != "altup")
         jobs = [Job(f"altup walk ({kv} KV)", ("attr", f"{_PKG}.altup", "forward_layers"), altup_sig(kv), 19.0)
                 for kv in kv_types]
