@@ -47,15 +47,21 @@ def test_q8_0_kv_rows_are_ggml_q8_0_blocks_and_attention_reads_them_exactly():
     np.testing.assert_array_equal(q8_rows_as_gguf(vc, d), quants.quantize(v.reshape(-1, d), T.Q8_0).reshape(-1))
     kd = quants.dequantize(q8_rows_as_gguf(kc, d), T.Q8_0).reshape(n, kvh, d).astype(np.float32)
     vd = quants.dequantize(q8_rows_as_gguf(vc, d), T.Q8_0).reshape(n, kvh, d).astype(np.float32)
-    # attention over the q8_0 cache: the same bits as over a float32 cache of the dequantized values
+    # attention over the q8_0 cache: the same bits as over a float32 cache of the dequantized values with the
+    # queries as q8_0 values (llama.cpp's flash attention quantizes them for its q8_0 dot products)
     t = 20
     q = rng.standard_normal((t, h, d)).astype(np.float32)
     args = (np.zeros(t, np.int64), np.arange(n - t, n), np.arange(n // 16, dtype=np.int32)[None], 16,
             np.float32(0.125), 0, np.float32(0.0), np.zeros(0, np.float32))
     got, want = np.zeros((t, h, d), np.float32), np.zeros((t, h, d), np.float32)
     attention.paged_attention(q, kc, vc, *args, got)
-    attention.paged_attention(q, kd, vd, *args, want)
+    qv = attention.q8_values(q)
+    attention.paged_attention(qv, kd, vd, *args, want)
     np.testing.assert_array_equal(got, want)
+    # those values are gguf's q8_0 blocks of the queries, but rounded half to even (x * 127 / amax), as ggml's
+    # quantize_row_q8_0 for the CPU rounds them, not its reference's halves away from zero
+    ref = quants.dequantize(quants.quantize(q.reshape(-1, d), T.Q8_0), T.Q8_0).reshape(q.shape)
+    assert np.abs(qv - ref).max() <= np.abs(ref).max() / 127 and (qv == ref).mean() > 0.99
 
 
 def test_q8_0_kv_cache_is_about_half_of_f16():

@@ -63,7 +63,7 @@ def test_the_engines_cache_and_memorys_estimate_read_the_table():
 
 def test_k_and_v_each_in_its_own_type_read_as_their_values_exactly():
     """Attention over a cache whose K rows are q8_0 and V rows f16 (or any other pair): the same bits as over
-    float32 K and V holding the values those rows hold."""
+    float32 K and V holding the values those rows hold (and, for q8_0 keys, the queries as q8_0 values)."""
     from numba import njit
 
     from edgeinfer.kernels.cpu import attention, ops
@@ -98,7 +98,8 @@ def test_k_and_v_each_in_its_own_type_read_as_their_values_exactly():
         kc, vc = cache(kt, k), cache(vt, v)
         got, want = np.zeros((t, h, d), np.float32), np.zeros((t, h, d), np.float32)
         attention.paged_attention(q, kc, vc, *args, got)
-        attention.paged_attention(q, values(kt, kc), values(vt, vc), *args, want)
+        attention.paged_attention(attention.q8_values(q) if kt == "q8_0" else q, values(kt, kc), values(vt, vc),
+                                  *args, want)
         np.testing.assert_array_equal(got, want, err_msg=f"{kt}/{vt}")
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd
-from .ops import kv_is_q8, kv_key_to_tile, kv_load, kv_value8, kv_value_to_tile
+from .ops import F16_TO_F32, f32_to_f16_bits, kv_is_q8, kv_key_to_tile, kv_load, kv_value8, kv_value_to_tile
 
 KEYS = 16  # key positions per tile: two f32x8 score vectors per query row
 Q_TOKENS = 16  # query tokens per task: a tile of Q_TOKENS * group rows reuses each transposed key tile
@@ -72,6 +72,8 @@ def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, blo
     T, H, D = q.shape
     KVH = k_cache.shape[1]
     Dv = out.shape[2]
+    if kv_is_q8(k_cache):  # q8_0 keys: the queries as q8_0 values, as llama.cpp's dot products take them
+        q = q8_values(q)
     tasks = _tasks(token_seq, KVH)
     n = tasks.shape[0]
     for i in prange(n):
@@ -82,6 +84,26 @@ def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, blo
         else:
             _rows_scalar(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap,
                          sinks, out, tasks[j, 0], tasks[j, 1], tasks[j, 2])
+
+
+@njit(nogil=True, cache=True)
+def q8_values(q):
+    # q (T, H, D) as the values its q8_0 blocks hold: each head's row in blocks of 32, d = amax / 127 kept as a
+    # float16, quants round-half-even(x * 127 / amax) (ggml's quantize_row_q8_0 on x86 and ARM, which llama.cpp's
+    # flash attention runs on the queries before its q8_0 dot products), times that float16 d
+    T, H, D = q.shape
+    out = np.empty_like(q)
+    for t in range(T):
+        for h in range(H):
+            for b in range(0, D, 32):
+                amax = np.float32(0.0)
+                for i in range(b, min(b + 32, D)):
+                    amax = max(amax, abs(q[t, h, i]))
+                d = F16_TO_F32[f32_to_f16_bits(amax / np.float32(127.0))]
+                inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+                for i in range(b, min(b + 32, D)):
+                    out[t, h, i] = np.float32(np.round(q[t, h, i] * inv)) * d
+    return out
 
 
 @njit(inline="always", cache=True)
