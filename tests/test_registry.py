@@ -245,6 +245,17 @@ def test_resume_with_a_damaged_partial_file_still_checks_the_whole(home, fake_in
     assert registry.pull("fake-model", progress=False, catalog=catalog).read_bytes() == payload
 
 
+def test_a_lock_held_elsewhere_is_not_waited_for_when_asked(home):
+    from edgeinfer.registry.cache import cache_lock
+
+    with cache_lock("m") as held:
+        assert held is True
+        with cache_lock("m", wait=False) as other:  # (another open file: flock sees another holder)
+            assert other is False
+    with cache_lock("m", wait=False) as held:
+        assert held is True
+
+
 def test_a_pull_killed_after_its_rename_leaves_no_staging_folder_behind(home, fake_index):
     """Killed between moving the whole file into the cache and removing its staging folder: the next
     pull finds the model whole and removes what the killed one left, without fetching anything."""

@@ -56,12 +56,13 @@ def _no_link(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def cache_lock(name: str, quiet: bool = False):
-    """Hold the cache's lock for one model name (fcntl; a no-op where there is none)."""
+def cache_lock(name: str, quiet: bool = False, wait: bool = True):
+    """Hold the cache's lock for one model name (fcntl; a no-op where there is none); yields True. With
+    wait False, a lock another process holds is not waited for: it yields False, holding nothing."""
     try:
         import fcntl
     except ImportError:  # not POSIX
-        yield
+        yield True
         return
     locks = home() / "locks"  # beside the models, not among them; kept (removing a lock file races)
     locks.mkdir(parents=True, exist_ok=True)
@@ -69,11 +70,14 @@ def cache_lock(name: str, quiet: bool = False):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            if not wait:
+                yield False
+                return
             if not quiet:
                 print(f"waiting for another process pulling {name} to finish", file=sys.stderr, flush=True)
             fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            yield
+            yield True
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 

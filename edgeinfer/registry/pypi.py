@@ -52,8 +52,8 @@ def _pull_catalog(entry: CatalogEntry, *, progress: bool, force: bool) -> Path:
     final = _cache_file(entry.name, write=True)
     staging = staging_dir(entry)
     if final.is_file() and not force and staging.exists():  # killed between the rename and the clean-up
-        with cache_lock(final.stem, quiet=True):
-            if final.is_file():  # (a forced pull this one waited for may have replaced it: still whole)
+        with cache_lock(final.stem, wait=False) as held:
+            if held and final.is_file():  # (another process pulling it, --force: its staging folder, left be)
                 shutil.rmtree(staging, ignore_errors=True)
     return _pull_once(final, entry.name, progress, force, lambda: _pull_catalog_locked(entry, final, progress),
                       lambda: shutil.rmtree(staging_dir(entry), ignore_errors=True))
