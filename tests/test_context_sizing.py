@@ -158,3 +158,11 @@ def test_inspect_says_which_context_and_why(long_model):
     assert r.exit_code == 0 and "context 8192 tokens: the model's trained context" in r.output
     r = CliRunner().invoke(main, ["inspect", str(long_model), "--memory", "--max-context", "512"])
     assert r.exit_code == 0 and "context 512 tokens: --max-context" in r.output
+
+
+def test_a_pool_the_system_refuses_is_one_line_naming_it():
+    from edgeinfer.engine.kv_cache import KVCache
+    from edgeinfer.kernels import get_backend
+
+    with pytest.raises(ValueError, match=r"the KV pool \(7340032 MB: 67108864 tokens of f16 KV\) does not fit"):
+        KVCache(28, 2**22, 16, 8, 128, 128, "f16", kb=get_backend("cpu"))  # 7 TB

@@ -86,8 +86,14 @@ class KVCache:
         self.state_index: dict = {}  # a recurrent layer -> its index in its kind's state arrays
         n_slots = n_blocks * block_size
         w_slots = max(self.n_window_blocks * block_size, 1)
-        self.k = kb.zeros((len(full), n_slots, n_kv_head, fk.row_len(head_dim)), fk.storage)
-        self.v = kb.zeros((len(full), n_slots, n_kv_head, fv.row_len(v_head_dim)), fv.storage)
+        try:
+            self.k = kb.zeros((len(full), n_slots, n_kv_head, fk.row_len(head_dim)), fk.storage)
+            self.v = kb.zeros((len(full), n_slots, n_kv_head, fv.row_len(v_head_dim)), fv.storage)
+        except MemoryError:  # (the system refused the pool: a context far past what the memory holds)
+            size = len(full) * n_slots * n_kv_head * (fk.row_bytes(head_dim) + fv.row_bytes(v_head_dim))
+            raise ValueError(f"the KV pool ({size / 2**20:.0f} MB: {n_slots} tokens of {dtype} KV) does not fit in "
+                             "memory: a shorter --max-context (or none: sized by memory), or a smaller --kv-type"
+                             ) from None
         w_heads, w_dim, w_vdim = window_shape or (n_kv_head, head_dim, v_head_dim)  # (Gemma 4's are their own)
         fk.check(w_dim)
         fv.check(w_vdim)
