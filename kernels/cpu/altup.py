@@ -21,7 +21,7 @@ from ..kinds import is_dense
 from . import quant
 from .parts import attention, ffn, per_layer
 from .parts.rows import add, norm
-from .step import _layer_kv
+from .step import layer_views
 
 
 class AltupPart(NamedTuple):
@@ -43,13 +43,13 @@ class AltupPart(NamedTuple):
 
 def build(cfg, layers, sparse_layers: int, sparse_std: np.float32):
     """The part for these layers, or None where LAuReL's matrices are not F16/BF16 of one kind (per op)."""
-    kinds = {getattr(lw.laurel_l, "kind", None) for lw in layers} | {getattr(lw.laurel_r, "kind", None) for lw in layers}
+    kinds = {getattr(w, "kind", None) for lw in layers for w in (lw.laurel_l, lw.laurel_r)}
     if len(kinds) != 1 or None in kinds or not is_dense(next(iter(kinds))):
         return None
 
     def stacked(name, dtype=np.float32, attr=None):
-        return np.ascontiguousarray(np.stack([np.asarray(getattr(getattr(lw, name), attr) if attr else getattr(lw, name))
-                                              for lw in layers]).astype(dtype))
+        rows = [getattr(getattr(lw, name), attr) if attr else getattr(lw, name) for lw in layers]
+        return np.ascontiguousarray(np.stack([np.asarray(r) for r in rows]).astype(dtype))
 
     sparse = np.array([sparse_std if i < sparse_layers else 0.0 for i in range(cfg.n_layer)], np.float32)
     return AltupPart(int(cfg.altup_active), stacked("altup_router_norm"), stacked("altup_router"),
@@ -168,13 +168,10 @@ def forward_layers(streams, positions, token_seq, slot_mapping, block_tables, wi
         norm(pred[au.active], nm.attn[layer], eps, h)
         lau = np.empty((T, dim), np.float32)
         laurel(h, au.laurel_kind, au.laurel_l[layer], au.laurel_r[layer], au.laurel_norm[layer], eps, luts, lau)
-        kc, vc, slots, tables = _layer_kv(where, layer, k_cache, v_cache, wk, wv, slot_mapping, block_tables,
-                                          window_slots, window_tables)
-        nh, nkv, hd, vd = at.dims[layer, 0], at.dims[layer, 1], at.dims[layer, 2], at.dims[layer, 3]
-        q = qbuf[:T * nh * hd].reshape((T, nh, hd))
-        k = kbuf[:T * nkv * hd].reshape((T, nkv, hd))
-        v = vbuf[:T * nkv * vd].reshape((T, nkv, vd))
-        attention.project(h, q, k, v, np.empty((T, 0), np.float32), positions, slots, kc, vc, mats, at, layer, luts, threads, table)
+        kc, vc, slots, tables, q, k, v = layer_views(where, layer, k_cache, v_cache, wk, wv, slot_mapping,
+                                                     block_tables, window_slots, window_tables, at, qbuf, kbuf, vbuf, T)
+        attention.project(h, q, k, v, np.empty((T, 0), np.float32), positions, slots, kc, vc, mats, at, layer, luts,
+                          threads, table)
         inp = ple[layer]
         if layer == n_layer - 1:  # the kept rows alone from here
             T = keep.shape[0]
@@ -183,7 +180,8 @@ def forward_layers(streams, positions, token_seq, slot_mapping, block_tables, wi
         else:
             pos, seq = positions, token_seq
         y = np.empty((T, dim), np.float32)
-        attention.attend(q, np.empty((T, 0), np.float32), pos, seq, tables, block_size, kc, vc, mats, at, layer, luts, threads, table, y)
+        attention.attend(q, np.empty((T, 0), np.float32), pos, seq, tables, block_size, kc, vc, mats, at, layer,
+                         luts, threads, table, y)
         norm(y, nm.post_attn[layer], eps, y)
         add(y, pred[au.active])
         add(y, lau)

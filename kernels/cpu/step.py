@@ -281,12 +281,8 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_s
             _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch)
             per_layer.forward(x, inp, mats, pl, layer, luts, threads, table)
             continue
-        kc, vc, slots, tables = _layer_kv(where, layer, k_cache, v_cache, wk, wv, slot_mapping, block_tables,
-                                          window_slots, window_tables)
-        nh, nkv, hd, vd = at.dims[layer, 0], at.dims[layer, 1], at.dims[layer, 2], at.dims[layer, 3]
-        q = qbuf[:T * nh * hd].reshape((T, nh, hd))
-        k = kbuf[:T * nkv * hd].reshape((T, nkv, hd))
-        v = vbuf[:T * nkv * vd].reshape((T, nkv, vd))
+        kc, vc, slots, tables, q, k, v = layer_views(where, layer, k_cache, v_cache, wk, wv, slot_mapping,
+                                                     block_tables, window_slots, window_tables, at, qbuf, kbuf, vbuf, T)
         inp = ple[layer] if pl.on else no_inp
         attention.project(h, q, k, v, gate, positions, slots, kc, vc, mats, at, layer, luts, threads, table)
         par = np.empty((T, dim if mb.kind[layer] == 2 else 0), np.float32)  # Falcon-H1: Mamba2 beside attention
@@ -306,12 +302,18 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_s
 
 
 @njit(nogil=True, cache=True)
-def _layer_kv(where, layer, k_cache, v_cache, wk, wv, slot_mapping, block_tables, window_slots, window_tables):
-    # a layer's K and V arrays and how tokens address them: the window pool's, or the full-context one's
+def layer_views(where, layer, k_cache, v_cache, wk, wv, slot_mapping, block_tables, window_slots, window_tables, at,
+                qbuf, kbuf, vbuf, T):
+    # an attention layer's K and V arrays and how tokens address them (the window pool's, or the full-context
+    # one's), and its q, k, v for T tokens as views of the buffers, of the layer's own sizes (at.dims)
+    nh, nkv, hd, vd = at.dims[layer, 0], at.dims[layer, 1], at.dims[layer, 2], at.dims[layer, 3]
+    q = qbuf[:T * nh * hd].reshape((T, nh, hd))
+    k = kbuf[:T * nkv * hd].reshape((T, nkv, hd))
+    v = vbuf[:T * nkv * vd].reshape((T, nkv, vd))
     i = where[layer, 1]
     if where[layer, 0] == 1:
-        return wk[i], wv[i], window_slots, window_tables
-    return k_cache[i], v_cache[i], slot_mapping, block_tables
+        return wk[i], wv[i], window_slots, window_tables, q, k, v
+    return k_cache[i], v_cache[i], slot_mapping, block_tables, q, k, v
 
 
 @njit(nogil=True, cache=True)
