@@ -18,7 +18,12 @@ import numpy as np
 
 import results_io  # benchmarks/results_io.py, beside this script
 
-GGML_TYPE = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml's type ids, llama.cpp's -ctk/-ctv
+from gguf import GGMLQuantizationType
+
+
+def ggml_type(name: str) -> int:
+    """A KV type's ggml type id (llama.cpp's -ctk/-ctv)."""
+    return int(GGMLQuantizationType[name.upper()])
 
 
 def llamacpp_ppl(path: str, chunks: list[list[int]], n_ctx: int, kv: str, threads: int) -> float:
@@ -27,7 +32,7 @@ def llamacpp_ppl(path: str, chunks: list[list[int]], n_ctx: int, kv: str, thread
     k, _, v = kv.partition("/")
     v = v or k
     llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True, flash_attn=True,
-                          type_k=GGML_TYPE[k], type_v=GGML_TYPE[v], n_threads=threads, n_threads_batch=threads,
+                          type_k=ggml_type(k), type_v=ggml_type(v), n_threads=threads, n_threads_batch=threads,
                           verbose=False)
     first = n_ctx // 2
     nll, count = 0.0, 0

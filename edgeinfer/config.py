@@ -156,7 +156,7 @@ class ModelConfig:
         return 4 * (conv + ssm)
 
 
-KV_TYPES = ("f32", "f16", "q8_0")
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 DEFAULT_MAX_CONTEXT = 4096  # tokens per sequence when the caller does not say: an edge box's KV budget
 
 

@@ -12,10 +12,10 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants
 
 from edgeinfer import LLM, SamplingParams
-from edgeinfer.config import EngineConfig
+from edgeinfer.config import KV_TYPES, EngineConfig
 from edgeinfer.gguf_file import GGUFFile
 from edgeinfer.kernels import get_backend
-from edgeinfer.kernels.cpu import attention, ops
+from edgeinfer.kernels.cpu import attention, kv_rotation, ops
 from edgeinfer.memory import MemoryBudgetError
 from edgeinfer.models import load_model
 from edgeinfer.engine.kv_cache import KVCache
@@ -42,22 +42,26 @@ def test_q8_0_kv_rows_are_ggml_q8_0_blocks_and_attention_reads_them_exactly():
     kc = np.zeros((n, kvh, d + d // 16), np.int8)
     vc = np.zeros_like(kc)
     ops.write_kv(k, v, np.arange(n), kc, vc)
-    # the quantization is llama.cpp's reference one, byte for byte (gguf's numpy quantizer)
-    np.testing.assert_array_equal(q8_rows_as_gguf(kc, d), quants.quantize(k.reshape(-1, d), T.Q8_0).reshape(-1))
-    np.testing.assert_array_equal(q8_rows_as_gguf(vc, d), quants.quantize(v.reshape(-1, d), T.Q8_0).reshape(-1))
+    # the quantization is llama.cpp's reference one, byte for byte (gguf's numpy quantizer), of the rows rotated
+    # as llama.cpp rotates them (kv_rotation: heads of 64, one chunk each for K and V)
+    kr, vr = kv_rotation.rotated(k, 64), kv_rotation.rotated(v, 64)
+    np.testing.assert_array_equal(q8_rows_as_gguf(kc, d), quants.quantize(kr.reshape(-1, d), T.Q8_0).reshape(-1))
+    np.testing.assert_array_equal(q8_rows_as_gguf(vc, d), quants.quantize(vr.reshape(-1, d), T.Q8_0).reshape(-1))
     kd = quants.dequantize(q8_rows_as_gguf(kc, d), T.Q8_0).reshape(n, kvh, d).astype(np.float32)
     vd = quants.dequantize(q8_rows_as_gguf(vc, d), T.Q8_0).reshape(n, kvh, d).astype(np.float32)
     # attention over the q8_0 cache: the same bits as over a float32 cache of the dequantized values with the
-    # queries as q8_0 values (llama.cpp's flash attention quantizes them for its q8_0 dot products)
+    # queries rotated as the keys, as q8_0 values (llama.cpp's flash attention quantizes them for its q8_0 dot
+    # products), the output rotated back
     t = 20
     q = rng.standard_normal((t, h, d)).astype(np.float32)
     args = (np.zeros(t, np.int64), np.arange(n - t, n), np.arange(n // 16, dtype=np.int32)[None], 16,
             np.float32(0.125), 0, np.float32(0.0), np.zeros(0, np.float32))
     got, want = np.zeros((t, h, d), np.float32), np.zeros((t, h, d), np.float32)
     attention.paged_attention(q, kc, vc, *args, got)
-    qv = attention.q8_values(q)
+    qv = attention.q8_values(kv_rotation.rotated(q, 64))
     attention.paged_attention(qv, kd, vd, *args, want)
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, kv_rotation.rotated(want, 64))
+    qv = attention.q8_values(q)
     # those values are gguf's q8_0 blocks of the queries, but rounded half to even (x * 127 / amax), as ggml's
     # quantize_row_q8_0 for the CPU rounds them, not its reference's halves away from zero
     ref = quants.dequantize(quants.quantize(q.reshape(-1, d), T.Q8_0), T.Q8_0).reshape(q.shape)
@@ -146,9 +150,11 @@ def test_k_and_v_types_from_the_cli(tmp_path):
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(main, ["inspect", str(p), "--memory", "--json", "--kv-type", "f32", "--kv-type-v", "q8_0"])
     m = json.loads(r.output)["memory"]
-    assert m["default_kv_type"] == "f32/q8_0" and set(m["kv_mb_per_1k_tokens"]) == {"f32", "f16", "q8_0", "f32/q8_0"}
-    r = CliRunner().invoke(main, ["generate", str(p), "hi", "--kv-type-k", "q4_0"])
-    assert r.exit_code == 2 and "'q4_0' is not one of" in r.output
+    assert m["default_kv_type"] == "f32/q8_0" and set(m["kv_mb_per_1k_tokens"]) == {*KV_TYPES, "f32/q8_0"}
+    per_1k = m["kv_mb_per_1k_tokens"]
+    assert 0 < per_1k["q4_0"] <= 0.3 * per_1k["f16"] and per_1k["q4_0"] < per_1k["q8_0"] < per_1k["f16"]
+    r = CliRunner().invoke(main, ["generate", str(p), "hi", "--kv-type-k", "q3_k"])
+    assert r.exit_code == 2 and "'q3_k' is not one of" in r.output
 
 
 def test_kv_type_defaults_and_errors(tiny_llama_path):
@@ -258,3 +264,30 @@ def test_a_plain_generate_imports_no_server_template_or_quantizer(tiny_llama_pat
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_4_and_5_bit_kv_on_a_tiny_model_with_rotated_heads(tmp_path):
+    """Heads of 64 (rotated before they are quantized, as llama.cpp's): each 4- and 5-bit type and bf16 near f16's
+    logits, coarser types further off; the compiled step equals the per-op forward bit for bit; a batch equals
+    each prompt alone."""
+    p = tmp_path / "g.gguf"
+    write_tiny_gemma3(p, qtype=T.Q8_0, head_dim=64, seed=2)
+    m = load_model(GGUFFile(p), kb)
+    ids = np.random.default_rng(2).integers(3, 200, 40)
+    f16 = forward_logits(m, "f16", ids)
+    off = {}
+    for kv in ("bf16", "q5_1", "q4_0", "iq4_nl", "q4_0/f16"):
+        got = forward_logits(m, kv, ids)
+        stack, m.stack = m.stack, None
+        try:
+            np.testing.assert_array_equal(forward_logits(m, kv, ids), got, err_msg=kv)  # per op
+        finally:
+            m.stack = stack
+        off[kv] = np.abs(got - f16).max() / f16.std()
+        assert (got.argmax(1) == f16.argmax(1)).mean() >= 0.8, kv
+    assert off["bf16"] < 0.15 and off["q5_1"] < off["q4_0"] < 0.6, off
+    llm = LLM(str(p), kv_type="q4_0/iq4_nl", progress=False)
+    prompts = ["<start_of_turn>user\nhi", "hello there", "<start_of_turn>user\nhi again"]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    together = [c.token_ids for c in llm.generate(prompts, params)]
+    assert together == [llm.generate(pr, params)[0].token_ids for pr in prompts]

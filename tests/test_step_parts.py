@@ -50,7 +50,8 @@ def test_the_precompiled_signature_is_what_models_pass(tiny_llama_path, zoo):
     arguments, dense and MoE, for every KV type the model can have."""
     for m in (load_model(GGUFFile(tiny_llama_path), kb), load_model(GGUFFile(zoo("qwen3moe")), kb)):
         c = m.cfg
-        for kv in ("f32", "f16", "q8_0", "q8_0/f16", "f16/f32") if c.head_dim % 32 == 0 else ("f32", "f16", "f32/f16"):
+        for kv in ("f32", "f16", "q8_0", "q8_0/f16", "f16/f32", "q4_1/bf16") if c.head_dim % 32 == 0 else ("f32", "f16",
+                                                                                                  "f32/f16"):
             cache = KVCache(c.n_layer, 4, 16, c.n_kv_head, c.head_dim, c.v_head_dim, dtype=kv, kb=kb)
             batch = Batch([5, 6], [0, 1], [0, 0], [0, 1], np.arange(4)[None], [1])
             args = m.stack.args(np.zeros((2, c.dim), np.float32), batch, cache,

@@ -19,10 +19,13 @@ prompt see more keys), so two halves of the task list carry about the same work.
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
-from . import simd
-from .ops import F16_TO_F32, f32_to_f16_bits, kv_is_q8, kv_key_to_tile, kv_load, kv_value8, kv_value_to_tile
+from . import kv_blocks, kv_rotation, simd
+from .halves import bf16_to_f32, f32_to_bf16_bits
+from .ops import (F16_TO_F32, f32_to_f16_bits, kv_key_to_tile, kv_load, kv_quantized, kv_tiled, kv_value8,
+                  kv_value_to_tile, quantized_rows)
 
 KEYS = 16  # key positions per tile: two f32x8 score vectors per query row
 Q_TOKENS = 16  # query tokens per task: a tile of Q_TOKENS * group rows reuses each transposed key tile
@@ -64,7 +67,7 @@ def _tasks(token_seq, n_kv):
 def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window,
                     softcap, sinks, out):
     # q (T, H, D); k_cache (n_slots, KVH, D); v_cache (n_slots, KVH, Dv), float32, float16 bits
-    # (uint16) or q8_0 rows (int8; see ops.kv_put_head); token_seq (T,) row of block_tables (S, max_blocks) for each token; positions (T,)
+    # (uint16), q8_0 rows (int8; see ops.kv_put_head) or kv_blocks' formats; token_seq (T,) row of block_tables (S, max_blocks) for each token; positions (T,)
     # -> out (T, H, Dv). Causal: the token at position p sees its sequence's keys at positions
     # max(0, p - window + 1) .. p (window <= 0: all), read through the block table (no contiguous copy).
     # sinks (H,) float32, or empty: none; each head's attention sink (gpt-oss), a logit with no value that
@@ -72,8 +75,7 @@ def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, blo
     T, H, D = q.shape
     KVH = k_cache.shape[1]
     Dv = out.shape[2]
-    if kv_is_q8(k_cache):  # q8_0 keys: the queries as q8_0 values, as llama.cpp's dot products take them
-        q = q8_values(q)
+    q = queries_for(q, k_cache)
     tasks = _tasks(token_seq, KVH)
     n = tasks.shape[0]
     for i in prange(n):
@@ -84,6 +86,36 @@ def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, blo
         else:
             _rows_scalar(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap,
                          sinks, out, tasks[j, 0], tasks[j, 1], tasks[j, 2])
+
+
+def queries_for(q, k_cache):
+    """The queries as llama.cpp's flash attention takes them into its dot products with keys of k_cache's type
+    (the keys' vec_dot type): for a quantized K (q8_0, the 4- and 5-bit types), rotated as the keys are
+    (kv_rotation), then as q8_0 values (q4_1's and q5_1's q8_1 holds the same values); bfloat16 values for
+    bf16 keys; float keys take q as it is."""
+
+
+@overload(queries_for)
+def _queries_for(q, k_cache):
+    if kv_blocks.record_name(k_cache.dtype) == "bf16":
+        return lambda q, k_cache: bf16_values(q)
+    if quantized_rows(k_cache.dtype):
+        def impl(q, k_cache):
+            n = kv_rotation.k_chunk(q.shape[2])
+            return q8_values(kv_rotation.rotated(q, n) if n else q)
+        return impl
+    return lambda q, k_cache: q
+
+
+@njit(nogil=True, cache=True)
+def bf16_values(q):
+    # q (T, H, D) rounded to bfloat16 values (as ggml's CPU from_float for BF16)
+    out = np.empty_like(q)
+    for t in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            for i in range(q.shape[2]):
+                out[t, h, i] = bf16_to_f32(f32_to_bf16_bits(q[t, h, i]))
+    return out
 
 
 @njit(nogil=True, cache=True)
@@ -117,7 +149,7 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
     _, H, D = q.shape
     KVH = k_cache.shape[1]
     Dv = out.shape[2]
-    row_len = v_cache.shape[2]  # Dv, or more for a q8_0 row (its scales follow the quants)
+    row_len = v_cache.shape[2]  # Dv, or a quantized row's length (its scales with its quants)
     group = H // KVH
     R = (t1 - t0) * group
     row = token_seq[t0]
@@ -128,7 +160,7 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
         hi_all = max(hi_all, positions[t])
     kt = np.zeros(D * KEYS, np.float32)  # the key tile, transposed: kt[d * KEYS + j]
     tmp8 = np.zeros(8, np.float32)
-    vt = np.zeros(KEYS * Dv if kv_is_q8(v_cache) else 0, np.float32)  # q8_0: the tile's values, dequantized
+    vt = np.zeros(KEYS * Dv if kv_tiled(v_cache) else 0, np.float32)  # the tile's values, dequantized (kv_tiled)
     vbase = np.zeros(KEYS, np.int64)  # flat index of the start of each key's V row in v_cache
     p = np.empty(KEYS, np.float32)
     m = np.full(R, -np.inf, np.float32)
@@ -213,6 +245,7 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
                     x0 = simd.fma8(simd.splatf(p[j]), kv_value8(vt, j * Dv, v_cache, vbase[j], c), x0)
                 simd.storef8(acc, base + c, x0)
                 c += 8
+    nv = kv_rotation.v_chunk(Dv) if kv_quantized(v_cache) else 0  # rotated values: the output rotated back
     for t in range(t0, t1):
         for hh in range(group):
             r = (t - t0) * group + hh
@@ -222,6 +255,8 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
             inv = np.float32(1.0) / den
             for c in range(Dv):
                 out[t, g * group + hh, c] = acc[r * Dv + c] * inv
+            if nv:
+                kv_rotation.fwht(out[t, g * group + hh], out[t, g * group + hh], nv)
 
 
 @njit(inline="always", cache=True)

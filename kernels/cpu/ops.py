@@ -7,22 +7,19 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from . import simd
-from .simd import f32_bits
-
-# float16 bit pattern -> float32, for KV caches stored as float16 bits (uint16)
-with np.errstate(invalid="ignore"):  # signalling NaNs set the invalid flag on aarch64 (numpy warns); kept as NaNs
-    F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-
+from . import kv_blocks, kv_rotation
+from .halves import F16_TO_F32, f32_to_f16_bits  # noqa: F401  (the kernels' half-float conversions)
 
 # KV cache storage, per layer (n_slots, KVH, row), one of:
 #   float32 values; float16 bit patterns (uint16); or q8_0 (int8): a row of D values is D int8 quants
 #   (blocks of 32) followed by the D/32 blocks' float16 scales as little-endian byte pairs, D + D/16
-#   bytes in all, 1.0625 bytes per value (llama.cpp's q8_0 block: 34 bytes per 32 values).
+#   bytes in all, 1.0625 bytes per value (llama.cpp's q8_0 block: 34 bytes per 32 values); or bf16 or a 4- or
+#   5-bit type, each in a record type of its own (kv_blocks.py).
 Q8_KV_BLOCK = 32
 
 
 def kv_load(cache, slot, g, i):
-    """cache[slot, g, i] as float32, whatever the cache's storage (float32, float16 bits, q8_0)."""
+    """cache[slot, g, i] as float32, whatever the cache's storage (float32, float16 bits, q8_0, kv_blocks')."""
 
 
 @njit(inline="always", cache=True)
@@ -34,7 +31,12 @@ def _q8_scale(cache, row, b):
 
 @overload(kv_load, inline="always")
 def _kv_load(cache, slot, g, i):
-    if cache.dtype == types.uint16:
+    if name := kv_blocks.record_name(cache.dtype):
+        load = kv_blocks.loader(name)
+
+        def impl(cache, slot, g, i):
+            return load(cache, slot, g, i)
+    elif cache.dtype == types.uint16:
         def impl(cache, slot, g, i):
             return F16_TO_F32[cache[slot, g, i]]
     elif cache.dtype == types.int8:
@@ -47,24 +49,47 @@ def _kv_load(cache, slot, g, i):
     return impl
 
 
-def kv_is_q8(cache):
-    """Whether a KV cache holds q8_0 rows (a constant where it is compiled)."""
+def kv_tiled(cache):
+    """Whether attention reads a KV cache's value rows from a float32 tile they are converted into (q8_0,
+    kv_blocks' formats) rather than in place (a constant where it is compiled)."""
 
 
-@overload(kv_is_q8, inline="always")
-def _kv_is_q8(cache):
-    q8 = cache.dtype == types.int8
-    return lambda cache: q8
+@overload(kv_tiled, inline="always")
+def _kv_tiled(cache):
+    tiled = cache.dtype == types.int8 or kv_blocks.record_name(cache.dtype) is not None
+    return lambda cache: tiled
+
+
+def kv_quantized(cache):
+    """Whether a KV cache holds quantized rows (q8_0, the 4- and 5-bit types), which llama.cpp rotates
+    (kv_rotation.py; a constant where it is compiled)."""
+
+
+def quantized_rows(dtype) -> bool:
+    """kv_quantized's answer for a cache of this Numba element type (at typing time)."""
+    return dtype == types.int8 or kv_blocks.record_name(dtype) not in (None, "bf16")
+
+
+@overload(kv_quantized, inline="always")
+def _kv_quantized(cache):
+    quantized = quantized_rows(cache.dtype)
+    return lambda cache: quantized
 
 
 def kv_value_to_tile(vt, o, cache, slot, g):
-    """For a q8_0 cache: vt[o : o + Dv] = the value row cache[slot, g] dequantized (float32), once per key
-    tile for every query row that reads it. Nothing for float caches, read in place (kv_value8)."""
+    """For a tiled cache (kv_tiled): vt[o : o + Dv] = the value row cache[slot, g] dequantized (float32), once
+    per key tile for every query row that reads it. Nothing for float caches, read in place (kv_value8)."""
 
 
 @overload(kv_value_to_tile, inline="always")
 def _kv_value_to_tile(vt, o, cache, slot, g):
-    if cache.dtype == types.int8:
+    if name := kv_blocks.record_name(cache.dtype):
+        read8, per_row = kv_blocks.reader(name), kv_blocks.values_per_row(name)
+
+        def impl(vt, o, cache, slot, g):
+            for i in range(0, per_row(cache.shape[2]), 8):
+                read8(cache, slot, g, i, vt, o + i)
+    elif cache.dtype == types.int8:
         def impl(vt, o, cache, slot, g):
             D = cache.shape[2] * 16 // 17
             row = (slot * cache.shape[1] + g) * cache.shape[2]
@@ -77,13 +102,13 @@ def _kv_value_to_tile(vt, o, cache, slot, g):
 
 
 def kv_value8(vt, o, cache, row, c):
-    """Values c .. c+7 of a key's value row as f32x8: from the dequantized tile (vt at o) for a q8_0 cache,
+    """Values c .. c+7 of a key's value row as f32x8: from the dequantized tile (vt at o) for a tiled cache,
     else from the cache row starting at flat index `row`."""
 
 
 @overload(kv_value8, inline="always")
 def _kv_value8(vt, o, cache, row, c):
-    if cache.dtype == types.int8:
+    if cache.dtype == types.int8 or kv_blocks.record_name(cache.dtype):
         def impl(vt, o, cache, row, c):
             return simd.loadf8(vt, o + c)
     else:
@@ -117,6 +142,16 @@ def kv_key_to_tile(kt, tmp, cache, slot, g, D, j, stride):
 
 @overload(kv_key_to_tile, inline="always")
 def _kv_key_to_tile(kt, tmp, cache, slot, g, D, j, stride):
+    if name := kv_blocks.record_name(cache.dtype):
+        read8 = kv_blocks.reader(name)
+
+        def impl(kt, tmp, cache, slot, g, D, j, stride):
+            for d in range(0, D, 8):
+                read8(cache, slot, g, d, tmp, 0)
+                for e in range(8):
+                    kt[(d + e) * stride + j] = tmp[e]
+        return impl
+
     def impl(kt, tmp, cache, slot, g, D, j, stride):
         row = (slot * cache.shape[1] + g) * cache.shape[2]
         for d in range(0, D, 8):
@@ -126,71 +161,56 @@ def _kv_key_to_tile(kt, tmp, cache, slot, g, D, j, stride):
     return impl
 
 
-@njit(cache=True)
-def f32_to_f16_bits(v):
-    # float32 -> float16 bit pattern (uint16), rounding to nearest even as numpy's astype(float16) does
-    u = f32_bits(np.float32(v))
-    sign = np.uint32((u >> 16) & 0x8000)
-    exp = np.int32((u >> 23) & 0xFF)
-    mant = np.uint32(u & 0x7FFFFF)
-    if exp == 0xFF:  # inf, nan
-        return np.uint16(sign | 0x7C00 | (np.uint32(0x200) if mant != 0 else np.uint32(0)))
-    e = exp - 127 + 15
-    if e >= 31:  # too large: inf
-        return np.uint16(sign | 0x7C00)
-    if e <= 0:  # subnormal half, or zero
-        if e < -10:
-            return np.uint16(sign)
-        mant |= np.uint32(0x800000)
-        shift = np.uint32(14 - e)
-        r = mant >> shift
-        rem = mant & ((np.uint32(1) << shift) - np.uint32(1))
-        half = np.uint32(1) << (shift - np.uint32(1))
-        if rem > half or (rem == half and (r & 1) != 0):
-            r += np.uint32(1)
-        return np.uint16(sign | r)
-    r = sign | (np.uint32(e) << 10) | (mant >> 13)
-    rem = mant & 0x1FFF
-    if rem > 0x1000 or (rem == 0x1000 and (r & 1) != 0):
-        r += np.uint32(1)  # a carry into the exponent is the right rounding too
-    return np.uint16(r)
-
-
-def kv_put_head(cache, slot, g, x, t):
+def kv_put_head(cache, slot, g, x, t, n):
     """cache[slot, g] = x[t, g] (x float32 (T, KVH, D), or already in the cache's storage type):
     converted to float16 bits for a float16 cache (rounded as numpy's astype(float16) rounds), quantized
     to q8_0 blocks for an int8 cache (as llama.cpp's reference quantize_row_q8_0: d = amax / 127 stored
-    as float16, q = round-half-away(x / d) with the float32 d)."""
+    as float16, q = round-half-away(x / d) with the float32 d); kv_blocks' formats as its writer writes them.
+    n: a quantized row is first rotated in chunks of n values (kv_rotation; 0: not)."""
 
 
 @overload(kv_put_head)
-def _kv_put_head(cache, slot, g, x, t):
-    if cache.dtype == types.int8:
-        def impl(cache, slot, g, x, t):
-            D = x.shape[2]
-            for b in range(D // Q8_KV_BLOCK):
-                amax = np.float32(0.0)
-                for i in range(b * Q8_KV_BLOCK, (b + 1) * Q8_KV_BLOCK):
-                    amax = max(amax, abs(x[t, g, i]))
-                d = amax / np.float32(127.0)
-                inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-                bits = f32_to_f16_bits(d)
-                cache[slot, g, D + 2 * b] = np.int8(np.int64(bits & 0xFF) - (256 if bits & 0x80 else 0))
-                hi = np.int64(bits >> 8)
-                cache[slot, g, D + 2 * b + 1] = np.int8(hi - (256 if hi & 0x80 else 0))
-                for i in range(b * Q8_KV_BLOCK, (b + 1) * Q8_KV_BLOCK):
-                    v = x[t, g, i] * inv
-                    q = math.floor(abs(v) + 0.5)  # roundf: halves away from zero
-                    cache[slot, g, i] = np.int8(q if v >= 0 else -q)
+def _kv_put_head(cache, slot, g, x, t, n):
+    name = kv_blocks.record_name(cache.dtype)
+    if name or cache.dtype == types.int8:
+        put = kv_blocks.writer(name) if name else _put_q8_0
+
+        def impl(cache, slot, g, x, t, n):
+            row = np.empty(x.shape[2], np.float32)
+            if n:
+                kv_rotation.fwht(x[t, g], row, n)
+            else:
+                row[:] = x[t, g]
+            put(cache, slot, g, row)
     elif cache.dtype == types.uint16 and isinstance(x.dtype, types.Float):
-        def impl(cache, slot, g, x, t):
+        def impl(cache, slot, g, x, t, n):
             for i in range(x.shape[2]):
                 cache[slot, g, i] = f32_to_f16_bits(x[t, g, i])
     else:
-        def impl(cache, slot, g, x, t):
+        def impl(cache, slot, g, x, t, n):
             for i in range(x.shape[2]):
                 cache[slot, g, i] = x[t, g, i]
     return impl
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _put_q8_0(cache, slot, g, row):
+    # the row (D,) as q8_0 quants then the blocks' float16 scales (see kv_put_head)
+    D = row.shape[0]
+    for b in range(D // Q8_KV_BLOCK):
+        amax = np.float32(0.0)
+        for i in range(b * Q8_KV_BLOCK, (b + 1) * Q8_KV_BLOCK):
+            amax = max(amax, abs(row[i]))
+        d = amax / np.float32(127.0)
+        inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+        bits = f32_to_f16_bits(d)
+        cache[slot, g, D + 2 * b] = np.int8(np.int64(bits & 0xFF) - (256 if bits & 0x80 else 0))
+        hi = np.int64(bits >> 8)
+        cache[slot, g, D + 2 * b + 1] = np.int8(hi - (256 if hi & 0x80 else 0))
+        for i in range(b * Q8_KV_BLOCK, (b + 1) * Q8_KV_BLOCK):
+            v = row[i] * inv
+            q = math.floor(abs(v) + 0.5)  # roundf: halves away from zero
+            cache[slot, g, i] = np.int8(q if v >= 0 else -q)
 
 
 # Strict IEEE arithmetic (no fast-math) in the row functions: then a row function computes the same
@@ -279,9 +299,11 @@ def write_kv(k, v, slot_mapping, k_cache, v_cache):
 def write_kv_row(k, v, slot_mapping, k_cache, v_cache, t):
     # token t's k and v into their slot (see write_kv)
     s = slot_mapping[t]
+    nk = kv_rotation.k_chunk(k.shape[2]) if kv_quantized(k_cache) else 0  # (llama.cpp's rotations: kv_rotation)
+    nv = kv_rotation.v_chunk(v.shape[2]) if kv_quantized(v_cache) else 0
     for g in range(k.shape[1]):
-        kv_put_head(k_cache, s, g, k, t)
-        kv_put_head(v_cache, s, g, v, t)
+        kv_put_head(k_cache, s, g, k, t, nk)
+        kv_put_head(v_cache, s, g, v, t, nv)
 
 
 @njit(nogil=True, cache=True)
