@@ -159,7 +159,7 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
         lo_all = min(lo_all, _first_key(positions[t], window))
         hi_all = max(hi_all, positions[t])
     kt = np.zeros(D * KEYS, np.float32)  # the key tile, transposed: kt[d * KEYS + j]
-    tmp8 = np.zeros(8, np.float32)
+    tmp8 = np.zeros(max(D, 8), np.float32)  # a key row's values on their way into the tile
     vt = np.zeros(KEYS * Dv if kv_tiled(v_cache) else 0, np.float32)  # the tile's values, dequantized (kv_tiled)
     vbase = np.zeros(KEYS, np.int64)  # flat index of the start of each key's V row in v_cache
     p = np.empty(KEYS, np.float32)

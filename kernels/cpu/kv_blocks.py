@@ -79,6 +79,49 @@ def reader(name: str):
 
 
 @cache
+def row_reader(name: str):
+    """read_row(c, slot, g, n, out, o): out[o : o + n] = the n values of row c[slot, g], a block at a time (the
+    same values as read8's, in loops the compiler vectorizes: the attention tiles' reading)."""
+    if name == "bf16":
+        @njit(inline="always", nogil=True, cache=True)
+        def read_bf16(c, slot, g, n, out, o):
+            for i in range(n):
+                out[o + i] = bf16_to_f32(c[slot, g, i][name])
+        return read_bf16
+    size, qs, has_min, has_high, offset = LAYOUT[name]
+    grid = name == "iq4_nl"
+
+    @njit(inline="always", nogil=True, cache=True)
+    def read_row(c, slot, g, n, out, o):
+        for b in range(n // BLOCK):
+            base, at = b * size, o + b * BLOCK
+            scale = F16_TO_F32[np.int64(c[slot, g, base][name]) | (np.int64(c[slot, g, base + 1][name]) << 8)]
+            lo = np.float32(0.0)
+            if has_min:
+                lo = F16_TO_F32[np.int64(c[slot, g, base + 2][name]) | (np.int64(c[slot, g, base + 3][name]) << 8)]
+            high = np.int64(0)
+            if has_high:
+                for k in range(4):
+                    high |= np.int64(c[slot, g, base + qs - 4 + k][name]) << (8 * k)
+            for j in range(16):
+                byte = np.int64(c[slot, g, base + qs + j][name])
+                q0, q1 = byte & 0xF, byte >> 4
+                if has_high:
+                    q0 |= ((high >> j) & 1) << 4
+                    q1 |= ((high >> (j + 16)) & 1) << 4
+                if grid:
+                    out[at + j] = scale * IQ4_VALUES[q0]
+                    out[at + j + 16] = scale * IQ4_VALUES[q1]
+                elif has_min:
+                    out[at + j] = np.float32(q0) * scale + lo
+                    out[at + j + 16] = np.float32(q1) * scale + lo
+                else:
+                    out[at + j] = np.float32(q0 - offset) * scale
+                    out[at + j + 16] = np.float32(q1 - offset) * scale
+    return read_row
+
+
+@cache
 def values_per_row(name: str):
     """per_row(n): the values in a row of n elements of this format."""
     size = LAYOUT[name][0] if name in LAYOUT else 0

@@ -84,11 +84,10 @@ def kv_value_to_tile(vt, o, cache, slot, g):
 @overload(kv_value_to_tile, inline="always")
 def _kv_value_to_tile(vt, o, cache, slot, g):
     if name := kv_blocks.record_name(cache.dtype):
-        read8, per_row = kv_blocks.reader(name), kv_blocks.values_per_row(name)
+        read_row, per_row = kv_blocks.row_reader(name), kv_blocks.values_per_row(name)
 
         def impl(vt, o, cache, slot, g):
-            for i in range(0, per_row(cache.shape[2]), 8):
-                read8(cache, slot, g, i, vt, o + i)
+            read_row(cache, slot, g, per_row(cache.shape[2]), vt, o)
     elif cache.dtype == types.int8:
         def impl(vt, o, cache, slot, g):
             D = cache.shape[2] * 16 // 17
@@ -137,19 +136,18 @@ def _kv_key8(cache, row, d):
 
 def kv_key_to_tile(kt, tmp, cache, slot, g, D, j, stride):
     """kt[d * stride + j] = key d of cache[slot, g] as float32, d < D (a multiple of 8): eight at a time
-    through tmp (8,), then spread to their strided places."""
+    through tmp (D values at least), then spread to their strided places (kv_blocks' formats: the row at once)."""
 
 
 @overload(kv_key_to_tile, inline="always")
 def _kv_key_to_tile(kt, tmp, cache, slot, g, D, j, stride):
     if name := kv_blocks.record_name(cache.dtype):
-        read8 = kv_blocks.reader(name)
+        read_row = kv_blocks.row_reader(name)
 
-        def impl(kt, tmp, cache, slot, g, D, j, stride):
-            for d in range(0, D, 8):
-                read8(cache, slot, g, d, tmp, 0)
-                for e in range(8):
-                    kt[(d + e) * stride + j] = tmp[e]
+        def impl(kt, tmp, cache, slot, g, D, j, stride):  # (tmp holds D values here)
+            read_row(cache, slot, g, D, tmp, 0)
+            for d in range(D):
+                kt[d * stride + j] = tmp[d]
         return impl
 
     def impl(kt, tmp, cache, slot, g, D, j, stride):
