@@ -91,8 +91,10 @@ def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, blo
 def queries_for(q, k_cache):
     """The queries as llama.cpp's flash attention takes them into its dot products with keys of k_cache's type
     (the keys' vec_dot type): for a quantized K (q8_0, the 4- and 5-bit types), rotated as the keys are
-    (kv_rotation), then as q8_0 values (q4_1's and q5_1's q8_1 holds the same values); bfloat16 values for
-    bf16 keys; float keys take q as it is."""
+    (kv_rotation), then as q8_0 values (q4_1's and q5_1's q8_1 holds the same values; llama.cpp's q8_1 sum
+    term, its min times a float16 sum of the block, rounds a little differently from the exact sum here);
+    bfloat16 values for bf16 keys. Float keys take q as it is (llama.cpp's decode path rounds q to float16
+    for f16 keys; its prompt path does not)."""
 
 
 @overload(queries_for)
@@ -332,6 +334,7 @@ def _rows_scalar(q, k_cache, v_cache, token_seq, positions, block_tables, block_
     Dv = out.shape[2]
     group = H // KVH
     acc = np.zeros(Dv, np.float32)
+    nv = kv_rotation.v_chunk(Dv) if kv_quantized(v_cache) else 0
     for t in range(t0, t1):
         pos = positions[t]
         row = token_seq[t]
@@ -361,3 +364,5 @@ def _rows_scalar(q, k_cache, v_cache, token_seq, positions, block_tables, block_
                 denom += _sink_term(sinks[h], mx)
             for dd in range(Dv):
                 out[t, h, dd] = acc[dd] / denom
+            if nv:  # a quantized V's rotation undone (see _tile)
+                kv_rotation.fwht(out[t, h], out[t, h], nv)

@@ -8,8 +8,9 @@ compiled kernel holds one format's code and no branch on it.
 
 Writing a row is ggml's reference quantizer of the type (ggml-quants.c's quantize_row_*_ref: what ggml's CPU
 from_float runs for these types when llama.cpp stores K and V; iq4_nl's with no importance weights and no
-scale search, as its CPU from_float calls it); bf16 rounds to nearest even. Reading is ggml's to_float,
-eight values at a time: float(q) * d (+ m for the _1 types), iq4_nl's grid value times d.
+scale search, as its CPU from_float calls it); bf16 rounds to nearest even. Reading is ggml's to_float:
+float(q) * d (+ m for the _1 types), iq4_nl's grid value times d; a block at a time into the attention tiles
+(`row_reader`), eight at a time or one for kv_load.
 
 `reader(name)`, `loader(name)` and `writer(name)` give a format's compiled functions; ops.py's KV overloads
 (kv_load, kv_key_to_tile, kv_value_to_tile, kv_put_head) dispatch to them by the array's record name.
@@ -135,6 +136,11 @@ def values_per_row(name: str):
 @cache
 def loader(name: str):
     """load(c, slot, g, i): value i of row c[slot, g] as float32, one at a time (the same value read8 gives)."""
+    if name == "bf16":  # (a bf16 row may be of any length: one value, not eight)
+        @njit(nogil=True, cache=True)
+        def load_bf16(c, slot, g, i):
+            return bf16_to_f32(c[slot, g, i][name])
+        return load_bf16
     read8 = reader(name)
 
     @njit(nogil=True, cache=True)
