@@ -52,10 +52,15 @@ from .common import engine_options
                    "stay loaded).")
 @click.option("--allow-pull", is_flag=True, default=False,
               help="Let clients download catalog models into the model cache with Ollama's POST /api/pull.")
+@click.option("--prompt-cache", "prompt_cache", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Keep computed prompt blocks in DIR too, written as they are computed, and use them after a "
+                   "restart (one folder per model file and KV type).")
+@click.option("--prompt-cache-mb", type=click.FloatRange(1, None), default=1024.0, show_default=True,
+              help="MB of --prompt-cache per model at most (the least recently used blocks are removed).")
 @engine_options
 def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout, read_timeout, max_body_bytes, max_seqs, threads,
           device, shutdown_timeout, drafts, speculate, draft_tokens, reasoning_format, models_dirs, keep_alive,
-          allow_pull, kv_type, max_context, memory_budget):
+          allow_pull, prompt_cache, prompt_cache_mb, kv_type, max_context, memory_budget):
     """Serve MODELS over an OpenAI-compatible HTTP API (and Ollama's /api/ps). MODELS load at start; any
     other model that is downloaded (or under a --models-dir) loads when a request names it, and unloads
     when idle for --keep-alive. With no MODELS, a request that names no model gets smollm2-135m-instruct.
@@ -87,7 +92,7 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
     base = EngineConfig(threads=threads, max_seqs=max_seqs, backend=device, kv_dtype=kv_type or "",
-                        max_context=max_context)
+                        max_context=max_context, prompt_cache=prompt_cache or "", prompt_cache_mb=prompt_cache_mb)
     per_model = None
     if memory_budget:  # one budget for the whole process: every model's weights, KV and buffers
         per_model = dict(zip(models, budget_configs(paths, base, memory_budget)))

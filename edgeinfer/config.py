@@ -194,6 +194,9 @@ class EngineConfig:
     # 0: none. Else the MB this model may use in all (runtime + weights + KV + buffers): the KV pool and
     # the number of sequences are sized to fit, or loading fails naming the smallest budget that fits.
     memory_budget_mb: float = 0.0
+    # a folder: computed prefix blocks are kept there too (at most prompt_cache_mb), and found after a restart
+    prompt_cache: str = ""
+    prompt_cache_mb: float = 1024.0
 
     def __post_init__(self):
         for name in ("threads", "num_kv_blocks", "max_context", "max_seqs"):
@@ -212,6 +215,8 @@ class EngineConfig:
             raise ValueError(f"the CUDA backend has no {self.kv_dtype} KV cache yet: use kv type 'f32'")
         if self.memory_budget_mb < 0:
             raise ValueError(f"memory_budget_mb must be >= 0, got {self.memory_budget_mb}")
+        if self.prompt_cache_mb <= 0:
+            raise ValueError(f"prompt_cache_mb must be > 0, got {self.prompt_cache_mb}")
 
     @property
     def seqs_limit(self) -> int:

@@ -63,13 +63,16 @@ class LLM:
     def __init__(self, model: str = registry.DEFAULT_MODEL, *, threads: int = 0, backend: str = "cpu",
                  kv_type: str = "", max_context: int = 0, memory_budget_mb: float = 0.0,
                  engine_config: EngineConfig | None = None, progress: bool = True, draft: str | None = None,
-                 speculate: str | None = None, draft_tokens: int = 0):
+                 speculate: str | None = None, draft_tokens: int = 0, prompt_cache: str = "",
+                 prompt_cache_mb: float = 1024.0):
         """draft: a draft model (catalog name or path) for speculative decoding; speculate: "lookup" for
         prompt-lookup speculation ("draft" is implied by draft=); draft_tokens: proposals per step at
-        most (0: 4 for a draft, 8 for lookup)."""
+        most (0: 4 for a draft, 8 for lookup). prompt_cache: a folder where computed prompt blocks are kept
+        (at most prompt_cache_mb for this model) and found again by a later process (engine/prompt_store.py)."""
         t0 = time.perf_counter()
         config = engine_config or EngineConfig(threads=threads, backend=backend, kv_dtype=kv_type,
-                                               max_context=max_context, memory_budget_mb=memory_budget_mb)
+                                               max_context=max_context, memory_budget_mb=memory_budget_mb,
+                                               prompt_cache=str(prompt_cache), prompt_cache_mb=prompt_cache_mb)
         self.path = registry.resolve(model, progress=progress)
         self.name = registry.model_name(model)  # what answers call it (the server's and batch jobs' "model")
         self.gguf = GGUFFile(self.path)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -14,37 +13,18 @@ from ..errors import EdgeInferError
 from ..sampling import Sampler, SamplingParams, log_softmax
 from ..structured import GrammarCache, Guide
 from ..tokenizer import IncrementalDecoder, Tokenizer
+from . import prompt_cache
 from .block_manager import BlockManager
 from .choices import Choices, follow
 from .model_runner import ModelRunner
 from .run import Run
 from .scheduler import Scheduler
-from .sequence import Sequence
+from .sequence import RequestOutput, Sequence  # noqa: F401  (RequestOutput: the engine's output)
 from .speculative import DraftProposer, SpecState, Speculation, make_proposer, rollback_states, speculation_slots, verify
 
 
 class PromptTooLongError(EdgeInferError, ValueError):
     """A prompt that does not fit the context (or the KV cache)."""
-
-
-@dataclass
-class RequestOutput:
-    """What one step produced for one request: the new text and tokens, and whether it is done."""
-
-    request_id: str
-    delta_text: str
-    new_token_ids: list[int]
-    finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    prompt_token_ids: list[int] = field(default_factory=list)
-    num_output_tokens: int = 0
-    logprobs: list[dict] | None = None  # per new token: {"token_id", "logprob", "top": [(id, logprob)]}
-    index: int = 0  # the choice (add_request's n): finished says this choice is done,
-    done: bool | None = None  # done that every choice of the request is (None: as finished)
-
-    def __post_init__(self):
-        if self.done is None:
-            self.done = self.finished
 
 
 class _RequestState:
@@ -82,8 +62,11 @@ class LLMEngine:
                                           num_checkpoints=states, window=cfg.sliding_window,
                                           num_window_blocks=n_window, num_spec_slots=spec_slots)
         self.proposer = make_proposer(speculation, config, n_blocks, n_slots) if speculation is not None else None
+        # the prompt cache on disk (prompt_cache.py), where config.prompt_cache names a folder
+        self.disk = prompt_cache.for_engine(config, cfg, model_id, self.block_manager, self._caches())
         self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens,
-                                   plan_spec=self._plan_spec if self.proposer is not None else None)
+                                   plan_spec=self._plan_spec if self.proposer is not None else None,
+                                   warm=self.disk.warm if self.disk is not None else None)
         self.requests: dict[tuple[str, int], _RequestState] = {}  # by (request id, choice)
         # compiled constraints, shared by the requests that use them; masks applied by the backend's kernel
         self.grammars = GrammarCache(tokenizer, model.kb.mask_logits)
@@ -305,6 +288,8 @@ class LLMEngine:
         # with a draft model, a block is offered to the prefix cache once both caches hold its KV
         upto = seq.spec.draft_computed if isinstance(self.proposer, DraftProposer) else None
         self.block_manager.commit(seq, upto)
+        if self.disk is not None:
+            self.disk.saved(seq)
 
     def _verify(self, st: _RequestState, rows: np.ndarray) -> RequestOutput:
         """Keep the proposals the target agrees with, plus its own next token; roll back the rest."""
@@ -352,7 +337,7 @@ class LLMEngine:
             if reason is not None:
                 break
         out = RequestOutput(seq.request_id, delta, new, reason is not None, reason, seq.prompt_ids,
-                            len(seq.output_ids), lps)
+                            len(seq.output_ids), lps, num_cached_tokens=seq.num_cached_tokens)
         out.index = seq.choice
         if reason is not None:
             seq.finish_reason = reason
@@ -444,4 +429,5 @@ class LLMEngine:
             "spec_accepted_tokens": self.spec_accepted,
             "spec_acceptance_rate": self.spec_accepted / self.spec_proposed if self.spec_proposed else 0.0,
             "spec_rounds": self.spec_rounds,
+            **(self.disk.stats() if self.disk is not None else {}),
         }

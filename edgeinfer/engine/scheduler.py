@@ -25,8 +25,10 @@ class Scheduler:
     """Admits waiting requests by priority then arrival while blocks last; preempts by recompute."""
 
     def __init__(self, block_manager: BlockManager, max_seqs: int, token_budget: int, aging_steps: int = 64,
-                 plan_spec=None):
+                 plan_spec=None, warm=None):
         self.bm = block_manager
+        # warm(seq): before a waiting sequence is admitted, its prefix's blocks from the disk cache (prompt_cache)
+        self.warm = warm
         # speculative decoding: plan_spec(seq, room) -> how many proposed tokens a decoding sequence
         # verifies this step (at most room); they count in the token budget and get KV slots
         self.plan_spec = plan_spec
@@ -117,6 +119,8 @@ class Scheduler:
         self.waiting.sort(key=self._wait_key)
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs and not out.preempted:
             seq = self.waiting[0]
+            if self.warm is not None:
+                self.warm(seq)
             if not self.bm.can_allocate(seq, budget):
                 break
             self.waiting.pop(0)

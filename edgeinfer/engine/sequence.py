@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass, field
 from enum import Enum
 
 _ids = itertools.count()
@@ -41,6 +42,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.spec = None  # speculative.SpecState when the engine speculates
         self.guide = None  # structured.Guide of a constrained request: masks its logits, follows its tokens
+        self.disk = None  # prompt_cache.DiskState: its blocks' chain digests and how many went to the disk cache
 
     @property
     def num_tokens(self) -> int:
@@ -57,3 +59,24 @@ class Sequence:
     def __repr__(self):
         return (f"Sequence({self.request_id}, {self.status.value}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens}, blocks={self.block_table})")
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request: the new text and tokens, and whether it is done."""
+
+    request_id: str
+    delta_text: str
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    prompt_token_ids: list[int] = field(default_factory=list)
+    num_output_tokens: int = 0
+    logprobs: list[dict] | None = None  # per new token: {"token_id", "logprob", "top": [(id, logprob)]}
+    index: int = 0  # the choice (add_request's n): finished says this choice is done,
+    done: bool | None = None  # done that every choice of the request is (None: as finished)
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (memory or disk), not computed
+
+    def __post_init__(self):
+        if self.done is None:
+            self.done = self.finished

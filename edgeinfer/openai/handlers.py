@@ -126,13 +126,14 @@ def read_reply_as_templated(gen: Generation, llm, reasoning_format: str) -> None
 class Output:
     """One choice's output, gathered as the engine produces it."""
 
-    __slots__ = ("parts", "ids", "lps", "reason")
+    __slots__ = ("parts", "ids", "lps", "reason", "cached")
 
     def __init__(self):
-        self.parts, self.ids, self.lps, self.reason = [], [], [], None
+        self.parts, self.ids, self.lps, self.reason, self.cached = [], [], [], None, 0
 
     def add(self, out: RequestOutput) -> bool:
         """One step's output; True once the choice is finished."""
+        self.cached = max(self.cached, out.num_cached_tokens)
         self.parts.append(out.delta_text)
         self.ids += out.new_token_ids
         self.lps += out.logprobs or []

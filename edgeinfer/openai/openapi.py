@@ -12,7 +12,8 @@ ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "param", "code"], "properties": {
         "message": {"type": "string"}, "type": {"type": "string"}, "param": _NULLABLE_STR, "code": _NULLABLE_STR}}}}
 USAGE = {"type": "object", "required": ["prompt_tokens", "total_tokens"], "properties": {
-    "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}}
+    "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"},
+    "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer"}}}}}
 _FINISH = {"enum": ["stop", "length", "tool_calls", None]}
 _LOGPROBS = {"type": ["object", "null"]}
 

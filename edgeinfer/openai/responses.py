@@ -13,9 +13,11 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict:
+    """OpenAI's usage, with prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache (in
+    memory, or on disk with --prompt-cache) held, whose prefill was skipped."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _finite_lp(lp: float) -> float:
@@ -115,7 +117,8 @@ def completion_response(gen, name: str, tokenizer, outputs: list, cid: str | Non
     return {"id": cid or new_id("chatcmpl" if chat else "cmpl"),
             "object": "chat.completion" if chat else "text_completion", "created": created or now(),
             "model": name, "choices": choices,
-            "usage": usage(len(gen.prompt_ids), sum(len(out.ids) for out in outputs))}
+            "usage": usage(len(gen.prompt_ids), sum(len(out.ids) for out in outputs),
+                           max(out.cached for out in outputs))}
 
 
 class _ChoiceStream:
@@ -205,8 +208,8 @@ class Chunks:
                 st.n_calls += 1
         return deltas
 
-    def usage(self, n_prompt: int, n_out: int) -> dict:
+    def usage(self, n_prompt: int, n_out: int, cached: int = 0) -> dict:
         """The last chunk when stream_options.include_usage: no choices, the token counts (n_out: every
         choice's)."""
         return {"id": self.cid, "object": self.object, "created": self.created, "model": self.name, "choices": [],
-                "usage": usage(n_prompt, n_out)}
+                "usage": usage(n_prompt, n_out, cached)}

@@ -47,6 +47,14 @@ class _EngineCollector:
         accepted = _per_model("spec_accepted_tokens", "Speculative decoding: proposed tokens the model accepted")
         rate = GaugeMetricFamily("edgeinfer_spec_acceptance_rate", "Speculative decoding: accepted / proposed "
                                  "tokens since start", labels=["model"])
+        disk = {key: _per_model(key, doc) for key, doc in (
+            ("prompt_cache_hits", "--prompt-cache: blocks read from disk into the prefix cache"),
+            ("prompt_cache_misses", "--prompt-cache: blocks past the in-memory prefix hit not on disk (or refused)"),
+            ("prompt_cache_damaged", "--prompt-cache: entries found damaged, truncated or foreign, and removed"),
+            ("prompt_cache_bytes_written", "--prompt-cache: bytes written to disk"),
+            ("prompt_cache_bytes_read", "--prompt-cache: bytes read from disk"))}
+        disk_bytes = GaugeMetricFamily("edgeinfer_prompt_cache_bytes", "--prompt-cache: bytes on disk",
+                                       labels=["model"])
         loaded = [sm for sm in list(self.served.values()) if getattr(sm, "status", "loaded") == "loaded"]
         n_loaded = GaugeMetricFamily("edgeinfer_models_loaded", "Models in memory, ready to serve")
         n_loaded.add_metric([], len(loaded))
@@ -84,8 +92,13 @@ class _EngineCollector:
             compiles.add_metric([sm.name], s["grammar_cache_misses"])
             reuses.add_metric([sm.name], s["grammar_cache_hits"])
             compile_s.add_metric([sm.name], s["grammar_compile_seconds"])
+            if "prompt_cache_bytes" in s:
+                for key, m in disk.items():
+                    m.add_metric([sm.name], s[key])
+                disk_bytes.add_metric([sm.name], s["prompt_cache_bytes"])
         yield from g.values()
-        yield from (preempt, queries, hits, compiles, reuses, compile_s, proposed, accepted, rate, *extra)
+        yield from (preempt, queries, hits, compiles, reuses, compile_s, proposed, accepted, rate, *disk.values(),
+                    disk_bytes, *extra)
 
 
 class Metrics:

@@ -125,7 +125,7 @@ def stream(state, sm, rid, queue: asyncio.Queue, t0: float, labels, chunks, incl
 
     async def events():
         deadline = t0 + state.config.request_timeout
-        n_out, first, left = 0, None, choices.n
+        n_out, first, left, cached = 0, None, choices.n, 0
         try:
             for chunk in chunks.first():
                 yield _event(chunk)
@@ -143,6 +143,7 @@ def stream(state, sm, rid, queue: asyncio.Queue, t0: float, labels, chunks, incl
                     state.metrics.token(labels, now - (first or t0), first is None)
                     first = first or now
                 n_out += len(out.new_token_ids)
+                cached = max(cached, out.num_cached_tokens)
                 left -= out.finished
                 if out.finish_reason == "error":
                     yield _event(P.APIError(500, f"generation failed: {sm.loop.last_error}").body())
@@ -152,7 +153,7 @@ def stream(state, sm, rid, queue: asyncio.Queue, t0: float, labels, chunks, incl
                     for chunk in chunks(*args, index=i) if choices.indexed else chunks(*args):
                         yield _event(chunk)
             if not left and include_usage:
-                yield _event(chunks.usage(n_prompt, n_out))
+                yield _event(chunks.usage(n_prompt, n_out, cached))
             if done_event:
                 yield "data: [DONE]\n\n"
             state.metrics.finish(labels, "200", n_prompt, n_out)
