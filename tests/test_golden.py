@@ -141,7 +141,7 @@ def test_q8_0_kv_perplexity_within_half_a_percent_of_f16(case):
 
 
 # Qwen2.5's k biases put outliers of tens into every key row, and a q8_0 block's one scale then rounds
-# the rest of its block coarsely. On the 0.5B model, 16 chunks: llama.cpp's own q8_0 KV (flash attention)
-# costs +1.2% (f16 42.53 -> 43.06; q8_0 keys alone +0.98%), ours +2.2% (keys alone +2.0%, values +0.03%):
-# more than llama.cpp, for reasons not found yet, and bounded here so that it gets no worse.
-Q8_KV_TOLERANCE = {"qwen2": 0.025}
+# the rest of its block coarsely, even after the Walsh-Hadamard rotation that spreads them (llama.cpp's, which
+# ours follows: kernels/cpu/kv_rotation.py). On the 0.5B model, 16 chunks: llama.cpp's own q8_0 KV (flash
+# attention) costs +1.2% (f16 42.53 -> 43.06), ours +1.0% (42.53 -> 42.96; +2.2% before the rotation).
+Q8_KV_TOLERANCE = {"qwen2": 0.015}
