@@ -72,7 +72,8 @@ class LLM:
         t0 = time.perf_counter()
         config = engine_config or EngineConfig(threads=threads, backend=backend, kv_dtype=kv_type,
                                                max_context=max_context, memory_budget_mb=memory_budget_mb,
-                                               prompt_cache=str(prompt_cache), prompt_cache_mb=prompt_cache_mb)
+                                               prompt_cache=str(prompt_cache or ""),
+                                               prompt_cache_mb=prompt_cache_mb)
         self.path = registry.resolve(model, progress=progress)
         self.name = registry.model_name(model)  # what answers call it (the server's and batch jobs' "model")
         self.gguf = GGUFFile(self.path)

@@ -100,11 +100,16 @@ while True:
 def test_a_kill_mid_write_leaves_nothing_that_is_used(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "ready"
-    time.sleep(1.0)
+    t0 = time.monotonic()
+    while not list(tmp_path.glob("*/*.kvb")) and time.monotonic() - t0 < 60:  # a first block written,
+        time.sleep(0.01)
+    while not list(tmp_path.glob("*/*.tmp")) and time.monotonic() - t0 < 60:  # and the next one under way
+        time.sleep(0.001)
     p.send_signal(signal.SIGKILL)
     p.wait()
+    assert list(tmp_path.glob("*/*.tmp")), "the kill did not land mid-write"
     store = PromptStore(tmp_path, 1 << 34, KEY)
-    assert not list(store.dir.glob("*.tmp"))  # a half-written block removed at open
+    assert not list(store.dir.glob("*.tmp"))  # the half-written block (its process dead) removed at open
     n = 16 << 20
     entries = {block_digest(b"", (i, 0, 0, 0)): (i, 0, 0, 0) for i in range(500)}
     found = [d for d in entries if d in store]

@@ -212,7 +212,7 @@ class BlockManager:
             seq.block_table.append(self.pool.take().block_id)
         # keep at least one token to compute, for its logits
         cached = min(len(hits) * bs, seq.num_tokens - 1)
-        if not seq.output_ids:  # (readmitted after a preemption: its prompt's first admission counts)
+        if not seq.num_preemptions:  # (readmitted after a preemption: its first admission counts)
             seq.num_cached_tokens = cached
         if self.win is not None:
             first = self._first_seen(cached)

@@ -63,7 +63,7 @@ class LLMEngine:
                                           num_window_blocks=n_window, num_spec_slots=spec_slots)
         self.proposer = make_proposer(speculation, config, n_blocks, n_slots) if speculation is not None else None
         # the prompt cache on disk (prompt_cache.py), where config.prompt_cache names a folder
-        self.disk = prompt_cache.for_engine(config, cfg, model_id, self.block_manager, self._caches())
+        self.disk = prompt_cache.for_engine(config, model, model_id, self.block_manager, self._caches())
         self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens,
                                    plan_spec=self._plan_spec if self.proposer is not None else None,
                                    warm=self.disk.warm if self.disk is not None else None)

@@ -23,15 +23,18 @@ def unsupported(cfg) -> str | None:
     return None
 
 
-def for_engine(config, cfg, model_path: str, block_manager, caches: list):
+def for_engine(config, model, model_path: str, block_manager, caches: list):
     """An engine's DiskPrefixes where config.prompt_cache names a folder, else None; ValueError for a model
     it cannot hold, or a folder it cannot write."""
     if not config.prompt_cache:
         return None
-    if why := unsupported(cfg):
+    if config.backend != "cpu":
+        raise ValueError("the prompt cache on disk is not on the CUDA backend yet: leave out --prompt-cache")
+    if why := unsupported(model.cfg):
         raise ValueError(f"the prompt cache on disk does not hold {why} yet: leave out --prompt-cache")
+    # K is stored after RoPE: a LongRoPE model's factor set (chosen by the context) is part of what it holds
     return DiskPrefixes.open(config.prompt_cache, config.prompt_cache_mb, model_path, config.kv_dtype,
-                             block_manager, caches)
+                             block_manager, caches, rope=getattr(model, "rope_factors_used", ""))
 
 
 class DiskState:
@@ -57,8 +60,10 @@ class DiskPrefixes:
         self.bs = block_manager.block_size
 
     @classmethod
-    def open(cls, path: str, max_mb: float, model_path: str, kv_type: str, block_manager, caches: list):
+    def open(cls, path: str, max_mb: float, model_path: str, kv_type: str, block_manager, caches: list,
+             rope: str = ""):
         key = {"model": file_identity(model_path), "kv_type": kv_type, "block_size": block_manager.block_size,
+               "rope_factors": rope,
                "rows": [[str(a.dtype), list(a.shape[:1] + a.shape[2:])] for c in caches for a in (c.k, c.v)]}
         return cls(PromptStore(path, int(max_mb * 2**20), key), block_manager, caches)
 
@@ -69,8 +74,9 @@ class DiskPrefixes:
     def stats(self) -> dict:
         st = self.store
         return {"prompt_cache_hits": st.hits, "prompt_cache_misses": st.misses, "prompt_cache_damaged": st.damaged,
-                "prompt_cache_bytes_written": st.bytes_written, "prompt_cache_bytes_read": st.bytes_read,
-                "prompt_cache_bytes": st.size, "prompt_cache_entries": st.entries}
+                "prompt_cache_written_bytes": st.bytes_written, "prompt_cache_read_bytes": st.bytes_read,
+                "prompt_cache_write_errors": st.write_errors, "prompt_cache_bytes": st.size,
+                "prompt_cache_entries": st.entries}
 
     @property
     def block_bytes(self) -> int:
@@ -98,7 +104,7 @@ class DiskPrefixes:
             if blocks[bid].hash is None:  # not registered (a draft model behind): later
                 break
             digest = self._digest(seq, i)
-            if digest not in self.store:
+            if self.store.wants(digest):  # (not on disk, not queued, and room in the queue: then copied)
                 self.store.save(digest, blocks[bid].token_ids, [r.copy() for r in self._rows(bid)])
             i += 1
         seq.disk.saved = i

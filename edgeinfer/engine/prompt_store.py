@@ -39,6 +39,23 @@ def block_digest(parent: bytes, tokens) -> bytes:
     return hashlib.blake2b(parent + np.asarray(tokens, "<i4").tobytes(), digest_size=16).digest()
 
 
+def _writing(name: str) -> bool:
+    """Whether the temporary file `name` (ENTRY.PID.tmp) belongs to a live process other than this one."""
+    try:
+        pid = int(name.split(".")[-2])
+    except (IndexError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # alive, another user's
+    return True
+
+
 def file_identity(path: str) -> str:
     """A model file's identity: its size and a digest of its first and last MiB (a copy or a re-download of
     the same file keeps it; another file, or a rewritten one, does not)."""
@@ -66,14 +83,18 @@ class PromptStore:
         except OSError as e:
             raise ValueError(f"the prompt cache folder {root} cannot be written: {e.strerror or e}") from None
         self.max_bytes = max_bytes
-        self.hits = self.misses = self.bytes_written = self.bytes_read = self.damaged = 0
+        self.hits = self.misses = self.bytes_written = self.bytes_read = self.damaged = self.write_errors = 0
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}
+        self._pending: set[bytes] = set()  # queued, not yet written
         for p in self.dir.iterdir():
-            if p.name.endswith(".tmp"):  # a write a kill interrupted
-                p.unlink(missing_ok=True)
-            elif p.name.endswith(_SUFFIX):
-                self._sizes[p.name] = p.stat().st_size
+            try:
+                if p.name.endswith(".tmp") and not _writing(p.name):  # a write a kill interrupted
+                    p.unlink(missing_ok=True)
+                elif p.name.endswith(_SUFFIX):
+                    self._sizes[p.name] = p.stat().st_size
+            except OSError:  # (another process's eviction, meanwhile)
+                pass
         self._queue: queue.Queue = queue.Queue(maxsize=256)
         self._writer = threading.Thread(target=self._write_loop, name="prompt-cache-writer", daemon=True)
         self._writer.start()
@@ -136,15 +157,20 @@ class PromptStore:
 
     # -- writing -------------------------------------------------------------------------------------
 
+    def wants(self, digest: bytes) -> bool:
+        """Whether save would take this block: not on disk, not queued, and the writer not far behind (a
+        cache: a block it does not take is simply not stored)."""
+        return digest not in self and digest not in self._pending and not self._queue.full()
+
     def save(self, digest: bytes, tokens, rows: list[np.ndarray]) -> None:
-        """Queue the block's KV rows (copies the caller no longer touches) for the writer. Dropped when the
-        writer is that far behind (a cache: the block is simply not stored)."""
-        if digest in self:
+        """Queue the block's KV rows (copies the caller no longer touches) for the writer."""
+        if not self.wants(digest):
             return
+        self._pending.add(digest)
         try:
             self._queue.put_nowait((digest, tuple(tokens), rows))
         except queue.Full:
-            pass
+            self._pending.discard(digest)
 
     def flush(self) -> None:
         """Wait until every queued block is written."""
@@ -156,9 +182,10 @@ class PromptStore:
             try:
                 if digest not in self:
                     self._write(digest, tokens, rows)
-            except OSError:
-                pass  # a full or read-only disk: the block is not stored, and the server goes on
+            except Exception:  # a full or read-only disk, a folder removed: the block is not stored, the server
+                self.write_errors += 1  # goes on (and the writer with it)
             finally:
+                self._pending.discard(digest)
                 self._queue.task_done()
 
     def _write(self, digest: bytes, tokens, rows: list[np.ndarray]) -> None:
@@ -166,7 +193,8 @@ class PromptStore:
         header = _HEADER.pack(MAGIC, LAYOUT_VERSION, len(tokens), len(payload),
                               hashlib.blake2b(payload, digest_size=32).digest())
         path = self._path(digest)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        self.dir.mkdir(parents=True, exist_ok=True)  # (removed while the server ran: made again)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
             with open(tmp, "wb") as f:
                 f.write(header)

@@ -133,7 +133,8 @@ class Output:
 
     def add(self, out: RequestOutput) -> bool:
         """One step's output; True once the choice is finished."""
-        self.cached = max(self.cached, out.num_cached_tokens)
+        self.cached = max(self.cached, out.num_cached_tokens)  # (choice 0's is the request's: later choices
+        # share its blocks)
         self.parts.append(out.delta_text)
         self.ids += out.new_token_ids
         self.lps += out.logprobs or []

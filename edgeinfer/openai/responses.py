@@ -117,8 +117,7 @@ def completion_response(gen, name: str, tokenizer, outputs: list, cid: str | Non
     return {"id": cid or new_id("chatcmpl" if chat else "cmpl"),
             "object": "chat.completion" if chat else "text_completion", "created": created or now(),
             "model": name, "choices": choices,
-            "usage": usage(len(gen.prompt_ids), sum(len(out.ids) for out in outputs),
-                           max(out.cached for out in outputs))}
+            "usage": usage(len(gen.prompt_ids), sum(len(out.ids) for out in outputs), outputs[0].cached)}
 
 
 class _ChoiceStream:

@@ -49,10 +49,12 @@ class _EngineCollector:
                                  "tokens since start", labels=["model"])
         disk = {key: _per_model(key, doc) for key, doc in (
             ("prompt_cache_hits", "--prompt-cache: blocks read from disk into the prefix cache"),
-            ("prompt_cache_misses", "--prompt-cache: blocks past the in-memory prefix hit not on disk (or refused)"),
+            ("prompt_cache_misses", "--prompt-cache: prompts whose next block past the in-memory prefix hit was not "
+                                    "on disk (or was refused)"),
             ("prompt_cache_damaged", "--prompt-cache: entries found damaged, truncated or foreign, and removed"),
-            ("prompt_cache_bytes_written", "--prompt-cache: bytes written to disk"),
-            ("prompt_cache_bytes_read", "--prompt-cache: bytes read from disk"))}
+            ("prompt_cache_write_errors", "--prompt-cache: blocks a write failed for (a full or read-only disk)"),
+            ("prompt_cache_written_bytes", "--prompt-cache: bytes written to disk"),
+            ("prompt_cache_read_bytes", "--prompt-cache: bytes read from disk"))}
         disk_bytes = GaugeMetricFamily("edgeinfer_prompt_cache_bytes", "--prompt-cache: bytes on disk",
                                        labels=["model"])
         loaded = [sm for sm in list(self.served.values()) if getattr(sm, "status", "loaded") == "loaded"]

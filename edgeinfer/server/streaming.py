@@ -143,7 +143,8 @@ def stream(state, sm, rid, queue: asyncio.Queue, t0: float, labels, chunks, incl
                     state.metrics.token(labels, now - (first or t0), first is None)
                     first = first or now
                 n_out += len(out.new_token_ids)
-                cached = max(cached, out.num_cached_tokens)
+                if i == 0:  # (the request's: later choices share choice 0's blocks)
+                    cached = max(cached, out.num_cached_tokens)
                 left -= out.finished
                 if out.finish_reason == "error":
                     yield _event(P.APIError(500, f"generation failed: {sm.loop.last_error}").body())
