@@ -9,10 +9,10 @@ compiled kernel holds one format's code and no branch on it.
 Writing a row is ggml's reference quantizer of the type (ggml-quants.c's quantize_row_*_ref: what ggml's CPU
 from_float runs for these types when llama.cpp stores K and V; iq4_nl's with no importance weights and no
 scale search, as its CPU from_float calls it); bf16 rounds to nearest even. Reading is ggml's to_float:
-float(q) * d (+ m for the _1 types), iq4_nl's grid value times d; a block at a time into the attention tiles
-(`row_reader`), eight at a time or one for kv_load.
+float(q) * d (+ m for the _1 types), iq4_nl's grid value times d, a block at a time (`row_reader`: into the
+attention tiles, and for kv_load's one value).
 
-`reader(name)`, `loader(name)` and `writer(name)` give a format's compiled functions; ops.py's KV overloads
+`row_reader(name)`, `loader(name)` and `writer(name)` give a format's compiled functions; ops.py's KV overloads
 (kv_load, kv_key_to_tile, kv_value_to_tile, kv_put_head) dispatch to them by the array's record name.
 """
 
@@ -40,62 +40,22 @@ def record_name(dtype) -> str | None:
 
 
 @cache
-def reader(name: str):
-    """read8(c, slot, g, d, out, o): out[o : o + 8] = values d .. d+7 (d a multiple of 8) of row c[slot, g]."""
-    if name == "bf16":
-        @njit(inline="always", nogil=True, cache=True)
-        def read8(c, slot, g, d, out, o):
-            for e in range(8):
-                out[o + e] = bf16_to_f32(c[slot, g, d + e][name])
-        return read8
-    size, qs, has_min, has_high, offset = LAYOUT[name]
-    grid = name == "iq4_nl"
-
-    @njit(inline="always", nogil=True, cache=True)
-    def read8(c, slot, g, d, out, o):
-        base = d // BLOCK * size
-        j0 = d % BLOCK  # 0, 8, 16 or 24: the low nibbles hold values 0-15, the high ones 16-31
-        shift = 4 if j0 >= 16 else 0
-        scale = F16_TO_F32[np.int64(c[slot, g, base][name]) | (np.int64(c[slot, g, base + 1][name]) << 8)]
-        lo = np.float32(0.0)
-        if has_min:
-            lo = F16_TO_F32[np.int64(c[slot, g, base + 2][name]) | (np.int64(c[slot, g, base + 3][name]) << 8)]
-        high = np.int64(0)
-        if has_high:  # the block's 32 fifth bits, a little-endian word after the scale (and min)
-            at = base + qs - 4
-            for k in range(4):
-                high |= np.int64(c[slot, g, at + k][name]) << (8 * k)
-        for e in range(8):
-            j = j0 + e
-            q = (np.int64(c[slot, g, base + qs + j % 16][name]) >> shift) & 0xF
-            if has_high:
-                q |= ((high >> j) & 1) << 4
-            if grid:
-                out[o + e] = scale * IQ4_VALUES[q]
-            elif has_min:
-                out[o + e] = np.float32(q) * scale + lo
-            else:
-                out[o + e] = np.float32(q - offset) * scale
-    return read8
-
-
-@cache
 def row_reader(name: str):
-    """read_row(c, slot, g, n, out, o): out[o : o + n] = the n values of row c[slot, g], a block at a time (the
-    same values as read8's, in loops the compiler vectorizes: the attention tiles' reading)."""
+    """read_row(c, slot, g, n, out, o, b0=0): out[o : o + n] = the n values of row c[slot, g] from its block b0
+    on (bf16: from value b0 on), a block at a time in loops the compiler vectorizes."""
     if name == "bf16":
         @njit(inline="always", nogil=True, cache=True)
-        def read_bf16(c, slot, g, n, out, o):
+        def read_bf16(c, slot, g, n, out, o, b0=0):
             for i in range(n):
-                out[o + i] = bf16_to_f32(c[slot, g, i][name])
+                out[o + i] = bf16_to_f32(c[slot, g, b0 + i][name])
         return read_bf16
     size, qs, has_min, has_high, offset = LAYOUT[name]
     grid = name == "iq4_nl"
 
     @njit(inline="always", nogil=True, cache=True)
-    def read_row(c, slot, g, n, out, o):
+    def read_row(c, slot, g, n, out, o, b0=0):
         for b in range(n // BLOCK):
-            base, at = b * size, o + b * BLOCK
+            base, at = (b0 + b) * size, o + b * BLOCK
             scale = F16_TO_F32[np.int64(c[slot, g, base][name]) | (np.int64(c[slot, g, base + 1][name]) << 8)]
             lo = np.float32(0.0)
             if has_min:
@@ -135,19 +95,19 @@ def values_per_row(name: str):
 
 @cache
 def loader(name: str):
-    """load(c, slot, g, i): value i of row c[slot, g] as float32, one at a time (the same value read8 gives)."""
-    if name == "bf16":  # (a bf16 row may be of any length: one value, not eight)
+    """load(c, slot, g, i): value i of row c[slot, g] as float32, one at a time (the same value read_row gives)."""
+    if name == "bf16":
         @njit(nogil=True, cache=True)
         def load_bf16(c, slot, g, i):
             return bf16_to_f32(c[slot, g, i][name])
         return load_bf16
-    read8 = reader(name)
+    read_row = row_reader(name)
 
     @njit(nogil=True, cache=True)
     def load(c, slot, g, i):
-        tmp = np.empty(8, np.float32)
-        read8(c, slot, g, i // 8 * 8, tmp, 0)
-        return tmp[i % 8]
+        tmp = np.empty(BLOCK, np.float32)
+        read_row(c, slot, g, BLOCK, tmp, 0, i // BLOCK)
+        return tmp[i % BLOCK]
     return load
 
 
