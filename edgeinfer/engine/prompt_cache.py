@@ -10,6 +10,8 @@ blocks (a hybrid model's recurrent state, a sliding-window model's window pool) 
 
 from __future__ import annotations
 
+import numpy as np
+
 from .prompt_store import PromptStore, block_digest, file_identity
 from .sequence import Sequence
 
@@ -49,6 +51,12 @@ class DiskState:
         self.warmed = False
 
 
+def _state(seq: Sequence) -> DiskState:
+    if seq.disk is None:
+        seq.disk = DiskState()
+    return seq.disk
+
+
 class DiskPrefixes:
     """The engine's end of a PromptStore: `saved(seq)` after a step commits seq's blocks, `warm(seq)` before
     the scheduler tries to admit it."""
@@ -84,9 +92,7 @@ class DiskPrefixes:
 
     def _digest(self, seq: Sequence, i: int) -> bytes:
         """The chain digest of seq's block i (its tokens and all before them)."""
-        if seq.disk is None:
-            seq.disk = DiskState()
-        ds = seq.disk.digests
+        ds = _state(seq).digests
         while len(ds) <= i:
             j = len(ds)
             ds.append(block_digest(ds[-1] if ds else b"", seq.token_ids[j * self.bs:(j + 1) * self.bs]))
@@ -95,9 +101,7 @@ class DiskPrefixes:
     def saved(self, seq: Sequence) -> None:
         """Offer seq's newly registered full blocks to the store (their rows copied now)."""
         blocks = self.bm.blocks
-        if seq.disk is None:
-            seq.disk = DiskState()
-        i = seq.disk.saved
+        i = _state(seq).saved
         n = min(seq.num_computed_tokens // self.bs, len(seq.block_table))
         while i < n:
             bid = seq.block_table[i]
@@ -113,9 +117,7 @@ class DiskPrefixes:
         """Once per sequence: read from disk the blocks that extend its in-memory prefix hit (while more than
         one block is free; one token left to compute), registered as cached; returns how many. The hit's
         blocks and the loaded ones are held while it reads, so none evicts another."""
-        if seq.disk is None:
-            seq.disk = DiskState()
-        if seq.disk.warmed:
+        if _state(seq).warmed:
             return 0
         seq.disk.warmed = True
         bm, bs, pool = self.bm, self.bs, self.bm.pool
@@ -144,7 +146,7 @@ class DiskPrefixes:
             at = 0
             for dst in self._rows(block.block_id):
                 size = dst.nbytes
-                dst[...] = _as(data[at:at + size], dst)
+                dst[...] = np.frombuffer(data[at:at + size], dst.dtype).reshape(dst.shape)
                 at += size
             h = bm.chain_hash(parent, tokens)
             pool.register(block.block_id, h, tokens)
@@ -154,8 +156,3 @@ class DiskPrefixes:
             pool.release(bid)
         return loaded
 
-
-def _as(buf: bytes, like):
-    import numpy as np
-
-    return np.frombuffer(buf, like.dtype).reshape(like.shape)
