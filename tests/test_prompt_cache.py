@@ -195,3 +195,10 @@ def test_a_restarted_server_reports_the_cached_tokens_and_counts_them(tmp_path, 
 
 def _loaded(http):
     return [sm.llm for sm in http.app.state.served.values() if sm.llm is not None]
+
+
+def test_a_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, tiny_llama_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ValueError, match=r"the prompt cache folder .*a-file/cache cannot be written"):
+        LLM(str(tiny_llama_path), progress=False, prompt_cache=blocker / "cache")
