@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edgeinfer import LLM, SamplingParams
-from edgeinfer.engine.prompt_store import PromptStore, block_digest
+from edgeinfer.engine.prompt_store import PromptStore, block_digest, part_digest
 
 KEY = {"model": "m", "kv_type": "f16", "block_size": 4, "rows": []}
 
@@ -85,7 +85,7 @@ def test_the_folder_is_bounded_least_recently_used_out(tmp_path):
 
 WRITER = """
 import sys, numpy as np
-from edgeinfer.engine.prompt_store import PromptStore, block_digest
+from edgeinfer.engine.prompt_store import PromptStore, block_digest, part_digest
 store = PromptStore(sys.argv[1], 1 << 34, {"model": "m", "kv_type": "f16", "block_size": 4, "rows": []})
 rows = [np.ones((64, 1024, 64), np.float32)]  # 16 MB a block: writes take a while
 print("ready", flush=True)
@@ -141,11 +141,54 @@ def test_a_later_engine_skips_the_prefill_and_answers_the_same(tmp_path, tiny_ll
     assert st["computed_tokens"] - before < n_prompt // 2  # the prefill skipped
 
 
-def test_models_it_cannot_hold_yet_are_a_one_line_error(tmp_path, tiny_gemma3_path):
-    with pytest.raises(ValueError, match="does not hold a sliding-window model's window pool yet"):
-        LLM(str(tiny_gemma3_path), progress=False, prompt_cache=tmp_path)
+@pytest.mark.parametrize("kind", ["gemma3", "lfm2", "granitehybrid"])
+def test_window_and_hybrid_models_resume_from_disk(tmp_path, zoo, tiny_gemma3_path, kind):
+    """A sliding-window model (Gemma 3: the window rows the next token sees come back beside the blocks) and
+    hybrid models (LFM2's convolution state, Granite 4's Mamba2 and attention: the recurrent state at the hit's
+    last block comes back into a checkpoint slot): the same tokens and log-probabilities after a restart, the
+    prefill skipped."""
+    path = str(tiny_gemma3_path if kind == "gemma3" else zoo(kind))
+    ids = [int(t) for t in np.random.default_rng(7).integers(3, 200, 150)]
+    want = _generate(LLM(path, progress=False), ids)
+    first = LLM(path, progress=False, prompt_cache=tmp_path)
+    assert _generate(first, ids) == want
+    first.engine.disk.store.flush()
+    later = LLM(path, progress=False, prompt_cache=tmp_path)
+    before = later.engine.stats()["computed_tokens"]
+    assert _generate(later, ids) == want
+    st = later.engine.stats()
+    blocks = (len(ids) - 1) // 16
+    assert st["prompt_cache_hits"] == blocks + 1  # and the last block's window rows, or the state at its end
+    assert st["computed_tokens"] - before == len(ids) - 16 * blocks + 5
+
+
+def test_a_damaged_state_checkpoint_is_never_used(tmp_path, zoo):
+    """A hybrid model's blocks are of no use without the state after them: with that entry damaged, the
+    prompt is computed again (the same answer), the entry replaced."""
+    path = str(zoo("lfm2"))
+    ids = [int(t) for t in np.random.default_rng(7).integers(3, 200, 150)]
+    first = LLM(path, progress=False, prompt_cache=tmp_path)
+    want = _generate(first, ids)
+    first.engine.disk.store.flush()
+    digest = b""
+    for i in range((len(ids) - 1) // 16):
+        digest = block_digest(digest, ids[16 * i:16 * (i + 1)])
+    entry = first.engine.disk.store.dir / (part_digest(digest, "state").hex() + ".kvb")
+    data = bytearray(entry.read_bytes())
+    data[-1] ^= 1
+    entry.write_bytes(bytes(data))
+    later = LLM(path, progress=False, prompt_cache=tmp_path)
+    before = later.engine.stats()["computed_tokens"]
+    assert _generate(later, ids) == want
+    st = later.engine.stats()
+    assert st["computed_tokens"] - before == len(ids) + 5 and st["prompt_cache_damaged"] == 1
+    later.engine.disk.store.flush()
+    assert entry.read_bytes() != bytes(data)  # removed, and written whole again by the prefill that recomputed it
+
+
+def test_a_size_of_zero_is_a_one_line_error(tmp_path, tiny_llama_path):
     with pytest.raises(ValueError, match="prompt_cache_mb must be > 0"):
-        LLM(str(tiny_gemma3_path), progress=False, prompt_cache=tmp_path, prompt_cache_mb=0)
+        LLM(str(tiny_llama_path), progress=False, prompt_cache=tmp_path, prompt_cache_mb=0)
 
 
 def test_a_restarted_server_reports_the_cached_tokens_and_counts_them(tmp_path, tiny_llama_path):

@@ -108,20 +108,36 @@ class BlockManager:
     def chain_hash(self, parent: int | None, tokens) -> int:
         return hash((parent, tuple(tokens), self.model_id))
 
+    def chain_hashes(self, seq: Sequence, n: int) -> list[int]:
+        """The chain hashes of seq's first n full blocks."""
+        bs, out, parent = self.block_size, [], None
+        for i in range(n):
+            parent = self.chain_hash(parent, seq.token_ids[i * bs:(i + 1) * bs])
+            out.append(parent)
+        return out
+
+    def hit_limit(self, seq: Sequence) -> int:
+        """The most full blocks of seq's tokens a prefix hit may cover (a hybrid model's leaves its last token
+        to compute, its state coming from a checkpoint)."""
+        return (seq.num_tokens - 1) // self.block_size if self.num_state_slots else seq.num_tokens // self.block_size
+
     # -- the window pool -------------------------------------------------------------------------
 
     def _first_seen(self, pos: int) -> int:
         """The first block a query at pos (or later) sees in a sliding-window layer."""
         return max(0, pos - self.window + 1) // self.block_size
 
+    def window_seen(self, seq: Sequence, h: int) -> range:
+        """The blocks whose window-pool KV the next token after a prefix hit of h blocks sees."""
+        return range(self._first_seen(min(h * self.block_size, seq.num_tokens - 1)), h)
+
     def _window_hit(self, seq: Sequence, hits: list[int]) -> int:
         """How many of the prefix hits to keep: the most whose next token finds every block it sees in the
         window pool (by the hits' hashes)."""
         bs = self.block_size
         for h in range(len(hits), 0, -1):
-            p = min(h * bs, seq.num_tokens - 1)
             if all(self.win.lookup(self.blocks[hits[i]].hash, seq.token_ids[i * bs:(i + 1) * bs]) is not None
-                   for i in range(self._first_seen(p), h)):
+                   for i in self.window_seen(seq, h)):
                 return h
         return 0
 
@@ -162,16 +178,14 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return [], -1
         bs = self.block_size
-        n = (seq.num_tokens - 1) // bs if self.num_state_slots else seq.num_tokens // bs
-        hits, parent, ckpt, upto = [], None, -1, 0
-        for i in range(n):
-            parent = self.chain_hash(parent, seq.token_ids[i * bs:(i + 1) * bs])
-            bid = self.pool.lookup(parent, seq.token_ids[i * bs:(i + 1) * bs])
+        hits, ckpt, upto = [], -1, 0
+        for i, h in enumerate(self.chain_hashes(seq, self.hit_limit(seq))):
+            bid = self.pool.lookup(h, seq.token_ids[i * bs:(i + 1) * bs])
             if bid is None:
                 break
             hits.append(bid)
-            if parent in self.checkpoints:
-                ckpt, upto = self.checkpoints[parent], len(hits)
+            if h in self.checkpoints:
+                ckpt, upto = self.checkpoints[h], len(hits)
         if self.num_state_slots:
             return hits[:upto], ckpt
         if self.win is not None:
@@ -283,6 +297,19 @@ class BlockManager:
             return
         slot = self.free_checkpoints.pop() if self.free_checkpoints else self.checkpoints.popitem(last=False)[1]
         seq.snapshot = (slot, upto)
+
+    def new_checkpoint(self, h: int) -> int | None:
+        """A checkpoint slot registered under block hash h, for a state its caller copies in before the next
+        step (the prompt cache's): a free one, or the least recently used; None where every slot is a running
+        sequence's plan."""
+        if self.free_checkpoints:
+            slot = self.free_checkpoints.pop()
+        elif self.checkpoints:
+            slot = self.checkpoints.popitem(last=False)[1]
+        else:
+            return None
+        self.checkpoints[h] = slot
+        return slot
 
     def _drop_plan(self, seq: Sequence) -> None:
         if seq.snapshot is not None:

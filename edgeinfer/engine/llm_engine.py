@@ -233,8 +233,6 @@ class LLMEngine:
             if not k:  # a verifying sequence's count depends on how many proposals it accepts
                 seq.num_computed_tokens += n
                 self._commit(seq)
-                bm.checkpoint(seq)  # a hybrid model's state checkpoint saved in the step, registered
-                bm.release_behind(seq)  # window blocks its next step no longer sees
                 bm.release_spec(seq)  # (a draft that proposed nothing)
         for i, row, n_rows in sampling:
             seq = sched.seqs[i]
@@ -285,11 +283,15 @@ class LLMEngine:
         return [self.runner.cache] + ([draft] if draft is not None else [])
 
     def _commit(self, seq: Sequence) -> None:
-        # with a draft model, a block is offered to the prefix cache once both caches hold its KV
-        upto = seq.spec.draft_computed if isinstance(self.proposer, DraftProposer) else None
-        self.block_manager.commit(seq, upto)
+        """After a step computed seq's tokens: its full blocks registered for prefix hits (with a draft model,
+        once both caches hold their KV), a hybrid model's state checkpoint saved in the step registered, both
+        offered to the disk cache, and the window blocks its next step no longer sees given back."""
+        bm = self.block_manager
+        bm.commit(seq, seq.spec.draft_computed if isinstance(self.proposer, DraftProposer) else None)
+        bm.checkpoint(seq)
         if self.disk is not None:
             self.disk.saved(seq)
+        bm.release_behind(seq)
 
     def _verify(self, st: _RequestState, rows: np.ndarray) -> RequestOutput:
         """Keep the proposals the target agrees with, plus its own next token; roll back the rest."""
@@ -307,8 +309,6 @@ class LLMEngine:
         rollback_states(seq, start, accepted, k, self._caches())  # a hybrid model's state, to the last kept token
         bm.trim(seq, seq.num_computed_tokens)
         self._commit(seq)
-        bm.checkpoint(seq)
-        bm.release_behind(seq)
         bm.release_spec(seq)
         self.spec_proposed += k
         self.spec_accepted += accepted

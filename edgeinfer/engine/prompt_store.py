@@ -39,6 +39,11 @@ def block_digest(parent: bytes, tokens) -> bytes:
     return hashlib.blake2b(parent + np.asarray(tokens, "<i4").tobytes(), digest_size=16).digest()
 
 
+def part_digest(digest: bytes, part: str) -> bytes:
+    """The digest of a part of a block's entry stored on its own (its window rows, its state checkpoint)."""
+    return hashlib.blake2b(digest + b"/" + part.encode(), digest_size=16).digest()
+
+
 def _writing(name: str) -> bool:
     """Whether the temporary file `name` (ENTRY.PID.tmp) belongs to a live process other than this one."""
     try:
