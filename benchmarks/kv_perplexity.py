@@ -7,7 +7,8 @@ quantized V needs), on the same tokens, in one run.
 Both score the second half of each chunk of --ctx tokens (llama-perplexity's way: edgeinfer's
 `LLM.perplexity_details`; for llama.cpp the same chunks, the first token replaced by BOS where the model adds
 one, evaluated with logits for every position), the text tokenized once by edgeinfer. Prints a table of both
-perplexities and their ratio per type pair, and writes benchmarks/results/kv_perplexity-*.json.
+perplexities, their ratio with its standard error over the chunks and each chunk's ratio per type pair, and
+writes benchmarks/results/kv_perplexity-*.json.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def ggml_type(name: str) -> int:
     return int(GGMLQuantizationType[name.upper()])
 
 
-def llamacpp_ppl(path: str, chunks: list[list[int]], n_ctx: int, kv: str, threads: int) -> float:
+def llamacpp_nll(path: str, chunks: list[list[int]], n_ctx: int, kv: str, threads: int) -> list[float]:
+    """llama.cpp's mean negative log-likelihood of each chunk's scored half."""
     import llama_cpp
 
     k, _, v = kv.partition("/")
@@ -35,17 +37,29 @@ def llamacpp_ppl(path: str, chunks: list[list[int]], n_ctx: int, kv: str, thread
                           type_k=ggml_type(k), type_v=ggml_type(v), n_threads=threads, n_threads_batch=threads,
                           verbose=False)
     first = n_ctx // 2
-    nll, count = 0.0, 0
+    out = []
     for chunk in chunks:
         llm.reset()  # (the next eval starts at position 0: its KV from there is rewritten)
         llm.eval(chunk)
         logits = np.asarray(llm.scores[:n_ctx], np.float64)
+        nll = 0.0
         for j in range(first, n_ctx - 1):
             row = logits[j]
             m = row.max()
             nll -= row[chunk[j + 1]] - m - np.log(np.exp(row - m).sum())
-            count += 1
-    return float(np.exp(nll / count))
+        out.append(nll / (n_ctx - 1 - first))
+    return out
+
+
+def compare(ours: list[float], theirs: list[float]) -> dict:
+    """Both perplexities, their ratio, and the ratio's standard error from the chunks' differences (the spread
+    of how far the two runtimes' chunks fall apart): a ratio within two of them of 1 is not a difference the
+    chunks show."""
+    d = np.asarray(ours) - np.asarray(theirs)
+    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+    ppl = lambda nll: round(float(np.exp(np.mean(nll))), 4)  # noqa: E731
+    return {"edgeinfer": ppl(ours), "llama_cpp": ppl(theirs), "ratio": round(float(np.exp(d.mean())), 4),
+            "ratio_se": round(se, 4), "chunk_ratios": [round(float(x), 4) for x in np.exp(d)]}
 
 
 def main() -> None:
@@ -74,11 +88,10 @@ def main() -> None:
                 if llm.tokenizer.add_bos and llm.tokenizer.bos_id is not None:
                     chunk[0] = llm.tokenizer.bos_id
                 chunks.append(chunk)
-            theirs = llamacpp_ppl(path, chunks, args.ctx, kv, args.threads)
-            rows[kv] = {"edgeinfer": round(ours["ppl"], 4), "llama_cpp": round(theirs, 4),
-                        "ratio": round(ours["ppl"] / theirs, 4)}
-            print(f"{model:32} {kv:10} edgeinfer {ours['ppl']:9.4f}  llama.cpp {theirs:9.4f}  "
-                  f"ratio {ours['ppl'] / theirs:.4f}", flush=True)
+            r = rows[kv] = compare(ours["chunk_nll"], llamacpp_nll(path, chunks, args.ctx, kv, args.threads))
+            each = " ".join(f"{x:.3f}" for x in r["chunk_ratios"])
+            print(f"{model:32} {kv:10} edgeinfer {r['edgeinfer']:9.4f}  llama.cpp {r['llama_cpp']:9.4f}  "
+                  f"ratio {r['ratio']:.4f} ± {r['ratio_se']:.4f}  chunks {each}", flush=True)
         out["models"][model] = rows
     results_io.save("kv-perplexity", out)
 

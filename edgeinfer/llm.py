@@ -415,7 +415,7 @@ class LLM:
             raise ValueError(f"chunks must be >= 1, got {chunks}")
         runner = self.engine.scratch(n_ctx)
         first = n_ctx // 2
-        nll, count = 0.0, 0
+        nll, count, per_chunk = 0.0, 0, []
         from tqdm import tqdm
 
         bar = tqdm(total=n_chunks, desc="perplexity", disable=not progress, file=sys.stderr)
@@ -427,15 +427,18 @@ class LLM:
             t0 = time.perf_counter()
             logits = runner.prefix(chunk, np.arange(first, n_ctx - 1))
             forward_s += time.perf_counter() - t0
+            before = nll
             for j, row in enumerate(logits):
                 nll -= log_softmax(row)[chunk[first + j + 1]]
                 count += 1
+            per_chunk.append(float(nll - before) / len(logits))
             bar.update(1)
             bar.set_postfix(ppl=f"{np.exp(nll / count):.4f}")
         bar.close()
-        # tok_s: prompt-processing speed, every token of every chunk through the forward pass
+        # chunk_nll: each chunk's mean negative log-likelihood; tok_s: prompt-processing speed, every token of every
+        # chunk through the forward pass
         return {"ppl": float(np.exp(nll / count)), "n_scored": count, "chunks": n_chunks, "n_ctx": n_ctx,
-                "tok_s": round(n_chunks * n_ctx / forward_s, 1)}
+                "chunk_nll": per_chunk, "tok_s": round(n_chunks * n_ctx / forward_s, 1)}
 
     def stats(self) -> dict:
         return self.engine.stats() if self.engine is not None else {}

@@ -174,6 +174,9 @@ def test_perplexity_is_exp_mean_nll(llm):
     text = " ".join(["the hen sat on the thin line"] * 40)
     r = llm.perplexity_details(text, n_ctx=64, chunks=2)
     assert r["n_scored"] == 2 * 31 and r["ppl"] > 1 and np.isfinite(r["ppl"])
+    # each chunk's mean (the chunks score as many tokens each): the perplexity is the exponent of their mean
+    assert len(r["chunk_nll"]) == 2 and r["chunk_nll"][0] != r["chunk_nll"][1]
+    assert np.exp(np.mean(r["chunk_nll"])) == pytest.approx(r["ppl"], rel=1e-12)
 
 
 def test_float32_and_float16_kv_caches(tiny_llama_path):
