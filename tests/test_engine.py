@@ -86,6 +86,39 @@ def test_preemption_under_a_tiny_pool_gives_identical_output(tiny_llama_path):
     assert tight.stats()["kv_blocks_used"] == 0
 
 
+def _cached_tokens(eng, requests) -> dict:
+    """Step the engine through requests [(prompt ids, params, n)]: each (request, choice)'s num_cached_tokens,
+    as the set of the values its outputs carried."""
+    rids = [eng.add_request(p, params, n=n) for p, params, n in requests]
+    seen: dict = {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            seen.setdefault((rids.index(o.request_id), o.index), set()).add(o.num_cached_tokens)
+    return seen
+
+
+def test_cached_tokens_are_the_first_choice_s_and_its_first_admission_s(tiny_llama_path):
+    """num_cached_tokens (usage.prompt_tokens_details.cached_tokens): a request of n choices reports choice 0's
+    hit (the others share its blocks once computed, a hit of their own), and a sequence preempted and admitted
+    again keeps what its first admission found (its own blocks, found again, are not a cache's saving)."""
+    llm = LLM(str(tiny_llama_path), engine_config=EngineConfig(max_seqs=8, num_kv_blocks=64, block_size=4),
+              progress=False)
+    prompt = list(range(5, 5 + 33))  # 8 full blocks of 4 and one token
+    params = SamplingParams(temperature=0.8, max_tokens=4, ignore_eos=True, seed=1)
+    first = _cached_tokens(llm.engine, [(prompt, params, 3)])
+    assert first[(0, 0)] == {0} and first[(0, 1)] == first[(0, 2)] == {32}
+    again = _cached_tokens(llm.engine, [(prompt, params, 3)])
+    assert again[(0, 0)] == {32}
+
+    tight = LLM(str(tiny_llama_path), engine_config=EngineConfig(num_kv_blocks=10, block_size=4, max_seqs=8),
+                progress=False)
+    prompts = [list(range(5 + 10 * i, 14 + 10 * i)) for i in range(5)]  # no block in common
+    seen = _cached_tokens(tight.engine, [(p, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), 1)
+                                         for p in prompts])
+    assert tight.stats()["preemptions"] > 0
+    assert all(v == {0} for v in seen.values()) and len(seen) == 5
+
+
 def test_abort_mid_generation_frees_every_block(llm):
     eng = llm.engine
     rid = eng.add_request(llm.tokenize("the hen"), SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
