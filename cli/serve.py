@@ -57,10 +57,13 @@ from .common import engine_options
                    "restart (one folder per model file and KV type).")
 @click.option("--prompt-cache-mb", type=click.FloatRange(1, None), default=1024.0, show_default=True,
               help="MB of --prompt-cache per model at most (the least recently used blocks are removed).")
+@click.option("--slot-save-path", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Let clients save and restore slots' KV to and from files in DIR (llama.cpp's POST "
+                   "/slots/ID?action=save|restore).")
 @engine_options
 def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout, read_timeout, max_body_bytes, max_seqs, threads,
           device, shutdown_timeout, drafts, speculate, draft_tokens, reasoning_format, models_dirs, keep_alive,
-          allow_pull, prompt_cache, prompt_cache_mb, kv_type, max_context, memory_budget):
+          allow_pull, prompt_cache, prompt_cache_mb, slot_save_path, kv_type, max_context, memory_budget):
     """Serve MODELS over an OpenAI-compatible HTTP API (and Ollama's /api/ps). MODELS load at start; any
     other model that is downloaded (or under a --models-dir) loads when a request names it, and unloads
     when idle for --keep-alive. With no MODELS, a request that names no model gets smollm2-135m-instruct.
@@ -103,6 +106,7 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
                        max_seqs=max_seqs, backend=device, engine_config=base, model_configs=per_model,
                        speculation=speculation, reasoning_format=reasoning_format, models_dirs=list(models_dirs),
                        keep_alive=keep_alive, memory_budget_mb=memory_budget, allow_pull=allow_pull,
+                       slot_save_path=slot_save_path or "",
                        on_demand_speculation=({"speculate": speculate, "draft_tokens": draft_tokens or 0}
                                               if speculate else None))
     sys.exit(run_server(cfg, host=host, port=port, shutdown_timeout=shutdown_timeout))

@@ -108,11 +108,11 @@ class BlockManager:
     def chain_hash(self, parent: int | None, tokens) -> int:
         return hash((parent, tuple(tokens), self.model_id))
 
-    def chain_hashes(self, seq: Sequence, n: int) -> list[int]:
-        """The chain hashes of seq's first n full blocks."""
+    def chain_hashes(self, token_ids, n: int) -> list[int]:
+        """The chain hashes of the first n full blocks of token_ids."""
         bs, out, parent = self.block_size, [], None
         for i in range(n):
-            parent = self.chain_hash(parent, seq.token_ids[i * bs:(i + 1) * bs])
+            parent = self.chain_hash(parent, token_ids[i * bs:(i + 1) * bs])
             out.append(parent)
         return out
 
@@ -127,9 +127,10 @@ class BlockManager:
         """The first block a query at pos (or later) sees in a sliding-window layer."""
         return max(0, pos - self.window + 1) // self.block_size
 
-    def window_seen(self, seq: Sequence, h: int) -> range:
-        """The blocks whose window-pool KV the next token after a prefix hit of h blocks sees."""
-        return range(self._first_seen(min(h * self.block_size, seq.num_tokens - 1)), h)
+    def window_seen(self, h: int, num_tokens: int) -> range:
+        """The blocks whose window-pool KV the next token after a prefix hit of h blocks of a sequence of
+        num_tokens sees (at least its last token is computed)."""
+        return range(self._first_seen(min(h * self.block_size, num_tokens - 1)), h)
 
     def _window_hit(self, seq: Sequence, hits: list[int]) -> int:
         """How many of the prefix hits to keep: the most whose next token finds every block it sees in the
@@ -137,7 +138,7 @@ class BlockManager:
         bs = self.block_size
         for h in range(len(hits), 0, -1):
             if all(self.win.lookup(self.blocks[hits[i]].hash, seq.token_ids[i * bs:(i + 1) * bs]) is not None
-                   for i in self.window_seen(seq, h)):
+                   for i in self.window_seen(h, seq.num_tokens)):
                 return h
         return 0
 
@@ -179,7 +180,7 @@ class BlockManager:
             return [], -1
         bs = self.block_size
         hits, ckpt, upto = [], -1, 0
-        for i, h in enumerate(self.chain_hashes(seq, self.hit_limit(seq))):
+        for i, h in enumerate(self.chain_hashes(seq.token_ids, self.hit_limit(seq))):
             bid = self.pool.lookup(h, seq.token_ids[i * bs:(i + 1) * bs])
             if bid is None:
                 break

@@ -63,7 +63,7 @@ class LLMEngine:
                                           num_window_blocks=n_window, num_spec_slots=spec_slots)
         self.proposer = make_proposer(speculation, config, n_blocks, n_slots) if speculation is not None else None
         # the prompt cache on disk (prompt_cache.py), where config.prompt_cache names a folder
-        self.disk = prompt_cache.for_engine(config, model, model_id, self.block_manager, self._caches())
+        self.disk = prompt_cache.for_engine(config, model, model_id, self.block_manager, self.caches())
         self.scheduler = Scheduler(self.block_manager, config.seqs_limit, config.max_num_batched_tokens,
                                    plan_spec=self._plan_spec if self.proposer is not None else None,
                                    warm=self.disk.warm if self.disk is not None else None)
@@ -226,7 +226,7 @@ class LLMEngine:
             self._propose(sched)
         bm = self.block_manager
         restores = bm.take_restores()  # hybrid models: prefix hits' states (a hybrid draft's too)
-        for cache in self._caches():
+        for cache in self.caches():
             cache.copy_states(restores)
         logits, sampling = self.runner.run(sched)
         for seq, n, k in zip(sched.seqs, sched.num_tokens, sched.num_spec):
@@ -277,7 +277,7 @@ class LLMEngine:
                 sched.num_tokens[i] -= k - len(seq.spec.tokens)
                 sched.num_spec[i] = len(seq.spec.tokens)
 
-    def _caches(self) -> list:
+    def caches(self) -> list:
         """The KV caches (and recurrent state) the sequences' slots address: the target's, and a draft's."""
         draft = self.proposer.runner.cache if isinstance(self.proposer, DraftProposer) else None
         return [self.runner.cache] + ([draft] if draft is not None else [])
@@ -306,7 +306,7 @@ class LLMEngine:
         if isinstance(self.proposer, DraftProposer):  # the draft computed the proposals but the last
             spec.draft_computed = min(spec.draft_computed + min(accepted, k - 1), seq.num_computed_tokens)
         bm = self.block_manager
-        rollback_states(seq, start, accepted, k, self._caches())  # a hybrid model's state, to the last kept token
+        rollback_states(seq, start, accepted, k, self.caches())  # a hybrid model's state, to the last kept token
         bm.trim(seq, seq.num_computed_tokens)
         self._commit(seq)
         bm.release_spec(seq)

@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 from .llm_engine import LLMEngine, RequestOutput
+from .slots import Slot, SlotTable
 
 _ids = itertools.count()
 
@@ -121,8 +122,9 @@ class EngineLoop:
         self.engine = engine
         self.name = name
         self.threads = engine.config.threads or default_threads()
-        # per request: its callback, and its choices not finished yet (add_request's n)
-        self._callbacks: dict[str, tuple[Callable[[RequestOutput], None], set[int]]] = {}
+        # per request: its callback, its choices not finished yet (add_request's n), its slot
+        self._callbacks: dict[str, _Request] = {}
+        self.slots = SlotTable(engine.max_seqs)  # llama.cpp's slots (engine/slots.py)
         self._lock = threading.Lock()
         self.steps = 0
         self.last_error: str | None = None
@@ -137,17 +139,20 @@ class EngineLoop:
             return len(self._callbacks)
 
     def submit(self, prompt_ids, params, on_output: Callable[[RequestOutput], None], priority: int = 0,
-               guide=None, n: int = 1) -> str:
+               guide=None, n: int = 1, slot: int | None = None) -> str:
         """Queue a request (of n choices: on_output gets each one's outputs, told apart by their index);
-        raises ValueError at once for a prompt the engine cannot take."""
+        raises ValueError at once for a prompt the engine cannot take. slot: the slot whose tokens its prompt
+        and choice 0's answer become (None or -1: the least recently used idle one)."""
         rid = f"req-{next(_ids)}"
+        req = _Request(on_output, n, self.slots.assign(slot), prompt_ids)
         with self._lock:
-            self._callbacks[rid] = (on_output, set(range(n)))  # before the engine can produce anything for it
+            self._callbacks[rid] = req  # before the engine can produce anything for it
         try:
             self.engine.add_request(prompt_ids, params, request_id=rid, priority=priority, guide=guide, n=n)
         except BaseException:
             with self._lock:
                 self._callbacks.pop(rid, None)
+            req.slot.processing = False
             raise
         _COMPUTE.wake()
         return rid
@@ -167,13 +172,16 @@ class EngineLoop:
 
     def _deliver(self, out: RequestOutput) -> None:
         with self._lock:
-            entry = self._callbacks.pop(out.request_id, None) if out.done else self._callbacks.get(out.request_id)
-            if entry is not None and out.finished:
-                entry[1].discard(out.index)
-        if entry is not None:
-            cb = entry[0]
+            req = self._callbacks.pop(out.request_id, None) if out.done else self._callbacks.get(out.request_id)
+            if req is not None and out.finished:
+                req.left.discard(out.index)
+        if req is not None:
+            if out.index == 0:
+                req.tokens += out.new_token_ids
+                if out.finished:
+                    self.slots.finish(req.slot, req.tokens)
             try:
-                cb(out)
+                req.on_output(out)
             except Exception:  # a consumer's bug must not stop the engine for everyone else
                 traceback.print_exc()
 
@@ -187,7 +195,7 @@ class EngineLoop:
             self.last_error = f"{type(e).__name__}: {e}"
             traceback.print_exc()
             with self._lock:
-                failed = [(rid, sorted(left)) for rid, (_, left) in self._callbacks.items()]
+                failed = [(rid, sorted(req.left)) for rid, req in self._callbacks.items()]
             for rid, left in failed:  # every choice not finished yet, those the engine has not started too
                 self.engine.abort(rid)
                 for i in left:
@@ -199,3 +207,13 @@ class EngineLoop:
             return
         for out in outs:
             self._deliver(out)
+
+
+class _Request:
+    """A submitted request as its loop tracks it: the callback, the choices not finished yet, its slot and the
+    tokens it leaves there (the prompt, then choice 0's output)."""
+
+    __slots__ = ("on_output", "left", "slot", "tokens")
+
+    def __init__(self, on_output, n: int, slot: Slot, prompt_ids):
+        self.on_output, self.left, self.slot, self.tokens = on_output, set(range(n)), slot, list(prompt_ids)

@@ -158,6 +158,7 @@ class ParsedRequest:
     constraint_param: str | None = None  # the request field a structured-output constraint came from
     n: int = 1  # choices for the one prompt
     template_vars: dict | None = None  # chat_template_kwargs: the chat template's own switches
+    id_slot: int = -1  # llama.cpp's slot (engine/slots.py; -1: any)
 
 
 def parse_model(body: dict) -> str | None:
@@ -210,7 +211,7 @@ def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
     # an extension (as vLLM): lower values are scheduled first; waiting long enough lifts a request
     priority = _integer(body, "priority", 0)
     return ParsedRequest(model, stream, include_usage, max_tokens, kwargs, logprobs, top, priority, constraint_param,
-                         _integer(body, "n", 1), _template_vars(body) if chat else None)
+                         _integer(body, "n", 1), _template_vars(body) if chat else None, _integer(body, "id_slot", -1))
 
 
 def _template_vars(body: dict) -> dict | None:
@@ -370,7 +371,7 @@ class InfillInput:
 
 # /infill's own fields: what is left of a body once they are taken out is read as a completion's
 _INFILL_ONLY = ("input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "return_tokens",
-                "cache_prompt", "id_slot", "response_fields", "samplers", "t_max_prompt_ms", "t_max_predict_ms",
+                "cache_prompt", "response_fields", "samplers", "t_max_prompt_ms", "t_max_predict_ms",
                 "n_indent")
 
 

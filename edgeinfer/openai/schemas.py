@@ -98,6 +98,7 @@ SAMPLING = {
     "seed": integer(0, 2**63 - 1, "seed for sampling"),
     "ignore_eos": boolean("generate through the end-of-sequence token (an extension, as vLLM)"),
     "priority": integer(-PRIORITY_LIMIT, PRIORITY_LIMIT, "lower is scheduled first (an extension, as vLLM)"),
+    "id_slot": integer(-1, None, "llama.cpp's slot whose tokens the prompt and answer become (/slots; -1: any)"),
     # OpenAI's fields that cannot change an answer: accepted and ignored
     "user": string("the end user's id (accepted and ignored)"),
     "metadata": _opt({"type": "object", "description": "accepted and ignored: nothing is stored"}),
@@ -247,7 +248,6 @@ INFILL = {"type": "object", "required": ["input_prefix", "input_suffix"], "prope
     "return_tokens": boolean("also return the generated token ids"),
     # llama.cpp's fields that editor clients (llama.vscode, llama.vim) send; accepted, not applied
     "cache_prompt": boolean("accepted and ignored: shared prompt prefixes are always cached"),
-    "id_slot": integer(-1, None, "accepted and ignored: there are no slots to pick"),
     "response_fields": _opt({"type": "array", "items": {"type": "string"},
                              "description": "accepted and ignored: every field is returned"}),
     "samplers": _opt({"type": "array", "items": {"type": "string"},

@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from ..config import EngineConfig
 from ..openai.openapi import openapi
-from . import ollama, ollama_models, page, routes
+from . import ollama, ollama_models, page, routes, slots
 from .metrics import Metrics
 from .models import ModelManager
 from .scaffold import LEASES
@@ -54,6 +54,7 @@ class ServerConfig:
     # template writes them, "deepseek" always, "none" never (edgeinfer.reasoning)
     reasoning_format: str = "auto"
     allow_pull: bool = False  # Ollama's POST /api/pull may fetch catalog models into the cache
+    slot_save_path: str = ""  # llama.cpp's: the folder /slots/ID?action=save|restore write and read ("": off)
 
 
 class ServerState:
@@ -117,6 +118,8 @@ ROUTES = [
     Route("/metrics", routes.metrics, methods=["GET"]),
     Route("/openapi.json", routes.openapi, methods=["GET"]),
     Route("/infill", routes.infill, methods=["POST"]),
+    Route("/slots", slots.list_slots, methods=["GET"]),
+    Route("/slots/{id_slot}", slots.slot_action, methods=["POST"]),
     *ollama.ROUTES,
     *ollama_models.ROUTES,
 ]

@@ -157,7 +157,7 @@ async def infill(request: Request, call: Call):
     req, inp = P.parse_infill(body)
     sm = await call.use(req.model)
     gen = await asyncio.to_thread(H.prepare_infill, sm.llm, sm.name, req, inp)
-    rid, queue = submit(state, sm, gen.prompt_ids, gen.params, req.priority, gen.guide)
+    rid, queue = submit(state, sm, gen.prompt_ids, gen.params, req.priority, gen.guide, id_slot=req.id_slot)
     call.n_prompt = len(gen.prompt_ids)
     tracker = F.Tracker(queue, call.t0)
     n_ctx = sm.llm.engine.max_context

@@ -26,15 +26,22 @@ def _check_queue(state, sm) -> None:
                          headers={"Retry-After": "1"})
 
 
-def submit(state, sm, prompt_ids, params, priority: int = 0, guide=None, n: int = 1) -> tuple[str, asyncio.Queue]:
-    """Queue a generation (of n choices) on a served model's engine loop: its request id and the queue its
-    outputs come through. A 503 when more than --max-queue requests are already waiting."""
+def submit(state, sm, prompt_ids, params, priority: int = 0, guide=None, n: int = 1,
+           id_slot: int = -1) -> tuple[str, asyncio.Queue]:
+    """Queue a generation (of n choices) on a served model's engine loop, in llama.cpp's slot id_slot (-1: any):
+    its request id and the queue its outputs come through. A 503 when more than --max-queue requests are
+    already waiting."""
+    if id_slot != -1:
+        try:
+            sm.loop.slots.check(id_slot)
+        except ValueError as e:
+            raise P.bad("id_slot", str(e)) from None
     _check_queue(state, sm)
     queue: asyncio.Queue = asyncio.Queue()
     aloop = asyncio.get_running_loop()
     try:
         rid = sm.loop.submit(prompt_ids, params, lambda out: aloop.call_soon_threadsafe(queue.put_nowait, out),
-                             priority=priority, guide=guide, n=n)
+                             priority=priority, guide=guide, n=n, slot=id_slot)
     except ValueError as e:
         raise P.bad("prompt", str(e)) from None
     return rid, queue
@@ -43,7 +50,7 @@ def submit(state, sm, prompt_ids, params, priority: int = 0, guide=None, n: int 
 def submit_choices(state, sm, gen: H.Generation) -> tuple["Choices", asyncio.Queue]:
     """Queue a generation's n choices, one engine request (the engine queues the others once the
     prompt's blocks are cached): its Choices and the queue of its outputs. A 503 as submit's."""
-    rid, queue = submit(state, sm, gen.prompt_ids, gen.params, gen.req.priority, gen.guide, gen.n)
+    rid, queue = submit(state, sm, gen.prompt_ids, gen.params, gen.req.priority, gen.guide, gen.n, gen.req.id_slot)
     return Choices(sm, rid, gen.n), queue
 
 
