@@ -186,3 +186,16 @@ def test_random_operations_keep_exact_accounting():
     for s in list(live):
         sch.abort(s)
     assert bm.num_free == bm.num_blocks
+
+
+def test_a_new_checkpoint_never_takes_a_slot_an_admission_is_still_to_be_restored_from():
+    """The disk prompt cache writes a state into a checkpoint slot while the scheduler admits: the least recently
+    used slot is not taken where a sequence admitted in the same pass is to be restored from it (its copy happens
+    at the step's start)."""
+    bm = BlockManager(16, 4, num_state_slots=2, num_checkpoints=2)
+    a, b = bm.new_checkpoint(111), bm.new_checkpoint(222)
+    bm.restores.append((a, 0))  # an admitted sequence restores from a, the least recently used
+    c = bm.new_checkpoint(333)
+    assert c == b and 111 in bm.checkpoints and 222 not in bm.checkpoints
+    bm.restores.append((c, 1))
+    assert bm.new_checkpoint(444) is None and set(bm.checkpoints) == {111, 333}

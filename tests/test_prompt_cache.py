@@ -85,7 +85,7 @@ def test_the_folder_is_bounded_least_recently_used_out(tmp_path):
 
 WRITER = """
 import sys, numpy as np
-from edgeinfer.engine.prompt_store import PromptStore, block_digest, part_digest
+from edgeinfer.engine.prompt_store import PromptStore, block_digest
 store = PromptStore(sys.argv[1], 1 << 34, {"model": "m", "kv_type": "f16", "block_size": 4, "rows": []})
 rows = [np.ones((64, 1024, 64), np.float32)]  # 16 MB a block: writes take a while
 print("ready", flush=True)

@@ -300,15 +300,17 @@ class BlockManager:
         seq.snapshot = (slot, upto)
 
     def new_checkpoint(self, h: int) -> int | None:
-        """A checkpoint slot registered under block hash h, for a state its caller copies in before the next
-        step (the prompt cache's): a free one, or the least recently used; None where every slot is a running
-        sequence's plan."""
+        """A checkpoint slot registered under block hash h, for a state its caller writes in now (the prompt
+        cache's, before the next step): a free one, or the least recently used that no admitted sequence is
+        still to be restored from (those copies happen at the step's start); None where there is none."""
         if self.free_checkpoints:
             slot = self.free_checkpoints.pop()
-        elif self.checkpoints:
-            slot = self.checkpoints.popitem(last=False)[1]
         else:
-            return None
+            pending = {src for src, _ in self.restores}
+            old = next((k for k, v in self.checkpoints.items() if v not in pending), None)
+            if old is None:
+                return None
+            slot = self.checkpoints.pop(old)
         self.checkpoints[h] = slot
         return slot
 

@@ -152,10 +152,16 @@ class EngineLoop:
         except BaseException:
             with self._lock:
                 self._callbacks.pop(rid, None)
-            req.slot.processing = False
+            self.slots.finish(req.slot, None)
             raise
         _COMPUTE.wake()
         return rid
+
+    def slot_of(self, request_id: str) -> int:
+        """The slot a request in flight runs in (-1 once it is done)."""
+        with self._lock:
+            req = self._callbacks.get(request_id)
+        return req.slot.id if req is not None else -1
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free its KV blocks at the next step (within one step's time)."""

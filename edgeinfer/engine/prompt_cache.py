@@ -137,16 +137,17 @@ class DiskPrefixes:
         for i in range(h):
             if not mem[i]:
                 data = self._read(seq, i)
-                if data is None or not place.put(i, "", data):  # a damaged entry, or no room: the admission's
-                    h = 0  # hit stops before it (nothing more read: no window rows, no state)
+                if data is None or not place.put(i, "", data):  # a damaged entry, or no room: the hit stops
+                    h = i  # before it
                     break
                 loaded += 1
-        if arrays["window"]:  # the window rows the next token after the hit sees
-            for i in bm.window_seen(h, seq.num_tokens):
-                if not place.hold(i, "window") and (data := self._read(seq, i, "window")) is not None:
+        if arrays["window"]:  # the window rows the next token after the hit sees (those in memory held first)
+            seen = bm.window_seen(h, seq.num_tokens)
+            for i in [i for i in seen if not place.hold(i, "window")]:
+                if self._on_disk(seq, i, "window") and (data := self._read(seq, i, "window")) is not None:
                     place.put(i, "window", data)
         if arrays["state"] and h and place.hashes[h - 1] not in bm.checkpoints:  # the state after the hit
-            if (data := self._read(seq, h - 1, "state")) is not None:
+            if self._on_disk(seq, h - 1, "state") and (data := self._read(seq, h - 1, "state")) is not None:
                 place.put(h - 1, "state", data)
         place.close()
         return loaded

@@ -19,12 +19,13 @@ import hashlib
 import json
 import os
 import struct
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .kv_parts import KVParts, Placing
+from .kv_parts import PARTS, KVParts, Placing
 from .prompt_store import LAYOUT_VERSION
 
 MAGIC = b"EISLOT01"
@@ -32,22 +33,31 @@ _DIGEST = 32
 
 
 class SlotError(ValueError):
-    """A slot file that cannot be used (the message says why)."""
+    """A slot file that cannot be written or used (the message says why)."""
+
+
+class NoRoom(SlotError):
+    """Too few free KV blocks to restore a slot file now (a retry may find them)."""
 
 
 class Slot:
-    __slots__ = ("id", "tokens", "processing", "last_used")
+    __slots__ = ("id", "tokens", "active", "last_used")
 
     def __init__(self, i: int):
-        self.id, self.tokens, self.processing, self.last_used = i, [], False, 0.0
+        self.id, self.tokens, self.active, self.last_used = i, [], 0, 0.0
+
+    @property
+    def processing(self) -> bool:
+        return self.active > 0
 
 
 class SlotTable:
-    """n slots (as many as sequences run at once); thread-safe enough for the server (its event loop assigns,
-    the engine thread's callbacks record)."""
+    """n slots (as many as sequences run at once). A slot may run more than one request at once (the pool is
+    shared; llama.cpp would make the later one wait): the last to finish leaves its tokens."""
 
     def __init__(self, n: int):
         self.slots = [Slot(i) for i in range(max(1, n))]
+        self._lock = threading.Lock()  # (assigned on the event loop, finished on the compute thread)
 
     def check(self, id_slot) -> int:
         if not isinstance(id_slot, int) or isinstance(id_slot, bool) or not 0 <= id_slot < len(self.slots):
@@ -57,50 +67,76 @@ class SlotTable:
     def assign(self, id_slot: int | None = None) -> Slot:
         """The slot a request runs in: id_slot's (-1 or None: the least recently used idle one, else the least
         recently used)."""
-        if id_slot is not None and id_slot != -1:
-            slot = self.slots[self.check(id_slot)]
-        else:
-            slot = min(self.slots, key=lambda s: (s.processing, s.last_used))
-        slot.processing, slot.last_used = True, time.monotonic()
-        return slot
+        with self._lock:
+            if id_slot is not None and id_slot != -1:
+                slot = self.slots[self.check(id_slot)]
+            else:
+                slot = min(self.slots, key=lambda s: (s.active, s.last_used))
+            slot.active += 1
+            slot.last_used = time.monotonic()
+            return slot
 
-    def finish(self, slot: Slot, tokens: list[int]) -> None:
-        slot.tokens, slot.processing, slot.last_used = list(tokens), False, time.monotonic()
+    def finish(self, slot: Slot, tokens: list[int] | None) -> None:
+        """A request in slot is done: tokens (None: a request that never ran) become the slot's."""
+        with self._lock:
+            slot.active = max(0, slot.active - 1)
+            slot.last_used = time.monotonic()
+            if tokens is not None:
+                slot.tokens = list(tokens)
 
 
 def _parts(engine) -> tuple[KVParts, dict]:
+    if engine.config.backend != "cpu":
+        raise SlotError("saving and restoring slots is not on the CUDA backend yet")
     parts = engine.disk.parts if engine.disk is not None else KVParts(engine.block_manager, engine.caches())
     key = parts.key(engine.block_manager.model_id, engine.config.kv_dtype,
                     getattr(engine.model, "rope_factors_used", ""))
     return parts, {**key, "layout": LAYOUT_VERSION}
 
 
-def save(engine, token_ids: list[int], path: Path) -> dict:
-    """Write the cached KV of token_ids to path (run between engine steps): llama.cpp's answer fields."""
-    t0 = time.perf_counter()
+def collect(engine, token_ids: list[int]) -> tuple[int, list]:
+    """The cached KV of token_ids, copied (run between engine steps, quickly): the tokens it covers and the
+    pieces of a slot file, for `write` (in any thread)."""
     parts, key = _parts(engine)
     found = parts.in_memory(token_ids)
     n = max((i + 1 for i, part, _ in found if part == ""), default=0) * parts.bs
     header = json.dumps({"key": key, "tokens": n, "parts": [[i, part] for i, part, _ in found]}).encode()
-    body = [MAGIC, struct.pack("<I", len(header)), header, np.asarray(token_ids[:n], "<i4").tobytes()]
-    body += [np.ascontiguousarray(r).tobytes() for i, part, index in found for r in parts.rows(part, index)]
-    data = b"".join(body)
-    data += hashlib.blake2b(data, digest_size=_DIGEST).digest()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pieces = [MAGIC, struct.pack("<I", len(header)), header, np.asarray(token_ids[:n], "<i4").tobytes()]
+    return n, pieces + [r for _, part, index in found for r in parts.copy(part, index)]
+
+
+def write(path: Path, pieces: list) -> int:
+    """A slot file of collect's pieces, written whole or not at all: its size."""
+    h = hashlib.blake2b(digest_size=_DIGEST)
+    tmp = path.with_name(f".{path.name[:200]}.{os.getpid()}.tmp")
+    size = 0
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            for piece in pieces:
+                b = piece if isinstance(piece, bytes) else np.ascontiguousarray(piece).tobytes()
+                h.update(b)
+                f.write(b)
+                size += len(b)
+            f.write(h.digest())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
-        raise SlotError(f"could not write {path.name}: {e.strerror or e}") from None
     finally:
         tmp.unlink(missing_ok=True)
-    return {"n_saved": n, "n_written": len(data), "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
+    return size + _DIGEST
 
 
-def _read(path: Path, key: dict, parts: KVParts) -> tuple[list[int], list, memoryview]:
+def save(engine, token_ids: list[int], path: Path) -> dict:
+    """collect and write at once (the server collects on the compute thread and writes in another)."""
+    t0 = time.perf_counter()
+    n, pieces = collect(engine, token_ids)
+    return {"n_saved": n, "n_written": write(path, pieces), "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
+
+
+def read(engine, path: Path) -> tuple[list[int], list, memoryview]:
+    """A slot file's tokens, parts and their bytes, checked whole (in any thread): SlotError naming what is
+    wrong with it."""
+    parts, key = _parts(engine)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -113,39 +149,52 @@ def _read(path: Path, key: dict, parts: KVParts) -> tuple[list[int], list, memor
     if hashlib.blake2b(data[:-_DIGEST], digest_size=_DIGEST).digest() != data[-_DIGEST:]:
         raise SlotError(f"{path.name} is damaged or truncated (its digest does not match)")
     (size,) = struct.unpack_from("<I", data, len(MAGIC))
+    malformed = SlotError(f"{path.name} has a malformed header")
     try:
         header = json.loads(data[head:head + size])
         n, stored = int(header["tokens"]), [(int(i), str(p)) for i, p in header["parts"]]
     except (ValueError, KeyError, TypeError):
-        raise SlotError(f"{path.name} has a malformed header") from None
+        raise malformed from None
     if header.get("key") != key:
         raise SlotError(f"{path.name} was saved from another model file, KV type or layout")
     at = head + size
+    if not (0 <= n and n % parts.bs == 0 and at + 4 * n <= len(data)
+            and all(p in PARTS and 0 <= i < n // parts.bs for i, p in stored)
+            and at + 4 * n + sum(parts.nbytes[p] for _, p in stored) == len(data) - _DIGEST):
+        raise malformed
     tokens = np.frombuffer(data, "<i4", n, at).tolist()
-    at += 4 * n
-    if at + sum(parts.nbytes[p] for _, p in stored) != len(data) - _DIGEST:
-        raise SlotError(f"{path.name} has a malformed header")
-    return tokens, stored, memoryview(data)[at:]
+    return tokens, stored, memoryview(data)[at + 4 * n:len(data) - _DIGEST]
+
+
+def place(engine, tokens: list[int], stored: list, payload) -> int:
+    """A read slot file's parts into the prefix cache (run between engine steps): the tokens it placed, from the
+    first (its blocks held or placed, and for a hybrid model the state after the last). NoRoom where there are
+    too few free KV blocks (nothing placed)."""
+    parts, _ = _parts(engine)
+    placing = Placing(parts, tokens, len(tokens) // parts.bs)
+    missing = {(i, p) for i, p in stored if p == "state" or not placing.hold(i, p)}  # (held: none is evicted)
+    need, free = sum(1 for i, p in missing if p == ""), engine.block_manager.pool.num_free
+    if need and need >= free:  # (one block stays free for an admission's own)
+        placing.close()
+        raise NoRoom(f"restoring needs {need} free KV blocks and {free} are free: try again when fewer requests run")
+    ok, at = {(i, p) for i, p in stored if (i, p) not in missing}, 0
+    for i, part in stored:
+        if (i, part) in missing and placing.put(i, part, payload[at:at + parts.nbytes[part]]):
+            ok.add((i, part))
+        at += parts.nbytes[part]
+    placing.close()
+    n = 0
+    while (n, "") in ok:
+        n += 1
+    if parts.arrays["state"] and not any(p == "state" and i == n - 1 and (i, p) in ok for i, p in stored):
+        n = 0  # (a hybrid model's blocks are of no use without the state after them)
+    return n * parts.bs
 
 
 def restore(engine, path: Path) -> dict:
-    """Read a slot file into the prefix cache (run between engine steps): its tokens and llama.cpp's answer
-    fields. Its blocks need free KV blocks; where there are too few, nothing is placed and SlotError says so."""
+    """read and place at once (the server reads in another thread and places on the compute thread)."""
     t0 = time.perf_counter()
-    parts, key = _parts(engine)
-    tokens, stored, payload = _read(path, key, parts)
-    place = Placing(parts, tokens, len(tokens) // parts.bs)
-    need = sum(1 for i, p in stored if p == "" and place.cached(i) is None)
-    free = engine.block_manager.pool.num_free
-    if need >= free:
-        raise SlotError(f"restoring {path.name} needs {need} free KV blocks and {free} are free: try when fewer "
-                        "requests run")
-    missing = {(i, p) for i, p in stored if p == "state" or not place.hold(i, p)}  # (held: none is evicted)
-    at = 0
-    for i, part in stored:
-        if (i, part) in missing:
-            place.put(i, part, payload[at:at + parts.nbytes[part]])  # (a state already there is kept)
-        at += parts.nbytes[part]
-    place.close()
-    return {"token_ids": tokens, "n_restored": len(tokens), "n_read": len(payload),
+    tokens, stored, payload = read(engine, path)
+    n = place(engine, tokens, stored, payload)
+    return {"token_ids": tokens[:n], "n_restored": n, "n_read": len(payload),
             "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}

@@ -160,8 +160,8 @@ class Tracker:
     """Wraps a generation's output queue to note what streaming.collect/stream take from it: the token
     ids and when the first one came (for llama.cpp's `timings`)."""
 
-    def __init__(self, queue, t0: float):
-        self.queue, self.t0 = queue, t0
+    def __init__(self, queue, t0: float, id_slot: int = 0):
+        self.queue, self.t0, self.id_slot = queue, t0, id_slot  # (the slot the request runs in)
         self.ids: list[int] = []
         self.first: float | None = None
 
@@ -202,7 +202,7 @@ def infill_body(name: str, gen, text: str, ids: list[int], reason: str | None, t
     (empty in the last event of a stream, as llama.cpp's), `stop`, `stop_type`, token counts, timings."""
     p = gen.params
     return {"index": 0, "content": "" if stream else text, "tokens": [] if stream or not return_tokens else ids,
-            "id_slot": 0, "stop": True, "model": name, "tokens_predicted": len(ids),
+            "id_slot": tracker.id_slot, "stop": True, "model": name, "tokens_predicted": len(ids),
             "tokens_evaluated": len(gen.prompt_ids), "tokens_cached": 0, "truncated": False,
             "has_new_line": "\n" in text, "stop_type": stop_type(reason, ids, stop_ids), "stopping_word": "",
             "generation_settings": {"n_ctx": n_ctx, "n_predict": p.max_tokens, "temperature": p.temperature,
@@ -230,7 +230,7 @@ class InfillChunks:
         if delta:
             self.text.append(delta)
             out.append({"index": 0, "content": delta, "tokens": ids[self.sent:] if self.return_tokens else [],
-                        "stop": False, "id_slot": 0, "tokens_predicted": len(ids),
+                        "stop": False, "id_slot": self.tracker.id_slot, "tokens_predicted": len(ids),
                         "tokens_evaluated": len(self.gen.prompt_ids)})
             self.sent = len(ids)
         if finish:

@@ -159,7 +159,7 @@ async def infill(request: Request, call: Call):
     gen = await asyncio.to_thread(H.prepare_infill, sm.llm, sm.name, req, inp)
     rid, queue = submit(state, sm, gen.prompt_ids, gen.params, req.priority, gen.guide, id_slot=req.id_slot)
     call.n_prompt = len(gen.prompt_ids)
-    tracker = F.Tracker(queue, call.t0)
+    tracker = F.Tracker(queue, call.t0, max(0, sm.loop.slot_of(rid)))
     n_ctx = sm.llm.engine.max_context
     stops = sm.llm.tokenizer.stop_ids | set(gen.params.stop_token_ids)
     if req.stream:

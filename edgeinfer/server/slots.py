@@ -6,6 +6,7 @@ model is `?model=NAME`, or the one a request naming no model gets."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 from starlette.requests import Request
@@ -14,7 +15,7 @@ from starlette.responses import JSONResponse
 from ..engine import slots as S
 from ..engine.loop import exclusive
 from ..openai import protocol as P
-from .scaffold import Call, read_json, route
+from .scaffold import Call, decode, read_raw, route
 
 ACTIONS = ("save", "restore", "erase")
 
@@ -30,7 +31,7 @@ def _filename(body) -> str:
     name = body.get("filename") if isinstance(body, dict) else None
     if not isinstance(name, str) or not name:
         raise P.bad("filename", "the body must be {\"filename\": NAME}")
-    if (len(name.encode()) > 255 or name in (".", "..") or name.startswith(".") or name != name.strip()
+    if (len(name.encode()) > 200 or name in (".", "..") or name.startswith(".") or name != name.strip()
             or any(c in name for c in "/\\:") or not name.isprintable()):
         raise P.bad("filename", f"invalid filename {name!r}: a plain file name, no folders, not starting with '.'")
     return name
@@ -42,6 +43,18 @@ async def list_slots(request: Request, call: Call):
     loop = _loop(sm)
     return JSONResponse([{"id": s.id, "n_ctx": sm.llm.engine.max_context, "is_processing": s.processing,
                           "n_tokens": len(s.tokens)} for s in loop.slots.slots])
+
+
+async def _body(request: Request):
+    """The JSON body, whatever its Content-Type (llama.cpp reads it so); {} where there is none."""
+    raw = await read_raw(request)
+    return await decode(raw) if raw.strip() else {}
+
+
+def _restore(engine, slot, tokens, stored, payload) -> int:
+    n = S.place(engine, tokens, stored, payload)
+    slot.tokens = tokens[:n]  # (on the compute thread, where requests in the slot finish)
+    return n
 
 
 @route()
@@ -57,7 +70,7 @@ async def slot_action(request: Request, call: Call):
     if action != "erase" and not folder:
         raise P.APIError(501, "this server does not save slots: start it with --slot-save-path DIR",
                          type_="not_supported_error")
-    name = _filename(await read_json(request)) if action != "erase" else ""
+    name = _filename(await _body(request)) if action != "erase" else ""
     sm = await call.use(request.query_params.get("model"))
     loop = _loop(sm)
     try:
@@ -70,16 +83,26 @@ async def slot_action(request: Request, call: Call):
     if action == "erase":
         n, slot.tokens = len(slot.tokens), []
         return JSONResponse({"id_slot": id_slot, "n_erased": n})
+    engine = sm.llm.engine
+    if engine.config.backend != "cpu":
+        raise P.APIError(501, "saving and restoring slots is not on the CUDA backend yet", type_="not_supported_error")
     path = Path(folder) / name
+    t0 = time.perf_counter()
     try:
         if action == "save":
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            out = await asyncio.to_thread(exclusive, S.save, sm.llm.engine, slot.tokens, path)
+            n, pieces = await asyncio.to_thread(exclusive, S.collect, engine, list(slot.tokens))  # copies: quick
+            try:  # written outside the compute thread: the engines step on meanwhile
+                Path(folder).mkdir(parents=True, exist_ok=True)
+                size = await asyncio.to_thread(S.write, path, pieces)
+            except OSError as e:
+                raise P.APIError(500, f"could not write {name}: {e.strerror or e}") from None
+            out = {"n_saved": n, "n_written": size, "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
         else:
-            out = await asyncio.to_thread(exclusive, S.restore, sm.llm.engine, path)
-            slot.tokens = out.pop("token_ids")
-    except (S.SlotError, OSError) as e:
-        status = 404 if action == "restore" and not path.exists() else 400
-        raise P.APIError(status, str(e) if isinstance(e, S.SlotError) else f"{name}: {e.strerror or e}",
-                         param="filename") from None
+            tokens, stored, payload = await asyncio.to_thread(S.read, engine, path)  # checked before any step waits
+            n = await asyncio.to_thread(exclusive, _restore, engine, slot, tokens, stored, payload)
+            out = {"n_restored": n, "n_read": len(payload), "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
+    except S.NoRoom as e:
+        raise P.APIError(503, str(e), headers={"Retry-After": "1"}) from None
+    except S.SlotError as e:
+        raise P.bad("filename", str(e)) from None
     return JSONResponse({"id_slot": id_slot, "filename": name, **out})
