@@ -212,6 +212,18 @@ def test_bad_completion_requests(server, name, body, ctype, status, param):
         assert "10000" in err["message"] and "4096" in err["message"]
     if name == "prompt over context":
         assert "4195" in err["message"] and "4096" in err["message"]
+    # OpenAI's code for a request past the context (agent harnesses compact the conversation on it)
+    assert (err["code"] == "context_length_exceeded") == (name in ("too long", "prompt over context"))
+
+
+def test_a_chat_past_the_context_is_context_length_exceeded(server):
+    """OpenAI's answer to a conversation longer than the context: 400, code context_length_exceeded, the counts
+    named (agent harnesses compact the conversation when they see it)."""
+    r = httpx.post(server.base + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x " * 5000}]},
+                   timeout=30)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "context_length_exceeded" and err["param"] == "messages"
+    assert "4096" in err["message"] and "tokens" in err["message"]
 
 
 @pytest.mark.parametrize("messages,param", [

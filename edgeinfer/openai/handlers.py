@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .. import harmony, reasoning
-from ..engine.llm_engine import RequestOutput
+from ..engine.llm_engine import PromptTooLongError, RequestOutput
 from ..sampling import SamplingParams
 from ..structured import GrammarError
 from ..tools import ToolError, call_grammar, parse_tools
@@ -42,13 +42,14 @@ def budget(llm, prompt_ids: list[int], req: P.ParsedRequest, param: str) -> int:
     """max_tokens for a prompt: the request's, checked against the context, or all the room left."""
     context = llm.engine.max_context
     if len(prompt_ids) >= context:
-        raise P.bad(param, f"the prompt has {len(prompt_ids)} tokens but the context holds {context}")
+        raise P.too_long(param, f"the prompt has {len(prompt_ids)} tokens but the context holds {context}")
     room = context - len(prompt_ids)
     if req.max_tokens is None:
         return room
     if req.max_tokens > room:
-        raise P.bad("max_tokens", f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({req.max_tokens}) "
-                                  f"is {len(prompt_ids) + req.max_tokens} tokens, more than the context of {context}")
+        total = len(prompt_ids) + req.max_tokens
+        raise P.too_long("max_tokens", f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({req.max_tokens}) "
+                                       f"is {total} tokens, more than the context of {context}")
     return req.max_tokens
 
 
@@ -154,7 +155,9 @@ def embedding_inputs(llm, name: str, inputs: list, dims: int | None, truncate: b
         raise P.bad("dimensions", f"'dimensions' is {dims} but {name} gives vectors of {llm.config.dim}")
     try:
         return llm.embed_tokens(inputs, truncate)
-    except ValueError as e:  # too long for the context (PromptTooLongError), empty, or a bad token id
+    except PromptTooLongError as e:
+        raise P.too_long("input", str(e)) from None
+    except ValueError as e:  # empty, or a bad token id
         raise P.bad("input", str(e)) from None
 
 

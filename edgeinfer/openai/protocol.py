@@ -37,6 +37,11 @@ def bad(param: str, message: str) -> APIError:
     return APIError(400, message, param=param)
 
 
+def too_long(param: str, message: str) -> APIError:
+    """A request past the model's context: OpenAI's code, which agent harnesses look for to compact."""
+    return APIError(400, message, param=param, code="context_length_exceeded")
+
+
 MAX_DEPTH = 64  # arrays and objects nested deeper than this are refused
 
 

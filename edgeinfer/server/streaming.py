@@ -13,6 +13,7 @@ import time
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import StreamingResponse
 
+from ..engine.llm_engine import PromptTooLongError
 from ..openai import handlers as H
 from ..openai import protocol as P
 
@@ -42,6 +43,8 @@ def submit(state, sm, prompt_ids, params, priority: int = 0, guide=None, n: int 
     try:
         rid = sm.loop.submit(prompt_ids, params, lambda out: aloop.call_soon_threadsafe(queue.put_nowait, out),
                              priority=priority, guide=guide, n=n, slot=id_slot)
+    except PromptTooLongError as e:
+        raise P.too_long("prompt", str(e)) from None
     except ValueError as e:
         raise P.bad("prompt", str(e)) from None
     return rid, queue
