@@ -28,7 +28,7 @@ class PromptTooLongError(EdgeInferError, ValueError):
 
 
 class _RequestState:
-    __slots__ = ("seq", "sampler", "decoder", "text", "emitted", "stop_hold")
+    __slots__ = ("seq", "sampler", "decoder", "text", "emitted", "stop_hold", "stopped_by")
 
     def __init__(self, seq: Sequence, tokenizer: Tokenizer):
         self.seq = seq
@@ -37,6 +37,7 @@ class _RequestState:
         self.text = ""  # all output text decoded so far
         self.emitted = 0  # characters of it already handed to the caller
         self.stop_hold = max((len(s) for s in seq.params.stop), default=0)
+        self.stopped_by: str | None = None  # the stop string that ended it, if one did
 
 
 class LLMEngine:
@@ -337,7 +338,8 @@ class LLMEngine:
             if reason is not None:
                 break
         out = RequestOutput(seq.request_id, delta, new, reason is not None, reason, seq.prompt_ids,
-                            len(seq.output_ids), lps, num_cached_tokens=seq.num_cached_tokens)
+                            len(seq.output_ids), lps, num_cached_tokens=seq.num_cached_tokens,
+                            stop_sequence=st.stopped_by)
         out.index = seq.choice
         if reason is not None:
             seq.finish_reason = reason
@@ -380,6 +382,7 @@ class LLMEngine:
                     st.text = st.text[:k]
                     reason = "stop"
                     stopped_by_string = True
+                    st.stopped_by = s
                     break
         if reason is None and complete:
             reason = "stop"

@@ -76,6 +76,7 @@ class RequestOutput:
     index: int = 0  # the choice (add_request's n): finished says this choice is done,
     done: bool | None = None  # done that every choice of the request is (None: as finished)
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (memory or disk), not computed
+    stop_sequence: str | None = None  # the stop string that ended it (finish_reason "stop"), if one did
 
     def __post_init__(self):
         if self.done is None:

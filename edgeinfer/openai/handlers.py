@@ -53,6 +53,28 @@ def budget(llm, prompt_ids: list[int], req: P.ParsedRequest, param: str) -> int:
     return req.max_tokens
 
 
+def chat_prompt(llm, name: str, body: dict, req: P.ParsedRequest) -> tuple[list[int], list, list, object]:
+    """A chat body's prompt token ids, through the chat template with the tools it shows; its tools, the tools
+    shown and the tool choice. An APIError (400) names what is wrong."""
+    messages = P.parse_messages(body)
+    try:
+        tools, tool_choice = parse_tools(body.get("tools"), body.get("tool_choice"))
+    except ToolError as e:
+        raise P.bad(e.param, str(e)) from None
+    shown = tools if tool_choice.mode != "none" else []
+    if body.get("reasoning_effort") is not None and "reasoning_effort" not in (llm.chat_template.source or ""):
+        raise P.bad("reasoning_effort", f"'reasoning_effort' is not supported by {name}: its chat template has no "
+                                        "reasoning effort")
+    try:
+        prompt_ids = llm.render_chat(messages, True, shown, template_vars=req.template_vars)
+    except ToolError as e:
+        raise P.bad(e.param, str(e)) from None
+    except ValueError as e:  # the template's own errors, or a variable it cannot take
+        raise P.bad("chat_template_kwargs" if str(e).startswith("chat template variable") else "messages",
+                    str(e)) from None
+    return prompt_ids, tools, shown, tool_choice
+
+
 def prepare_generation(llm, name: str, body: dict, req: P.ParsedRequest, chat: bool,
                        reasoning_format: str = "auto") -> Generation:
     """The prompt's token ids (through the chat template for chat), the sampling parameters and the
@@ -63,28 +85,13 @@ def prepare_generation(llm, name: str, body: dict, req: P.ParsedRequest, chat: b
     tok = llm.tokenizer
     tools, shown, extra = [], [], {}
     if chat:
-        messages = P.parse_messages(body)
-        try:
-            tools, tool_choice = parse_tools(body.get("tools"), body.get("tool_choice"))
-        except ToolError as e:
-            raise P.bad(e.param, str(e)) from None
-        shown = tools if tool_choice.mode != "none" else []
-        if body.get("reasoning_effort") is not None and "reasoning_effort" not in (llm.chat_template.source or ""):
-            raise P.bad("reasoning_effort", f"'reasoning_effort' is not supported by {name}: its chat template has no "
-                                            "reasoning effort")
+        prompt_ids, tools, shown, tool_choice = chat_prompt(llm, name, body, req)
         grammar = call_grammar(tools, tool_choice, P.parse_parallel_tool_calls(body))
         if grammar is not None:
             if req.constraint_param:
                 raise P.bad("tool_choice", f"tool_choice {tool_choice.mode!r} constrains the reply to tool calls; "
                                            f"it cannot be combined with '{req.constraint_param}'")
             extra["grammar"] = grammar
-        try:
-            prompt_ids = llm.render_chat(messages, True, shown, template_vars=req.template_vars)
-        except ToolError as e:
-            raise P.bad(e.param, str(e)) from None
-        except ValueError as e:  # the template's own errors, or a variable it cannot take
-            raise P.bad("chat_template_kwargs" if str(e).startswith("chat template variable") else "messages",
-                        str(e)) from None
     else:
         prompt = P.parse_prompt(body)
         suffix = body.get("suffix")
@@ -127,10 +134,11 @@ def read_reply_as_templated(gen: Generation, llm, reasoning_format: str) -> None
 class Output:
     """One choice's output, gathered as the engine produces it."""
 
-    __slots__ = ("parts", "ids", "lps", "reason", "cached")
+    __slots__ = ("parts", "ids", "lps", "reason", "cached", "stop_sequence")
 
     def __init__(self):
         self.parts, self.ids, self.lps, self.reason, self.cached = [], [], [], None, 0
+        self.stop_sequence: str | None = None
 
     def add(self, out: RequestOutput) -> bool:
         """One step's output; True once the choice is finished."""
@@ -140,7 +148,7 @@ class Output:
         self.ids += out.new_token_ids
         self.lps += out.logprobs or []
         if out.finished:
-            self.reason = out.finish_reason
+            self.reason, self.stop_sequence = out.finish_reason, out.stop_sequence
         return out.finished
 
     @property

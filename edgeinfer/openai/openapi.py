@@ -59,6 +59,22 @@ HEALTH_RESPONSE = {"type": "object", "required": ["status"], "properties": {
     "status": {"enum": ["ok", "loading", "error"]}, "models": {"type": "array", "items": {"type": "string"}},
     "loading": {"type": "array", "items": {"type": "string"}}, "errors": {"type": "object"}}}
 
+ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
+        "type": {"type": "string"}, "message": {"type": "string"}}}}}
+_ANTHROPIC_USAGE = {"type": "object", "required": ["input_tokens", "output_tokens"], "properties": {
+    k: {"type": "integer"} for k in ("input_tokens", "output_tokens", "cache_read_input_tokens",
+                                     "cache_creation_input_tokens")}}
+MESSAGE_RESPONSE = {"type": "object", "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
+                    "properties": {
+    "id": {"type": "string"}, "type": {"const": "message"}, "role": {"const": "assistant"}, "model": {"type": "string"},
+    "content": {"type": "array", "items": {"type": "object", "required": ["type"], "properties": {
+        "type": {"enum": ["text", "tool_use", "thinking"]}}}},
+    "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use", None]},
+    "stop_sequence": _NULLABLE_STR, "usage": _ANTHROPIC_USAGE}}
+COUNT_TOKENS_RESPONSE = {"type": "object", "required": ["input_tokens"],
+                         "properties": {"input_tokens": {"type": "integer"}}}
+
 # -- the document ---------------------------------------------------------------------------------------
 
 STATUS_TEXT = {400: "the request breaks its schema, or names something that does not fit (a field named in "
@@ -72,12 +88,12 @@ STATUS_TEXT = {400: "the request breaks its schema, or names something that does
                507: "the model does not fit the server's --memory-budget"}
 
 
-def _errors(*codes: int) -> dict:
-    return {str(c): {"description": STATUS_TEXT[c], "content": {"application/json": {"schema": ERROR}}}
+def _errors(*codes: int, shape: dict = ERROR) -> dict:
+    return {str(c): {"description": STATUS_TEXT[c], "content": {"application/json": {"schema": shape}}}
             for c in codes}
 
 
-def _post(summary: str, kind: str, response: dict, stream: bool = False) -> dict:
+def _post(summary: str, kind: str, response: dict, stream: bool = False, error: dict = ERROR) -> dict:
     ok = {"application/json": {"schema": response}}
     if stream:
         # OpenAPI 3.1 has `schema` describe each event of a stream (3.2 names it itemSchema): each is a
@@ -90,7 +106,7 @@ def _post(summary: str, kind: str, response: dict, stream: bool = False) -> dict
         "summary": summary, "operationId": kind,
         "requestBody": {"required": True, "content": {"application/json": {"schema": REQUESTS[kind]}}},
         "responses": {"200": {"description": "success", "content": ok},
-                      **_errors(400, 401, 403, 404, 408, 409, 413, 415, 500, 503, 504, 507)}}}
+                      **_errors(400, 401, 403, 404, 408, 409, 413, 415, 500, 503, 504, 507, shape=error)}}}
 
 
 def _infill_post() -> dict:
@@ -98,6 +114,13 @@ def _infill_post() -> dict:
     op = _post("fill in the middle (llama.cpp's /infill)", "infill", INFILL_RESPONSE, stream=True)
     data = op["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]["properties"]["data"]
     data["description"] = "a chunk's JSON ({content, stop: false}); the last one is the result, with stop: true"
+    return op
+
+
+def _anthropic(op: dict) -> dict:
+    """/v1/messages: its stream's events are named (`event:` lines) and end with message_stop, not [DONE]."""
+    data = op["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]["properties"]["data"]
+    data["description"] = "an event's JSON (its type also in the event line); the last one is message_stop"
     return op
 
 
@@ -114,6 +137,10 @@ def openapi(title: str = "edgeinfer", version: str = "0.1.0", api_key: bool = Fa
             "/tokenize": _post("text to token ids", "tokenize", TOKENIZE_RESPONSE),
             "/detokenize": _post("token ids to text", "detokenize", DETOKENIZE_RESPONSE),
             "/infill": _infill_post(),
+            "/v1/messages": _anthropic(_post("a message (Anthropic's Messages API)", "messages", MESSAGE_RESPONSE,
+                                             stream=True, error=ANTHROPIC_ERROR)),
+            "/v1/messages/count_tokens": _post("a message's input tokens (Anthropic's)", "count_tokens",
+                                               COUNT_TOKENS_RESPONSE, error=ANTHROPIC_ERROR),
             "/v1/models": {"get": {"summary": "the served models", "operationId": "models", "responses": {
                 "200": {"description": "success", "content": {"application/json": {"schema": MODELS_RESPONSE}}},
                 **_errors(401)}}},

@@ -259,9 +259,58 @@ INFILL = {"type": "object", "required": ["input_prefix", "input_suffix"], "prope
     "n_indent": integer(0, None, "accepted and ignored: generation is bounded by n_predict and stop"),
 }}
 
+# -- Anthropic's Messages API (openai/anthropic.py translates it onto the chat route's pipeline) --------------
+
+_BLOCKS = {"type": "array", "items": {"type": "object", "required": ["type"], "properties": {
+    "type": {"type": "string"}}}, "x-error": "must be a string or an array of content blocks ({\"type\": ...})"}
+ANTHROPIC_TOOL = {"type": "object", "required": ["name"], "properties": {
+    "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+    "description": {"type": "string"}, "input_schema": ANY_SCHEMA, "type": {"type": "string"},
+    "cache_control": {"type": "object"}}}
+_CONVERSATION = {
+    "model": string("a served model's name; may be left out when one model is served", maxLength=256),
+    "messages": {"type": "array", "minItems": 1, "description": "the conversation so far", "items": {
+        "type": "object", "required": ["role", "content"], "additionalProperties": False, "properties": {
+            "role": {"enum": ["user", "assistant"]}, "content": {"anyOf": [{"type": "string"}, _BLOCKS],
+                                                                 "x-error": _BLOCKS["x-error"]}}}},
+    "system": {"anyOf": [{"type": "string"}, _BLOCKS], "x-error": "must be a string or an array of text blocks"},
+    "tools": _opt({"type": "array", "items": ANTHROPIC_TOOL}),
+    "tool_choice": _opt({"type": "object", "required": ["type"], "properties": {
+        "type": {"enum": ["auto", "any", "tool", "none"]}, "name": {"type": "string"},
+        "disable_parallel_tool_use": {"type": "boolean"}}}),
+    "thinking": _opt({"type": "object", "required": ["type"], "properties": {
+        "type": {"enum": ["enabled", "disabled", "adaptive", "between_tools"]},
+        "budget_tokens": {"type": "integer", "minimum": 0}, "display": {"type": ["string", "null"]}}}),
+    "output_config": _opt({"type": "object", "additionalProperties": False, "properties": {
+        "effort": _opt({"enum": ["low", "medium", "high", "xhigh", "max"]}),
+        "format": _opt({"type": "object", "required": ["type", "schema"], "properties": {
+            "type": {"const": "json_schema"}, "schema": ANY_SCHEMA}})}}),
+}
+MESSAGES = {"type": "object", "required": ["messages", "max_tokens"], "properties": {
+    **_CONVERSATION,
+    "max_tokens": integer(1, None, "most tokens to generate"),
+    "stream": boolean("stream the message as server-sent events"),
+    "stop_sequences": _opt({"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": MAX_STOP,
+                            "x-error": f"must be a list of at most {MAX_STOP} non-empty strings"}),
+    "temperature": number(0.0, 1.0, "sampling temperature; 0 is greedy"),
+    "top_p": SAMPLING["top_p"], "top_k": integer(0, None, "sample from the k most likely tokens (0: off)"),
+    # Anthropic's fields that cannot change an answer here: accepted and ignored
+    "metadata": SAMPLING["metadata"], "service_tier": SAMPLING["service_tier"],
+    **{k: _opt({"description": "accepted and ignored"}) for k in ("cache_control", "diagnostics", "inference_geo",
+                                                                    "speed", "user_profile_id", "workspace_id")},
+    "container": refused("no code execution container: tools run in the client"),
+    # sampling fields, Anthropic's (temperature, top_p, top_k) and the chat route's, sent as extra body fields
+    **{k: SAMPLING[k] for k in ("seed", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                                "repeat_penalty", "repeat_last_n", "ignore_eos", "priority", "id_slot")},
+    "chat_template_kwargs": CHAT["properties"]["chat_template_kwargs"],
+}}
+COUNT_TOKENS = {"type": "object", "required": ["messages"], "properties": {**_CONVERSATION,
+                                                                             "metadata": SAMPLING["metadata"]}}
+
 REQUESTS = {"chat": CHAT, "completions": COMPLETION, "embeddings": EMBEDDINGS, "tokenize": TOKENIZE,
-            "detokenize": DETOKENIZE, "infill": INFILL}
+            "detokenize": DETOKENIZE, "infill": INFILL, "messages": MESSAGES, "count_tokens": COUNT_TOKENS}
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings",
-         "tokenize": "/tokenize", "detokenize": "/detokenize", "infill": "/infill"}
+         "tokenize": "/tokenize", "detokenize": "/detokenize", "infill": "/infill", "messages": "/v1/messages",
+         "count_tokens": "/v1/messages/count_tokens"}
 for _schema in REQUESTS.values():  # a field no schema names is refused (a 400 naming it), as OpenAI's API does
     _schema["additionalProperties"] = False

@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from ..config import EngineConfig
 from ..openai.openapi import openapi
-from . import ollama, ollama_models, page, routes, slots
+from . import messages, ollama, ollama_models, page, routes, slots
 from .metrics import Metrics
 from .models import ModelManager
 from .scaffold import LEASES
@@ -110,6 +110,8 @@ ROUTES = [
     Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
     Route("/v1/completions", routes.completions, methods=["POST"]),
     Route("/v1/embeddings", routes.embeddings, methods=["POST"]),
+    Route("/v1/messages", messages.messages, methods=["POST"]),  # Anthropic's Messages API
+    Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
     Route("/v1/models", routes.list_models, methods=["GET"]),
     Route("/tokenize", routes.tokenize, methods=["POST"]),
     Route("/detokenize", routes.detokenize, methods=["POST"]),

@@ -32,10 +32,12 @@ def check_auth(request: Request) -> None:
         return
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer":  # Anthropic's clients send the key as x-api-key
+        token = request.headers.get("x-api-key", "")
     # compared in constant time; neither key is ever logged or echoed
-    if not (scheme.lower() == "bearer"
-            and hmac.compare_digest(token.strip().encode("utf-8", "surrogateescape"), state.api_key)):
-        raise P.APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+    if not hmac.compare_digest(token.strip().encode("utf-8", "surrogateescape"), state.api_key):
+        raise P.APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
+                         code="invalid_api_key")
 
 
 async def read_body(request: Request, limit: int) -> bytes:

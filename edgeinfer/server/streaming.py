@@ -120,8 +120,9 @@ async def collect(state, request: Request, sm, rid: str, queue: asyncio.Queue, t
     return out.text, out.ids, out.lps, out.reason
 
 
-def _event(obj: dict) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
+def _sse(obj: dict, named: bool = False) -> str:
+    """A server-sent event; named: with an `event:` line of the object's type (Anthropic's streams)."""
+    return (f"event: {obj['type']}\n" if named else "") + f"data: {json.dumps(obj)}\n\n"
 
 
 def stream(state, sm, rid, queue: asyncio.Queue, t0: float, labels, chunks, include_usage: bool,
@@ -130,8 +131,17 @@ def stream(state, sm, rid, queue: asyncio.Queue, t0: float, labels, chunks, incl
     body, each choice's with its index (rid: submit's request id, or submit_choices' Choices); a last
     usage chunk when include_usage (every choice's tokens); then `data: [DONE]`, once every choice is
     done. on_close() runs once the stream ends, however it ends (the model's lease is released there).
-    done_event False: no `data: [DONE]` (llama.cpp's own endpoints, /infill, end with their last chunk)."""
+    done_event False: no `data: [DONE]` (llama.cpp's own endpoints, /infill, end with their last chunk).
+    A builder may also have: `named` (events go out with `event:` lines), `seen(out)` (each engine output,
+    before its chunks), `end(n_prompt, n_out, cached)` (the events once every choice is done, in place of the
+    usage chunk) and `error(APIError)` (an error event's body): Anthropic's (openai.anthropic.Events)."""
     choices = _as_choices(sm, rid)
+    named = getattr(chunks, "named", False)
+    seen = getattr(chunks, "seen", None)
+    error = getattr(chunks, "error", lambda e: e.body())
+
+    def _event(obj: dict) -> str:
+        return _sse(obj, named)
 
     async def events():
         deadline = t0 + state.config.request_timeout
@@ -146,7 +156,7 @@ def stream(state, sm, rid, queue: asyncio.Queue, t0: float, labels, chunks, incl
                     i, out = await asyncio.wait_for(_next(queue),
                                                     timeout=max(0.01, deadline - time.monotonic()))
                 except asyncio.TimeoutError:
-                    yield _event(_timeout_error(state).body())
+                    yield _event(error(_timeout_error(state)))
                     break
                 if out.new_token_ids:
                     now = time.monotonic()
@@ -157,13 +167,18 @@ def stream(state, sm, rid, queue: asyncio.Queue, t0: float, labels, chunks, incl
                     cached = max(cached, out.num_cached_tokens)
                 left -= out.finished
                 if out.finish_reason == "error":
-                    yield _event(P.APIError(500, f"generation failed: {sm.loop.last_error}").body())
+                    yield _event(error(P.APIError(500, f"generation failed: {sm.loop.last_error}")))
                     break
+                if seen is not None:
+                    seen(out)
                 if out.delta_text or out.logprobs or out.finished:
                     args = (out.delta_text, out.finish_reason if out.finished else None, out.logprobs or [])
                     for chunk in chunks(*args, index=i) if choices.indexed else chunks(*args):
                         yield _event(chunk)
-            if not left and include_usage:
+            if not left and hasattr(chunks, "end"):
+                for event in chunks.end(n_prompt, n_out, cached):
+                    yield _event(event)
+            elif not left and include_usage:
                 yield _event(chunks.usage(n_prompt, n_out, cached))
             if done_event:
                 yield "data: [DONE]\n\n"
