@@ -121,7 +121,7 @@ def test_k_and_v_of_their_own_types_through_the_engine(tmp_path):
     m = load_model(GGUFFile(p), kb)
     ids = np.random.default_rng(3).integers(3, 200, 40)
     f16, q8 = forward_logits(m, "f16", ids), forward_logits(m, "q8_0", ids)
-    for kv in ("q8_0/f16", "f16/q8_0"):
+    for kv in ("q8_0/f16",):  # (one way round: test_kv_format reads both ways, test_models steps q5_1/q4_0)
         step = forward_logits(m, kv, ids)
         c = m.cfg
         n = len(ids)
@@ -267,16 +267,17 @@ def test_a_plain_generate_imports_no_server_template_or_quantizer(tiny_llama_pat
 
 
 def test_4_and_5_bit_kv_on_a_tiny_model_with_rotated_heads(tmp_path):
-    """Heads of 64 (rotated before they are quantized, as llama.cpp's): each 4- and 5-bit type and bf16 near f16's
-    logits, coarser types further off; the compiled step equals the per-op forward bit for bit; a batch equals
-    each prompt alone."""
+    """Heads of 64 (rotated before they are quantized, as llama.cpp's): a 5-bit type, a 4-bit one and bf16 near
+    f16's logits, the coarser further off; the compiled step equals the per-op forward bit for bit; a batch equals
+    each prompt alone. (Every type's attention is checked against its values in test_kv_format; each compiled
+    step costs a compile, so three types run here.)"""
     p = tmp_path / "g.gguf"
     write_tiny_gemma3(p, qtype=T.Q8_0, head_dim=64, seed=2)
     m = load_model(GGUFFile(p), kb)
     ids = np.random.default_rng(2).integers(3, 200, 40)
     f16 = forward_logits(m, "f16", ids)
     off = {}
-    for kv in ("bf16", "q5_1", "q4_0", "iq4_nl", "q4_0/f16"):
+    for kv in ("bf16", "q5_1", "q4_0"):
         got = forward_logits(m, kv, ids)
         stack, m.stack = m.stack, None
         try:
@@ -286,7 +287,7 @@ def test_4_and_5_bit_kv_on_a_tiny_model_with_rotated_heads(tmp_path):
         off[kv] = np.abs(got - f16).max() / f16.std()
         assert (got.argmax(1) == f16.argmax(1)).mean() >= 0.8, kv
     assert off["bf16"] < 0.15 and off["q5_1"] < off["q4_0"] < 0.6, off
-    llm = LLM(str(p), kv_type="q4_0/iq4_nl", progress=False)
+    llm = LLM(str(p), kv_type="q4_0", progress=False)
     prompts = ["<start_of_turn>user\nhi", "hello there", "<start_of_turn>user\nhi again"]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     together = [c.token_ids for c in llm.generate(prompts, params)]

@@ -102,7 +102,7 @@ def test_k_and_v_each_in_its_own_type_read_as_their_values_exactly():
             return q
         return attention.bf16_values(q) if kt == "bf16" else attention.q8_values(kv_rotation.rotated(q, 64))
 
-    pairs = [("q8_0", "f16"), ("f16", "q8_0"), ("f32", "q8_0"), ("q8_0", "f32"), ("q4_0", "f16"), ("f16", "q4_0")]
+    pairs = [("q8_0", "f16"), ("f16", "q4_0"), ("f32", "q8_0")]  # (each pair is a compile: a quantized side each way)
     for kt, vt in pairs + [(f, f) for f in ("bf16", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")]:
         kc, vc = cache(kt, k), cache(vt, v)
         got, want = np.zeros((t, h, d), np.float32), np.zeros((t, h, d), np.float32)

@@ -72,6 +72,16 @@ MESSAGE_RESPONSE = {"type": "object", "required": ["id", "type", "role", "model"
         "type": {"enum": ["text", "tool_use", "thinking"]}}}},
     "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use", None]},
     "stop_sequence": _NULLABLE_STR, "usage": _ANTHROPIC_USAGE}}
+RESPONSE_OBJECT = {"type": "object", "required": ["id", "object", "created_at", "status", "model", "output"],
+                   "properties": {
+    "id": {"type": "string"}, "object": {"const": "response"}, "created_at": {"type": "integer"},
+    "status": {"enum": ["completed", "incomplete", "in_progress"]}, "model": {"type": "string"},
+    "output": {"type": "array", "items": {"type": "object", "required": ["type"], "properties": {
+        "type": {"enum": ["message", "function_call", "reasoning"]}}}},
+    "usage": {"type": ["object", "null"], "properties": {
+        k: {"type": "integer"} for k in ("input_tokens", "output_tokens", "total_tokens")}}}}
+INPUT_TOKENS_RESPONSE = {"type": "object", "required": ["object", "input_tokens"], "properties": {
+    "object": {"const": "response.input_tokens"}, "input_tokens": {"type": "integer"}}}
 COUNT_TOKENS_RESPONSE = {"type": "object", "required": ["input_tokens"],
                          "properties": {"input_tokens": {"type": "integer"}}}
 
@@ -117,10 +127,10 @@ def _infill_post() -> dict:
     return op
 
 
-def _anthropic(op: dict) -> dict:
-    """/v1/messages: its stream's events are named (`event:` lines) and end with message_stop, not [DONE]."""
+def _named(op: dict, last: str) -> dict:
+    """/v1/responses and /v1/messages: their streams' events are named (`event:` lines), with no [DONE]."""
     data = op["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]["properties"]["data"]
-    data["description"] = "an event's JSON (its type also in the event line); the last one is message_stop"
+    data["description"] = f"an event's JSON (its type also in the event line); {last}"
     return op
 
 
@@ -137,8 +147,11 @@ def openapi(title: str = "edgeinfer", version: str = "0.1.0", api_key: bool = Fa
             "/tokenize": _post("text to token ids", "tokenize", TOKENIZE_RESPONSE),
             "/detokenize": _post("token ids to text", "detokenize", DETOKENIZE_RESPONSE),
             "/infill": _infill_post(),
-            "/v1/messages": _anthropic(_post("a message (Anthropic's Messages API)", "messages", MESSAGE_RESPONSE,
-                                             stream=True, error=ANTHROPIC_ERROR)),
+            "/v1/responses": _named(_post("a response (OpenAI's Responses API)", "responses", RESPONSE_OBJECT,
+                                          stream=True), "its last one is response.completed (or .incomplete)"),
+            "/v1/responses/input_tokens": _post("a response's input tokens", "input_tokens", INPUT_TOKENS_RESPONSE),
+            "/v1/messages": _named(_post("a message (Anthropic's Messages API)", "messages", MESSAGE_RESPONSE,
+                                             stream=True, error=ANTHROPIC_ERROR), "the last one is message_stop"),
             "/v1/messages/count_tokens": _post("a message's input tokens (Anthropic's)", "count_tokens",
                                                COUNT_TOKENS_RESPONSE, error=ANTHROPIC_ERROR),
             "/v1/models": {"get": {"summary": "the served models", "operationId": "models", "responses": {

@@ -307,10 +307,61 @@ MESSAGES = {"type": "object", "required": ["messages", "max_tokens"], "propertie
 COUNT_TOKENS = {"type": "object", "required": ["messages"], "properties": {**_CONVERSATION,
                                                                              "metadata": SAMPLING["metadata"]}}
 
+# -- OpenAI's Responses API (openai/responses_api.py translates it onto the chat route's pipeline) ----------
+
+_ITEMS = {"type": "array", "items": {"type": "object"}, "x-error": "must be a string or an array of input items"}
+_INPUT = {
+    "model": SAMPLING["model"],
+    "input": {"anyOf": [{"type": "string"}, _ITEMS], "x-error": _ITEMS["x-error"]},
+    "instructions": _opt({"type": "string", "description": "a system message put first (not carried over by "
+                                                           "previous_response_id)"}),
+    "previous_response_id": string("a stored response whose input and output come before this input"),
+    "tools": _opt({"type": "array", "items": {"type": "object", "required": ["type"], "properties": {
+        "type": {"type": "string"}, "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+        "description": {"type": ["string", "null"]}, "parameters": _opt(ANY_SCHEMA),
+        "strict": {"type": ["boolean", "null"]}}}}),
+    "tool_choice": _opt({"anyOf": [{"enum": ["none", "auto", "required"]}, {
+        "type": "object", "required": ["type"], "properties": {"type": {"type": "string"}, "name": {"type": "string"}}}],
+        "x-error": "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"name\": ...}"}),
+    "parallel_tool_calls": boolean("allow several calls in one reply"),
+    "reasoning": _opt({"type": "object", "properties": {
+        "effort": _opt({"enum": ["none", "minimal", "low", "medium", "high", "xhigh"]}),
+        "summary": _opt({"type": "string"}), "generate_summary": _opt({"type": "string"})}}),
+    "text": _opt({"type": "object", "properties": {
+        "format": _opt({"type": "object", "required": ["type"], "properties": {
+            "type": {"enum": ["text", "json_object", "json_schema"]}, "name": {"type": "string"},
+            "schema": ANY_SCHEMA, "strict": {"type": ["boolean", "null"]}, "description": {"type": "string"}}}),
+        "verbosity": _opt({"enum": ["low", "medium", "high"], "description": "accepted and ignored"})}}),
+    "truncation": _opt({"enum": ["auto", "disabled"], "description": "accepted: a conversation past the context "
+                                                                    "is a 400 (context_length_exceeded) either way"}),
+    **{k: SAMPLING[k] for k in ("metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+                                "user")},
+    "include": _opt({"type": "array", "items": {"type": "string"}, "description": "accepted and ignored"}),
+    "conversation": refused("no stored conversations: use previous_response_id"),
+    "background": _opt({"const": False, "description": "not supported: responses run in the foreground",
+                        "x-error": "is not supported (responses run in the foreground)"}),
+    "prompt": refused("no stored prompts"),
+}
+RESPONSES = {"type": "object", "properties": {
+    **_INPUT,
+    "stream": SAMPLING["stream"],
+    "stream_options": _opt({"type": "object", "properties": {"include_obfuscation": {"type": "boolean"}}}),
+    "max_output_tokens": integer(1, None, "most tokens to generate (default: to the end of the context)"),
+    "temperature": SAMPLING["temperature"], "top_p": SAMPLING["top_p"],
+    # the chat route's sampling fields, sent as extra body fields
+    **{k: SAMPLING[k] for k in ("seed", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                                "repetition_penalty", "repeat_penalty", "repeat_last_n", "ignore_eos", "priority",
+                                "id_slot")},
+    "chat_template_kwargs": CHAT["properties"]["chat_template_kwargs"],
+}}
+INPUT_TOKENS = {"type": "object", "properties": {**_INPUT}}
+
 REQUESTS = {"chat": CHAT, "completions": COMPLETION, "embeddings": EMBEDDINGS, "tokenize": TOKENIZE,
-            "detokenize": DETOKENIZE, "infill": INFILL, "messages": MESSAGES, "count_tokens": COUNT_TOKENS}
+            "detokenize": DETOKENIZE, "infill": INFILL, "messages": MESSAGES, "count_tokens": COUNT_TOKENS,
+            "responses": RESPONSES, "input_tokens": INPUT_TOKENS}
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings",
          "tokenize": "/tokenize", "detokenize": "/detokenize", "infill": "/infill", "messages": "/v1/messages",
-         "count_tokens": "/v1/messages/count_tokens"}
+         "count_tokens": "/v1/messages/count_tokens", "responses": "/v1/responses",
+         "input_tokens": "/v1/responses/input_tokens"}
 for _schema in REQUESTS.values():  # a field no schema names is refused (a 400 naming it), as OpenAI's API does
     _schema["additionalProperties"] = False

@@ -19,9 +19,10 @@ from starlette.routing import Route
 
 from ..config import EngineConfig
 from ..openai.openapi import openapi
-from . import messages, ollama, ollama_models, page, routes, slots
+from . import messages, ollama, ollama_models, page, responses_routes, routes, slots
 from .metrics import Metrics
 from .models import ModelManager
+from .responses_routes import ResponseStore
 from .scaffold import LEASES
 from .served import ServedModel
 
@@ -67,6 +68,7 @@ class ServerState:
         self.config = config
         self.models = ModelManager(config, engine_config)
         self.served: dict[str, ServedModel] = self.models.models  # name -> model in memory (or loading)
+        self.responses = ResponseStore()  # the Responses API's, for previous_response_id
         self.metrics = Metrics(self.served, self.models.budget)
         self.api_key = (config.api_key or "").encode("utf-8", "surrogateescape")
         self.openapi_doc = openapi(api_key=bool(config.api_key))
@@ -110,6 +112,10 @@ ROUTES = [
     Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
     Route("/v1/completions", routes.completions, methods=["POST"]),
     Route("/v1/embeddings", routes.embeddings, methods=["POST"]),
+    Route("/v1/responses", responses_routes.create, methods=["POST"]),  # OpenAI's Responses API
+    Route("/v1/responses/input_tokens", responses_routes.input_tokens, methods=["POST"]),
+    Route("/v1/responses/{rid}", responses_routes.retrieve, methods=["GET"]),
+    Route("/v1/responses/{rid}", responses_routes.delete, methods=["DELETE"]),
     Route("/v1/messages", messages.messages, methods=["POST"]),  # Anthropic's Messages API
     Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
     Route("/v1/models", routes.list_models, methods=["GET"]),
