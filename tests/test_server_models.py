@@ -260,6 +260,12 @@ def test_command_line_models_stay_loaded_unless_keep_alive_is_given(models_dir):
         r = httpx.post(s.base + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
         assert r.status_code == 200 and r.json()["model"] == "a"  # no model named: the command-line one, reloaded
         assert list(ps(pinned)) == ["a"]
+        # a request's keep_alive 0 (`ollama stop`) unloads even a command-line model once it is idle; the next
+        # request loads it again, and it stays again
+        r = httpx.post(pinned.base + "/api/generate", json={"model": "a", "prompt": "", "keep_alive": 0}, timeout=60)
+        assert r.status_code == 200 and wait_until(lambda: ps(pinned) == {}, 20.0), r.text
+        r = httpx.post(pinned.base + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
+        assert r.status_code == 200 and ps(pinned)["a"]["expires_at"].startswith("9999-")
     finally:
         s.stop()
         pinned.stop()

@@ -104,6 +104,8 @@ class ModelManager(Servables):
                 sm.timer = None
             if not sm.pinned:
                 sm.keep_alive = self.default_keep_alive if keep_alive is None else float(keep_alive)
+            elif keep_alive is not None and float(keep_alive) == 0:  # `ollama stop`: a command-line model too
+                sm.unload_when_idle = True  # (loaded again, and kept again, by the next request)
             if sm.status == "loading":
                 try:
                     await self._wait(sm.task, sm, deadline, "loaded")
@@ -142,6 +144,9 @@ class ModelManager(Servables):
             sm.timer.cancel()
             sm.timer = None
         sm.expires_at = None
+        if sm.unload_when_idle:
+            self._start_unload(sm)
+            return
         if sm.pinned or sm.keep_alive < 0:
             return
         if sm.keep_alive == 0:

@@ -34,6 +34,7 @@ class ServedModel:
         self.created = R.now()
         self.status = "loading"
         self.pinned = pinned
+        self.unload_when_idle = False  # a request's keep_alive 0 on a pinned model: unloaded once idle
         self.leases = 0
         self.keep_alive = DEFAULT_KEEP_ALIVE
         self.last_used = time.monotonic()
