@@ -341,10 +341,10 @@ class LLM:
         return self.engine.scratch(n).prefix(ids, [n - 1] if pooling == "last" else np.arange(n), hidden=True)
 
     def render_chat(self, messages, add_generation_prompt: bool = True, tools=None,
-                    template_vars: dict | None = None) -> list[int]:
-        """Token ids of a conversation through the chat template; `tools` (edgeinfer.tools.Tool) go
-        through the template's own tools support or the fallback format of edgeinfer.tools;
-        template_vars: the template's own switches, e.g. {"enable_thinking": False} for Qwen3."""
+                    template_vars: dict | None = None, as_text: bool = False) -> list[int] | str:
+        """Token ids (as_text: the text) of a conversation through the chat template; `tools`
+        (edgeinfer.tools.Tool) go through the template's own tools support or the fallback format of
+        edgeinfer.tools; template_vars: the template's own switches, e.g. {"enable_thinking": False} for Qwen3."""
         from .tools import prepare_messages
 
         tmpl = self.chat_template
@@ -353,6 +353,8 @@ class LLM:
         text = tmpl.render(msgs, add_generation_prompt,
                            tools=[t.openai() for t in tools] if tools and tmpl.knows_tools else None,
                            variables=template_vars)
+        if as_text:
+            return text
         ids = self.tokenizer.encode(text, add_bos=None, parse_special=True)
         bos = self.tokenizer.bos_id
         if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
@@ -427,11 +429,8 @@ class LLM:
             t0 = time.perf_counter()
             logits = runner.prefix(chunk, np.arange(first, n_ctx - 1))
             forward_s += time.perf_counter() - t0
-            before = nll
-            for j, row in enumerate(logits):
-                nll -= log_softmax(row)[chunk[first + j + 1]]
-                count += 1
-            per_chunk.append(float(nll - before) / len(logits))
+            per_chunk.append(-sum(log_softmax(row)[chunk[first + j + 1]] for j, row in enumerate(logits)) / len(logits))
+            nll, count = nll + per_chunk[-1] * len(logits), count + len(logits)
             bar.update(1)
             bar.set_postfix(ppl=f"{np.exp(nll / count):.4f}")
         bar.close()

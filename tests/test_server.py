@@ -216,6 +216,20 @@ def test_bad_completion_requests(server, name, body, ctype, status, param):
     assert (err["code"] == "context_length_exceeded") == (name in ("too long", "prompt over context"))
 
 
+def test_apply_template_gives_the_prompt_text_the_chat_route_tokenizes(server):
+    """llama.cpp's /apply-template: the chat template's text for a conversation, which /tokenize turns into the
+    prompt /v1/chat/completions counts."""
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    r = httpx.post(server.base + "/apply-template", json={"messages": msgs}, timeout=30)
+    text = r.json()["prompt"]
+    assert r.status_code == 200 and "Be brief." in text and text.rstrip().endswith(("assistant", "assistant\n"))
+    ids = httpx.post(server.base + "/tokenize", json={"content": text, "parse_special": True}, timeout=30).json()
+    usage = server.client().chat.completions.create(model="tiny-llama", messages=msgs, max_tokens=1).usage
+    assert ids["count"] == usage.prompt_tokens
+    r = httpx.post(server.base + "/apply-template", json={"messages": "hi"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
 def test_a_chat_past_the_context_is_context_length_exceeded(server):
     """OpenAI's answer to a conversation longer than the context: 400, code context_length_exceeded, the counts
     named (agent harnesses compact the conversation when they see it)."""

@@ -53,9 +53,10 @@ def budget(llm, prompt_ids: list[int], req: P.ParsedRequest, param: str) -> int:
     return req.max_tokens
 
 
-def chat_prompt(llm, name: str, body: dict, req: P.ParsedRequest) -> tuple[list[int], list, list, object]:
-    """A chat body's prompt token ids, through the chat template with the tools it shows; its tools, the tools
-    shown and the tool choice. An APIError (400) names what is wrong."""
+def chat_prompt(llm, name: str, body: dict, req: P.ParsedRequest, as_text: bool = False
+                ) -> tuple[list[int] | str, list, list, object]:
+    """A chat body's prompt token ids (as_text: its text), through the chat template with the tools it shows; its
+    tools, the tools shown and the tool choice. An APIError (400) names what is wrong."""
     messages = P.parse_messages(body)
     try:
         tools, tool_choice = parse_tools(body.get("tools"), body.get("tool_choice"))
@@ -66,13 +67,13 @@ def chat_prompt(llm, name: str, body: dict, req: P.ParsedRequest) -> tuple[list[
         raise P.bad("reasoning_effort", f"'reasoning_effort' is not supported by {name}: its chat template has no "
                                         "reasoning effort")
     try:
-        prompt_ids = llm.render_chat(messages, True, shown, template_vars=req.template_vars)
+        prompt = llm.render_chat(messages, True, shown, template_vars=req.template_vars, as_text=as_text)
     except ToolError as e:
         raise P.bad(e.param, str(e)) from None
     except ValueError as e:  # the template's own errors, or a variable it cannot take
         raise P.bad("chat_template_kwargs" if str(e).startswith("chat template variable") else "messages",
                     str(e)) from None
-    return prompt_ids, tools, shown, tool_choice
+    return prompt, tools, shown, tool_choice
 
 
 def prepare_generation(llm, name: str, body: dict, req: P.ParsedRequest, chat: bool,

@@ -338,14 +338,16 @@ def parse_embeddings(body: Any) -> tuple[list, str, int | None, bool]:
         _get(body, "truncate", False)
 
 
-def parse_tokenize(body: Any) -> tuple[str, bool]:
-    """/tokenize: llama.cpp's {"content", "add_special"} or vLLM's {"prompt", "add_special_tokens"}."""
+def parse_tokenize(body: Any) -> tuple[str, bool, bool]:
+    """/tokenize: llama.cpp's {"content", "add_special", "parse_special"} or vLLM's {"prompt",
+    "add_special_tokens"}: the text, whether to add BOS, whether special tokens' text is read as them."""
     validate("tokenize", body)
     key = "content" if "content" in body else "prompt"
     text = body.get(key)
     if text is None:  # the schema wants one of the keys; it lets null through as an optional field's value
         raise bad(key, "'content' (or 'prompt') must be a string")
-    return text, _get(body, "add_special" if "add_special" in body else "add_special_tokens", False)
+    return (text, _get(body, "add_special" if "add_special" in body else "add_special_tokens", False),
+            _get(body, "parse_special", False))
 
 
 def parse_detokenize(body: Any) -> list[int]:

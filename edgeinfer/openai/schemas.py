@@ -220,6 +220,7 @@ TOKENIZE = {"type": "object", "properties": {
     "prompt": string("text to tokenise (vLLM's name)"),
     "add_special": boolean("add the model's BOS token (llama.cpp's name)"),
     "add_special_tokens": boolean("add the model's BOS token (vLLM's name)"),
+    "parse_special": boolean("read special tokens' text (<|im_start|>, ...) as those tokens (llama.cpp's)"),
     "model": SAMPLING["model"],
 }, "anyOf": [{"required": ["content"]}, {"required": ["prompt"]}],
     "x-error": "must have 'content' (or 'prompt'): the text to tokenise"}

@@ -121,6 +121,7 @@ ROUTES = [
     Route("/v1/models", routes.list_models, methods=["GET"]),
     Route("/tokenize", routes.tokenize, methods=["POST"]),
     Route("/detokenize", routes.detokenize, methods=["POST"]),
+    Route("/apply-template", routes.apply_template, methods=["POST"]),
     Route("/health", routes.health, methods=["GET"]),
     Route("/api/ps", routes.ps, methods=["GET"]),
     Route("/metrics", routes.metrics, methods=["GET"]),

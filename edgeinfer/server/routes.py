@@ -64,9 +64,9 @@ async def generate(request: Request, call: Call, chat: bool):
 async def tokenize(request: Request, call: Call):
     """llama.cpp's and vLLM's /tokenize: {"tokens": [...], "count": n}; load generators use it."""
     body = await read_json(request)
-    text, add_special = P.parse_tokenize(body)
+    text, add_special, parse_special = P.parse_tokenize(body)
     sm = await call.use(P.parse_model(body))
-    ids = await asyncio.to_thread(sm.llm.tokenizer.encode, text, None if add_special else False, False)
+    ids = await asyncio.to_thread(sm.llm.tokenizer.encode, text, None if add_special else False, parse_special)
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": sm.llm.embed_context if sm.llm.is_encoder
                          else sm.llm.engine.max_context})
 
@@ -88,6 +88,19 @@ async def embeddings(request: Request, call: Call):
     call.n_prompt = n = sum(len(s) for s in seqs)  # counted once the vectors are there (an error counts none)
     call.state.metrics.token(call.labels, time.monotonic() - call.t0, True)
     return JSONResponse(R.embeddings_response(sm.name, vecs, n, fmt))
+
+
+@route()
+async def apply_template(request: Request, call: Call):
+    """llama.cpp's POST /apply-template: the prompt text a chat body makes through the model's chat template
+    (tools and chat_template_kwargs included), not tokenized: {"prompt": text}."""
+    body = await read_json(request)
+    req = P.parse_common(body, chat=True)
+    sm = await call.use(req.model)
+    if sm.llm.is_encoder:
+        raise P.bad("model", f"model {sm.name!r} is an embedding model: it has no chat template")
+    text, *_ = await asyncio.to_thread(H.chat_prompt, sm.llm, sm.name, body, req, True)
+    return JSONResponse({"prompt": text})
 
 
 @route()
