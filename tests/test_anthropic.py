@@ -129,6 +129,10 @@ def test_a_stop_sequence_and_structured_output(client):
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "x " * 5000}]}, 400, "invalid_request_error",
      "context holds 4096"),
     ({"model": "claude-9", "max_tokens": 5, "messages": ASK}, 404, "not_found_error", "claude-9"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": ["4 C"]}]}]}, 400, "invalid_request_error",
+     "'messages[0].content[0].content[0]' must be a content block"),
+    ({"max_tokens": 5, "messages": ASK, "mcp_servers": [{"url": "x"}]}, 400, "invalid_request_error", "MCP"),
 ])
 def test_bad_requests_answer_anthropic_s_error_shape(http, body, status, kind, fragment):
     r = http.post("/v1/messages", json=body)

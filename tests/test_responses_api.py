@@ -53,8 +53,12 @@ def test_a_response_its_stream_and_its_input_tokens_agree_with_the_chat_route(cl
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
     assert [e.sequence_number for e in events] == list(range(len(events)))
     with client.responses.stream(model="tiny-llama", input="pick one", max_output_tokens=100, text=PICK) as s:
+        snapshots = [e.snapshot for e in s if e.type == "response.output_text.delta"]
         final = s.get_final_response()  # (a schema the answer completes: a response.completed event)
     assert final.status == "completed" and final.output_text in ('{"a": "x"}', '{"a": "y"}')
+    assert snapshots[-1] == final.output_text  # the helper's running text, built from the events as they came
+    kept = client.responses.retrieve(final.id)  # a streamed response is kept whole, with its usage
+    assert kept.output_text == final.output_text and kept.usage.output_tokens == final.usage.output_tokens > 0
 
 
 def test_a_required_call_its_output_back_through_previous_response_id_retrieve_and_delete(client):
@@ -73,7 +77,7 @@ def test_a_required_call_its_output_back_through_previous_response_id_retrieve_a
     client.responses.delete(r2.id)
     with pytest.raises(openai.NotFoundError, match="no stored response"):
         client.responses.retrieve(r2.id)
-    with pytest.raises(openai.NotFoundError, match="no stored response"):
+    with pytest.raises(openai.BadRequestError, match="no stored response"):
         client.responses.create(model="tiny-llama", previous_response_id=r2.id, input="and?")
     unstored = client.responses.create(model="tiny-llama", input="hi", max_output_tokens=2, store=False)
     with pytest.raises(openai.NotFoundError):

@@ -39,7 +39,9 @@ def _text(content, where: str) -> str:
     return "\n".join(_text_block(b, f"{where}[{j}]") for j, b in enumerate(content))
 
 
-def _text_block(b: dict, where: str) -> str:
+def _text_block(b, where: str) -> str:
+    if not isinstance(b, dict):
+        raise P.bad(where, f"'{where}' must be a content block ({{\"type\": \"text\", \"text\": ...}})")
     if b.get("type") != "text":
         raise _unsupported(where, repr(b.get("type")))
     if not isinstance(b.get("text"), str):
@@ -98,8 +100,8 @@ def chat_body(body: dict) -> dict:
         out["stop"] = body["stop_sequences"]
     kwargs = dict(body.get("chat_template_kwargs") or {})
     thinking = (body.get("thinking") or {}).get("type")
-    if thinking:
-        kwargs["enable_thinking"] = thinking != "disabled"
+    if thinking or "enable_thinking" not in kwargs:  # (no thinking field: no thinking, as Anthropic's API)
+        kwargs["enable_thinking"] = thinking not in (None, "disabled")
     if kwargs:
         out["chat_template_kwargs"] = kwargs
     fmt = (body.get("output_config") or {}).get("format")

@@ -308,6 +308,8 @@ def parse_messages(body: dict) -> list[dict]:
         for key in ("tool_calls", "tool_call_id", "name"):  # checked by edgeinfer.tools when rendered
             if m.get(key) is not None:
                 msg[key] = m[key]
+        if role == "assistant" and isinstance(m.get("reasoning_content"), str):  # (templates that show it)
+            msg["reasoning_content"] = m["reasoning_content"]
         out.append(msg)
     return out
 

@@ -7,6 +7,7 @@ response.output_text.delta ... response.completed). Pure data: no HTTP."""
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 
@@ -137,11 +138,11 @@ def response_object(rid: str, body: dict, model: str, output: list[dict], finish
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
             "previous_response_id": body.get("previous_response_id"),
-            "parallel_tool_calls": body.get("parallel_tool_calls", True), "temperature": body.get("temperature"),
-            "top_p": body.get("top_p"), "tools": body.get("tools") or [],
-            "tool_choice": body.get("tool_choice", "auto"),
+            "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
+            "temperature": body.get("temperature"), "top_p": body.get("top_p"), "tools": body.get("tools") or [],
+            "tool_choice": body.get("tool_choice") or "auto",
             "text": body.get("text") or {"format": {"type": "text"}}, "reasoning": body.get("reasoning"),
-            "metadata": body.get("metadata") or {}, "store": body.get("store", True), "usage": use}
+            "metadata": body.get("metadata") or {}, "store": body.get("store") is not False, "usage": use}
 
 
 class Events:
@@ -156,6 +157,7 @@ class Events:
         self.chunks, self.rid, self.body, self.model = chunks, rid, body, model
         self.created = int(time.time())
         self.seq, self.items, self.open, self.finish = 0, [], None, None
+        self.final: dict | None = None  # the response object, once end() made it
 
     def _e(self, kind: str, **fields) -> dict:
         self.seq += 1
@@ -175,7 +177,10 @@ class Events:
         out = self._close()
         self.items.append(item)
         self.open = item
-        out.append(self._e("response.output_item.added", output_index=len(self.items) - 1, item=dict(item)))
+        added = copy.deepcopy(item)  # (as it starts: the live item grows as deltas come)
+        if "content" in added:
+            added["content"] = []
+        out.append(self._e("response.output_item.added", output_index=len(self.items) - 1, item=added))
         if item["type"] == "message":
             out.append(self._e("response.content_part.added", item_id=item["id"], output_index=len(self.items) - 1,
                                content_index=0, part={"type": "output_text", "text": "", "annotations": []}))
@@ -239,7 +244,7 @@ class Events:
 
     def end(self, n_prompt: int, n_out: int, cached: int) -> list[dict]:
         out = self._close()
-        final = self._response(usage(n_prompt, n_out, cached))
+        self.final = final = self._response(usage(n_prompt, n_out, cached))
         return out + [self._e("response.incomplete" if final["status"] == "incomplete" else "response.completed",
                               response=final)]
 

@@ -300,13 +300,20 @@ MESSAGES = {"type": "object", "required": ["messages", "max_tokens"], "propertie
     **{k: _opt({"description": "accepted and ignored"}) for k in ("cache_control", "diagnostics", "inference_geo",
                                                                     "speed", "user_profile_id", "workspace_id")},
     "container": refused("no code execution container: tools run in the client"),
+    "context_management": _opt({"description": "accepted and ignored: a conversation past the context is a 400"}),
+    "mcp_servers": _opt({"anyOf": [{"type": "null"}, {"const": []}],
+                         "description": "refused unless empty: no MCP connector (tools run in the client)",
+                         "x-error": "is not supported (no MCP connector: tools run in the client)"}),
     # sampling fields, Anthropic's (temperature, top_p, top_k) and the chat route's, sent as extra body fields
     **{k: SAMPLING[k] for k in ("seed", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
                                 "repeat_penalty", "repeat_last_n", "ignore_eos", "priority", "id_slot")},
     "chat_template_kwargs": CHAT["properties"]["chat_template_kwargs"],
 }}
-COUNT_TOKENS = {"type": "object", "required": ["messages"], "properties": {**_CONVERSATION,
-                                                                             "metadata": SAMPLING["metadata"]}}
+COUNT_TOKENS = {"type": "object", "required": ["messages"], "properties": {
+    **_CONVERSATION, "chat_template_kwargs": CHAT["properties"]["chat_template_kwargs"],
+    **{k: MESSAGES["properties"][k] for k in ("metadata", "cache_control", "diagnostics", "inference_geo", "speed",
+                                              "user_profile_id", "workspace_id", "context_management",
+                                              "mcp_servers")}}}
 
 # -- OpenAI's Responses API (openai/responses_api.py translates it onto the chat route's pipeline) ----------
 
@@ -322,7 +329,8 @@ _INPUT = {
         "description": {"type": ["string", "null"]}, "parameters": _opt(ANY_SCHEMA),
         "strict": {"type": ["boolean", "null"]}}}}),
     "tool_choice": _opt({"anyOf": [{"enum": ["none", "auto", "required"]}, {
-        "type": "object", "required": ["type"], "properties": {"type": {"type": "string"}, "name": {"type": "string"}}}],
+        "type": "object", "required": ["type"],
+        "properties": {"type": {"type": "string"}, "name": {"type": "string"}}}],
         "x-error": "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"name\": ...}"}),
     "parallel_tool_calls": boolean("allow several calls in one reply"),
     "reasoning": _opt({"type": "object", "properties": {

@@ -104,8 +104,9 @@ class ModelManager(Servables):
                 sm.timer = None
             if not sm.pinned:
                 sm.keep_alive = self.default_keep_alive if keep_alive is None else float(keep_alive)
-            elif keep_alive is not None and float(keep_alive) == 0:  # `ollama stop`: a command-line model too
-                sm.unload_when_idle = True  # (loaded again, and kept again, by the next request)
+            else:  # `ollama stop` (keep_alive 0) unloads a command-line model too, once idle (the latest request's
+                # say, as for any model; loaded again, and kept again, by the next request)
+                sm.unload_when_idle = keep_alive is not None and float(keep_alive) == 0
             if sm.status == "loading":
                 try:
                     await self._wait(sm.task, sm, deadline, "loaded")

@@ -53,8 +53,11 @@ class ResponseStore:
 
 
 def _missing(rid: str, param: str | None = None) -> P.APIError:
-    return P.APIError(404, f"no stored response {rid!r}: responses are kept in memory for an hour (the last "
-                           f"{STORE_SIZE}), unless made with store: false", param=param)
+    """A response not kept: 404 for a route that names it, 400 for previous_response_id (as OpenAI's)."""
+    return P.APIError(404 if param is None else 400,
+                      f"no stored response {rid!r}: responses are kept in memory for an hour (the last {STORE_SIZE}), "
+                      "unless made with store: false", param=param,
+                      code=None if param is None else "previous_response_not_found")
 
 
 async def _chat(request: Request, call: Call, kind: str):
@@ -88,15 +91,15 @@ async def create(request: Request, call: Call):
                                   state.config.reasoning_format)
     choices, queue = submit_choices(state, sm, gen)
     call.n_prompt = len(gen.prompt_ids)
-    rid, tok, keep = R.new_id("resp"), sm.llm.tokenizer, body.get("store", True)
+    rid, tok, keep = R.new_id("resp"), sm.llm.tokenizer, body.get("store") is not False
     if req.stream:
         events = RA.Events(R.Chunks(gen, sm.name, tok, R.new_id("chatcmpl"), R.now()), rid, body, sm.name)
 
         def closed():
             call.lease.release()
-            if keep and events.finish is not None:
+            if keep and events.final is not None:  # (a stream that ran to its end)
                 state.responses.put(rid, _conversation(body, chat) + [RA.assistant_message(events.items)],
-                                    events._response())
+                                    events.final)
         return call.stream(stream(state, sm, choices, queue, call.t0, call.labels, events, False, call.n_prompt,
                                   on_close=closed, done_event=False))
     outputs = await collect_choices(state, request, sm, choices, queue, call.t0, call.labels)
