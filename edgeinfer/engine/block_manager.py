@@ -116,6 +116,18 @@ class BlockManager:
             out.append(parent)
         return out
 
+    def cached_run(self, token_ids, n: int) -> tuple[list[int], list[int]]:
+        """(the chain hashes of the first n full blocks of token_ids, the ids of the cached blocks holding them from
+        the first, up to the first that is not cached)."""
+        bs, hashes = self.block_size, self.chain_hashes(token_ids, n)
+        hits = []
+        for i, h in enumerate(hashes):
+            bid = self.pool.lookup(h, token_ids[i * bs:(i + 1) * bs])
+            if bid is None:
+                break
+            hits.append(bid)
+        return hashes, hits
+
     def hit_limit(self, seq: Sequence) -> int:
         """The most full blocks of seq's tokens a prefix hit may cover (a hybrid model's leaves its last token
         to compute, its state coming from a checkpoint)."""
@@ -178,15 +190,11 @@ class BlockManager:
         are cached."""
         if not self.enable_prefix_caching:
             return [], -1
-        bs = self.block_size
-        hits, ckpt, upto = [], -1, 0
-        for i, h in enumerate(self.chain_hashes(seq.token_ids, self.hit_limit(seq))):
-            bid = self.pool.lookup(h, seq.token_ids[i * bs:(i + 1) * bs])
-            if bid is None:
-                break
-            hits.append(bid)
-            if h in self.checkpoints:
-                ckpt, upto = self.checkpoints[h], len(hits)
+        hashes, hits = self.cached_run(seq.token_ids, self.hit_limit(seq))
+        ckpt, upto = -1, 0
+        for i in range(len(hits)):
+            if hashes[i] in self.checkpoints:
+                ckpt, upto = self.checkpoints[hashes[i]], i + 1
         if self.num_state_slots:
             return hits[:upto], ckpt
         if self.win is not None:

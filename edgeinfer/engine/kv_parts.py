@@ -72,14 +72,7 @@ class KVParts:
         model) to the last that has a state checkpoint, and (a sliding-window model) to the longest whose window
         rows a continuation sees are cached, with those rows."""
         bm, bs = self.bm, self.bs
-        n = len(token_ids) // bs
-        hashes = bm.chain_hashes(token_ids, n)
-        found = []
-        for i, h in enumerate(hashes):
-            bid = bm.pool.lookup(h, token_ids[i * bs:(i + 1) * bs])
-            if bid is None:
-                break
-            found.append(bid)
+        hashes, found = bm.cached_run(token_ids, len(token_ids) // bs)
         h = len(found)
         if self.arrays["state"]:
             while h and hashes[h - 1] not in bm.checkpoints:

@@ -149,7 +149,7 @@ class Events:
     """A stream's Responses events, from the chat route's chunks (responses.Chunks, choice 0): an output item per
     run of one kind of delta (reasoning, text, each function call), added when the kind changes and done before the
     next, between response.created/in_progress and response.completed (or response.incomplete). For
-    streaming.stream (`named`, `seen`, `end`, `error`); `items` are the finished output items."""
+    streaming.stream (`named`, `end`, `error`); `items` are the finished output items."""
 
     named = True
 
@@ -165,9 +165,6 @@ class Events:
 
     def _response(self, use: dict | None = None) -> dict:
         return response_object(self.rid, self.body, self.model, self.items, self.finish, use, self.created)
-
-    def seen(self, out) -> None:
-        pass
 
     def first(self) -> list[dict]:
         return [self._e("response.created", response=self._response()),
