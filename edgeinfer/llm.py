@@ -372,24 +372,26 @@ class LLM:
         from dataclasses import replace
 
         from .harmony import is_harmony, split_harmony
+        from .tool_formats import for_model
         from .tools import call_grammar, parse_reply, parse_tools
 
         specs, choice = parse_tools(tools, tool_choice)
         shown = specs if choice.mode != "none" else []
         params = params or SamplingParams()
-        grammar = call_grammar(specs, choice)
+        fmt = for_model(self)
+        grammar = call_grammar(specs, choice, fmt=fmt)
         if grammar is not None:
             if params.constrained:
                 raise ValueError("tool_choice required or a named function cannot be combined with another constraint")
             params = replace(params, grammar=grammar)
         harmony = is_harmony(self.chat_template.source)
-        if harmony:  # gpt-oss: the reply parsed by channel, which needs the control tokens' text
+        if harmony or (shown and fmt.special_text):  # gpt-oss: the reply parsed by channel; [TOOL_CALLS] ...
             params = replace(params, special_text=True)
         comp = self.generate(self.render_chat(messages, tools=shown), params)[0]
         if harmony:
             comp.reasoning, comp.text = split_harmony(comp.text)
         if shown:
-            content, calls = parse_reply(comp.text, specs)
+            content, calls = parse_reply(comp.text, specs, fmt)
             if calls:
                 comp.text, comp.tool_calls, comp.finish_reason = content or "", calls, "tool_calls"
         return comp

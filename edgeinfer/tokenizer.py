@@ -83,7 +83,8 @@ class Tokenizer:
         stops = {i for i in (self.eos_id, self.eot_id) if i is not None} | gemma4_stops
         # harmony (gpt-oss: <|return|> and <|call|>): <|end|> ends a message within a reply, not the reply
         harmony = "<|return|>" in self._special_text and "<|call|>" in self._special_text
-        for name in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "<|return|>", "<|call|>"):
+        for name in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end|>", "<|return|>",
+                     "<|call|>"):  # (<|eom_id|>: Llama 3.1 ends a <|python_tag|> call with it; llama.cpp's EOG too)
             i = self._special_text.get(name)
             if i is not None and self.token_types[i] == CONTROL and not (harmony and name == "<|end|>"):
                 stops.add(i)

@@ -17,30 +17,31 @@ message in the Hermes / Qwen 2.5 format, which small instruction-tuned models ha
 Earlier calls in the conversation (assistant messages with `tool_calls`) are written back in that
 form, and tool results (`role: "tool"`) become user turns wrapped in <tool_response> tags.
 
-The reply is parsed the same way: each <tool_call> block whose JSON names a given tool becomes a
-call, and so does a reply that is nothing but such a JSON object (small models often leave out the
-tags; streamed, a reply that starts with "{" is held back until it is complete). With tool_choice "required" or a named function the reply is constrained by a grammar built
-from the tools' parameter schemas, so it is always a well-formed call with arguments that match.
-
-Gemma 4's template renders tools and calls itself, and the model writes its calls in its own form,
-`<|tool_call>call:NAME{key:<|"|>text<|"|>,n:2}<tool_call|>` (edgeinfer.tools_gemma4 reads them): the
-reply is read for both forms, whatever the model, as llama.cpp's peg-gemma4 parser reads Gemma 4's. A
-block of either form that is not a well-formed call of a given tool stays text. (The grammar of a
-forced tool_choice is the Hermes form for every model, Gemma 4's too.)
+The reply is read for every family's form of a call (edgeinfer.tool_formats: Hermes' <tool_call> blocks,
+Llama 3's bare {"name": ..., "parameters": ...} objects and <|python_tag|>, Mistral's [TOOL_CALLS],
+Qwen3-Coder's <function=...> XML, gpt-oss's harmony through edgeinfer.harmony, and Gemma 4's
+`<|tool_call>call:NAME{key:<|"|>text<|"|>}<tool_call|>`, read by edgeinfer.tools_gemma4), whatever the
+model; a block that is not a well-formed call of a given tool stays text, and so does a bare object that is
+not one (streamed, a reply that starts with "{" is held back until it is complete). With tool_choice
+"required" or a named function the reply is constrained by a grammar in the model's own form (Hermes' for
+the families that have none), built from the tools' parameter schemas, so it is always a well-formed call
+with arguments that match.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 
 from .errors import EdgeInferError
 from .structured import JSON_DEFAULTS, close_objects
+from . import tool_formats
+from .tool_formats import HERMES, ToolFormat
 from .tools_gemma4 import G_OPEN, read_call as read_gemma4_call
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+OPENERS = (*tool_formats.OPENERS, G_OPEN)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 FALLBACK_SYSTEM = (
@@ -124,12 +125,16 @@ def _parse_choice(tc, tools: list[Tool]) -> ToolChoice:
                                    "{\"type\": \"function\", \"function\": {\"name\": ...}}")
 
 
-def call_grammar(tools: list[Tool], choice: ToolChoice, parallel: bool = True) -> str | None:
-    """A Lark grammar (llguidance's syntax) for a reply that is only tool calls, or None when the
-    choice does not force a call."""
+def call_grammar(tools: list[Tool], choice: ToolChoice, parallel: bool = True,
+                 fmt: ToolFormat = HERMES) -> str | None:
+    """A Lark grammar (llguidance's syntax) for a reply that is only tool calls in the model's form
+    (edgeinfer.tool_formats), or None when the choice does not force a call."""
     if choice.mode not in ("required", "function"):
         return None
     chosen = [t for t in tools if choice.mode == "required" or t.name == choice.name]
+    own = tool_formats.grammar(fmt or HERMES, chosen, parallel and choice.mode == "required")
+    if own is not None:
+        return own
     alts = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": close_objects(t.parameters)},
              "required": ["name", "arguments"], "additionalProperties": False} for t in chosen]
     schema = {"x-guidance": JSON_DEFAULTS, "anyOf": alts} if len(alts) > 1 else {"x-guidance": JSON_DEFAULTS, **alts[0]}
@@ -214,41 +219,23 @@ def _arguments_object(call: dict):
 
 
 def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
+    return HERMES.call_id()
 
 
-def _as_call(body: str, names: set[str]) -> dict | None:
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or obj.get("name") not in names:
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return None
-    if not isinstance(args, dict):
-        return None
-    return _call(obj["name"], args)
-
-
-def _call(name: str, args: dict) -> dict:
-    return {"id": new_call_id(), "type": "function",
+def _call(name: str, args: dict, cid: str | None = None, fmt: ToolFormat = HERMES) -> dict:
+    return {"id": cid or fmt.call_id(), "type": "function",
             "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
 
 
-def _blocks(buf: str, names: set[str], final: bool) -> tuple[list[tuple[str, object]], str]:
-    """("text", str) and ("call", dict) events of text that may hold <tool_call> blocks (Hermes) and
-    <|tool_call> ones (Gemma 4), and what is held back: a tag's possible start, a call not yet
-    complete (nothing when final: the text is all there is)."""
+def _blocks(buf: str, tools: dict, final: bool, fmt: ToolFormat = HERMES) -> tuple[list[tuple[str, object]], str]:
+    """("text", str) and ("call", dict) events of text that may hold calls in any family's form
+    (edgeinfer.tool_formats; Gemma 4's here), and what is held back: an opener's possible start, a call not
+    yet complete (nothing when final: the text is all there is)."""
     events: list[tuple[str, object]] = []
     while buf:
-        found = [(k, tag) for tag in (OPEN, G_OPEN) if (k := buf.find(tag)) >= 0]
+        found = [(k, tag) for tag in OPENERS if (k := buf.find(tag)) >= 0]
         if not found:
-            keep = 0 if final else max(_partial_suffix(buf, OPEN), _partial_suffix(buf, G_OPEN))
+            keep = 0 if final else max(_partial_suffix(buf, tag) for tag in OPENERS)
             if len(buf) > keep:
                 events.append(("text", buf[:len(buf) - keep]))
                 buf = buf[len(buf) - keep:]
@@ -257,31 +244,38 @@ def _blocks(buf: str, names: set[str], final: bool) -> tuple[list[tuple[str, obj
         if k > 0:
             events.append(("text", buf[:k]))
             buf = buf[k:]
-        if tag == OPEN:
-            end = buf.find(CLOSE)
-            if end < 0:
-                if final:
-                    events.append(("text", buf))
-                    buf = ""
-                break  # inside a call: wait for its end
-            end += len(CLOSE)
-            call = _as_call(buf[len(OPEN):end - len(CLOSE)].strip(), names)
-        else:
+        if tag == G_OPEN:
             got = read_gemma4_call(buf, final)
             if got is None:
                 break  # not yet known
             end, name, args = got
-            call = _call(name, args) if name in names else None
-        events.append(("text", buf[:end]) if call is None else ("call", call))
+            calls = [(name, args, None)] if name in tools else None
+        else:
+            got = tool_formats.read_block(buf, tag, tools, final)
+            if got is None:
+                break  # inside a call: wait for its end
+            end, calls = got
+            end = max(end, 1)
+        if calls is None:
+            events.append(("text", buf[:end]))
+        else:
+            events += [("call", _call(name, args, cid, fmt)) for name, args, cid in calls]
         buf = buf[end:]
     return events, buf
 
 
-def parse_reply(text: str, tools: list[Tool]) -> tuple[str | None, list[dict]]:
-    """(content, tool calls) of a whole reply. Blocks that are not a call of a given tool stay text."""
-    names = {t.name for t in tools}
+def _bare_calls(text: str, tools: dict, fmt: ToolFormat) -> list[dict] | None:
+    # a reply that is nothing but call objects (small models drop the tags; Llama 3's own form)
+    calls = tool_formats.json_calls(text, tools) if text.strip().startswith("{") else None
+    return [_call(name, args, cid, fmt) for name, args, cid in calls] if calls else None
+
+
+def parse_reply(text: str, tools: list[Tool], fmt: ToolFormat = HERMES) -> tuple[str | None, list[dict]]:
+    """(content, tool calls) of a whole reply. Blocks that are not a call of a given tool stay text.
+    fmt: the model's format (edgeinfer.tool_formats; the form of new call ids)."""
+    by_name, fmt = {t.name: t for t in tools}, fmt or HERMES
     calls, parts, pending = [], [], ""
-    for kind, value in _blocks(text, names, True)[0]:
+    for kind, value in _blocks(text, by_name, True, fmt)[0]:
         if kind == "text":
             pending += value
             continue
@@ -291,9 +285,9 @@ def parse_reply(text: str, tools: list[Tool]) -> tuple[str | None, list[dict]]:
         calls.append(value)
     if not calls or pending.strip():
         parts.append(pending)
-    if not calls:  # a reply that is nothing but a bare call object (small models drop the tags)
-        call = _as_call(text.strip(), names) if text.strip().startswith("{") else None
-        return (None, [call]) if call else (text, [])
+    if not calls:  # a reply that is nothing but bare call objects (small models drop the tags; Llama 3)
+        bare = _bare_calls(text, by_name, fmt)
+        return (None, bare) if bare else (text, [])
     content = "".join(parts).strip()
     return content or None, calls
 
@@ -303,8 +297,8 @@ class StreamParser:
     Text that may be the start of a <tool_call> or <|tool_call> tag is held back until it is clear,
     and so is a call until it is complete."""
 
-    def __init__(self, tools: list[Tool]):
-        self.names = {t.name for t in tools}
+    def __init__(self, tools: list[Tool], fmt: ToolFormat = HERMES):
+        self.tools, self.fmt = {t.name: t for t in tools}, fmt or HERMES
         self.buf = ""
         self._ws_hold = ""
         self._after_call = False
@@ -324,7 +318,7 @@ class StreamParser:
         return self._feed_tags(delta)
 
     def _feed_tags(self, delta: str, final: bool = False) -> list[tuple[str, object]]:
-        events, self.buf = _blocks(self.buf + delta, self.names, final)
+        events, self.buf = _blocks(self.buf + delta, self.tools, final, self.fmt)
         return self._drop_separators(events)
 
     def _drop_separators(self, events):
@@ -350,9 +344,9 @@ class StreamParser:
         events = []
         if self._bare:
             held, self.buf, self._bare = self.buf, "", False
-            call = _as_call(held.strip(), self.names)
-            if call is not None:
-                return [("call", call)]
+            bare = _bare_calls(held, self.tools, self.fmt)
+            if bare:
+                return [("call", c) for c in bare]
             events = self._feed_tags(held)
         events += self._feed_tags("", final=True)
         self._ws_hold = ""

@@ -14,6 +14,7 @@ from .. import harmony, reasoning
 from ..engine.llm_engine import PromptTooLongError, RequestOutput
 from ..sampling import SamplingParams
 from ..structured import GrammarError
+from .. import tool_formats
 from ..tools import ToolError, call_grammar, parse_tools
 from . import protocol as P
 from .fim import infill_prompt, llm_fim_tokens
@@ -36,6 +37,7 @@ class Generation:
     reasoning: bool = False  # a chat reply split into reasoning_content and content (edgeinfer.reasoning)
     reasoning_open: bool = False  # the prompt ends inside an open <think>: the reply starts in reasoning
     harmony: bool = False  # a gpt-oss reply in the harmony format, parsed by channel (edgeinfer.harmony)
+    tool_format: object = None  # the model's form of a tool call (edgeinfer.tool_formats), where tools are shown
 
 
 def budget(llm, prompt_ids: list[int], req: P.ParsedRequest, param: str) -> int:
@@ -87,7 +89,8 @@ def prepare_generation(llm, name: str, body: dict, req: P.ParsedRequest, chat: b
     tools, shown, extra = [], [], {}
     if chat:
         prompt_ids, tools, shown, tool_choice = chat_prompt(llm, name, body, req)
-        grammar = call_grammar(tools, tool_choice, P.parse_parallel_tool_calls(body))
+        fmt = tool_formats.for_model(llm) if tools else None
+        grammar = call_grammar(tools, tool_choice, P.parse_parallel_tool_calls(body), fmt)
         if grammar is not None:
             if req.constraint_param:
                 raise P.bad("tool_choice", f"tool_choice {tool_choice.mode!r} constrains the reply to tool calls; "
@@ -114,6 +117,10 @@ def prepare_generation(llm, name: str, body: dict, req: P.ParsedRequest, chat: b
         except GrammarError as e:
             raise P.bad(req.constraint_param or "tools", str(e)) from None
     gen = Generation(req, chat, prompt_ids, params, guide, tools, shown, req.n)
+    if chat and shown:
+        gen.tool_format = fmt
+        if fmt.special_text:  # its calls start with a control token ([TOOL_CALLS], <|python_tag|>)
+            gen.params = dataclasses.replace(gen.params, special_text=True)
     if chat:
         read_reply_as_templated(gen, llm, reasoning_format)
     return gen

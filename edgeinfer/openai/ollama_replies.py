@@ -66,7 +66,7 @@ class Replies:
         if req.stream and gen.shown:
             from ..tools import StreamParser  # imported only with tools: it brings in the kernels (Numba)
 
-            self.tools = StreamParser(gen.tools)
+            self.tools = StreamParser(gen.tools, gen.tool_format)
         self.n_calls = 0
 
     def _obj(self, content: str, calls: list | None = None, done: bool = False, thinking: str | None = None) -> dict:
@@ -133,7 +133,7 @@ class Replies:
         if self.req.chat and self.gen.shown:
             from ..tools import parse_reply
 
-            content, parsed = parse_reply(text, self.gen.tools)
+            content, parsed = parse_reply(text, self.gen.tools, self.gen.tool_format)
             if parsed:
                 text, calls = content or "", [_call(c, i) for i, c in enumerate(parsed)]
         obj = self._obj(text, calls, done=True, thinking=thinking)

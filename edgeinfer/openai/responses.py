@@ -86,7 +86,7 @@ def chat_message(gen, text: str) -> tuple[dict, bool]:
     if gen.shown:
         from ..tools import parse_reply
 
-        content, calls = parse_reply(text, gen.tools)
+        content, calls = parse_reply(text, gen.tools, gen.tool_format)
         if calls:
             message["content"] = content
     if gen.reasoning:
@@ -133,7 +133,7 @@ class _ChoiceStream:
         if gen.chat and gen.shown:
             from ..tools import StreamParser  # imported only with tools: it brings in the kernels (Numba)
 
-            self.tools = StreamParser(gen.tools)
+            self.tools = StreamParser(gen.tools, gen.tool_format)
         self.n_calls = 0
 
 
