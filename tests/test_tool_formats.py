@@ -226,3 +226,30 @@ def test_a_forced_call_is_a_valid_call_in_the_familys_form(name, tmp_path):
             jsonschema.validate(json.loads(c["function"]["arguments"]), spec)
         if fmt.startswith("mistral"):
             assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in comp.tool_calls)
+
+
+def test_a_mistral_call_streams_in_openais_delta_shape(tmp_path):
+    """Over HTTP: a Mistral Small 3.2 model's forced call, streamed, is OpenAI's tool-call deltas (id and name,
+    then the arguments) with a nine-character id, finish_reason tool_calls, and no [TOOL_CALLS] text."""
+    from starlette.testclient import TestClient
+
+    from edgeinfer.server import app as server_app
+    from tiny_models import write_tiny_llama
+
+    path = tmp_path / "tiny-mistral.gguf"
+    write_tiny_llama(path, n_ctx=4096, chat_template=template("Mistral-Small-3.2-24B-Instruct-2506"),
+                     extra_specials=MISTRAL_SPECIALS)
+    app = server_app.create_app(server_app.ServerConfig(models=[str(path)]))
+    body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER], "stream": True,
+            "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 300, "seed": 3,
+            "temperature": 1.0}
+    with TestClient(app) as client:
+        lines = client.post("/v1/chat/completions", json=body).text.splitlines()
+    chunks = [json.loads(x[6:]) for x in lines if x.startswith("data: ") and x != "data: [DONE]"]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c.get("choices")]
+    calls = [tc for d in deltas for tc in d.get("tool_calls") or []]
+    assert not "".join(d.get("content") or "" for d in deltas)
+    assert calls[0]["function"]["name"] == "get_weather" and len(calls[0]["id"]) == 9 and calls[0]["id"].isalnum()
+    args = json.loads("".join(tc["function"].get("arguments") or "" for tc in calls))
+    assert set(args) == {"city", "days"} and {tc["index"] for tc in calls} == {0}
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")][-1] == "tool_calls"
