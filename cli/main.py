@@ -69,8 +69,14 @@ def list_(as_json):
         except GGUFError as e:
             rows.append({"name": m.name, "size": m.size, "architecture": "?", "quant_mix": f"invalid: {e}",
                          "path": str(m.path)})
+    from edgeinfer.registry import created
+
+    made, damaged = created.list_all()
+    made = [{"name": c.name, "from": c.base, "path": c.file, "own_file": c.own_file,
+             "system": c.system is not None, "parameters": c.parameters} for c in made]
     if as_json:
-        click.echo(json.dumps({"models": rows, "catalog": sorted(registry.CATALOG)}))
+        click.echo(json.dumps({"models": rows, "created": made, "damaged": damaged,
+                               "catalog": sorted(registry.CATALOG)}))
         return
     if rows:
         click.echo(f"{'NAME':<28} {'SIZE':>9}  {'ARCH':<8} {'QUANT MIX':<36} PATH")
@@ -78,6 +84,12 @@ def list_(as_json):
             click.echo(f"{r['name']:<28} {r['size'] / 1e6:>7.1f}MB  {r['architecture']:<8} {r['quant_mix']:<36} {r['path']}")
     else:
         click.echo(f"no models downloaded yet (cache: {registry.models_dir()})")
+    if made or damaged:
+        click.echo("\ncreated (Ollama's /api/create and /api/copy on `edgeinfer serve`; no weights copied):")
+        for c in made:
+            click.echo(f"  {c['name']:<28} from {c['from']:<28} {c['path']}")
+        for d in damaged:
+            click.echo(f"  damaged: {d}")
     have = {r["name"] for r in rows}
     click.echo("\ncatalog (edgeinfer pull NAME):")
     for e in registry.CATALOG.values():
@@ -88,7 +100,21 @@ def list_(as_json):
 @main.command()
 @click.argument("model")
 def rm(model):
-    """Delete a downloaded model from the cache."""
+    """Delete a downloaded model from the cache, or a created model (its manifest, and its own file)."""
+    from edgeinfer.registry import created
+
+    if model in created.names():
+        c = created.delete(model)
+        click.echo(f"removed created model {model}" + (f" and its file {c.file}" if c.own_file else ""))
+        return
+    try:
+        target = registry.resolve(model, pull_missing=False, progress=False)
+    except EdgeInferError:
+        target = None
+    users = created.over(target) if target is not None else []
+    if users:
+        raise click.ClickException(f"{', '.join(users)} {'is' if len(users) == 1 else 'are'} made over {model}'s "
+                                   "file: remove them first")
     path = registry.remove(model)
     click.echo(f"removed {path}")
 

@@ -52,6 +52,9 @@ from .common import engine_options
                    "stay loaded).")
 @click.option("--allow-pull", is_flag=True, default=False,
               help="Let clients download catalog models into the model cache with Ollama's POST /api/pull.")
+@click.option("--allow-delete", is_flag=True, default=False,
+              help="Let Ollama's DELETE /api/delete remove .gguf files under --models-dir (created and downloaded "
+                   "models can be deleted without it).")
 @click.option("--prompt-cache", "prompt_cache", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Keep computed prompt blocks in DIR too, written as they are computed, and use them after a "
                    "restart (one folder per model file and KV type).")
@@ -63,7 +66,7 @@ from .common import engine_options
 @engine_options
 def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout, read_timeout, max_body_bytes, max_seqs, threads,
           device, shutdown_timeout, drafts, speculate, draft_tokens, reasoning_format, models_dirs, keep_alive,
-          allow_pull, prompt_cache, prompt_cache_mb, slot_save_path, kv_type, max_context, memory_budget):
+          allow_pull, allow_delete, prompt_cache, prompt_cache_mb, slot_save_path, kv_type, max_context, memory_budget):
     """Serve MODELS over an OpenAI-compatible HTTP API (and Ollama's /api/ps). MODELS load at start; any
     other model that is downloaded (or under a --models-dir) loads when a request names it, and unloads
     when idle for --keep-alive. With no MODELS, a request that names no model gets smollm2-135m-instruct.
@@ -106,6 +109,7 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
                        max_seqs=max_seqs, backend=device, engine_config=base, model_configs=per_model,
                        speculation=speculation, reasoning_format=reasoning_format, models_dirs=list(models_dirs),
                        keep_alive=keep_alive, memory_budget_mb=memory_budget, allow_pull=allow_pull,
+                       allow_delete=allow_delete,
                        slot_save_path=slot_save_path or "",
                        on_demand_speculation=({"speculate": speculate, "draft_tokens": draft_tokens or 0}
                                               if speculate else None))

@@ -178,6 +178,10 @@ class LLM:
             self._chat_template = ChatTemplate(self._template_source, bos, eos, fallback=default_template(tok))
         return self._chat_template
 
+    @chat_template.setter
+    def chat_template(self, source: str) -> None:  # a Jinja template in place of the file's (a created model's)
+        self._template_source, self._chat_template = source, None
+
     # -- text <-> tokens -------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_bos: bool = False, parse_special: bool = False) -> list[int]:
@@ -421,7 +425,6 @@ class LLM:
         first = n_ctx // 2
         nll, count, per_chunk = 0.0, 0, []
         from tqdm import tqdm
-
         bar = tqdm(total=n_chunks, desc="perplexity", disable=not progress, file=sys.stderr)
         forward_s = 0.0
         for c in range(n_chunks):
@@ -436,8 +439,7 @@ class LLM:
             bar.update(1)
             bar.set_postfix(ppl=f"{np.exp(nll / count):.4f}")
         bar.close()
-        # chunk_nll: each chunk's mean negative log-likelihood; tok_s: prompt-processing speed, every token of every
-        # chunk through the forward pass
+        # chunk_nll: each chunk's mean negative log-likelihood; tok_s: prompt-processing speed (every token)
         return {"ppl": float(np.exp(nll / count)), "n_scored": count, "chunks": n_chunks, "n_ctx": n_ctx,
                 "chunk_nll": per_chunk, "tok_s": round(n_chunks * n_ctx / forward_s, 1)}
 

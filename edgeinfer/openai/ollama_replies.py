@@ -161,7 +161,9 @@ def embed_reply(name: str, vecs, stats: dict) -> dict:
 
 
 def pull_progress(entry, desc: str, completed: int, total: int | None) -> dict:
-    out = {"status": f"downloading {desc}", "digest": f"sha256:{entry.sha256}", "completed": completed}
+    out = {"status": f"downloading {desc}", "completed": completed}
+    if entry.sha256:
+        out["digest"] = f"sha256:{entry.sha256}"
     if total:
         out["total"] = total
     return out

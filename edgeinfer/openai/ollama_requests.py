@@ -13,6 +13,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
+from ..errors import EdgeInferError
 from . import handlers as H
 from . import protocol as P
 from .ollama_options import (FIELD_TO_OPTION, bool_field, is_int, keep_alive, opt_field, parse_format, parse_model,
@@ -233,14 +234,32 @@ def parse_embeddings(body) -> EmbedRequest:
     return EmbedRequest(model, [prompt] if prompt else [], True, None, keep_alive(body))
 
 
+@dataclass(frozen=True)
+class PullTarget:
+    """A Hugging Face reference /api/pull fetches: its name in the cache, the reference, no digest known
+    ahead (the Hub's is checked by the pull)."""
+
+    name: str
+    source: str
+    sha256: str = ""
+
+
 def parse_pull(body):
-    """/api/pull: (a catalog entry, stream). Only catalog names and aliases: a URL or a path is refused
-    (400), an unknown name is a 404 listing the catalog."""
+    """/api/pull: (what to pull, stream). Catalog names and aliases (a catalog entry), and Hugging Face
+    references, hf.co/ORG/REPO[:QUANT] (a PullTarget, as Ollama pulls them); a URL or a path is refused (400),
+    an unknown name is a 404 listing the catalog."""
     from .. import registry
 
     name = parse_model(body)
     stream = bool_field(body, "stream", True)
     bool_field(body, "insecure", False)
+    if name.startswith(("hf.co/", "huggingface.co/")):
+        try:
+            ref = registry.parse_ref(name)
+        except EdgeInferError as e:
+            raise P.bad("model", str(e)) from None
+        if ref is not None:
+            return PullTarget(ref.name, name), stream
     if "://" in name or name.startswith(("http:", "https:", "file:")):
         raise P.bad("model", f"'model' must be a catalog name: this route does not pull URLs ({name[:80]!r})")
     if any(c in name for c in "/\\") or name.startswith((".", "~")) or name.endswith(".gguf"):

@@ -3,7 +3,7 @@ response schemas and the error statuses each route can answer. Pure data: no HTT
 
 from __future__ import annotations
 
-from .schemas import REQUESTS, TOOL_CALL
+from .schemas import OLLAMA_COPY, OLLAMA_CREATE, OLLAMA_DELETE, REQUESTS, TOOL_CALL
 
 # -- responses ----------------------------------------------------------------------------------
 
@@ -93,7 +93,8 @@ STATUS_TEXT = {400: "the request breaks its schema, or names something that does
                404: "unknown model or route", 408: "the body arrived too slowly",
                409: "the model's name is taken by another loaded file",
                413: "the body is over the size limit", 415: "the body is not JSON",
-               500: "the model failed to load", 503: "the server is busy or still loading (Retry-After)",
+               500: "the model failed to load, or a created model's manifest is damaged",
+               501: "not on this server (the CUDA backend's slots)", 503: "the server is busy or still loading (Retry-After)",
                504: "the request took longer than the request timeout",
                507: "the model does not fit the server's --memory-budget"}
 
@@ -134,6 +135,62 @@ def _named(op: dict, last: str) -> dict:
     return op
 
 
+OLLAMA_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+_STATUS = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
+
+
+def _json_op(summary: str, op_id: str, request: dict | None, ok: dict | None, error: dict = ERROR,
+             errors=(400, 401, 403, 404, 500), params: list | None = None, ndjson: bool = False) -> dict:
+    """One operation of the routes beside the OpenAI ones: llama.cpp's and Ollama's."""
+    done = {"description": "success"}
+    if ok is not None:
+        done["content"] = {"application/json": {"schema": ok}}
+        if ndjson:  # Ollama's streamed answer: one JSON object a line
+            done["content"]["application/x-ndjson"] = {"schema": {"type": "string"}}
+    op = {"summary": summary, "operationId": op_id, "responses": {"200": done, **_errors(*errors, shape=error)}}
+    if request is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": request}}}
+    if params:
+        op["parameters"] = params
+    return op
+
+
+_MODEL_ERRORS = (400, 401, 403, 404, 408, 409, 413, 415, 500, 501, 503, 504, 507)  # a route that loads a model
+_MANAGE_ERRORS = (400, 401, 403, 404, 408, 413, 415, 500, 501, 503)  # 403: a path outside --models-dir
+_RID = [{"name": "rid", "in": "path", "required": True, "schema": {"type": "string"}}]
+SLOTS_RESPONSE = {"type": "array", "items": {"type": "object", "required": ["id", "n_ctx", "is_processing"],
+                  "properties": {"id": {"type": "integer"}, "n_ctx": {"type": "integer"},
+                                 "is_processing": {"type": "boolean"}, "n_tokens": {"type": "integer"}}}}
+RESPONSE_DELETED = {"type": "object", "required": ["id", "deleted"], "properties": {
+    "id": {"type": "string"}, "object": {"type": "string"}, "deleted": {"const": True}}}
+
+
+def _more_paths() -> dict:
+    """llama.cpp's /apply-template and /slots, the stored responses, and Ollama's model management."""
+    chat = REQUESTS["chat"]
+    return {
+        "/apply-template": {"post": _json_op("the prompt a chat body makes (llama.cpp's)", "apply_template", chat,
+                                             {"type": "object", "required": ["prompt"],
+                                              "properties": {"prompt": {"type": "string"}}},
+                                             errors=_MODEL_ERRORS)},
+        "/slots": {"get": _json_op("the model's slots (llama.cpp's)", "slots", None, SLOTS_RESPONSE,
+                                   errors=_MODEL_ERRORS, params=[
+                                       {"name": "model", "in": "query", "required": False, "schema": {"type": "string"}}])},
+        "/v1/responses/{rid}": {
+            "get": _json_op("a stored response", "response_get", None, RESPONSE_OBJECT, errors=(401, 404),
+                            params=_RID),
+            "delete": _json_op("delete a stored response", "response_delete", None, RESPONSE_DELETED,
+                               errors=(401, 404), params=_RID)},
+        "/api/create": {"post": _json_op("create a model from one this server has (Ollama's)", "ollama_create",
+                                         OLLAMA_CREATE, _STATUS, OLLAMA_ERROR, _MANAGE_ERRORS,
+                                         ndjson=True)},
+        "/api/copy": {"post": _json_op("copy a model (Ollama's)", "ollama_copy", OLLAMA_COPY, None, OLLAMA_ERROR,
+                                       _MANAGE_ERRORS)},
+        "/api/delete": {"delete": _json_op("delete a model (Ollama's)", "ollama_delete", OLLAMA_DELETE, None,
+                                           OLLAMA_ERROR, _MANAGE_ERRORS)},
+    }
+
+
 def openapi(title: str = "edgeinfer", version: str = "0.1.0", api_key: bool = False) -> dict:
     """The OpenAPI 3.1 document of the server's routes, from the schemas above."""
     doc = {
@@ -164,6 +221,7 @@ def openapi(title: str = "edgeinfer", version: str = "0.1.0", api_key: bool = Fa
             "/metrics": {"get": {"summary": "Prometheus metrics", "operationId": "metrics", "responses": {
                 "200": {"description": "Prometheus' text format",
                         "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+            **_more_paths(),
         },
     }
     if api_key:  # every route but /health, /metrics and this document checks the key

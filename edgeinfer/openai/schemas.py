@@ -365,6 +365,26 @@ RESPONSES = {"type": "object", "properties": {
 }}
 INPUT_TOKENS = {"type": "object", "properties": {**_INPUT}}
 
+# Ollama's model management (server.ollama_manage; read by openai.ollama_create, whose checks these state)
+_OLLAMA_NAME = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}(:latest)?$",
+                "description": "a model name: letters, digits, '.', '_', '-', '+' (Ollama's ':latest' tag dropped)"}
+_QUANTS = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K", "Q4_K_S",
+           "Q4_K_M", "Q5_K", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4_MOE", "F16", "BF16", "F32"]  # (mixes.TYPES)
+OLLAMA_CREATE = {"type": "object", "required": ["model", "from"], "additionalProperties": False, "properties": {
+    "model": {**_OLLAMA_NAME, "description": "the new model's name"},
+    "from": {"type": "string", "minLength": 1, "description": "the model it is made from (one this server has)"},
+    "system": {"type": "string"}, "template": {"type": "string", "description": "a Jinja chat template"},
+    "parameters": {"type": "object", "description": "Ollama's parameters: the model's sampling defaults"},
+    "messages": {"type": "array", "items": {"type": "object", "required": ["role", "content"], "properties": {
+        "role": {"enum": ["system", "user", "assistant"]}, "content": {"type": "string"}}}},
+    "license": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+    "quantize": {"enum": _QUANTS + [q.lower() for q in _QUANTS], "description": "write its own file of this type"},
+    "stream": {"type": "boolean"}}}
+OLLAMA_COPY = {"type": "object", "required": ["source", "destination"], "additionalProperties": False,
+               "properties": {"source": {"type": "string", "minLength": 1}, "destination": _OLLAMA_NAME}}
+OLLAMA_DELETE = {"type": "object", "required": ["model"], "additionalProperties": False,
+                 "properties": {"model": {"type": "string", "minLength": 1}}}
+
 REQUESTS = {"chat": CHAT, "completions": COMPLETION, "embeddings": EMBEDDINGS, "tokenize": TOKENIZE,
             "detokenize": DETOKENIZE, "infill": INFILL, "messages": MESSAGES, "count_tokens": COUNT_TOKENS,
             "responses": RESPONSES, "input_tokens": INPUT_TOKENS}

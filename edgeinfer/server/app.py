@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from ..config import EngineConfig
 from ..openai.openapi import openapi
-from . import messages, ollama, ollama_models, page, responses_routes, routes, slots
+from . import messages, ollama, ollama_manage, ollama_models, page, responses_routes, routes, slots
 from .metrics import Metrics
 from .models import ModelManager
 from .responses_routes import ResponseStore
@@ -55,6 +55,7 @@ class ServerConfig:
     # template writes them, "deepseek" always, "none" never (edgeinfer.reasoning)
     reasoning_format: str = "auto"
     allow_pull: bool = False  # Ollama's POST /api/pull may fetch catalog models into the cache
+    allow_delete: bool = False  # Ollama's DELETE /api/delete may remove .gguf files under --models-dir
     slot_save_path: str = ""  # llama.cpp's: the folder /slots/ID?action=save|restore write and read ("": off)
 
 
@@ -131,6 +132,7 @@ ROUTES = [
     Route("/slots/{id_slot}", slots.slot_action, methods=["POST"]),
     *ollama.ROUTES,
     *ollama_models.ROUTES,
+    *ollama_manage.ROUTES,
 ]
 
 

@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse
 from ..openai import anthropic as A
 from ..openai import handlers as H
 from ..openai import protocol as P
+from ..openai.ollama_create import with_created
 from ..openai import responses as R
 from .scaffold import Call, read_json, route
 from .streaming import collect_choices, stream, submit_choices
@@ -23,7 +24,7 @@ def anthropic_error(e: P.APIError) -> JSONResponse:
 
 async def _chat(request: Request, call: Call, kind: str):
     """The body as the chat request it means, and the model it names (held for the request)."""
-    body = P.validate(kind, await read_json(request))
+    body = await with_created(P.validate(kind, await read_json(request)), "messages")
     chat = A.chat_body(body)
     sm = await call.use(chat.get("model"))
     if sm.llm.is_encoder:

@@ -175,6 +175,7 @@ class ModelManager(Servables):
 
     def _start_load(self, src: Servable) -> ServedModel:
         sm = self._new(src.name, str(src.path))
+        sm.from_manifest = src.origin == "created"  # its manifest's template, if any, replaces the file's (at load)
         self.models[sm.name] = sm
         sm.task = asyncio.get_running_loop().create_task(self._load(sm))
         sm.task.add_done_callback(_retrieve)
@@ -231,6 +232,17 @@ class ModelManager(Servables):
         if key not in self._digests:
             self._digests[key] = await asyncio.to_thread(digest, sm.source)
         sm.digest = self._digests[key]
+
+    def forget(self, name: str) -> None:
+        """A model whose definition changed or is gone (Ollama's create over it, copy onto it, delete):
+        unloaded now if idle, else once its last request is done; the next request loads it afresh."""
+        sm = self.models.get(name)
+        if sm is None or sm.status == "unloading":
+            return
+        if sm.status == "loaded" and sm.leases == 0:
+            self._start_unload(sm)
+        else:
+            sm.unload_when_idle = True
 
     def _start_unload(self, sm: ServedModel) -> None:
         if sm.timer is not None:

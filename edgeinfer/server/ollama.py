@@ -21,6 +21,7 @@ from ..engine.loop import exclusive
 from ..openai import handlers as H
 from ..openai import ollama_replies as OR
 from ..openai import ollama_requests as OQ
+from ..openai.ollama_create import with_created
 from ..openai import protocol as P
 from .scaffold import LEASES, Call, decode, read_raw, route
 from .streaming import submit
@@ -60,17 +61,17 @@ async def read_body_json(request: Request) -> dict:
 
 @route("ollama_chat", error)
 async def chat(request: Request, call: Call):
-    return await _generation(request, call, OQ.parse_chat)
+    return await _generation(request, call, OQ.parse_chat, "ollama_chat")
 
 
 @route("ollama_generate", error)
 async def generate(request: Request, call: Call):
-    return await _generation(request, call, OQ.parse_generate)
+    return await _generation(request, call, OQ.parse_generate, "ollama_generate")
 
 
-async def _generation(request: Request, call: Call, parse):
+async def _generation(request: Request, call: Call, parse, api: str):
     state = call.state
-    req = parse(await read_body_json(request))
+    req = parse(await with_created(await read_body_json(request), api))
     sm = await call.use(req.model, req.keep_alive)
     timings = OR.Timings(call.t0, time.monotonic())
     if req.load_only:  # Ollama's load / unload call: the lease taken (with its keep_alive) is all it asks

@@ -1,6 +1,7 @@
 """Ollama's model-catalog routes on `edgeinfer serve`: /api/tags and /api/show (what a model file is,
-read without loading it, once per file), /api/version, /api/pull (catalog models, with `serve
---allow-pull`), and the routes this server does not have (501). HTTP only, under the route scaffold, with
+read without loading it, once per file; a created model's own defaults), /api/version, /api/pull (catalog
+models and hf.co references, with `serve --allow-pull`), and the routes this server does not have (501;
+/api/create, /api/copy and /api/delete are server.ollama_manage's). HTTP only, under the route scaffold, with
 server.ollama's error body; what is answered is edgeinfer.openai.ollama_models' and ollama_replies'."""
 
 from __future__ import annotations
@@ -122,7 +123,25 @@ async def show(request: Request, call: Call):
     body = await read_body_json(request)
     name, path = await asyncio.to_thread(_find, call.state, OO.parse_model(body))
     f = await file_facts(request, path)
-    return JSONResponse(OM.show_reply(name, path, f["mtime"], f["facts"]))
+    reply = OM.show_reply(name, path, f["mtime"], f["facts"])
+    made = await asyncio.to_thread(_created, name)
+    if made is not None:  # a created model: its own defaults, as Ollama shows a Modelfile's
+        from ..openai.ollama_create import modelfile
+
+        reply["modelfile"], reply["parameters"] = modelfile(made, f["facts"]["context_length"])
+        reply["details"] = {**reply["details"], "parent_model": made.base}
+        reply.update(system=made.system or "", license="\n".join(made.license), messages=made.messages,
+                     template=made.template or reply["template"])
+    return JSONResponse(reply)
+
+
+def _created(name: str):
+    from ..registry import created
+
+    try:
+        return created.load(name)
+    except Exception:  # not a manifest's name (a damaged one made _find a 500 already)
+        return None
 
 
 @route(error=error)
@@ -135,7 +154,7 @@ async def version(request: Request, call: Call):
 
 @route(error=error)
 async def pull(request: Request, call: Call):
-    """Ollama's /api/pull, for catalog names and aliases only, and only with `serve --allow-pull`. The pull
+    """Ollama's /api/pull, for catalog names and aliases and hf.co references, only with `serve --allow-pull`. The pull
     runs in a worker thread (edgeinfer.registry.pull, which writes a temporary file and renames it once its
     sha256 checks out); its progress is streamed as Ollama streams it. A client that goes away stops
     getting progress; the pull itself finishes (or fails) on its own and never leaves a partial model."""
@@ -153,7 +172,7 @@ async def pull(request: Request, call: Call):
             last[0] = now
             aloop.call_soon_threadsafe(events.put_nowait, OR.pull_progress(entry, desc, completed, total))
 
-    task = asyncio.ensure_future(asyncio.to_thread(_pull, entry.name, progress))
+    task = asyncio.ensure_future(asyncio.to_thread(_pull, getattr(entry, "source", entry.name), progress))
     task.add_done_callback(lambda t: events.put_nowait(None))
 
     async def results():
@@ -207,9 +226,6 @@ ROUTES = [
     Route("/api/show", show, methods=["POST"]),
     Route("/api/version", version, methods=["GET"]),
     Route("/api/pull", pull, methods=["POST"]),
-    Route("/api/copy", _unsupported("copying a model (/api/copy)"), methods=["POST"]),
-    Route("/api/delete", _unsupported("deleting a model (/api/delete)"), methods=["DELETE"]),
-    Route("/api/create", _unsupported("creating a model (/api/create)"), methods=["POST"]),
     Route("/api/push", _unsupported("pushing a model (/api/push)"), methods=["POST"]),
     Route("/api/blobs/{digest}", _unsupported("uploading blobs (/api/blobs)"), methods=["HEAD", "POST"]),
 ]

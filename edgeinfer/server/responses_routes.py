@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 
 from ..openai import handlers as H
 from ..openai import protocol as P
+from ..openai.ollama_create import with_created
 from ..openai import responses as R
 from ..openai import responses_api as RA
 from .scaffold import Call, read_json, route
@@ -61,7 +62,7 @@ def _missing(rid: str, param: str | None = None) -> P.APIError:
 
 
 async def _chat(request: Request, call: Call, kind: str):
-    body = P.validate(kind, await read_json(request))
+    body = await with_created(P.validate(kind, await read_json(request)), "responses")
     history = []
     if body.get("previous_response_id"):
         prev = call.state.responses.get(body["previous_response_id"])

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from ..engine.loop import exclusive
 from ..openai import handlers as H
 from ..openai import protocol as P
+from ..openai.ollama_create import with_created
 from ..openai import responses as R
 from ..openai.times import rfc3339
 from .scaffold import Call, error_response, read_json, route
@@ -39,7 +40,7 @@ async def completions(request: Request, call: Call):
 
 async def generate(request: Request, call: Call, chat: bool):
     state = call.state
-    body = await read_json(request)
+    body = await with_created(await read_json(request), "chat" if chat else "completions")
     req = P.parse_common(body, chat=chat)
     sm = await call.use(req.model)
     # the prompt through the chat template, the parameters, the compiled constraint: in a worker

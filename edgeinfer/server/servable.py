@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import memory, registry
+from ..registry import created
 from ..config import EngineConfig
 from ..errors import EdgeInferError
 from ..openai import protocol as P
@@ -131,6 +132,8 @@ class Servables:
                 pass
         for name, path in self.registered.items():
             add(name, path, "registered")
+        for c in created.list_all()[0]:
+            add(c.name, c.path, "created")
         for m in registry.list_local():
             add(m.name, m.path, "catalog" if registry.lookup(m.name) else "cache")
         for d in self.models_dirs:
@@ -190,6 +193,9 @@ class Servables:
         404 saying to pull a catalog model that is not downloaded, a 403 for a path outside --models-dir."""
         if not isinstance(name, str) or not name:
             raise P.bad("model", "'model' must be a model name")
+        if any(ord(c) < 32 or 0xD800 <= ord(c) < 0xE000 for c in name):
+            raise P.bad("model", f"'model' holds a control character or a lone surrogate: {name[:80]!r} is no model "
+                                 "name or path")
         if name in self.command_line:
             return servable(name, self._command_line_path(name), "command line")
         entry = registry.lookup(name)
@@ -208,6 +214,9 @@ class Servables:
                 raise P.APIError(404, f"model {name!r} is not downloaded: run `edgeinfer pull {name}` on the "
                                  "server's machine", param="model", code="model_not_found")
             return servable(ref.name, path, "cache")
+        made = _created(name)
+        if made is not None:
+            return servable(name, made.path, "created")
         if "/" in name or "\\" in name or name.endswith(".gguf"):
             for cname, source in self.command_line.items():  # the operator's own paths
                 if Path(source).expanduser().resolve() == Path(name).expanduser().resolve():
@@ -217,6 +226,20 @@ class Servables:
             if s.name == name:
                 return s
         raise _not_found(name, [s.name for s in self.available()])
+
+
+def _created(name: str):
+    """The created model `name` (edgeinfer.registry.created), or None; a 500 naming a damaged manifest."""
+    try:
+        c = created.load(name)
+    except created.DamagedManifest as e:
+        raise P.APIError(500, f"{e}; remove it with DELETE /api/delete", param="model") from None
+    except EdgeInferError:  # not a name a manifest can have
+        return None
+    if c is not None and not c.path.is_file():
+        raise P.APIError(404, f"model {name!r} was created from {c.base!r}, whose file {c.file} is gone",
+                         param="model", code="model_not_found")
+    return c
 
 
 def _hf_ref(name: str):

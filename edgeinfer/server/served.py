@@ -34,6 +34,7 @@ class ServedModel:
         self.created = R.now()
         self.status = "loading"
         self.pinned = pinned
+        self.from_manifest = False  # a created model (edgeinfer.registry.created): its manifest's template applies
         self.unload_when_idle = False  # a request's keep_alive 0 on a pinned model: unloaded once idle
         self.leases = 0
         self.keep_alive = DEFAULT_KEEP_ALIVE
@@ -64,6 +65,12 @@ class ServedModel:
                                  **self.speculation)
             if self.llm.is_encoder:  # an embedding model: no engine; /v1/embeddings computes in a worker thread
                 return
+            if self.from_manifest:
+                from ..registry import created
+
+                c = created.load(self.name)
+                if c is not None and c.template:
+                    self.llm.chat_template = c.template
             self.llm.chat_template  # compiled now: a template that does not parse fails the load, not a request
             self.loop = EngineLoop(self.llm.engine, self.name).start()
         except Exception as e:  # reported by /health and every request waiting for this model

@@ -1,0 +1,238 @@
+"""Ollama's model management, HTTP-free: reading /api/create, /api/copy and /api/delete bodies, and putting
+a created model's defaults (edgeinfer.registry.created) into a request before it is read, whichever API it
+came by.
+
+A created model's defaults, as Ollama applies a Modelfile's: its `system` message where the request has
+none; its `messages` before the conversation; its `parameters` (Ollama's names) as the request's sampling
+values where the request gives none; its `template` in place of the file's chat template (served.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+from . import protocol as P
+from .ollama_options import parse_model, parse_options
+
+CREATE_FIELDS = {"model", "name", "from", "system", "template", "parameters", "messages", "license", "quantize",
+                 "quantization", "stream", "files", "adapters", "modelfile", "path"}
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass
+class CreateRequest:
+    name: str
+    base: str
+    system: str | None
+    template: str | None
+    parameters: dict
+    messages: list
+    license: list
+    quantize: str | None
+    stream: bool
+
+
+def _unknown(body: dict, known: set, route: str) -> None:
+    extra = sorted(set(body) - known)
+    if extra:
+        raise P.bad(extra[0], f"unknown field{'s' if len(extra) > 1 else ''} {', '.join(map(repr, extra))} in {route}")
+
+
+def parse_create(body: dict, quant_types) -> CreateRequest:
+    """/api/create's body: `model` (the new name) and `from` (a model this server has), with any of system,
+    template (Jinja), parameters, messages, license, quantize; a 400 naming the field otherwise."""
+    from ..registry import check_name
+    from ..registry.errors import InvalidNameError
+
+    name = parse_model(body)
+    try:
+        check_name(name)
+    except InvalidNameError as e:
+        raise P.bad("model", str(e)) from None
+    _unknown(body, CREATE_FIELDS, "/api/create")
+    for key, why in (("files", "uploading GGUF blobs is not supported: create from a model this server has ('from')"),
+                     ("adapters", "adapters are not supported yet: create from a model this server has ('from')"),
+                     ("modelfile", "the old 'modelfile' text is not read: send its parts as 'from', 'system', "
+                                   "'template', 'parameters', 'messages' (the ollama client does)"),
+                     ("path", "'path' (a Modelfile on the server) is not read: send 'from' and the other fields")):
+        if body.get(key):
+            raise P.bad(key, why)
+    base = body.get("from")
+    if not isinstance(base, str) or not base:
+        raise P.bad("from", "'from' must name the model to create from, e.g. \"qwen2.5-coder-0.5b-instruct\"")
+    base = base[:-len(":latest")] if base.endswith(":latest") else base
+    system, template = body.get("system"), body.get("template")
+    for key, v in (("system", system), ("template", template)):
+        if v is not None and not isinstance(v, str):
+            raise P.bad(key, f"'{key}' must be a string")
+    if template:
+        _check_template(template)
+    params = body.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise P.bad("parameters", "'parameters' must be an object of Ollama's parameters, e.g. {\"temperature\": 0.2}")
+    try:
+        parse_options({"options": params})
+    except P.APIError as e:
+        raise P.bad("parameters" + (e.param or "")[len("options"):], str(e).replace("options.", "parameters.")) from None
+    messages = body.get("messages") or []
+    if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in messages):
+        raise P.bad("messages", "'messages' must be a list of {\"role\": system|user|assistant, \"content\": text}")
+    lic = body.get("license") or []
+    lic = [lic] if isinstance(lic, str) else lic
+    if not isinstance(lic, list) or not all(isinstance(x, str) for x in lic):
+        raise P.bad("license", "'license' must be a string or a list of strings")
+    quant = body.get("quantize") or body.get("quantization")
+    if quant is not None:
+        if not isinstance(quant, str) or quant.upper() not in quant_types:
+            raise P.bad("quantize", f"'quantize' must be one of {', '.join(quant_types)}, got {json.dumps(quant)[:40]}")
+        quant = quant.upper()
+    stream = body.get("stream", True)
+    if not isinstance(stream, bool):
+        raise P.bad("stream", "'stream' must be true or false")
+    messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+    return CreateRequest(name, base, system, template or None, params, messages, lic, quant, stream)
+
+
+def _check_template(template: str) -> None:
+    from ..chat_template import ChatTemplate, ChatTemplateError
+
+    if "{{ ." in template or "{{." in template or "{{- ." in template:
+        raise P.bad("template", "'template' is an Ollama Go template, which edgeinfer does not run: give a Jinja "
+                                "chat template (as a GGUF file's tokenizer.chat_template), or leave it out to keep "
+                                "the model's")
+    try:
+        ChatTemplate(template)
+    except ChatTemplateError as e:
+        raise P.bad("template", f"'template': {e}") from None
+
+
+def parse_copy(body: dict) -> tuple[str, str]:
+    """/api/copy's body: (source, destination)."""
+    from ..registry import check_name
+    from ..registry.errors import InvalidNameError
+
+    if not isinstance(body, dict):
+        raise P.APIError(400, "the request body must be a JSON object")
+    _unknown(body, {"source", "destination"}, "/api/copy")
+    src, dst = parse_model(body, "source"), parse_model(body, "destination")
+    try:
+        check_name(dst)
+    except InvalidNameError as e:
+        raise P.bad("destination", str(e)) from None
+    return src, dst
+
+
+def parse_delete(body: dict) -> str:
+    if not isinstance(body, dict):
+        raise P.APIError(400, "the request body must be a JSON object")
+    _unknown(body, {"model", "name"}, "/api/delete")
+    return parse_model(body)
+
+
+# -- a created model's defaults in a request --------------------------------------------------------
+
+# Ollama's parameter -> the request field of each API that takes it
+_OPENAI = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
+           "stop": "stop", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+           "repeat_penalty": "repetition_penalty", "num_predict": "max_tokens"}
+_ANTHROPIC = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "stop": "stop_sequences",
+              "num_predict": "max_tokens"}
+_RESPONSES = {"temperature": "temperature", "top_p": "top_p", "num_predict": "max_output_tokens"}
+
+
+def _messages(created, messages, system_roles=("system", "developer")) -> list:
+    messages = list(messages)
+    lead = 0
+    while lead < len(messages) and isinstance(messages[lead], dict) and messages[lead].get("role") in system_roles:
+        lead += 1
+    extra = [m for m in created.messages if m["role"] != "system"]
+    system = [] if lead or not created.system else [{"role": "system", "content": created.system}]
+    return system + messages[:lead] + extra + messages[lead:]
+
+
+def _fields(created, body: dict, names: dict) -> dict:
+    out = dict(body)
+    for param, field in names.items():
+        v = created.parameters.get(param)
+        if v is None or out.get(field) is not None or (field == "max_tokens" and v in (-1, -2)):
+            continue
+        out[field] = [v] if field in ("stop", "stop_sequences") and isinstance(v, str) else v
+    return out
+
+
+def with_defaults(created, body: dict, api: str) -> dict:
+    """The request body with a created model's defaults (see the module's docstring). api: "chat" and
+    "completions" (OpenAI's), "ollama_chat", "ollama_generate", "messages" (Anthropic's), "responses"."""
+    if created is None or not isinstance(body, dict):
+        return body
+    if api in ("chat", "completions"):
+        out = _fields(created, body, _OPENAI)
+        if api == "chat" and isinstance(body.get("messages"), list):
+            out["messages"] = _messages(created, body["messages"])
+        return out
+    if api in ("ollama_chat", "ollama_generate"):
+        out = dict(body)
+        opts = body.get("options")
+        if isinstance(opts, dict) or opts is None:
+            out["options"] = {**created.parameters, **(opts or {})}
+        if api == "ollama_chat" and isinstance(body.get("messages"), list):
+            out["messages"] = _messages(created, body["messages"])
+        elif api == "ollama_generate" and not body.get("system") and not body.get("raw") and created.system:
+            out["system"] = created.system
+        return out
+    if api == "messages":
+        out = _fields(created, body, _ANTHROPIC)
+        if not body.get("system") and created.system:
+            out["system"] = created.system
+        if isinstance(body.get("messages"), list):
+            out["messages"] = [m for m in created.messages if m["role"] != "system"] + body["messages"]
+        return out
+    if api == "responses":
+        out = _fields(created, body, _RESPONSES)
+        if not body.get("instructions") and created.system:
+            out["instructions"] = created.system
+        if created.messages and body.get("input") is not None:
+            given = body["input"]
+            given = [{"role": "user", "content": given}] if isinstance(given, str) else given
+            if isinstance(given, list):
+                out["input"] = [m for m in created.messages if m["role"] != "system"] + given
+        return out
+    raise ValueError(api)
+
+
+async def with_created(body, api: str):
+    """A request body with the defaults of the created model it names, if it names one (edgeinfer.openai.
+    ollama_create.with_defaults); any other body as it is (a damaged manifest is the model lookup's 500)."""
+    name = body.get("model", body.get("name")) if isinstance(body, dict) else None
+    if not isinstance(name, str) or not name:
+        return body
+    name = name[:-len(":latest")] if name.endswith(":latest") else name
+    from ..registry import created
+
+    try:
+        c = await asyncio.to_thread(created.load, name) if created.folder().is_dir() else None
+    except Exception:  # not a manifest's name, or a damaged one
+        return body
+    return with_defaults(c, body, api)
+
+
+def modelfile(created, ctx: int | None) -> tuple[str, str]:
+    """(the Modelfile, the parameters text) /api/show gives for a created model, as Ollama writes them."""
+    params = []
+    for k, v in created.parameters.items():
+        for x in v if isinstance(v, list) else [v]:
+            params.append(f"{k:<30} {json.dumps(x) if isinstance(x, str) else x}")
+    if ctx and "num_ctx" not in created.parameters:
+        params.append(f"{'num_ctx':<30} {ctx}")
+    lines = [f"# Modelfile of {created.name}, created from {created.base}", f"FROM {created.file}"]
+    if created.template:
+        lines.append(f'TEMPLATE """{created.template}"""')
+    if created.system:
+        lines.append(f'SYSTEM """{created.system}"""')
+    lines += [f"PARAMETER {p.split(None, 1)[0]} {p.split(None, 1)[1]}" for p in params]
+    lines += [f'MESSAGE {m["role"]} """{m["content"]}"""' for m in created.messages]
+    lines += [f'LICENSE """{x}"""' for x in created.license]
+    return "\n".join(lines) + "\n", "\n".join(params)

@@ -1,0 +1,201 @@
+"""Ollama's model management on `edgeinfer serve`: POST /api/create, POST /api/copy, DELETE /api/delete.
+
+A created model is a manifest over a model this server has (edgeinfer.registry.created): no weights are
+copied, except that `quantize` writes the created model's own file with quantize-model's rules. What can
+be created, copied onto or deleted:
+
+- a name that is a catalog model, a command-line model or any other model file is never overwritten by a
+  create or a copy (a 400); a created model is replaced, as Ollama replaces it, and unloaded if loaded;
+- delete removes a created model, or a downloaded model from the cache; never a model named on the command
+  line; a .gguf file under --models-dir only with `serve --allow-delete`; never a file another created model
+  is made over (a 400 naming them).
+
+HTTP here; the bodies are read by edgeinfer.openai.ollama_create. Blocking work (reading folders and
+manifests, quantizing, removing files) runs in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..openai import ollama_create as OC
+from ..openai import protocol as P
+from ..registry import created
+from .ollama import NDJSON, error, line, read_body_json
+from .scaffold import Call, route
+
+
+def _manager(call: Call):
+    models = getattr(call.state, "models", None)
+    if models is None or not hasattr(models, "forget"):
+        raise P.APIError(501, "this server has no model manager: it cannot create or delete models")
+    return models
+
+
+def _check_target(models, name: str) -> None:
+    """A name a create or a copy may write: not taken by any model but a created one (blocking)."""
+    from .. import registry
+
+    if name in models.command_line or registry.lookup(name) is not None:
+        raise P.bad("model", f"{name!r} names a model this server has (a catalog or command-line model): choose "
+                             "another name")
+    try:
+        mine = created.load(name) is not None
+    except created.DamagedManifest:  # replaced by the new one
+        mine = True
+    if not mine and any(s.name == name for s in models.available()):
+        raise P.bad("model", f"{name!r} names a model file this server has: choose another name")
+
+
+def _base(models, name: str):
+    """(the base servable, its created manifest or None) for a create's `from` or a copy's source."""
+    src = models.find(name)
+    return src, (created.load(src.name) if src.origin == "created" else None)
+
+
+def _plan_create(models, req: OC.CreateRequest) -> created.Created:
+    _check_target(models, req.name)
+    src, parent = _base(models, req.base)
+    inherit = parent or created.Created(req.name, src.name, str(src.path))
+    return created.Created(
+        name=req.name, base=src.name, file=inherit.file, own_file=False,
+        system=req.system if req.system is not None else inherit.system,
+        template=req.template or inherit.template,
+        parameters={**inherit.parameters, **req.parameters},
+        messages=req.messages or inherit.messages, license=inherit.license + req.license,
+        created_at=time.time())
+
+
+def _quantize(c: created.Created, type_name: str) -> created.Created:
+    from ..gguf_file import GGUFFile
+    from ..quant import tool
+
+    dst = created.own_file(c.name)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with GGUFFile(c.file) as gf:
+        tool.quantize_model(gf, dst, type_name, force=True, progress=False, warn=lambda m: None)
+    return dataclasses.replace(c, file=str(dst), own_file=True)
+
+
+@route(error=error)
+async def create(request: Request, call: Call):
+    """Ollama's /api/create: `model` from `from`, with system, template, parameters, messages, license and
+    quantize; streamed as Ollama streams it (status lines, then {"status": "success"})."""
+    from ..quant import mixes
+
+    body = await read_body_json(request)
+    req = OC.parse_create(body, list(mixes.TYPES))
+    models = _manager(call)
+    c = await asyncio.to_thread(_plan_create, models, req)
+
+    async def steps():
+        nonlocal c
+        yield {"status": "reading model metadata"}
+        if req.quantize:
+            yield {"status": f"quantizing {Path(c.file).name} to {req.quantize}"}
+            c = await asyncio.to_thread(_quantize, c, req.quantize)
+        if c.system is not None:
+            yield {"status": "creating system layer"}
+        yield {"status": "writing manifest"}
+        await asyncio.to_thread(created.save, c)
+        models.forget(c.name)
+        yield {"status": "success"}
+
+    if req.stream:
+        async def lines():
+            try:
+                async for obj in steps():
+                    yield line(obj)
+            except Exception as e:  # a quantize that fails mid-way: the stream says so; nothing is saved
+                yield line({"error": f"create {req.name}: {e}"})
+
+        return StreamingResponse(lines(), media_type=NDJSON)
+    last = {}
+    try:
+        async for obj in steps():
+            last = obj
+    except P.APIError:
+        raise
+    except Exception as e:
+        raise P.APIError(500, f"create {req.name}: {e}") from None
+    return JSONResponse(last)
+
+
+def _copy(models, source: str, destination: str) -> None:
+    _check_target(models, destination)
+    src, manifest = _base(models, source)
+    c = manifest or created.Created(destination, src.name, str(src.path))
+    created.save(dataclasses.replace(c, name=destination, own_file=False, created_at=time.time()))
+
+
+@route(error=error)
+async def copy(request: Request, call: Call):
+    """Ollama's /api/copy: `destination` becomes a created model over `source`'s file, with source's
+    defaults when source is a created model (no weights are copied). 200 with no body, as Ollama."""
+    body = await read_body_json(request)
+    source, destination = OC.parse_copy(body)
+    models = _manager(call)
+    await asyncio.to_thread(_copy, models, source, destination)
+    models.forget(destination)
+    return Response(status_code=200)
+
+
+def _delete(models, name: str, allow_files: bool) -> None:
+    from .. import registry
+
+    if name in models.command_line:
+        raise P.bad("model", f"model {name!r} is named on the server's command line: it is not deleted while "
+                             "served (stop the server, then `edgeinfer rm`)")
+    try:
+        created.load(name)
+    except created.DamagedManifest:  # nothing to serve: its manifest goes
+        created.delete(name)
+        return
+    except Exception:  # not a name a manifest can have
+        pass
+    src = models.find(name)
+    path = Path(src.path)
+    own = src.origin != "created" or created.load(name).own_file
+    users = [n for n in created.over(path) if n != name] if own else []
+    if users:
+        raise P.bad("model", f"model {name!r} cannot be deleted: {', '.join(users)} "
+                             f"{'is' if len(users) == 1 else 'are'} made over its file; delete "
+                             f"{'it' if len(users) == 1 else 'them'} first")
+    if src.origin == "created":
+        created.delete(name)
+    elif src.origin in ("catalog", "cache", "registered"):
+        registry.remove(src.name)
+        models.registered.pop(src.name, None)
+    elif src.origin == "models-dir":
+        if not allow_files:
+            raise P.APIError(403, f"model {name!r} is the file {path} under --models-dir: it is deleted only on a "
+                                  "server started with --allow-delete", type_="permission_error")
+        path.unlink()
+    else:
+        raise P.bad("model", f"model {name!r} ({src.origin}) cannot be deleted")
+
+
+@route(error=error)
+async def delete(request: Request, call: Call):
+    """Ollama's /api/delete: a created model, a downloaded model, or (with --allow-delete) a file under
+    --models-dir; unloaded first if loaded. 200 with no body; 404 for a model this server does not have."""
+    body = await read_body_json(request)
+    name = OC.parse_delete(body)
+    models = _manager(call)
+    await asyncio.to_thread(_delete, models, name, bool(getattr(call.state.config, "allow_delete", False)))
+    models.forget(name)
+    return Response(status_code=200)
+
+
+ROUTES = [
+    Route("/api/create", create, methods=["POST"]),
+    Route("/api/copy", copy, methods=["POST"]),
+    Route("/api/delete", delete, methods=["DELETE"]),
+]
