@@ -113,8 +113,11 @@ def read_block(buf: str, opener: str, tools: dict, final: bool):
     where buf[:end] is not a well-formed call of the given tools (it stays text)."""
     if opener == HERMES_OPEN or opener == FUNCTION_OPEN:
         end = buf.find(HERMES_CLOSE) if opener == HERMES_OPEN else buf.find("</function>")
+        again = buf.find(opener, len(opener))
+        if 0 <= again and (end < 0 or again < end):  # another opens before this one closes: this one is text
+            return len(opener), None
         if end < 0:
-            return (len(buf), None) if final else None
+            return (len(opener), None) if final else None  # never closed: the opener is text, the rest read on
         if opener == HERMES_OPEN:
             body, end = buf[len(HERMES_OPEN):end].strip(), end + len(HERMES_CLOSE)
         else:
@@ -131,7 +134,7 @@ def read_block(buf: str, opener: str, tools: dict, final: bool):
         if not final:
             return None
         calls = json_calls(buf[len(PYTHON_TAG):], tools) or _builtin_call(buf[len(PYTHON_TAG):], tools)
-        return len(buf), calls
+        return (len(buf), calls) if calls else (len(PYTHON_TAG), None)
     raise ValueError(opener)
 
 
@@ -197,7 +200,7 @@ def _xml_call(body: str, tools: dict):
     m = _FUNC.match(body)
     if not m or m.group(1) not in tools or not body.rstrip().endswith("</function>"):
         return None
-    props = tools[m.group(1)].parameters.get("properties") or {}
+    props = _properties(tools[m.group(1)].parameters)
     inner, args, pos = body.rstrip()[m.end():-len("</function>")], {}, 0
     while True:
         while pos < len(inner) and inner[pos] in " \t\r\n":
@@ -210,14 +213,19 @@ def _xml_call(body: str, tools: dict):
             return None
         raw = inner[p.end():end]
         raw = raw[:-1] if raw.endswith("\n") else raw
-        args[p.group(1)] = _xml_value(raw, props.get(p.group(1)) or {})
+        args[p.group(1)] = _xml_value(raw, props.get(p.group(1)))
         pos = end + len("</parameter>")
     return m.group(1), args, None
 
 
-def _xml_value(raw: str, schema: dict):
+def _properties(parameters) -> dict:
+    props = parameters.get("properties") if isinstance(parameters, dict) else None
+    return props if isinstance(props, dict) else {}
+
+
+def _xml_value(raw: str, schema):
     # a string parameter is its text as it is; any other value is JSON, or its text where it is not
-    kinds = schema.get("type")
+    kinds = schema.get("type") if isinstance(schema, dict) else None
     kinds = kinds if isinstance(kinds, list) else [kinds]
     if "string" in kinds and len(kinds) == 1:
         return raw
@@ -227,22 +235,37 @@ def _xml_value(raw: str, schema: dict):
         return raw
 
 
+_NAME_CHARS = re.compile(r"[A-Za-z0-9_.-]{0,64}")
+_ID_RUN = re.compile(r"[A-Za-z0-9_-]{0,64}")
+
+
+def _may_become_name_call(s: str) -> bool:
+    # is s a prefix of "NAME[ARGS]" or "NAME[CALL_ID]ID[ARGS]" (blanks first)? In one pass: no backtracking
+    s = s.lstrip()
+    rest = s[_NAME_CHARS.match(s).end():]
+    if rest.startswith(CALL_ID):
+        rest = rest[len(CALL_ID):]
+        rest = rest[_ID_RUN.match(rest).end():]
+        return ARGS.startswith(rest)
+    return ARGS.startswith(rest) or CALL_ID.startswith(rest)
+
+
 def _mistral(buf: str, tools: dict, final: bool):
     pos = len(TOOL_CALLS)
     rest = buf[pos:].lstrip()
     if not rest:
-        return (len(buf), None) if final else None
+        return (pos, None) if final else None
     if rest[0] == "[":  # [{"name": ..., "arguments": ..., "id": ...}, ...]
         start = len(buf) - len(rest)
         try:
             arr, end = _DECODER.raw_decode(buf, start)
         except ValueError:
-            return (len(buf), None) if final else None
+            return (pos, None) if final else None
         calls = [_call_object(o, tools) for o in arr] if isinstance(arr, list) and arr else [None]
         return end, None if None in calls else calls
     m = _MISTRAL_NAME.match(buf, pos)
     if m is None:
-        if not final and re.fullmatch(r"\s*[A-Za-z0-9_.-]*(\[[A-Z_]*\]?[A-Za-z0-9_-]*)*\[?[A-Z_]*", buf[pos:]):
+        if not final and _may_become_name_call(buf[pos:]):
             return None  # the name or its [CALL_ID] / [ARGS] may still be coming
         return pos, None
     at = m.end()
@@ -251,7 +274,7 @@ def _mistral(buf: str, tools: dict, final: bool):
     try:
         args, end = _DECODER.raw_decode(buf, at)
     except ValueError:
-        return (len(buf), None) if final else None
+        return (pos, None) if final else None
     if m.group(1) not in tools or not isinstance(args, dict):
         return end, None
     return end, [(m.group(1), args, m.group(2))]
@@ -282,18 +305,20 @@ def grammar(fmt: ToolFormat, chosen: list, parallel: bool) -> str | None:
         rules = ['start: call ("\\n" call)*' if parallel else "start: call",
                  'call: "<tool_call>\\n" (' + " | ".join(f"f{i}" for i in range(len(chosen))) + ') "</tool_call>"']
         for i, t in enumerate(chosen):
-            props = t.parameters.get("properties") or {}
-            required = set(t.parameters.get("required") or [])
+            props = _properties(t.parameters)
+            required = t.parameters.get("required") if isinstance(t.parameters, dict) else None
+            required = set(required) if isinstance(required, list) else set()
             parts = []
             for j, (k, sub) in enumerate(props.items()):
-                if (sub or {}).get("type") == "string":  # its text and "\n</parameter>", the first one in it
+                sub = sub if isinstance(sub, dict) else {}
+                if sub.get("type") == "string":  # its text and "\n</parameter>", the first one in it
                     n = sub.get("maxLength")
                     rules.append(f'p{i}_{j}: {_lit(f"<parameter={k}>" + NL)} V{i}_{j} "\\n"')
                     rules.append(f"V{i}_{j}: /(.|\\n)" + (f"{{0,{int(n)}}}" if n else "*") + r"\n<\/parameter>/"
                                  + r" & ~/(.|\n)*\n<\/parameter>(.|\n)+/")
                 else:
                     rules.append(f'p{i}_{j}: {_lit(f"<parameter={k}>" + NL)} v{i}_{j} "\\n</parameter>\\n"')
-                    value = {"x-guidance": JSON_DEFAULTS, **close_objects(sub or {})}
+                    value = {"x-guidance": JSON_DEFAULTS, **close_objects(sub)}
                     rules.append(f"v{i}_{j}: %json {json.dumps(value, ensure_ascii=False)}")
                 parts.append(f"p{i}_{j}" + ("" if k in required else "?"))
             rules.append(f'f{i}: "<function={t.name}>\\n" {" ".join(parts)} "</function>\\n"')

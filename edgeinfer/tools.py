@@ -223,6 +223,8 @@ def new_call_id() -> str:
 
 
 def _call(name: str, args: dict, cid: str | None = None, fmt: ToolFormat = HERMES) -> dict:
+    if fmt.short_ids and not (cid and len(cid) == 9 and cid.isascii() and cid.isalnum()):
+        cid = None  # the model's own id, unless Mistral's template would refuse it on the next turn
     return {"id": cid or fmt.call_id(), "type": "function",
             "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
 

@@ -201,3 +201,52 @@ def test_the_documented_quantize_types_are_quantize_models():
     from edgeinfer.quant import mixes
 
     assert set(schemas._QUANTS) == set(mixes.TYPES)
+
+
+def test_review_findings_on_created_models(server, client, home):
+    """Parameters no request could carry are refused at create; Ollama's seed -1 is no seed; system messages
+    become the model's system; a quantized model can be quantized again from itself; a model over another's
+    quantized file keeps that file from going; a created model whose base file is gone is still deleted."""
+    for params, field in [({"temperature": 3}, "parameters.temperature"), ({"stop": list("abcde")}, "parameters.stop"),
+                          ({"top_p": 1.5}, "parameters.top_p")]:
+        r = httpx.post(server.base + "/api/create", json={"model": "x", "from": "tiny-base", "parameters": params})
+        assert r.status_code == 400 and field in r.json()["error"], r.text
+    client.create(model="seeded", from_="tiny-base", parameters={"seed": -1, "num_predict": 3},
+                  messages=[{"role": "system", "content": "Be brief."}])
+    r = httpx.post(server.base + "/v1/chat/completions", timeout=60,
+                   json={"model": "seeded", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    assert httpx.post(server.base + "/api/show", json={"model": "seeded"}).json()["system"] == "Be brief."
+    created_dir = home / "home" / "models" / "created"
+    client.create(model="q", from_="tiny-base", quantize="q8_0")
+    client.create(model="q", from_="q", quantize="q4_0")  # from itself: its file replaced, not a 500
+    assert client.show("q").details.quantization_level == "Q4_0"
+    client.copy("q", "q-copy")  # over q's own file
+    r = httpx.request("DELETE", server.base + "/api/delete", json={"model": "q"})
+    assert r.status_code == 400 and "q-copy" in r.json()["error"]
+    r = httpx.post(server.base + "/api/create", json={"model": "q", "from": "tiny-base", "stream": False})
+    assert r.status_code == 400 and "q-copy" in r.json()["error"]
+    client.delete("q-copy")
+    client.create(model="q", from_="tiny-base")  # no longer quantized: its old file goes
+    assert not (created_dir / "q.gguf").exists()
+    client.delete("q")
+    # a base that went away: the created model over it can still be deleted
+    shutil.copy(home / "home" / "models" / "tiny-base.gguf", home / "dir" / "gone.gguf")
+    client.create(model="orphan", from_="gone")
+    (home / "dir" / "gone.gguf").unlink()
+    r = httpx.post(server.base + "/api/chat", json={"model": "orphan", "messages": []})
+    assert r.status_code == 404 and "is gone" in r.json()["error"]
+    client.delete("orphan")
+    assert not (created_dir / "orphan.json").exists()
+
+
+def test_defaults_reach_a_continued_response_once():
+    from edgeinfer.openai.ollama_create import with_defaults
+    from edgeinfer.registry.created import Created
+
+    c = Created("m", "b", "/x.gguf", system="S", messages=[{"role": "user", "content": "hi"},
+                                                            {"role": "assistant", "content": "hello"}])
+    first = with_defaults(c, {"model": "m", "input": "q"}, "responses")
+    assert first["instructions"] == "S" and len(first["input"]) == 3
+    later = with_defaults(c, {"model": "m", "input": "q2", "previous_response_id": "resp_1"}, "responses")
+    assert later["input"] == "q2"  # the stored conversation holds them already

@@ -253,3 +253,33 @@ def test_a_mistral_call_streams_in_openais_delta_shape(tmp_path):
     args = json.loads("".join(tc["function"].get("arguments") or "" for tc in calls))
     assert set(args) == {"city", "days"} and {tc["index"] for tc in calls} == {0}
     assert [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")][-1] == "tool_calls"
+
+
+def test_hostile_and_odd_replies_stay_fast_and_lose_nothing():
+    """A review's findings: a [TOOL_CALLS] followed by many bracket groups is read in linear time (it was
+    exponential backtracking, a frozen server); a schema whose property is `true` (valid JSON Schema) reads;
+    an opener never closed is text and a later call is still found, whole and streamed."""
+    import time
+
+    tools, _ = parse_tools([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": True, "city": {"type": "string"}}}}}])
+    text = "[TOOL_CALLS]x" + "[ABCDEFGHIJ" * 40 + " done"
+    t0 = time.perf_counter()
+    assert streamed(text, tools) == (text, [])
+    assert time.perf_counter() - t0 < 2
+    assert calls_of(parse_reply("<function=f>\n<parameter=a>\n[1, 2]\n</parameter>\n</function>", tools)[1]) == \
+        [("f", {"a": [1, 2]})]
+    call = '<tool_call>\n{"name": "f", "arguments": {"city": "P"}}\n</tool_call>'
+    for opener in ("x <function=f> never closed, ", "[TOOL_CALLS][not json ", "<tool_call> lost "):
+        content, calls = parse_reply(opener + call, tools)
+        assert calls_of(calls) == [("f", {"city": "P"})] and content == opener.strip(), opener
+        s_content, s_calls = streamed(opener + call, tools)
+        assert calls_of(s_calls) == [("f", {"city": "P"})] and s_content.strip() == opener.strip(), opener
+    from edgeinfer.tool_formats import grammar
+    assert "p0_0" in grammar(detect("<function= <parameter="), tools, True)  # the grammar takes it too
+
+
+def test_a_mistral_models_own_id_is_kept_only_if_its_template_takes_it():
+    fmt = detect(template("Mistral-Small-3.2-24B-Instruct-2506"), {"[TOOL_CALLS]": 5})
+    _, calls = parse_reply('[TOOL_CALLS]special_function[CALL_ID]call_too_long_1[ARGS]{"arg1": 1}', TOOLS, fmt)
+    assert len(calls[0]["id"]) == 9 and calls[0]["id"].isalnum()

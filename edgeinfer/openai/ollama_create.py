@@ -76,10 +76,13 @@ def parse_create(body: dict, quant_types) -> CreateRequest:
         parse_options({"options": params})
     except P.APIError as e:
         raise P.bad("parameters" + (e.param or "")[len("options"):], str(e).replace("options.", "parameters.")) from None
+    _check_as_request(params)
     messages = body.get("messages") or []
     if not isinstance(messages, list) or not all(
             isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in messages):
         raise P.bad("messages", "'messages' must be a list of {\"role\": system|user|assistant, \"content\": text}")
+    if system is None and any(m["role"] == "system" for m in messages):  # a system message: the model's system
+        system = [m["content"] for m in messages if m["role"] == "system"][-1]
     lic = body.get("license") or []
     lic = [lic] if isinstance(lic, str) else lic
     if not isinstance(lic, list) or not all(isinstance(x, str) for x in lic):
@@ -92,8 +95,18 @@ def parse_create(body: dict, quant_types) -> CreateRequest:
     stream = body.get("stream", True)
     if not isinstance(stream, bool):
         raise P.bad("stream", "'stream' must be true or false")
-    messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+    messages = [{"role": m["role"], "content": m["content"]} for m in messages if m["role"] != "system"]
     return CreateRequest(name, base, system, template or None, params, messages, lic, quant, stream)
+
+
+def _check_as_request(params: dict) -> None:
+    """The parameters as the defaults of an OpenAI request (the strictest of the APIs they reach): a value no
+    request could carry (temperature 3, five stop strings) is refused now, not in every later request."""
+    try:
+        P.validate("chat", _fields(params, {"messages": [{"role": "user", "content": "x"}]}, _OPENAI))
+    except P.APIError as e:
+        back = {field: param for param, field in _OPENAI.items()}.get(e.param, e.param)
+        raise P.bad(f"parameters.{back}", str(e).replace(f"'{e.param}'", f"'parameters.{back}'")) from None
 
 
 def _check_template(template: str) -> None:
@@ -153,11 +166,13 @@ def _messages(created, messages, system_roles=("system", "developer")) -> list:
     return system + messages[:lead] + extra + messages[lead:]
 
 
-def _fields(created, body: dict, names: dict) -> dict:
+def _fields(parameters: dict, body: dict, names: dict) -> dict:
     out = dict(body)
     for param, field in names.items():
-        v = created.parameters.get(param)
-        if v is None or out.get(field) is not None or (field == "max_tokens" and v in (-1, -2)):
+        v = parameters.get(param)
+        if v is None or out.get(field) is not None or (field in ("max_tokens", "max_output_tokens") and v in (-1, -2)):
+            continue
+        if param == "seed" and v < 0:  # Ollama's -1: a random seed, which no seed is
             continue
         out[field] = [v] if field in ("stop", "stop_sequences") and isinstance(v, str) else v
     return out
@@ -169,7 +184,7 @@ def with_defaults(created, body: dict, api: str) -> dict:
     if created is None or not isinstance(body, dict):
         return body
     if api in ("chat", "completions"):
-        out = _fields(created, body, _OPENAI)
+        out = _fields(created.parameters, body, _OPENAI)
         if api == "chat" and isinstance(body.get("messages"), list):
             out["messages"] = _messages(created, body["messages"])
         return out
@@ -184,17 +199,17 @@ def with_defaults(created, body: dict, api: str) -> dict:
             out["system"] = created.system
         return out
     if api == "messages":
-        out = _fields(created, body, _ANTHROPIC)
+        out = _fields(created.parameters, body, _ANTHROPIC)
         if not body.get("system") and created.system:
             out["system"] = created.system
         if isinstance(body.get("messages"), list):
             out["messages"] = [m for m in created.messages if m["role"] != "system"] + body["messages"]
         return out
     if api == "responses":
-        out = _fields(created, body, _RESPONSES)
+        out = _fields(created.parameters, body, _RESPONSES)
         if not body.get("instructions") and created.system:
             out["instructions"] = created.system
-        if created.messages and body.get("input") is not None:
+        if created.messages and body.get("input") is not None and not body.get("previous_response_id"):
             given = body["input"]
             given = [{"role": "user", "content": given}] if isinstance(given, str) else given
             if isinstance(given, list):
@@ -203,14 +218,17 @@ def with_defaults(created, body: dict, api: str) -> dict:
     raise ValueError(api)
 
 
-async def with_created(body, api: str):
+async def with_created(body, api: str, state=None):
     """A request body with the defaults of the created model it names, if it names one (edgeinfer.openai.
     ollama_create.with_defaults); any other body as it is (a damaged manifest is the model lookup's 500)."""
     name = body.get("model", body.get("name")) if isinstance(body, dict) else None
     if not isinstance(name, str) or not name:
         return body
     name = name[:-len(":latest")] if name.endswith(":latest") else name
-    from ..registry import created
+    from ..registry import created, lookup
+
+    if lookup(name) is not None or name in getattr(getattr(state, "models", None), "command_line", ()):
+        return body  # a catalog or command-line model by that name is what the request gets (Servables.find)
 
     try:
         c = await asyncio.to_thread(created.load, name) if created.folder().is_dir() else None

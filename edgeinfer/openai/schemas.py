@@ -370,8 +370,10 @@ _OLLAMA_NAME = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127
                 "description": "a model name: letters, digits, '.', '_', '-', '+' (Ollama's ':latest' tag dropped)"}
 _QUANTS = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K", "Q4_K_S",
            "Q4_K_M", "Q5_K", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4_MOE", "F16", "BF16", "F32"]  # (mixes.TYPES)
-OLLAMA_CREATE = {"type": "object", "required": ["model", "from"], "additionalProperties": False, "properties": {
-    "model": {**_OLLAMA_NAME, "description": "the new model's name"},
+_MODEL_OR_NAME = [{"required": ["model"]}, {"required": ["name"]}]  # (older clients send "name")
+OLLAMA_CREATE = {"type": "object", "required": ["from"], "anyOf": _MODEL_OR_NAME, "additionalProperties": False,
+                 "properties": {
+    "model": {**_OLLAMA_NAME, "description": "the new model's name"}, "name": _OLLAMA_NAME,
     "from": {"type": "string", "minLength": 1, "description": "the model it is made from (one this server has)"},
     "system": {"type": "string"}, "template": {"type": "string", "description": "a Jinja chat template"},
     "parameters": {"type": "object", "description": "Ollama's parameters: the model's sampling defaults"},
@@ -379,11 +381,12 @@ OLLAMA_CREATE = {"type": "object", "required": ["model", "from"], "additionalPro
         "role": {"enum": ["system", "user", "assistant"]}, "content": {"type": "string"}}}},
     "license": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
     "quantize": {"enum": _QUANTS + [q.lower() for q in _QUANTS], "description": "write its own file of this type"},
+    "quantization": {"enum": _QUANTS + [q.lower() for q in _QUANTS], "description": "the same, an older name"},
     "stream": {"type": "boolean"}}}
 OLLAMA_COPY = {"type": "object", "required": ["source", "destination"], "additionalProperties": False,
                "properties": {"source": {"type": "string", "minLength": 1}, "destination": _OLLAMA_NAME}}
-OLLAMA_DELETE = {"type": "object", "required": ["model"], "additionalProperties": False,
-                 "properties": {"model": {"type": "string", "minLength": 1}}}
+OLLAMA_DELETE = {"type": "object", "anyOf": _MODEL_OR_NAME, "additionalProperties": False,
+                 "properties": {"model": {"type": "string", "minLength": 1}, "name": {"type": "string", "minLength": 1}}}
 
 REQUESTS = {"chat": CHAT, "completions": COMPLETION, "embeddings": EMBEDDINGS, "tokenize": TOKENIZE,
             "detokenize": DETOKENIZE, "infill": INFILL, "messages": MESSAGES, "count_tokens": COUNT_TOKENS,

@@ -108,9 +108,9 @@ def delete(name: str) -> Created | None:
     damaged manifest is removed too (there is nothing else to do with it)."""
     try:
         c = load(name)
-    except DamagedManifest:
-        c = None
+    except DamagedManifest:  # its own file, if it had one, goes too (nothing can name it now)
         _manifest(name).unlink(missing_ok=True)
+        own_file(name).unlink(missing_ok=True)
         return Created(name, "", "")
     if c is None:
         return None

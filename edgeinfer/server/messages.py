@@ -24,7 +24,7 @@ def anthropic_error(e: P.APIError) -> JSONResponse:
 
 async def _chat(request: Request, call: Call, kind: str):
     """The body as the chat request it means, and the model it names (held for the request)."""
-    body = await with_created(P.validate(kind, await read_json(request)), "messages")
+    body = await with_created(P.validate(kind, await read_json(request)), "messages", call.state)
     chat = A.chat_body(body)
     sm = await call.use(chat.get("model"))
     if sm.llm.is_encoder:

@@ -71,7 +71,7 @@ async def generate(request: Request, call: Call):
 
 async def _generation(request: Request, call: Call, parse, api: str):
     state = call.state
-    req = parse(await with_created(await read_body_json(request), api))
+    req = parse(await with_created(await read_body_json(request), api, state))
     sm = await call.use(req.model, req.keep_alive)
     timings = OR.Timings(call.t0, time.monotonic())
     if req.load_only:  # Ollama's load / unload call: the lease taken (with its keep_alive) is all it asks

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 from pathlib import Path
 
@@ -60,8 +61,25 @@ def _base(models, name: str):
     return src, (created.load(src.name) if src.origin == "created" else None)
 
 
+def _standing_on(name: str) -> list[str]:
+    """The other created models made over created model `name`'s own (quantized) file."""
+    try:
+        c = created.load(name)
+    except created.DamagedManifest:
+        return []
+    return [n for n in created.over(c.file) if n != name] if c is not None and c.own_file else []
+
+
+def _refuse_if_stood_on(name: str, what: str) -> None:
+    users = _standing_on(name)
+    if users:
+        raise P.bad("model", f"{name!r} cannot be {what}: {', '.join(users)} {'is' if len(users) == 1 else 'are'} "
+                             f"made over its quantized file; delete {'it' if len(users) == 1 else 'them'} first")
+
+
 def _plan_create(models, req: OC.CreateRequest) -> created.Created:
     _check_target(models, req.name)
+    _refuse_if_stood_on(req.name, "replaced")
     src, parent = _base(models, req.base)
     inherit = parent or created.Created(req.name, src.name, str(src.path))
     return created.Created(
@@ -74,14 +92,36 @@ def _plan_create(models, req: OC.CreateRequest) -> created.Created:
 
 
 def _quantize(c: created.Created, type_name: str) -> created.Created:
+    """c with a file of its own, quantized from its base's: written beside the manifests under a temporary
+    name (its base may be the very file it replaces: a created model quantized again), then renamed."""
     from ..gguf_file import GGUFFile
     from ..quant import tool
 
     dst = created.own_file(c.name)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    with GGUFFile(c.file) as gf:
-        tool.quantize_model(gf, dst, type_name, force=True, progress=False, warn=lambda m: None)
+    tmp = dst.with_name(f"{c.name}.new.gguf")
+    try:
+        with GGUFFile(c.file) as gf:
+            tool.quantize_model(gf, tmp, type_name, force=True, progress=False, warn=lambda m: None)
+    except tool.QuantizeError as e:
+        tmp.unlink(missing_ok=True)
+        raise P.bad("quantize", f"cannot quantize {Path(c.file).name} to {type_name}: {e}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, dst)
     return dataclasses.replace(c, file=str(dst), own_file=True)
+
+
+def _save(c: created.Created) -> None:
+    """Write c's manifest; an own file the model it replaces had and c does not use is removed after."""
+    try:
+        old = created.load(c.name)
+    except created.DamagedManifest:
+        old = None
+    created.save(c)
+    if old is not None and old.own_file and old.file != c.file:
+        Path(old.file).unlink(missing_ok=True)
 
 
 @route(error=error)
@@ -104,7 +144,7 @@ async def create(request: Request, call: Call):
         if c.system is not None:
             yield {"status": "creating system layer"}
         yield {"status": "writing manifest"}
-        await asyncio.to_thread(created.save, c)
+        await asyncio.to_thread(_save, c)
         models.forget(c.name)
         yield {"status": "success"}
 
@@ -123,16 +163,17 @@ async def create(request: Request, call: Call):
             last = obj
     except P.APIError:
         raise
-    except Exception as e:
+    except Exception as e:  # a disk that filled, say: nothing was saved
         raise P.APIError(500, f"create {req.name}: {e}") from None
     return JSONResponse(last)
 
 
 def _copy(models, source: str, destination: str) -> None:
     _check_target(models, destination)
+    _refuse_if_stood_on(destination, "replaced")
     src, manifest = _base(models, source)
     c = manifest or created.Created(destination, src.name, str(src.path))
-    created.save(dataclasses.replace(c, name=destination, own_file=False, created_at=time.time()))
+    _save(dataclasses.replace(c, name=destination, own_file=False, created_at=time.time()))
 
 
 @route(error=error)
@@ -154,23 +195,24 @@ def _delete(models, name: str, allow_files: bool) -> None:
         raise P.bad("model", f"model {name!r} is named on the server's command line: it is not deleted while "
                              "served (stop the server, then `edgeinfer rm`)")
     try:
-        created.load(name)
+        made = created.load(name)
     except created.DamagedManifest:  # nothing to serve: its manifest goes
         created.delete(name)
         return
     except Exception:  # not a name a manifest can have
-        pass
+        made = None
+    if made is not None:  # (its base's file may be gone: it is deleted all the same)
+        _refuse_if_stood_on(name, "deleted")
+        created.delete(name)
+        return
     src = models.find(name)
     path = Path(src.path)
-    own = src.origin != "created" or created.load(name).own_file
-    users = [n for n in created.over(path) if n != name] if own else []
+    users = created.over(path)
     if users:
         raise P.bad("model", f"model {name!r} cannot be deleted: {', '.join(users)} "
                              f"{'is' if len(users) == 1 else 'are'} made over its file; delete "
                              f"{'it' if len(users) == 1 else 'them'} first")
-    if src.origin == "created":
-        created.delete(name)
-    elif src.origin in ("catalog", "cache", "registered"):
+    if src.origin in ("catalog", "cache", "registered"):
         registry.remove(src.name)
         models.registered.pop(src.name, None)
     elif src.origin == "models-dir":

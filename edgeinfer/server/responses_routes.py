@@ -62,7 +62,7 @@ def _missing(rid: str, param: str | None = None) -> P.APIError:
 
 
 async def _chat(request: Request, call: Call, kind: str):
-    body = await with_created(P.validate(kind, await read_json(request)), "responses")
+    body = await with_created(P.validate(kind, await read_json(request)), "responses", call.state)
     history = []
     if body.get("previous_response_id"):
         prev = call.state.responses.get(body["previous_response_id"])

@@ -40,7 +40,7 @@ async def completions(request: Request, call: Call):
 
 async def generate(request: Request, call: Call, chat: bool):
     state = call.state
-    body = await with_created(await read_json(request), "chat" if chat else "completions")
+    body = await with_created(await read_json(request), "chat" if chat else "completions", state)
     req = P.parse_common(body, chat=chat)
     sm = await call.use(req.model)
     # the prompt through the chat template, the parameters, the compiled constraint: in a worker
