@@ -245,3 +245,25 @@ def test_cli_pull_list_and_generate(env, hub, gguf):
     p = cli("pull", "hf.co/org/missing:Q4_K_M")
     assert p.returncode == 1 and p.stderr.strip().splitlines() == [
         f"error: no model repository org/missing on {hub.url} (a private one needs HF_TOKEN)"]
+
+
+def test_ollama_pull_of_an_hf_reference(env, gguf):
+    """Ollama's POST /api/pull with an hf.co reference (serve --allow-pull): progress streamed, the file in the
+    cache under the reference's cache name, then served by the reference and listed by /api/tags."""
+    from starlette.testclient import TestClient
+
+    from edgeinfer.server.app import ServerConfig, create_app
+
+    with TestClient(create_app(ServerConfig(models=[], allow_pull=True))) as c:
+        with c.stream("POST", "/api/pull", json={"model": f"hf.co/{REPO}:Q8_0"}) as r:
+            assert r.status_code == 200
+            events = [json.loads(line) for line in r.iter_lines() if line]
+        assert events[0] == {"status": "pulling manifest"} and events[-1] == {"status": "success"}, events
+        assert any(e["status"].startswith("downloading") for e in events)
+        assert "org--Tiny-GGUF--Q8_0.gguf" in cache_entries()
+        assert registry.cached_path("org--Tiny-GGUF--Q8_0").read_bytes() == gguf
+        r = c.post("/api/show", json={"model": f"hf.co/{REPO}:Q8_0"})
+        assert r.status_code == 200, r.text
+        assert "org--Tiny-GGUF--Q8_0" in {m["model"].removesuffix(":latest") for m in c.get("/api/tags").json()["models"]}
+        r = c.post("/api/pull", json={"model": "hf.co/not a ref"})
+        assert r.status_code == 400 and list(r.json()) == ["error"], r.text
