@@ -37,6 +37,9 @@ def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, se
     llm = load(model, threads, device, kv_type, max_context, memory_budget, draft, speculate, draft_tokens)
     if interactive:
         _setup_readline()
+        # a first run's kernel compile ends (its status line on stderr) before the prompt is shown, so the line
+        # never writes into what the user types; the first answer would wait for it anyway
+        llm.kernels.ready()
         click.echo(f"edgeinfer chat: {llm.path.name} ({llm.config.arch}, {llm.config.n_layer} layers). {CHAT_HELP}")
     harmony = is_harmony(llm.chat_template.source)
     if harmony:  # its channels need the control tokens' text
