@@ -21,7 +21,7 @@ CHAT_HELP = "commands: /reset (new conversation), /system TEXT, /stats, /exit (o
 
 
 @click.command()
-@click.argument("model", default=registry.DEFAULT_MODEL)
+@click.argument("model", default=registry.CHAT_MODEL)
 @lambda f: sampling_options(f, temperature=0.2)  # small chat models stay on topic at low temperature
 @constraint_options
 @click.option("--system", "system_prompt", default=None, help="A system message to start with.")
@@ -29,7 +29,7 @@ CHAT_HELP = "commands: /reset (new conversation), /system TEXT, /stats, /exit (o
 def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads, device,
          kv_type, max_context, memory_budget, json_schema, regex, choice, grammar, system_prompt, draft, speculate,
          draft_tokens):
-    """Chat with MODEL (default: smollm2-135m-instruct, pulled on first use). With a constraint
+    """Chat with MODEL (default: qwen2.5-coder-0.5b-instruct, pulled on first use). With a constraint
     (--json-schema, ...) every answer follows it."""
     params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop,
                          **constraint_kwargs(json_schema, regex, choice, grammar))

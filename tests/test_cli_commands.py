@@ -194,6 +194,20 @@ def test_chat_with_qwen_uses_its_own_template():
     assert stats["prompt_tokens"] > 25 and stats["completion_tokens"] > 0
 
 
+@pytest.mark.model
+def test_chats_default_model_answers_a_first_question():
+    """`edgeinfer chat` with no model: the catalog's chat default, at chat's own sampling defaults (seeded here),
+    answers a newcomer's first question rightly, without the degenerate repetition SmolLM2-135M falls into."""
+    from conftest import real_model_path
+
+    from edgeinfer import registry
+
+    real_model_path(registry.CHAT_MODEL)
+    r = run("chat", "--seed", 1, "-n", 40, input="What is the capital of France?\n")
+    assert r.exit_code == 0, r.output
+    assert "Paris" in r.stdout and r.stdout.count("France") < 4, r.stdout
+
+
 def test_speculation_on_the_command_line(tiny_llama_path, tmp_path):
     """generate and chat with --speculate lookup and --draft-model: the same greedy text as without, and
     the counters in --json / /stats; bench --spec-only measures with and without."""

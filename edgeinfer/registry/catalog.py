@@ -99,6 +99,10 @@ CATALOG: dict[str, CatalogEntry] = {
     )
 }
 DEFAULT_MODEL = "smollm2-135m-instruct"
+# `edgeinfer chat`'s: the smallest catalog model that answers a newcomer's first questions well (SmolLM2-135M
+# answers "What is the capital of France?" with "L'Étoile, la Marseur, la France, la France, ..." at chat's
+# temperature 0.2, with or without a repetition penalty; Qwen2.5-Coder-0.5B-Instruct with "Paris")
+CHAT_MODEL = "qwen2.5-coder-0.5b-instruct"
 
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
