@@ -18,6 +18,15 @@ installed in its own environment), and this checkout's, each in a process of its
 command with its own edgeinfer.bench, so a change's speed is measured against its parent in the very same
 run, both in processes alike (the in-process edgeinfer shares its process with llama.cpp's model and
 threads). Prompt, decode and 8-stream figures; the columns "this" and "baseline", and their ratio.
+
+    python benchmarks/compare_llamacpp.py --llama-bench /path/to/ik_llama.cpp/build/bin/llama-bench \
+        --llama-bench-args "-rtr 1" --llama-bench-name ik_llama.cpp ...
+
+adds a third runtime to the same alternation: a `llama-bench` binary built by whoever benchmarks (say
+ik_llama.cpp's, from its public source with native flags; the project ships none of its code), run on the
+same file with the same thread count, one repetition per round, for prompt 128 and 512 and decode 128
+(`-p N -n 0`, `-p 0 -n 128`; its decode starts from an empty context, ours after a 16-token prompt). Its
+column and the ratio edgeinfer / it are printed beside llama.cpp's; llama-bench has no 8-stream figure.
 """
 
 from __future__ import annotations
@@ -162,6 +171,27 @@ for line in sys.stdin:
 SWITCH_S = 0.5  # between processes: the one that just ran lets its worker threads stop spinning
 
 
+class BenchBinary:
+    """A llama-bench binary (another runtime's), run once per measurement on the same file and threads."""
+
+    ARGS = {"pp128_tok_s": ["-p", "128", "-n", "0"], "pp512_tok_s": ["-p", "512", "-n", "0"],
+            "tg128_tok_s": ["-p", "0", "-n", "128"]}
+
+    def __init__(self, binary: str, path: str, threads: int, extra: list[str]):
+        self.cmd = [binary, "-m", path, "-t", str(threads), "-r", "1", "-o", "json", *extra]
+
+    def measure(self, fig: str) -> float | None:
+        if fig not in self.ARGS:
+            return None
+        time.sleep(SWITCH_S)
+        out = subprocess.run(self.cmd + self.ARGS[fig], capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            raise RuntimeError(f"{' '.join(self.cmd)} failed: {out.stderr[-400:]}")
+        rows = json.loads(out.stdout)
+        time.sleep(SWITCH_S)
+        return float(rows[-1]["avg_ts"])
+
+
 class Baseline:
     """Another edgeinfer install in a process of its own, measuring when asked (see _BASELINE)."""
 
@@ -189,7 +219,9 @@ class Baseline:
         self.proc.wait()
 
 
-def compare(model: str, threads: int, repeats: int, only: set[str], baseline: str | None = None) -> dict:
+def compare(model: str, threads: int, repeats: int, only: set[str], baseline: str | None = None,
+            other: tuple | None = None) -> dict:
+    """other: (name, llama-bench binary, its extra arguments) of a third runtime, or None."""
     from edgeinfer import LLM
     from edgeinfer import bench as eb
 
@@ -198,7 +230,8 @@ def compare(model: str, threads: int, repeats: int, only: set[str], baseline: st
     file_mb = os.path.getsize(path) / 2**20
     lc = LlamaCpp(path, threads, n_ctx=CONTEXT)
     rng = np.random.default_rng(0)
-    names = ("edgeinfer", "llama.cpp") + (("this", "baseline") if baseline else ())
+    names = ("edgeinfer", "llama.cpp") + (("this", "baseline") if baseline else ()) + ((other[0],) if other else ())
+    third = BenchBinary(other[1], path, threads, other[2]) if other else None
     runs = {name: {k: [] for k, _ in FIGURES} for name in names}
     # the two installs in processes of their own; which goes first alternates with each repeat
     pair = {"this": Baseline(sys.executable, model, threads), "baseline": Baseline(baseline, model, threads)} \
@@ -219,10 +252,14 @@ def compare(model: str, threads: int, repeats: int, only: set[str], baseline: st
                 ids = eb.random_prompt(ei, n, rng)
                 runs["edgeinfer"][f"pp{n}_tok_s"].append(eb.prompt_tok_s(ei, n, rng))
                 runs["llama.cpp"][f"pp{n}_tok_s"].append(lc.prompt_tok_s(ids))
+                if third:
+                    runs[other[0]][f"pp{n}_tok_s"].append(third.measure(f"pp{n}_tok_s"))
                 measure_pair(r, f"pp{n}_tok_s", "pp", n)
         if "tg128_tok_s" in only:
             runs["edgeinfer"]["tg128_tok_s"].append(eb.decode_tok_s(ei, 1, 128, rng))
             runs["llama.cpp"]["tg128_tok_s"].append(lc.decode_tok_s([eb.random_prompt(ei, 16, rng)], 128))
+            if third:
+                runs[other[0]]["tg128_tok_s"].append(third.measure("tg128_tok_s"))
             measure_pair(r, "tg128_tok_s", "tg", 128)
         if "batched8_tok_s" in only:
             runs["edgeinfer"]["batched8_tok_s"].append(eb.decode_tok_s(ei, 8, 64, rng))
@@ -245,8 +282,11 @@ def compare(model: str, threads: int, repeats: int, only: set[str], baseline: st
     med = {name: {k: round(statistics.median(figs[k]), 3) for k in keys if figs[k]} for name, figs in runs.items()}
     ratio = {k: round(med["edgeinfer"][k] / med["llama.cpp"][k], 3) for k in keys}
     extra = {}
+    if third:
+        extra = {"other": other[0], "other_command": " ".join(third.cmd), f"ratio_edgeinfer_over_{other[0]}":
+                 {k: round(med["edgeinfer"][k] / med[other[0]][k], 3) for k in med[other[0]]}}
     if pair:
-        extra = {"baseline_python": baseline, "ratio_this_over_baseline":
+        extra = {**extra, "baseline_python": baseline, "ratio_this_over_baseline":
                  {k: round(med["this"][k] / med["baseline"][k], 3) for k in med["baseline"]}}
     return {**extra, "model": model, "file": os.path.basename(path), "threads": threads, "repeats": repeats,
             "system": eb.system_info(), "context": CONTEXT, "kv_type": "f16", "file_mb": round(file_mb, 1),
@@ -286,6 +326,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--baseline", metavar="PYTHON", default=None,
                     help="also measure the edgeinfer installed for this interpreter (the commit before a change)")
+    ap.add_argument("--llama-bench", metavar="BINARY", default=None,
+                    help="also run this llama-bench binary (another runtime's, e.g. ik_llama.cpp's) in the alternation")
+    ap.add_argument("--llama-bench-args", default="", help="extra arguments for it, e.g. \"-rtr 1\"")
+    ap.add_argument("--llama-bench-name", default="ik_llama.cpp", help="its column's name")
     ap.add_argument("--only", nargs="+", choices=[k for k, _ in FIGURES], default=[k for k, _ in FIGURES],
                     help="measure only these figures")
     args = ap.parse_args()
@@ -294,7 +338,8 @@ def main() -> None:
     except ImportError:
         sys.exit("llama-cpp-python is not installed: pip install llama-cpp-python (it builds llama.cpp, ~12 min)")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    results = [compare(m, args.threads, args.repeats, set(args.only), args.baseline) for m in args.models]
+    other = (args.llama_bench_name, args.llama_bench, args.llama_bench_args.split()) if args.llama_bench else None
+    results = [compare(m, args.threads, args.repeats, set(args.only), args.baseline, other) for m in args.models]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (RESULTS / f"compare-{stamp}.json").write_text(json.dumps(results, indent=1))
     chart(results, RESULTS / f"compare-{stamp}.png")
@@ -304,13 +349,16 @@ def main() -> None:
         sysinfo = res["system"]
         print(f"\n{res['model']} ({res['file']}), {res['threads']} threads, median of {res['repeats']}; "
               f"{sysinfo['cpu']}, kernel path {path_label(sysinfo)}")
-        print(f"  {'':<24}{'edgeinfer':>12}{'llama.cpp':>12}{'ratio':>8}")
+        name = res.get("other")
+        print(f"  {'':<24}{'edgeinfer':>12}{'llama.cpp':>12}{'ratio':>8}" + (f"{name:>14}{'ratio':>8}" if name else ""))
         for key, label in FIGURES:
             if key not in res["median"]["edgeinfer"]:
                 continue
             m = res["median"]
             line = (f"  {label:<24}{m['edgeinfer'][key]:>12.2f}{m['llama.cpp'][key]:>12.2f}"
                     f"{res['ratio_edgeinfer_over_llamacpp'][key]:>8.2f}")
+            if name and key in m[name]:
+                line += f"{m[name][key]:>14.2f}{res[f'ratio_edgeinfer_over_{name}'][key]:>8.2f}"
             if key in res.get("ratio_this_over_baseline", {}):
                 line += (f"   this {m['this'][key]:>9.2f}  baseline {m['baseline'][key]:>9.2f}"
                          f"  this/baseline {res['ratio_this_over_baseline'][key]:.3f}")
