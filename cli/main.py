@@ -104,11 +104,7 @@ def rm(model):
     from edgeinfer.registry import created
 
     if model in created.names():
-        try:
-            mine = created.load(model)
-        except created.DamagedManifest:
-            mine = None
-        users = [n for n in created.over(mine.file) if n != model] if mine is not None and mine.own_file else []
+        users = created.standing_on(model)
         if users:
             raise click.ClickException(f"{', '.join(users)} {'is' if len(users) == 1 else 'are'} made over "
                                        f"{model}'s quantized file: remove them first")

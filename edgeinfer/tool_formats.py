@@ -35,6 +35,7 @@ import string
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from .harmony import is_harmony
 from .structured import JSON_DEFAULTS, close_objects
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -77,7 +78,7 @@ def detect(template: str | None, special: dict | None = None) -> ToolFormat:
     and its control tokens (text -> id)."""
     t, special = template or "", special or {}
     mine = lambda *names: {n: special[n] for n in names if n in special}  # noqa: E731
-    if "<|channel|>" in t and "<|message|>" in t:
+    if is_harmony(t):
         return ToolFormat("harmony", True, tokens=mine("<|channel|>", "<|constrain|>", "<|message|>"))
     if "<|tool_call>" in t:
         return ToolFormat("gemma4")

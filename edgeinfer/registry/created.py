@@ -148,6 +148,16 @@ def list_all() -> tuple[list[Created], list[str]]:
     return good, bad
 
 
+def standing_on(name: str) -> list[str]:
+    """The other created models made over created model `name`'s own (quantized) file: while there are any,
+    it is neither deleted nor replaced."""
+    try:
+        c = load(name)
+    except DamagedManifest:
+        return []
+    return [n for n in over(c.file) if n != name] if c is not None and c.own_file else []
+
+
 def over(path) -> list[str]:
     """The created models whose manifests serve the file at `path` (not their own files)."""
     real = Path(path).resolve()

@@ -61,17 +61,8 @@ def _base(models, name: str):
     return src, (created.load(src.name) if src.origin == "created" else None)
 
 
-def _standing_on(name: str) -> list[str]:
-    """The other created models made over created model `name`'s own (quantized) file."""
-    try:
-        c = created.load(name)
-    except created.DamagedManifest:
-        return []
-    return [n for n in created.over(c.file) if n != name] if c is not None and c.own_file else []
-
-
 def _refuse_if_stood_on(name: str, what: str) -> None:
-    users = _standing_on(name)
+    users = created.standing_on(name)
     if users:
         raise P.bad("model", f"{name!r} cannot be {what}: {', '.join(users)} {'is' if len(users) == 1 else 'are'} "
                              f"made over its quantized file; delete {'it' if len(users) == 1 else 'them'} first")
