@@ -23,24 +23,36 @@ def is_expert_tensor(info) -> bool:
     return len(info.shape) == 3 and "_exps." in info.name
 
 
-def _loaded(info) -> int:
+def _interleaved() -> bool:
+    # whether this host's CPU kernels read the interleaved layout (every SIMD path; the portable one reads rows)
+    from .kernels.cpu.simd.paths import choose_path
+
+    try:
+        return choose_path() != "portable"
+    except ValueError:  # a forced path this CPU lacks: loading says so; the estimate counts rows
+        return False
+
+
+def _loaded(info, interleaved: bool) -> int:
     n = 1
     for d in info.shape:
         n *= int(d)
-    return loaded_bytes(info.ggml_type, n, info.n_bytes)
+    return loaded_bytes(info.ggml_type, n, info.n_bytes, interleaved)
 
 
 def weight_bytes(gf) -> int:
     """Bytes the loaded weights occupy: the file's tensor data, every expert of an MoE model included, as
-    repacked (quant/repack.loaded_bytes: the K-quants' 6-bit scales a byte each, Q6_K's values a byte each,
-    IQ4_XS 4.5 bits a weight rather than 4.25)."""
-    return sum(_loaded(info) for info in gf.tensors.values())
+    repacked for this host's kernels (quant/repack.loaded_bytes: the K-quants' 6-bit scales a byte each, Q6_K's
+    values a byte each on the portable path, IQ4_XS 4.5 bits a weight rather than 4.25)."""
+    x8 = _interleaved()
+    return sum(_loaded(info, x8) for info in gf.tensors.values())
 
 
 def active_weight_bytes(gf, n_expert: int, n_used: int) -> int:
     """Bytes of weights one token reads: all but the experts, and n_used of n_expert of those."""
-    dense = sum(_loaded(t) for t in gf.tensors.values() if not is_expert_tensor(t))
-    experts = sum(_loaded(t) for t in gf.tensors.values() if is_expert_tensor(t))
+    x8 = _interleaved()
+    dense = sum(_loaded(t, x8) for t in gf.tensors.values() if not is_expert_tensor(t))
+    experts = sum(_loaded(t, x8) for t in gf.tensors.values() if is_expert_tensor(t))
     return dense + experts * n_used // max(1, n_expert)
 
 

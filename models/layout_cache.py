@@ -38,7 +38,7 @@ import numpy as np
 
 MAGIC = b"EILAYOUT"
 END = b"EILAYEND"
-VERSION = 5  # bump when the repacked layouts (kernels/formats, kernels/cpu/layout.py) or this file's header change
+VERSION = 6  # bump when the repacked layouts (kernels/formats, kernels/cpu/layout.py) or this file's header change
 ALIGN = 4096
 
 

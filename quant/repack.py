@@ -44,12 +44,13 @@ SUPPORTED_TYPES = (T.F32,) + tuple(KIND)
 DIRECT_TYPES = tuple(t for t in KIND if formats.of(t).direct)
 
 
-def loaded_bytes(ggml_type: T, n_elements: int, file_bytes: int) -> int:
+def loaded_bytes(ggml_type: T, n_elements: int, file_bytes: int, interleaved: bool = False) -> int:
     """The bytes a tensor's repacked arrays take in memory: its format's (the file's for the types the kernels
-    read in their own packing; K-quants: their decoded scales; Q6_K: its values a byte each; the widened
-    ones: the wider kind's bytes per value and scales), the file's for the rest (F32)."""
+    read in their own packing; K-quants: their decoded scales; Q6_K: its values a byte each row-major, six bits
+    interleaved; the widened ones: the wider kind's bytes per value and scales), the file's for the rest
+    (F32). interleaved: in the SIMD kernels' layout (kernels/cpu/layout.py), not the portable path's."""
     f = formats.TYPES.get(ggml_type)
-    return file_bytes if f is None else f.loaded_bytes(n_elements, file_bytes)
+    return file_bytes if f is None else f.loaded_bytes(n_elements, file_bytes, interleaved)
 
 
 ARRAYS = ("qs", "qh", "sc", "d", "m")  # a QTensor's arrays, by field name
@@ -133,6 +134,8 @@ def repack_interleaved(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...], re
     rows = np.asarray(raw, dtype=np.uint8).reshape(n, nb * type_size)
     kind = fmt.kind
     g = -(-n // 8)
+    if fmt.repack is not None:  # fields computed together (Q6_K): each chunk repacked, then regrouped
+        return _regrouped_chunks(rows, ggml_type, k, n, release)
     fields = fmt.fields
     starts = np.arange(nb, dtype=np.int64) * type_size
     out = {"qs": None, "qh": np.zeros((g, 0), np.uint8), "sc": np.zeros((g, 0), np.uint8),
@@ -173,6 +176,27 @@ def repack_interleaved(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...], re
         if release is not None:
             release(r0, r1)
     return QTensor(ggml_type, kinds.interleaved(kind), n, k, out["qs"], out["qh"], out["sc"], out["d"], out["m"])
+
+
+def _regrouped_chunks(rows: np.ndarray, ggml_type: T, k: int, n: int, release) -> QTensor:
+    # repack_interleaved for a format whose fields are computed together: each chunk of whole row groups
+    # repacked row-major, then interleaved (layout.interleave8) into arrays allocated once
+    from ..kernels.cpu import layout
+
+    g = -(-n // 8)
+    step = max(8, CHUNK_BYTES // max(1, rows.shape[1]) // 8 * 8)
+    out = None
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        madvise(rows[r0:r1], MADV_POPULATE_READ)
+        part = layout.interleave8(repack(rows[r0:r1], ggml_type, (k, r1 - r0)), inplace=True)
+        if out is None:
+            out = {f: _weights_array((g,) + getattr(part, f).shape[1:], getattr(part, f).dtype) for f in ARRAYS}
+        for f in ARRAYS:
+            out[f][r0 // 8:-(-r1 // 8)] = getattr(part, f)
+        if release is not None:
+            release(r0, r1)
+    return QTensor(ggml_type, part.kind, n, k, **out)
 
 
 def repack(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> QTensor:

@@ -138,9 +138,11 @@ def test_memory_counts_every_expert(zoo, name, n_used, n_expert):
         est = estimate_file(gf, EngineConfig())
         total = sum(t.n_bytes for t in gf.tensors.values())
         experts = _expert_bytes(gf)
-        # as repacked: the file's bytes, K-quant scales and Q6_K values a byte each (quant/repack.loaded_bytes)
-        loaded = sum(file_estimate._loaded(t) for t in gf.tensors.values())
-        loaded_experts = sum(file_estimate._loaded(t) for t in gf.tensors.values() if "_exps." in t.name)
+        # as repacked: the file's bytes, K-quant scales a byte each, Q6_K values a byte each row-major
+        # (quant/repack.loaded_bytes), for this host's kernels
+        x8 = file_estimate._interleaved()
+        loaded = sum(file_estimate._loaded(t, x8) for t in gf.tensors.values())
+        loaded_experts = sum(file_estimate._loaded(t, x8) for t in gf.tensors.values() if "_exps." in t.name)
     assert experts > total / 2  # these models are mostly experts
     assert total <= loaded <= total * 1.31
     assert est.weights == loaded  # all experts, not only the active ones

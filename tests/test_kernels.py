@@ -267,9 +267,10 @@ def test_every_path_gives_the_portable_bits_for_whole_row_groups_and_pairs(t):
 
 @pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
 def test_interleaved_layout_holds_the_same_weights_and_results(t):
-    """interleave8 moves bytes only: the same dequantized rows (odd row counts padded), and on every path
-    the same output bits for the interleaved matrix, for a few tokens and for more than a 32-token tile
-    (avx512's two row groups per vector included: 13 rows are one group and a part, 40 an odd number)."""
+    """interleave8 moves bytes only (Q6_K's also packs its values back to six bits): the same dequantized rows
+    (odd row counts padded), and on every path the same output bits for the interleaved matrix, for a few
+    tokens and for more than a 32-token tile (avx512's two row groups per vector included: 13 rows are one
+    group and a part, 40 an odd number)."""
     from edgeinfer.kernels.cpu.backend import QInput, matmul_int8
 
     rng = np.random.default_rng(9)
@@ -284,8 +285,10 @@ def test_interleaved_layout_holds_the_same_weights_and_results(t):
         x8_inplace = interleave8(spent, inplace=True)
         for f in ("qs", "qh", "sc", "d", "m"):
             np.testing.assert_array_equal(getattr(x8_inplace, f), getattr(x8, f))
-        if n % 8 == 0:
+        if n % 8 == 0 and t != T.Q6_K:  # Q6_K's values leave their byte each for six bits: a new, smaller array
             assert np.shares_memory(x8_inplace.qs, spent.qs)
+        if t == T.Q6_K:
+            assert x8.qs.nbytes == -(-n // 8) * 8 * k * 3 // 4  # the file's six bits a weight (ql, qh)
         if t in (T.Q3_K, T.Q2_K):  # built a group at a time (more chunks than one), in place and not
             from edgeinfer.kernels.formats import k23
 
@@ -499,6 +502,10 @@ def test_repacked_weights_take_the_files_bytes():
         limit = {T.Q6_K: 274 / 210, T.Q3_K: 114 / 110}.get(t, 1.03)
         assert w.nbytes == repack_module.loaded_bytes(t, 8 * 512, raw.nbytes), t.name
         assert raw.nbytes <= w.nbytes <= raw.nbytes * limit, t.name
+        if KIND[t] in INTERLEAVED:  # the SIMD kernels' layout (Q6_K: back to the file's six bits a value)
+            x8 = interleave8(w)
+            assert x8.nbytes == repack_module.loaded_bytes(t, 8 * 512, raw.nbytes, interleaved=True), t.name
+            assert raw.nbytes <= x8.nbytes <= raw.nbytes * (1 if t == T.Q6_K else limit), t.name
 
 
 def test_embed_rows():

@@ -42,7 +42,7 @@ class Type:
     when given, else copied; qs, qh copied), as the file's struct names them otherwise.
     repack: (blocks (N, nb, block bytes) uint8, N, K) -> {array name: array} where the fields are not
     simply copied. direct: the interleaved layout is built straight from the file's bytes, one gather per
-    field (quant/repack.repack_interleaved)."""
+    field, or with `repack` a few MB of rows repacked and regrouped at a time (quant/repack.repack_interleaved)."""
 
     ggml: T
     kind: int  # the row-major kind (kernels/kinds.py) its matrices load as
@@ -50,6 +50,7 @@ class Type:
     scales: Callable | None = None
     repack: Callable | None = None
     direct: bool = False
+    x8_block_bytes: int | None = None  # one block's bytes in the interleaved layout, where not the row-major's
 
     @property
     def block(self) -> int:
@@ -73,10 +74,11 @@ class Type:
                 out[f] = flat(blocks, a, b)
         return out
 
-    def loaded_bytes(self, n_elements: int, file_bytes: int) -> int:
-        """The bytes a tensor of n_elements takes once repacked: the file's where the arrays hold the
-        block's bytes as they are, else what one block repacks to, per block."""
-        per_block = _loaded_per_block(self)
+    def loaded_bytes(self, n_elements: int, file_bytes: int, interleaved: bool = False) -> int:
+        """The bytes a tensor of n_elements takes once repacked (interleaved: in the SIMD kernels' layout,
+        kernels/cpu/layout.py): the file's where the arrays hold the block's bytes as they are, else what
+        one block repacks to, per block."""
+        per_block = self.x8_block_bytes if interleaved and self.x8_block_bytes else _loaded_per_block(self)
         if per_block == self.block_bytes:
             return file_bytes
         return n_elements // self.block * per_block

@@ -38,7 +38,7 @@ def _repack(blocks, n, k):
 
 @dataclasses.dataclass(frozen=True)
 class _Bytes(Type):
-    def loaded_bytes(self, n_elements: int, file_bytes: int) -> int:
+    def loaded_bytes(self, n_elements: int, file_bytes: int, interleaved: bool = False) -> int:
         return file_bytes  # the file's bytes (a row of an odd number of blocks holds a pad byte more, not counted)
 
 

@@ -5,12 +5,16 @@ Repacked: qs (N, K) every value unpacked to one signed byte q - 32 in element or
 defeats vectorisation; 22% more bytes than the file, a small part of K-quant mixes), sc (N, K / 16) the
 int8 scales, d (N, K / 256).
 
-Interleaved (Q6_K_X8, the kx8 family), eight rows per group G, per super-block s (nsb per row): qs
-(G, nsb * 2048) for v < 64 the eight rows' elements 4v .. 4v + 3 as unsigned q (0..63; the value is
-q - 32), sc (G, nsb * 128) 16 int8 scales x 8 rows, d (G, nsb * 8)."""
+Interleaved (Q6_K_X8, the kx8 family), eight rows per group G, from the stored bits (the file's 6 bits a
+weight, not a byte): per super-block and sub-block j of 16 (16 nsb per row) 96 bytes of qs (G, nsb * 1536),
+three vectors of 32 bytes. Vector v < 4 of the sub-block holds the eight rows' elements 16 j + 4 v .. + 3
+(byte 4 r + c: row r's element 16 j + 4 v + c) as unsigned q (0..63; the value is q - 32): its low nibble
+is the low (v = 0, 2) or high (v = 1, 3) nibble of packed vector v // 2, its two high bits bits 2 v, 2 v + 1
+of the third vector's byte. sc (G, nsb * 128) 16 int8 scales x 8 rows, d (G, nsb * 8)."""
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
+from numba.extending import overload
 
 from .. import kinds
 from .base import Type, by_words, flat, i8, regrouped, replace, scale_transform, u16
@@ -41,7 +45,7 @@ def _repack(blocks, n, k):
             "sc": flat(blocks, *_FIELDS["sc"]), "d": u16(blocks, _FIELDS["d"][0])}
 
 
-TYPES = (Type(T.Q6_K, kinds.Q6_K, _FIELDS, repack=_repack),)
+TYPES = (Type(T.Q6_K, kinds.Q6_K, _FIELDS, repack=_repack, direct=True, x8_block_bytes=192 + 16 + 2),)  # qs, sc, d
 
 
 def group(kind, qs, qh, sc, d, m, luts, n, g, y):
@@ -60,10 +64,10 @@ def group(kind, qs, qh, sc, d, m, luts, n, g, y):
         sb = g // 8
         db = lut[d[G, sb * 8 + r]]
         for h in range(2):
-            s = db * np.float32(i8(sc[G, (sb * 16 + (g % 8) * 2 + h) * 8 + r]))
+            j = (g % 8) * 2 + h
+            s = db * np.float32(i8(sc[G, (sb * 16 + j) * 8 + r]))
             for l in range(16):
-                i = (g % 8) * 32 + h * 16 + l
-                y[h * 16 + l] = s * np.float32(np.int32(qs[G, (sb * 64 + i // 4) * 32 + r * 4 + i % 4]) - 32)
+                y[h * 16 + l] = s * np.float32(q6_x8(qs, G, sb * 16 + j, l, r) - 32)
 
 
 def element(kind, qs, qh, sc, d, m, luts, n, k):
@@ -75,10 +79,35 @@ def transform(kind, field):
     return by_words(64) if field in ("qs", "qh") else scale_transform(field)
 
 
+def q6_x8(qs, G, sub, i, r):
+    # the unsigned q (0..63) of element i < 16 of sub-block `sub` (super-block * 16 + j) of row r of group G
+    o = sub * 96 + r * 4 + i % 4
+    v = i // 4
+    nib = (np.int32(qs[G, o + (v // 2) * 32]) >> (4 * (v % 2))) & 15
+    return nib | (((np.int32(qs[G, o + 64]) >> (2 * v)) & 3) << 4)
+
+
+@overload(q6_x8, inline="always", target="generic")
+def _q6_x8(qs, G, sub, i, r):
+    return q6_x8  # compiled from the same source, in whichever target calls it
+
+
+def pack_q6(u: np.ndarray) -> np.ndarray:
+    """(G, nsb * 2048) unsigned q, four vectors of 32 bytes per sub-block of 16 -> (G, nsb * 1536), the
+    module docstring's two nibble vectors and one of high bits per sub-block."""
+    v = u.reshape(u.shape[0], -1, 4, 32)
+    out = np.empty((u.shape[0], v.shape[1], 3, 32), np.uint8)
+    out[:, :, 0] = (v[:, :, 0] & 15) | ((v[:, :, 1] & 15) << 4)
+    out[:, :, 1] = (v[:, :, 2] & 15) | ((v[:, :, 3] & 15) << 4)
+    out[:, :, 2] = (v[:, :, 0] >> 4) | ((v[:, :, 1] >> 4) << 2) | ((v[:, :, 2] >> 4) << 4) | ((v[:, :, 3] >> 4) << 6)
+    return out.reshape(u.shape[0], -1)
+
+
 def regroup(w, inplace):
     """The matrix with eight rows interleaved (see the module docstring)."""
     qs = regrouped(w, transform, "qs", inplace)
     qs += np.uint8(32)  # q - 32 as a byte, plus 32 (mod 256): q; padding rows' zeros become 32, times scale 0
+    qs = pack_q6(qs)
     return replace(w, kind=kinds.interleaved(w.kind), qs=qs, qh=regrouped(w, transform, "qh", inplace),
                    sc=regrouped(w, transform, "sc", inplace), d=regrouped(w, transform, "d", inplace),
                    m=regrouped(w, transform, "m", inplace))

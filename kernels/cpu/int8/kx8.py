@@ -5,7 +5,7 @@ the integer domain to eight rows at once, the mins from the activation's sums pe
 256 elements per eight rows:
 
     Q4_K/Q5_K  acc = fma(float(sum_j sc_j dot_j), d d_x, acc), mo = fma(float(sum_j min_j xsum_j), dmin d_x, mo)
-    Q6_K       acc = fma(float(sum_j sc_j (dot_j - 32 xsum16_j)), d d_x, acc)   (q stored unsigned, 0..63)
+    Q6_K       acc = fma(float(sum_j sc_j (dot_j - 32 xsum16_j)), d d_x, acc)   (q unsigned, 0..63, six bits)
 
 Every implementation computes the same integers and the same FMAs, so the same bits for every batch, one
 module each: _kx8_portable here, lane by lane; kx8_simd.py on the vnni and aarch64 paths (vpdpbusd or sdot
@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit
 from numba.extending import overload
 
+from ...formats.q6_k import q6_x8
 from .. import simd
 from .common import EXACT, by_path, i8
 from .kx8_avx2 import _kx8_avx2
@@ -44,7 +45,7 @@ def _kx8_lane(kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, grp, r, t, nsb):
                 dot = np.int32(0)
                 for i in range(16):
                     e = j * 16 + i
-                    dot += np.int32(qs[grp, ((sb * 64 + e // 4) * 8 + r) * 4 + e % 4]) * i8(xq[t, sb * 256 + e])
+                    dot += q6_x8(qs, grp, sb * 16 + j, i, r) * i8(xq[t, sb * 256 + e])
                 isum += i8(sc[grp, (sb * 16 + j) * 8 + r]) * (dot - 32 * xb16[t, sb * 16 + j])
         else:
             for j in range(8):

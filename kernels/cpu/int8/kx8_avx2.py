@@ -6,7 +6,7 @@ from numba import njit
 
 from .. import simd
 from .common import EXACT, PREFETCH, X8_TOKENS, row_tiles8
-from .kx8_simd import _q45w, has_qh, is_q6_k
+from .kx8_simd import Q6_SUB, _q45w, has_qh, is_q6_k, q6w
 
 
 @njit(inline="always", cache=True)
@@ -129,14 +129,11 @@ def _q6_tile(k, K, grp, grp2, t0, t1, acc, mos):
         g = grp * nsb + sb
         isums[: (t1 - t0) * 8] = 0
         for j in range(16):
-            o = (g * 64 + j * 4) * 32
+            o = (g * 16 + j) * Q6_SUB
             if t0 == 0:
                 simd.prefetch(qs, o + PREFETCH)
                 simd.prefetch(qs, o + 64 + PREFETCH)
-            w0 = simd.load32(qs, o)
-            w1 = simd.load32(qs, o + 32)
-            w2 = simd.load32(qs, o + 64)
-            w3 = simd.load32(qs, o + 96)
+            w0, w1, w2, w3 = q6w(simd.load32(qs, o), simd.load32(qs, o + 32), simd.load32(qs, o + 64))
             s16 = simd.scales16s(sc, g * 128 + j * 8)
             for t in range(t0, t1):
                 xo = t * K + sb * 256 + j * 16
@@ -161,7 +158,7 @@ def _q6_tile(k, K, grp, grp2, t0, t1, acc, mos):
 
 @njit(inline="always", cache=True)
 def _q6_avx2(qs, sc, d, xq, xd, xb16, out, n0, n1, acc, isums):
-    # Q6_K (weights stored as unsigned q + 32, 0..63), as _kx8_avx2 describes
+    # Q6_K (weights unsigned q, 0..63, unpacked from six bits: q6w), as _kx8_avx2 describes
     T, K = xq.shape
     N = out.shape[1]
     nsb = K // 256
@@ -172,14 +169,13 @@ def _q6_avx2(qs, sc, d, xq, xd, xb16, out, n0, n1, acc, isums):
                 g = grp * nsb + sb
                 isum = simd.zero32()
                 for j in range(16):
-                    o = (g * 64 + j * 4) * 32
+                    o = (g * 16 + j) * Q6_SUB
                     simd.prefetch(qs, o + PREFETCH)
                     simd.prefetch(qs, o + 64 + PREFETCH)
                     xo = sb * 256 + j * 16
-                    a = simd.add16(simd.maddubs(simd.load32(qs, o), simd.bcast4(xq, xo)),
-                                   simd.maddubs(simd.load32(qs, o + 32), simd.bcast4(xq, xo + 4)))
-                    b = simd.add16(simd.maddubs(simd.load32(qs, o + 64), simd.bcast4(xq, xo + 8)),
-                                   simd.maddubs(simd.load32(qs, o + 96), simd.bcast4(xq, xo + 12)))
+                    w0, w1, w2, w3 = q6w(simd.load32(qs, o), simd.load32(qs, o + 32), simd.load32(qs, o + 64))
+                    a = simd.add16(simd.maddubs(w0, simd.bcast4(xq, xo)), simd.maddubs(w1, simd.bcast4(xq, xo + 4)))
+                    b = simd.add16(simd.maddubs(w2, simd.bcast4(xq, xo + 8)), simd.maddubs(w3, simd.bcast4(xq, xo + 12)))
                     s16 = simd.scales16s(sc, g * 128 + j * 8)
                     isum = simd.add32(isum, simd.add32(simd.madd(a, s16), simd.madd(b, s16)))
                 off = simd.zero32()

@@ -14,7 +14,7 @@ from .common import EXACT, PREFETCH, SDOT_PATHS, dot8
 
 has_qh = kinds.predicate("has_qh", within="kx8")    # Q5_K
 has_min = kinds.predicate("has_min", within="kx8")  # Q4_K, Q5_K: packed nibbles and a min; Q6_K: neither
-is_q6_k = kinds.predicate("ggml:Q6_K", within="kx8")  # Q6_K: unsigned bytes, no min
+is_q6_k = kinds.predicate("ggml:Q6_K", within="kx8")  # Q6_K: six bits a weight (q6w), no min
 
 
 def dot4(isa, w0, w1, w2, w3, x0, x1, x2, x3):
@@ -44,6 +44,17 @@ def _dot4(isa, w0, w1, w2, w3, x0, x1, x2, x3):
         b = simd.add16(simd.maddubs(w2, x2), simd.maddubs(w3, x3))
         return simd.add32(simd.madd(a, simd.ones16()), simd.madd(b, simd.ones16()))
     return impl
+
+
+Q6_SUB = 96  # bytes of one Q6_K sub-block of 16 of a row group: two nibble vectors, one of high bits
+
+
+@njit(inline="always", cache=True)
+def q6w(n0, n1, h):
+    # a Q6_K sub-block's four weight vectors (unsigned q, 0..63) from its three packed ones (formats/q6_k.py):
+    # the low and high nibbles of n0 and of n1, each with its two high bits from h
+    return (simd.or_(simd.low4(n0), simd.bits2_to_48(h, 0)), simd.or_(simd.shr4(n0), simd.bits2_to_48(h, 2)),
+            simd.or_(simd.low4(n1), simd.bits2_to_48(h, 4)), simd.or_(simd.shr4(n1), simd.bits2_to_48(h, 6)))
 
 
 @njit(inline="always", cache=True)
@@ -82,13 +93,13 @@ def _kx8_simd(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
                 isum = simd.zero32()
                 if is_q6_k(kind):
                     for j in range(16):
-                        o = ((grp * nsb + sb) * 64 + j * 4) * 32
+                        o = ((grp * nsb + sb) * 16 + j) * Q6_SUB
                         if T == 1:
                             simd.prefetch(qs, o + PREFETCH)
                             simd.prefetch(qs, o + 64 + PREFETCH)
                         xo = t * K + sb * 256 + j * 16
-                        dot = dot4(isa, simd.load32(qs, o), simd.load32(qs, o + 32), simd.load32(qs, o + 64),
-                                   simd.load32(qs, o + 96), simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4),
+                        w0, w1, w2, w3 = q6w(simd.load32(qs, o), simd.load32(qs, o + 32), simd.load32(qs, o + 64))
+                        dot = dot4(isa, w0, w1, w2, w3, simd.bcast4(xq, xo), simd.bcast4(xq, xo + 4),
                                    simd.bcast4(xq, xo + 8), simd.bcast4(xq, xo + 12))
                         dot = simd.sub32(dot, simd.splat32(32 * simd.ld(xb16, t * nsb * 16 + sb * 16 + j)))
                         isum = simd.add32(isum, simd.mul32(dot, simd.widen8s(sc, so + j * 8)))
@@ -204,9 +215,9 @@ def _kx8_mmla(isa, kind, qs, qh, sc, d, m, luts, xq, xd, xb, xb16, out, n0, n1):
                 ib = simd.zero32()
                 if is_q6_k(kind):
                     for j in range(16):
-                        o = ((grp * nsb + sb) * 64 + j * 4) * 32
-                        s2 = simd.mmla4(simd.load32(qs, o), simd.load32(qs, o + 32), simd.load32(qs, o + 64),
-                                        simd.load32(qs, o + 96), xq, t * K + sb * 256 + j * 16, u * K + sb * 256 + j * 16)
+                        o = ((grp * nsb + sb) * 16 + j) * Q6_SUB
+                        w0, w1, w2, w3 = q6w(simd.load32(qs, o), simd.load32(qs, o + 32), simd.load32(qs, o + 64))
+                        s2 = simd.mmla4(w0, w1, w2, w3, xq, t * K + sb * 256 + j * 16, u * K + sb * 256 + j * 16)
                         scale = simd.widen8s(sc, so + j * 8)
                         da = simd.sub32(simd.token_a(s2), simd.splat32(32 * simd.ld(xb16, t * nsb * 16 + sb * 16 + j)))
                         db = simd.sub32(simd.token_b(s2), simd.splat32(32 * simd.ld(xb16, u * nsb * 16 + sb * 16 + j)))

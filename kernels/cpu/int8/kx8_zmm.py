@@ -6,7 +6,7 @@ from numba import njit
 
 from .. import simd
 from .common import EXACT, PREFETCH, X8_TOKENS, dot8w, pack_pairs, row_tiles16
-from .kx8_simd import has_min, has_qh, is_q6_k
+from .kx8_simd import Q6_SUB, has_min, has_qh, is_q6_k, q6w
 
 
 @njit(inline="always", cache=True)
@@ -29,15 +29,14 @@ def _tile(k, K, grp, grp2, t0, t1, acc, mos):
         isums[: (t1 - t0) * 16] = 0
         if q6:
             for j in range(16):
-                o = (g * 64 + j * 4) * 32
-                p = (h * 64 + j * 4) * 32
+                o = (g * 16 + j) * Q6_SUB
+                p = (h * 16 + j) * Q6_SUB
                 if t0 == 0:
                     simd.prefetch(qs, o + PREFETCH)
                     simd.prefetch(qs, o + 64 + PREFETCH)
                     simd.prefetch(qs, p + PREFETCH)
                     simd.prefetch(qs, p + 64 + PREFETCH)
-                w0, w1 = simd.load32(qs, o, p), simd.load32(qs, o + 32, p + 32)
-                w2, w3 = simd.load32(qs, o + 64, p + 64), simd.load32(qs, o + 96, p + 96)
+                w0, w1, w2, w3 = q6w(simd.load32(qs, o, p), simd.load32(qs, o + 32, p + 32), simd.load32(qs, o + 64, p + 64))
                 s = simd.widen8s(sc, g * 128 + j * 8, h * 128 + j * 8)
                 for t in range(t0, t1):
                     xo = t * K + sb * 256 + j * 16

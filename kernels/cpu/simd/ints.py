@@ -190,6 +190,8 @@ bit_to_16 = _named("bit_to_16", """((a >> i) & 1) << 4 per byte, i8x32 or i8x64:
 qh byte.""", _bits_at(1, 4))
 bits2 = _named("bits2", """(a >> i) & 3 per byte, i8x32 or i8x64: the two-bit value of a Q3_K/Q2_K weight at bit i of its
 plane byte.""", _bits_at(3, 0))
+bits2_to_48 = _named("bits2_to_48", """((a >> i) & 3) << 4 per byte, i8x32 or i8x64: the two high bits of a Q6_K weight at
+bit i of its high-bits byte, in place above its low nibble.""", _bits_at(3, 4))
 bit_to_4 = _named("bit_to_4", """((a >> i) & 1) << 2 per byte, i8x32 or i8x64: the third bit of a Q3_K weight (hmask's)
 from its plane byte.""", _bits_at(1, 2))
 
