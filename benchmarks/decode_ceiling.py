@@ -117,7 +117,8 @@ def main() -> None:
     bw = {n: read_bandwidth(n) for n in sorted({1, args.threads})}
     ceiling = bw[args.threads]
     report = {"cpu": cpu_name(), "kernel_path": backend.KERNEL_PATH, "small_kernel_path": backend.SMALL_PATH,
-              "small_tokens": simd.SMALL_TOKENS, "threads": args.threads,
+              "small_tokens": simd.SMALL_TOKENS,
+              "small_tokens_k_quants": simd.SMALL_TOKENS_KX8, "threads": args.threads,
               "read_gb_s": {str(k): v for k, v in bw.items()}, "models": {}}
     print(f"{cpu_name()}, kernel path {path_label(report)}")
     print("read bandwidth: " + ", ".join(f"{n} thread{'s' * (n > 1)} {v:.1f} GB/s" for n, v in bw.items()))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from edgeinfer.kernels import get_backend
+from edgeinfer.kernels import get_backend, kinds
 from edgeinfer.kernels.cpu import attention, ops, simd
 from edgeinfer.kernels.cpu.layout import INTERLEAVED, interleave8
 from edgeinfer.quant import repack as repack_module
@@ -370,7 +370,7 @@ def test_small_matmuls_path_choice(monkeypatch):
 @pytest.mark.skipif("avx512" not in simd.available_paths(), reason="an x86 machine runs the avx512 path (emulated on AVX2)")
 def test_a_table_with_a_small_path_sends_one_and_two_tokens_to_its_units():
     """units.Table(path, small_path): matmuls of 1-2 tokens call the small path's unit, of 3 and more the
-    path's, and every batch size keeps the portable bits."""
+    path's (the K-quants' 1-4 and 5 on), and every batch size keeps the portable bits."""
     from edgeinfer.kernels.cpu import units
     from edgeinfer.kernels.cpu.backend import QInput, matmul_int8
 
@@ -382,11 +382,13 @@ def test_a_table_with_a_small_path_sends_one_and_two_tokens_to_its_units():
     table = units.Table("avx512", "avx2").for_kinds((w.kind,))
     big, small = (units.address(units.rows_unit(p, fam), units.ROWS_SIG) for p in ("avx512", "avx2"))
     assert big != small
-    assert [int(table[units.slot(w.kind, n)]) for n in (1, 2, 3, 8)] == [small, small, big, big]
+    assert [int(table[units.slot(w.kind, n)]) for n in (1, 2, 3, 4, 5, 8)] == [small] * 4 + [big] * 2
+    legacy = kinds.Q4_0_X8
+    assert [int(units.slot(legacy, n)) - legacy for n in (1, 2, 3)] == [units.SMALL, units.SMALL, 0]
     x = rng.standard_normal((5, 512)).astype(np.float32)
     want = np.empty((5, 40), np.float32)
     matmul_int8(w, QInput(x), want, unit_table("portable", w.kind))
-    for n in (1, 2, 3, 5):
+    for n in (1, 2, 3, 4, 5):
         got = np.empty((n, 40), np.float32)
         matmul_int8(w, QInput(x[:n]), got, table)
         np.testing.assert_array_equal(got, want[:n], err_msg=f"{n} tokens")

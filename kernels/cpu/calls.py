@@ -73,7 +73,7 @@ LUTS = types.Array(types.float32, 2, "C")  # quant.HALF_TO_F32
 ROWS_SIG = (MAT, Q8, Q8K, LUTS, _F32, types.int64, types.int64)  # (w, q8, q8k, luts, out (T, N), n0, n1)
 
 # table slots: one per matrix kind (the float kinds' unused), then paged attention, then one per matrix kind
-# again for the matmuls of at most simd.SMALL_TOKENS tokens (SMALL + kind: the small-path units, or the
+# again for the matmuls of at most simd.SMALL_TOKENS_OF[kind] tokens (SMALL + kind: the small-path units, or the
 # same as the first where the small path is the path), then a mixture-of-experts layer's FFN (filled for
 # models with experts alone: step.call_experts) and a hybrid model's recurrent mixer (step.call_mixer)
 ATTENTION = COUNT
@@ -86,7 +86,7 @@ TABLE_SIZE = MIXER + 1
 @njit(inline="always", cache=True)
 def slot(kind, tokens):
     """The table slot of a matmul of `tokens` tokens of a matrix of this kind."""
-    return kind + SMALL if tokens <= simd.SMALL_TOKENS else kind
+    return kind + SMALL if tokens <= simd.SMALL_TOKENS_OF[kind] else kind
 
 
 # every KV type (one for both, or K/V: kv_format.KV_TYPES_ALL) -> the element types of its K and V arrays

@@ -31,5 +31,5 @@ aarch64 dot products), floats.py (float vector operations).
 from .floats import *  # noqa: F401,F403
 from .ints import *  # noqa: F401,F403
 from .neon import *  # noqa: F401,F403
-from .paths import ALL_KINDS, ARM_PATHS, PATHS, SMALL_ENV, SMALL_TOKENS, VNNI_PATHS, X86_PATHS, EMULATE_ENV, arm_hwcaps, available_paths, choose_path, host_cpu, host_features, isa_tag, kinds_of, native_paths, path_of, small_path  # noqa: F401
+from .paths import ALL_KINDS, ARM_PATHS, PATHS, SMALL_ENV, SMALL_TOKENS, SMALL_TOKENS_KX8, SMALL_TOKENS_OF, VNNI_PATHS, X86_PATHS, EMULATE_ENV, arm_hwcaps, available_paths, choose_path, host_cpu, host_features, isa_tag, kinds_of, native_paths, path_of, small_path  # noqa: F401
 from .vec import Vec, f32x8, f32x16, i8x32, i8x64, i16x16, i32x8, i32x16, vec_of  # noqa: F401

@@ -106,8 +106,16 @@ def choose_path() -> str:
 # does not change with the kernels its batch size picks. Measured (decode_ceiling.py, Qwen2.5-Coder 1.5B,
 # 2 threads) on AMD Zen 4, which executes a 512-bit operation as two 256-bit halves: one token's matmuls
 # took 30-40% longer in the avx512 kernels than in the avx2 ones (Q4_K_M 43.7 against 31.4 ms), while from
-# 4 tokens on the avx512 kernels are the faster (IQ4_XS, 8 tokens: 59 against 103 ms).
+# 4 tokens on the avx512 kernels are the faster (IQ4_XS, 8 tokens: 59 against 103 ms). The K-quants'
+# interleaved kernels (kx8: Q4_K, Q5_K, Q6_K) keep the small path to 4 tokens (SMALL_TOKENS_KX8): a 4-token
+# pass of the 1.5B's matmuls (Q4_K_M) took 42.5-43.1 ms on avx2 against 48.8-49.5 on avx512, Gemma 3 270M's
+# 11.0-11.9 against 13.5-15.2, while the legacy types' (SmolLM2's Q4_1, the 0.5B's Q5_0) were as fast or
+# faster on avx512 (6.1-6.2 against 6.3-7.1 ms); at 8 tokens avx512 leads again (the 1.5B: 63.6 against
+# 69.6-78.7 ms). A speculative verification of 3-4 tokens is where this counts.
 SMALL_TOKENS = 2
+SMALL_TOKENS_KX8 = 4
+# per matrix kind (kinds.py's ids): at most how many tokens its matmul runs on the small path
+SMALL_TOKENS_OF = tuple(SMALL_TOKENS_KX8 if k.family == "kx8" else SMALL_TOKENS for k in _kinds.KINDS)
 SMALL_ENV = "EDGEINFER_SMALL_KERNELS"  # the path of the small matmuls' kernels, forced
 _HALF_WIDTH_512 = {"znver4"}  # LLVM's names of the CPUs whose 512-bit units are two 256-bit halves
 
@@ -124,7 +132,7 @@ def host_cpu() -> str:
 
 
 def small_path(path: str, cpu: str | None = None) -> str:
-    """The path whose kernels run the matmuls of at most SMALL_TOKENS tokens when the batches run `path`'s:
+    """The path whose kernels run the matmuls of a few tokens (SMALL_TOKENS_OF) when the batches run `path`'s:
     avx2 under avx512 on a CPU with half-width 512-bit units (cpu: LLVM's name, the host's by default),
     `path` itself elsewhere. SMALL_ENV forces it to `path` or a path before it in the same family (one whose
     instructions the process's ISA tier holds and whose layout is the same)."""
