@@ -23,13 +23,16 @@ def is_expert_tensor(info) -> bool:
     return len(info.shape) == 3 and "_exps." in info.name
 
 
-def _interleaved() -> bool:
-    # whether this host's CPU kernels read the interleaved layout (every SIMD path; the portable one reads rows)
+def _interleaved(backend: str = "cpu") -> bool:
+    # whether the weights load in the interleaved layout: on the CPU backend's SIMD paths (the portable path and
+    # the CUDA backend keep rows, Q6_K's values a byte each)
+    if backend != "cpu":
+        return False
     from .kernels.cpu.simd.paths import choose_path
 
     try:
         return choose_path() != "portable"
-    except ValueError:  # a forced path this CPU lacks: loading says so; the estimate counts rows
+    except Exception:  # e.g. a forced path this CPU lacks: loading says so; the estimate counts rows
         return False
 
 
@@ -40,17 +43,17 @@ def _loaded(info, interleaved: bool) -> int:
     return loaded_bytes(info.ggml_type, n, info.n_bytes, interleaved)
 
 
-def weight_bytes(gf) -> int:
+def weight_bytes(gf, backend: str = "cpu") -> int:
     """Bytes the loaded weights occupy: the file's tensor data, every expert of an MoE model included, as
-    repacked for this host's kernels (quant/repack.loaded_bytes: the K-quants' 6-bit scales a byte each, Q6_K's
-    values a byte each on the portable path, IQ4_XS 4.5 bits a weight rather than 4.25)."""
-    x8 = _interleaved()
+    repacked for this host's kernels on `backend` (quant/repack.loaded_bytes: the K-quants' 6-bit scales a byte
+    each, Q6_K's values a byte each on the portable path and CUDA, IQ4_XS 4.5 bits a weight rather than 4.25)."""
+    x8 = _interleaved(backend)
     return sum(_loaded(info, x8) for info in gf.tensors.values())
 
 
-def active_weight_bytes(gf, n_expert: int, n_used: int) -> int:
+def active_weight_bytes(gf, n_expert: int, n_used: int, backend: str = "cpu") -> int:
     """Bytes of weights one token reads: all but the experts, and n_used of n_expert of those."""
-    x8 = _interleaved()
+    x8 = _interleaved(backend)
     dense = sum(_loaded(t, x8) for t in gf.tensors.values() if not is_expert_tensor(t))
     experts = sum(_loaded(t, x8) for t in gf.tensors.values() if is_expert_tensor(t))
     return dense + experts * n_used // max(1, n_expert)
@@ -60,8 +63,8 @@ def estimate_file(gf, config: EngineConfig) -> Estimate:
     """The estimate for the model in an open GGUFFile, without loading its weights."""
     cfg = model_config(gf)
     n_expert = getattr(cfg, "n_expert", 0)
-    active = active_weight_bytes(gf, n_expert, cfg.n_expert_used) if n_expert else 0
-    return estimate(weight_bytes(gf), cfg, config, KV_FORMATS, active)
+    active = active_weight_bytes(gf, n_expert, cfg.n_expert_used, config.backend) if n_expert else 0
+    return estimate(weight_bytes(gf, config.backend), cfg, config, KV_FORMATS, active)
 
 
 def context_for_memory(gf, config: EngineConfig, held: int = 0) -> tuple[EngineConfig, str]:

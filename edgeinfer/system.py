@@ -58,7 +58,7 @@ def system_info() -> dict:
         "kernel_path": path,
         "small_kernel_path": simd.small_path(path),  # matmuls of at most small_tokens tokens
         "small_tokens": simd.SMALL_TOKENS,
-        "small_tokens_k_quants": simd.SMALL_TOKENS_KX8,  # Q4_K, Q5_K, Q6_K's matmuls
+        "small_tokens_k_quants": simd.SMALL_TOKENS_KX8,  # Q4_K, Q5_K, Q6_K's matmuls (not Q2_K, Q3_K)
         "kernel_paths_available": simd.native_paths(),
         "threads": (plan := thread_plan())["threads"],
         "threads_why": plan["why"],
@@ -83,18 +83,20 @@ def cache_places() -> dict:
 
 
 def path_label(info: dict) -> str:
-    """The kernel path for a report: "avx512", or "avx512 (avx2 for 1-2 tokens, K-quants 1-4)"."""
+    """The kernel path for a report: "avx512", or "avx512 (avx2 for 1-2 tokens, Q4_K-Q6_K 1-4)"."""
     small = info.get("small_kernel_path", info["kernel_path"])
+    if small == info["kernel_path"]:
+        return info["kernel_path"]
     kq = info.get("small_tokens_k_quants", info["small_tokens"])
-    few = f"1-{info['small_tokens']} tokens" + (f", K-quants 1-{kq}" if kq != info["small_tokens"] else "")
-    return info["kernel_path"] + ("" if small == info["kernel_path"] else f" ({small} for {few})")
+    few = f"1-{info['small_tokens']} tokens" + (f", Q4_K-Q6_K 1-{kq}" if kq != info["small_tokens"] else "")
+    return f"{info['kernel_path']} ({small} for {few})"
 
 
 def format_system(info: dict) -> str:
     rows = [("CPU", info["cpu"]), ("machine", info["machine"]),
             ("ISA features", " ".join(info["isa_features"]) or "none of note"),
             ("kernel path", info["kernel_path"] + (" (forced by EDGEINFER_KERNELS)" if info["forced_by_env"] else "")),
-            (f"kernels for 1-{info['small_tokens']} tokens (K-quants 1-{info['small_tokens_k_quants']})",
+            (f"kernels for 1-{info['small_tokens']} tokens (Q4_K-Q6_K 1-{info['small_tokens_k_quants']})",
              info["small_kernel_path"] + ("" if info["small_kernel_path"] == info["kernel_path"]
                                                                    else " (forced by EDGEINFER_SMALL_KERNELS)" if os.environ.get("EDGEINFER_SMALL_KERNELS")
                                                                    else " (faster on this CPU)")),

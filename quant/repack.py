@@ -14,8 +14,9 @@ whatever its type, so one family of kernels serves every type (the kind is a sma
     m   uint16 (N, nb) block min (Q4_1, Q5_1) or super-block min scale (Q4_K, Q5_K) as float16 bits
 
 Scales stay as float16 bits (the kernels look them up in a 65,536-entry float32 table), so the
-repacked weights take the same bytes as the file (Q6_K: 22% more, since its 6-bit values are
-unpacked to bytes: its split layout defeats vectorisation, and it is a small part of K-quant mixes).
+repacked weights take the same bytes as the file (Q6_K row-major: 22% more, since its 6-bit values are
+unpacked to bytes: its split layout defeats vectorisation; its interleaved form, which the SIMD paths read,
+packs them back to six bits: kernels/formats/q6_k.py).
 Only byte order inside a block is kept; kernels never see a GGUF block struct.
 
 What each type's blocks hold and how they become these arrays is its weight format's (kernels/formats, one
@@ -123,7 +124,8 @@ def repack_interleaved(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...], re
     """A 2-D matrix of one of DIRECT_TYPES straight into the CPU SIMD kernels' interleaved layout
     (kernels/cpu/layout.py): the same arrays as interleave8(repack(...)), built a few MB of rows at a
     time with one gather per field from the file's bytes (no row-major copy in between, no second copy
-    of the matrix). release(r0, r1) as for repack_rows."""
+    of the matrix; Q6_K, whose fields are computed together: each chunk repacked row-major, then
+    regrouped). release(r0, r1) as for repack_rows."""
     from ..kernels.cpu import layout
 
     k = int(shape[0])

@@ -132,6 +132,21 @@ def _expert_bytes(gf):
     return sum(t.n_bytes for t in gf.tensors.values() if "_exps." in t.name)
 
 
+def test_q6_k_counts_six_bits_where_the_kernels_read_them_and_a_byte_elsewhere(zoo, monkeypatch):
+    """The estimate counts the layout the weights load in: Q6_K in the file's 210 bytes a block on the CPU's SIMD
+    paths, 274 (its values a byte each) on the portable path and on CUDA; every other type the same."""
+    with GGUFFile(zoo("qwen3moe")) as gf:  # Q6_K output, attn_v and ffn_down_exps on the more_bits layers
+        blocks = sum(t.n_bytes // 210 for t in gf.tensors.values() if t.ggml_type == T.Q6_K)
+        simd_host = file_estimate._interleaved()  # this host's path is a SIMD one (not portable)
+        on_cpu = estimate_file(gf, EngineConfig()).weights
+        on_cuda = file_estimate.weight_bytes(gf, "cuda")
+        monkeypatch.setenv("EDGEINFER_KERNELS", "portable")
+        portable = file_estimate.weight_bytes(gf)
+    assert blocks > 0 and not file_estimate._interleaved()
+    assert on_cuda == portable
+    assert on_cpu == portable - (64 * blocks if simd_host else 0)
+
+
 @pytest.mark.parametrize("name,n_used,n_expert", [("qwen3moe", 2, 8), ("olmoe", 2, 8), ("qwen2moe", 2, 6)])
 def test_memory_counts_every_expert(zoo, name, n_used, n_expert):
     with GGUFFile(zoo(name)) as gf:

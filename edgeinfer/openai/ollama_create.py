@@ -231,7 +231,9 @@ async def with_created(body, api: str, state=None):
         return body  # a catalog or command-line model by that name is what the request gets (Servables.find)
 
     try:
-        c = await asyncio.to_thread(created.load, name) if created.folder().is_dir() else None
+        if not created.manifest(name).is_file():  # one stat: most requests name no created model
+            return body
+        c = await asyncio.to_thread(created.load, name)
     except Exception:  # not a manifest's name, or a damaged one
         return body
     return with_defaults(c, body, api)

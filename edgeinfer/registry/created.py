@@ -54,8 +54,10 @@ def folder() -> Path:
     return models_dir() / DIR
 
 
-def _manifest(name: str) -> Path:
+def manifest(name: str) -> Path:
+    """Where created model `name`'s manifest is (EdgeInferError for a name no model can have)."""
     return folder() / f"{check_name(name)}.json"
+
 
 
 def own_file(name: str) -> Path:
@@ -65,7 +67,7 @@ def own_file(name: str) -> Path:
 
 def load(name: str) -> Created | None:
     """The created model `name`, or None where there is none; DamagedManifest where its manifest is broken."""
-    path = _manifest(name)
+    path = manifest(name)
     try:
         raw = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -90,7 +92,7 @@ def load(name: str) -> Created | None:
 
 def save(c: Created) -> Path:
     """Write (or replace) c's manifest: whole or not at all."""
-    path = _manifest(c.name)
+    path = manifest(c.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.partial")
     data = json.dumps({**asdict(c), "created_at": c.created_at or time.time()}, ensure_ascii=False, indent=1)
@@ -109,13 +111,13 @@ def delete(name: str) -> Created | None:
     try:
         c = load(name)
     except DamagedManifest:  # its own file, if it had one, goes too (nothing can name it now)
-        _manifest(name).unlink(missing_ok=True)
+        manifest(name).unlink(missing_ok=True)
         own_file(name).unlink(missing_ok=True)
         return Created(name, "", "")
     if c is None:
         return None
     with cache_lock(f"created-{name}", quiet=True):
-        _manifest(name).unlink(missing_ok=True)
+        manifest(name).unlink(missing_ok=True)
         if c.own_file:
             Path(c.file).unlink(missing_ok=True)
     return c

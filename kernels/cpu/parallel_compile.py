@@ -180,6 +180,9 @@ class Compile:
                     left = [x.name for x in pending if x.name not in self.seconds]
                     self._line(left[: self.workers], done)
             self._line([], done, end="\n")
+            with _lock:
+                finished.append({"wall_s": time.perf_counter() - self.t0, "workers": self.workers,
+                                 "jobs_s": dict(self.seconds)})
         except Exception as e:  # a worker that died: this process compiles what is missing itself
             self.error = e
             if self.stream is not None:
@@ -194,6 +197,7 @@ class Compile:
 
 _active: list[Compile] = []
 _lock = threading.Lock()
+finished: list[dict] = []  # each compile this process ran to the end: its wall seconds, workers, seconds per job
 
 
 def start(path: str, kinds, kv_types, *, workers: int = 0, stream=sys.stderr,

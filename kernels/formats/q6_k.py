@@ -76,6 +76,8 @@ def element(kind, qs, qh, sc, d, m, luts, n, k):
 
 
 def transform(kind, field):
+    # qs: the permutation regroup applies before packing the values to six bits (so the loader never gathers
+    # it: Q6_K's interleaved layout is built by regroup, a chunk at a time, quant/repack.repack_interleaved)
     return by_words(64) if field in ("qs", "qh") else scale_transform(field)
 
 

@@ -143,7 +143,7 @@ def _q6_tile(k, K, grp, grp2, t0, t1, acc, mos):
                 simd.store8i(isums, i, simd.add32(simd.load8i(isums, i), simd.add32(simd.madd(a, s16), simd.madd(b, s16))))
         dv = simd.loadf8(d, g * 8)
         for t in range(t0, t1):
-            # - 32 sum_j sc_j xb16_j: the weights are stored as q + 32
+            # - 32 sum_j sc_j xb16_j: the weights are q, the value + 32
             o16 = t * nsb * 16 + sb * 16
             off = simd.zero32()
             for jp in range(8):

@@ -93,7 +93,7 @@ def _tile(k, K, grp, grp2, t0, t1, acc, mos):
                     simd.pairs16s(sc, base + 80, hbase + 80), simd.splat32w(simd.ld(xp, x0 + 5))),
                     simd.pairs16s(sc, base + 96, hbase + 96), simd.splat32w(simd.ld(xp, x0 + 6))),
                     simd.pairs16s(sc, base + 112, hbase + 112), simd.splat32w(simd.ld(xp, x0 + 7)))
-                isum = simd.sub32(isum, simd.shl32(c, 5))  # the weights are stored as q + 32
+                isum = simd.sub32(isum, simd.shl32(c, 5))  # the weights are q, the value + 32
             else:
                 simd.storef8(mos, i, simd.fma8(simd.cvt8(c), simd.mul8(mv, dx), simd.loadf16(mos, i)))
             simd.storef8(acc, i, simd.fma8(simd.cvt8(isum), simd.mul8(dv, dx), simd.loadf16(acc, i)))
