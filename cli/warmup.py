@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import click
@@ -30,8 +31,9 @@ def warmup(models, kv_types, all_kernels, export_path, import_path, clear):
     types compiles once more; --all compiles every kind. A pack from --export serves every machine of the
     same ISA tier, Numba and edgeinfer version (`edgeinfer system` names the tier): an edge fleet compiles
     once and copies the pack to every device."""
-    from edgeinfer.kernels.cpu import backend, cache, parallel_compile, units
+    from edgeinfer.kernels.cpu import backend, background, cache, parallel_compile, units
 
+    os.environ[background.ENV] = "0"  # everything before warmup returns, the compiled step included
     t0 = time.perf_counter()
     # models compile when named, or when nothing else is asked for (plain `warmup`: the default model)
     run_models = bool(models) or not (clear or import_path or all_kernels or export_path)

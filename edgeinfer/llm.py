@@ -107,11 +107,11 @@ class LLM:
         mark("tokenizer_s")
         if progress:  # a status line on stderr whenever kernels compile (a first run; later runs load them)
             self.kernels.show_compile_progress()
-        # the kernels this model needs compile in worker processes while its weights load (a first run);
-        # the engine waits for them before its first forward pass
+        # the kernels this model needs compile in worker processes while its weights load (a first run); the
+        # engine waits for them before its first forward pass, but for the compiled step (background.py)
         self.kernels.precompile(matrix_kinds(self.gguf, self.kernels), config.kv_dtype,
                                 stream=sys.stderr if progress else None, experts=has_experts(self.gguf),
-                                mixers=step_mixers(self.gguf))
+                                mixers=step_mixers(self.gguf), later=progress)
         mark("precompile_s")
         try:
             self.model = load_model(self.gguf, self.kernels, n_ctx=config.max_context or None)

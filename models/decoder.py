@@ -329,7 +329,7 @@ class Model:
     def forward(self, batch: Batch, cache: KVCache, hidden: bool = False) -> np.ndarray:
         """Logits (L, vocab), on the host, for the tokens batch.logits_idx selects; hidden: their final
         hidden states after the output norm (L, dim) instead (what llama.cpp's embeddings are)."""
-        if self.stack is None:
+        if self.stack is None or not self.kb.step_ready():  # (a first run: until the step is compiled)
             return self.forward_per_op(batch, cache, hidden)
         x = self.embed(batch.token_ids)
         ple = per_layer.inputs(self.kb, self.cfg, self.ple, batch.token_ids, x) if self.ple is not None else None

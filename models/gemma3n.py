@@ -52,7 +52,7 @@ class Model(decoder.Model):
     def forward(self, batch, cache, hidden: bool = False) -> np.ndarray:
         """Logits (or final hidden states) as decoder.Model.forward's, through the four streams: every layer in
         one compiled call where the backend has one (the CPU's), else per op (forward_per_op)."""
-        if self.stack is None:
+        if self.stack is None or not self.kb.step_ready():  # (a first run: until the walk is compiled)
             return self.forward_per_op(batch, cache, hidden)
         streams, ple = self._streams(batch)
         rows = self.kb.altup_run(self.stack, streams, batch, cache, ple)

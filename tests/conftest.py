@@ -9,6 +9,10 @@ os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(
     os.environ.get("EDGEINFER_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "edgeinfer"), "kernels"))
 
+# Models run the compiled step from their first forward pass, as `edgeinfer warmup` and the benchmarks do; the
+# tests of a first answer before it (kernels/cpu/background.py) set this themselves.
+os.environ.setdefault("EDGEINFER_BACKGROUND_COMPILE", "0")
+
 # On an AVX2 machine without VNNI or AVX-512 (CI's may be one), the vnni and avx512 paths' kernels run too,
 # with those instructions emulated by exact AVX2 sequences (kernels/cpu/simd/vec.py): every x86 path's
 # arithmetic is checked on every x86 machine. A model still runs the best native path.

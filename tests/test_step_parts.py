@@ -32,7 +32,7 @@ def test_each_part_names_where_its_layers_matrices_are(tiny_llama_path):
         for name in names:
             for i, lw in enumerate(m.layers):
                 w = getattr(lw, name)
-                assert _same(s.mats[getattr(part, name)[i]], (w.kind, w.qs, w.qh, w.sc, w.d, w.m)), (name, i)
+                assert _same(s.lists()[0][getattr(part, name)[i]], (w.kind, w.qs, w.qh, w.sc, w.d, w.m)), (name, i)
 
 
 def test_moe_layers_name_their_first_expert(zoo):
@@ -42,7 +42,7 @@ def test_moe_layers_name_their_first_expert(zoo):
     for i, lw in enumerate(m.layers):
         for e in range(m.cfg.n_expert):
             for j, w in enumerate((lw.exp_gate[e], lw.exp_up[e], lw.exp_down[e])):
-                assert _same(s.experts[s.moe.first[i] + 3 * e + j], (w.kind, w.qs, w.qh, w.sc, w.d, w.m))
+                assert _same(s.lists()[1][s.moe.first[i] + 3 * e + j], (w.kind, w.qs, w.qh, w.sc, w.d, w.m))
 
 
 def test_the_precompiled_signature_is_what_models_pass(tiny_llama_path, zoo):

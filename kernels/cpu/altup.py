@@ -223,6 +223,6 @@ def run(stack, part: AltupPart, streams, batch, cache, ple) -> np.ndarray:
     batch.logits_idx selects of every stream, (n, L, dim); ple: every layer's per-layer inputs (n_layer, T, E)."""
     return forward_layers(streams, batch.positions, batch.token_seq, batch.slot_mapping, batch.block_tables,
                           batch.window_slots, batch.window_tables, batch.logits_idx, cache.block_size, cache.where,
-                          cache.k, cache.v, cache.wk, cache.wv, stack.mats, stack.norms, stack.attn, stack.ffn,
+                          cache.k, cache.v, cache.wk, cache.wv, stack.lists()[0], stack.norms, stack.attn, stack.ffn,
                           quant.HALF_TO_F32, numba.get_num_threads(), stack.units_for(cache.k.dtype, cache.v.dtype),
                           ple, stack.ple, part)

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import kinds
 from ..kv_format import KV_FORMATS  # noqa: F401  (the KV cache's row formats, for the engine)
-from . import int8, moe, quant, simd, units
+from . import background, int8, moe, quant, simd, units
 from . import attention
 from .dense import dense, encoder_attention, layernorm, set_blas_threads, silu  # noqa: F401
 from .layout import INTERLEAVED, interleave8
@@ -22,7 +22,7 @@ KERNEL_PATH = simd.choose_path()
 # The path of the kernels of matmuls of a few tokens (a decode step): simd.small_path.
 SMALL_PATH = simd.small_path(KERNEL_PATH)
 # the addresses of these paths' separately compiled kernel units (units.py), filled as models need them
-UNITS = units.Table(KERNEL_PATH, SMALL_PATH)
+UNITS = units.Table(KERNEL_PATH, SMALL_PATH, background.done)
 
 
 class QInput:
@@ -114,14 +114,15 @@ _NO_Q8K = (np.empty((0, 0), np.uint8), np.empty((0, 0), np.float32), np.empty((0
            np.empty((0, 0), np.int32))
 
 
-def precompile(kinds, kv_type: str, stream=None, experts: bool = False, mixers: tuple = ()):
+def precompile(kinds, kv_type: str, stream=None, experts: bool = False, mixers: tuple = (), later: bool = False):
     """Start compiling, in worker processes, the kernels a model with matrices of these kinds (as this
     backend holds them: `kind_of`), this KV type, (experts) a mixture of experts and these recurrent mixers
-    needs and the cache lacks (parallel_compile.py); `ready` waits for it."""
+    needs and the cache lacks (parallel_compile.py); `ready` waits for it. later: a first answer need not
+    wait for the compiled step (it compiles in the background: `step_ready`)."""
     from . import parallel_compile
 
     return parallel_compile.start(KERNEL_PATH, kinds, [kv_type], stream=stream, small_path=SMALL_PATH,
-                                  experts=experts, mixers=tuple(mixers))
+                                  experts=experts, mixers=tuple(mixers), later=later)
 
 
 def kind_of(kind: int) -> int:
@@ -130,10 +131,22 @@ def kind_of(kind: int) -> int:
 
 
 def ready() -> None:
-    """Return once every compile `precompile` started is done (before the first forward pass)."""
+    """Return once every compile `precompile` started is done (before the first forward pass), but for
+    what only the compiled step needs, which a first run compiles in the background (`step_ready`)."""
     from . import parallel_compile
 
     parallel_compile.wait_all()
+
+
+def step_ready() -> bool:
+    """Whether the compiled step may run (layer_stack's): until a first run's background compile of it
+    (background.py) is done, the models run per op, with the same bits."""
+    return background.done()
+
+
+def wait_step(timeout: float | None = None) -> bool:
+    """Block until `step_ready` (at most `timeout` seconds); whether it is."""
+    return background.wait(timeout)
 
 
 def show_compile_progress(stream=None) -> None:

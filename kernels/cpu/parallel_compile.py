@@ -28,7 +28,8 @@ import numpy as np
 from numba import types
 
 from ..kinds import is_quantized, uses_q8k
-from . import units
+from ..kv_format import kv_pair
+from . import background, units
 
 _A = types.Array
 _F32_1, _F32_2 = _A(types.float32, 1, "C"), _A(types.float32, 2, "C")
@@ -41,6 +42,7 @@ class Job:
     ref: tuple   # ("attr", module, name) or ("rows", path, family): how a worker finds the dispatcher
     sig: tuple   # the argument types
     cost: float  # seconds on a 2-core Zen 3 (measured), to start the longest first
+    later: bool = False  # what only the compiled step needs: compiled after the first answer (background.py)
 
 
 def step_sig(kv: str) -> tuple:
@@ -79,34 +81,46 @@ _PKG = __name__.rsplit(".", 1)[0]
 
 
 def plan(path: str, kinds, kv_types, small_path: str | None = None, experts: bool = False,
-         mixers: tuple = ()) -> list[Job]:
+         mixers: tuple = (), first_answer: bool = False) -> list[Job]:
     """Every job a model of these matrix kinds (quantized, as the backend holds them) needs on `path` (and
     small_path, that of the matmuls of a few tokens: units.Table); experts: the model has a mixture of
     experts (its FFN is a unit of its own, step.call_experts); mixers: its recurrent mixers that the step
     runs (units of their own, step.call_mixer: step.MIXERS' names, models/common.step_mixers), and "altup"
-    for a model whose layers run in altup.py's walk instead of the step."""
+    for a model whose layers run in altup.py's walk instead of the step.
+
+    first_answer: plan for a first answer on the per-op forward (models/decoder.py: the step's bits, one
+    call per op) while the step compiles: the per-op forward's own kernels join the jobs, and what only the
+    step needs (the step, its experts and mixer units, the few-token units: the path's own serve every token
+    count meanwhile) is marked `later`."""
     kinds = {int(k) for k in kinds if is_quantized(k)}
+    fa = first_answer
     if "altup" in mixers:  # Gemma 3n: its own walk over its streams (altup.py) in place of the step
         mixers = tuple(m for m in mixers if m != "altup")
-        jobs = [Job(f"altup walk ({kv} KV)", ("attr", f"{_PKG}.altup", "forward_layers"), altup_sig(kv), 19.0)
+        jobs = [Job(f"altup walk ({kv} KV)", ("attr", f"{_PKG}.altup", "forward_layers"), altup_sig(kv), 19.0, fa)
                 for kv in kv_types]
     else:
-        jobs = [Job(f"step ({kv} KV)", ("attr", f"{_PKG}.step", "forward_layers"), step_sig(kv), 19.0)
+        jobs = [Job(f"step ({kv} KV)", ("attr", f"{_PKG}.step", "forward_layers"), step_sig(kv), 19.0, fa)
                 for kv in kv_types]
+    # the typed lists of the step's (and the walk's) matrices (step.LayerStack.lists)
+    jobs += [Job("step's lists", ("attr", f"{_PKG}.step", "_new_list"), (units.MAT,), 0.5, fa),
+             Job("step's lists (append)", ("attr", f"{_PKG}.step", "_append"), (types.ListType(units.MAT), units.MAT),
+                 0.5, fa)]
     if experts:
         from .step import experts_sig
 
-        jobs.append(Job("experts", ("attr", f"{_PKG}.parts.moe", "forward"), experts_sig(), 8.0))
+        jobs.append(Job("experts", ("attr", f"{_PKG}.parts.moe", "forward"), experts_sig(), 8.0, fa))
     if mixers:
         from .step import mixer_sig
 
-        jobs += [Job(f"mixer {m}", ("attr", f"{_PKG}.parts.{m}", "forward"), mixer_sig(m), 4.0) for m in mixers]
+        jobs += [Job(f"mixer {m}", ("attr", f"{_PKG}.parts.{m}", "forward"), mixer_sig(m), 4.0, fa) for m in mixers]
+    if fa:
+        jobs += per_op_jobs(kv_types)
     jobs += [Job(f"attention ({kv} KV)", ("attr", f"{_PKG}.attention", "paged_attention"), units.attention_sig(kv),
                  9.5) for kv in kv_types]
     fams = sorted({units.FAMILY_OF[k] for k in kinds})
     jobs += [Job(f"matmul {fam}", ("rows", path, fam), units.ROWS_SIG, 4.0) for fam in fams]
     if small_path not in (None, path):
-        jobs += [Job(f"matmul {fam} ({small_path}, few tokens)", ("rows", small_path, fam), units.ROWS_SIG, 4.0)
+        jobs += [Job(f"matmul {fam} ({small_path}, few tokens)", ("rows", small_path, fam), units.ROWS_SIG, 4.0, fa)
                  for fam in fams]
     jobs.append(Job("embedding", ("attr", f"{_PKG}.quant", "dequant_rows"),
                     (*units.MAT.types, units.LUTS, _I64_1, _F32_2), 4.0))
@@ -116,6 +130,25 @@ def plan(path: str, kinds, kv_types, small_path: str | None = None, experts: boo
     if any(uses_q8k(k) for k in kinds):
         jobs.append(Job("quantize q8_K", ("attr", f"{_PKG}.int8", "quantize_q8k"),
                         (_F32_2, *units.Q8K.types), 1.5))
+    return jobs
+
+
+def per_op_jobs(kv_types) -> list[Job]:
+    """The kernels the per-op forward of a transformer calls besides those every model needs (the matmuls'
+    dispatcher, the norms with the eps a layer passes, RoPE, the gated activation, the KV writes), with the
+    argument types the models pass them (what a first answer on the per-op forward compiles)."""
+    f2, f3 = _F32_2, _A(types.float32, 3, "C")
+    ops, i8 = f"{_PKG}.ops", f"{_PKG}.int8"
+    jobs = [Job("matmuls", ("attr", i8, "matmuls"), (*(units.MAT,) * 3, types.int64, units.Q8, units.Q8K, units.LUTS,
+                                                     f2, f2, f2, types.int64, _I64_1), 2.0),
+            Job("rmsnorm", ("attr", ops, "rmsnorm"), (f2, _F32_1, types.float64, f2), 1.0),
+            Job("rope", ("attr", ops, "rope"), (f3, _I64_1, _A(types.float64, 1, "C"), types.boolean, types.float64),
+                1.0),
+            Job("gated activation", ("attr", ops, "gated_act"), (f2, f2, f2, types.boolean), 1.5)]
+    for kv in kv_types:
+        caches = [_A(numba.from_dtype(np.dtype(d)), 3, "C") for d in units.KV_DTYPES[kv]]
+        rows = [_A(types.uint16 if t == "f16" else types.float32, 3, "C") for t in kv_pair(kv)]
+        jobs.append(Job(f"KV writes ({kv} KV)", ("attr", ops, "write_kv"), (*rows, _I64_1, *caches), 1.0))
     return jobs
 
 
@@ -141,7 +174,8 @@ def _compile_job(job: Job) -> float:
 class Compile:
     """A parallel compile in flight (`start`)."""
 
-    def __init__(self, jobs: list[Job], workers: int, stream):
+    def __init__(self, jobs: list[Job], workers: int, stream, note: str = ""):
+        self.note = note  # said after the count when it ends
         self.jobs = sorted(jobs, key=lambda j: -j.cost)
         self.workers = max(1, min(workers, len(self.jobs)))
         self.stream = stream
@@ -156,7 +190,7 @@ class Compile:
             return
         now = time.perf_counter() - self.t0
         if end:
-            msg = f"\rcompiled {done} kernel units in {now:.1f} s ({self.workers} processes){end}"
+            msg = f"\rcompiled {done} kernel units in {now:.1f} s ({self.workers} processes){self.note}{end}"
         else:
             msg = (f"\rcompiling kernels for this model (first run only; cached for later runs): "
                    f"{done}/{len(self.jobs)} done, {now:.0f} s [{', '.join(running)}]")
@@ -201,17 +235,30 @@ finished: list[dict] = []  # each compile this process ran to the end: its wall 
 
 
 def start(path: str, kinds, kv_types, *, workers: int = 0, stream=sys.stderr,
-          small_path: str | None = None, experts: bool = False, mixers: tuple = ()) -> Compile | None:
+          small_path: str | None = None, experts: bool = False, mixers: tuple = (),
+          later: bool = False) -> Compile | None:
     """Compile, in worker processes, what a model of these kinds and KV types needs and the cache lacks.
-    None when nothing is missing."""
+    None when nothing is missing. later: what only the compiled step needs may compile in the background
+    (background.py; not with EDGEINFER_BACKGROUND_COMPILE=0), the first answers running per op meanwhile."""
     env = os.environ.get("EDGEINFER_COMPILE_WORKERS", "").strip()
     workers = workers or (int(env) if env.isdigit() else len(os.sched_getaffinity(0)))
     if workers == 0:  # EDGEINFER_COMPILE_WORKERS=0: compile in this process, at first use
         return None
     jobs = [j for j in plan(path, kinds, kv_types, small_path, experts, mixers) if not is_cached(j)]
+    note = ""
+    if jobs and later and background.enabled():
+        # what only the compiled step needs goes to a background process; the first answer runs per op
+        both = [j for j in plan(path, kinds, kv_types, small_path, experts, mixers, True) if not is_cached(j)]
+        later = [j for j in both if j.later]
+        if later:
+            background.start(__name__, {"path": path, "kinds": sorted(int(k) for k in kinds),
+                                        "kv_types": list(kv_types), "small_path": small_path,
+                                        "experts": bool(experts), "mixers": list(mixers)}, later, is_cached)
+            jobs = [j for j in both if not j.later]
+            note = f"; {len(later)} more for full speed compile in the background"
     if not jobs:
         return None
-    c = Compile(jobs, workers, stream)
+    c = Compile(jobs, workers, stream, note)
     with _lock:
         _active.append(c)
     return c
@@ -232,3 +279,22 @@ def wait_all() -> None:
 def active() -> bool:
     with _lock:
         return any(not c.done() for c in _active)
+
+
+def _background(args: dict) -> None:
+    # the background process (background.start): the `later` jobs of plan(**args) the cache still lacks
+    from . import cache
+
+    def missing():
+        return [j for j in plan(**args, first_answer=True) if j.later and not is_cached(j)]
+
+    background.compile_later(cache.folder(), missing,
+                             lambda jobs: Compile(jobs, len(os.sched_getaffinity(0)), None).wait())
+
+
+if __name__ == "__main__":  # python -m ...parallel_compile ARGS: background.start's process
+    import json
+
+    from edgeinfer.kernels.cpu import parallel_compile  # the module itself, not this __main__ copy
+
+    parallel_compile._background(json.loads(sys.argv[1]))

@@ -64,9 +64,15 @@ class LayerStack:
         self.ple = per_layer.build(cfg, layers, mats)
         experts = experts or mats[:1]  # a stand-in for a dense model: never read
         # typed lists built by cached compiled functions: typed.List's own methods, called from Python,
-        # compile afresh in every process (a second of start-up); a stand-in keeps the Python lists
-        self.mats = _typed_list(mats) if typed_lists else mats
-        self.experts = _typed_list(experts) if typed_lists else experts
+        # compile afresh in every process (a second of start-up); a stand-in keeps the Python lists. Made at
+        # the first run (`lists`): a first run's first answers run per op, before the compiled step exists
+        self._py_lists, self._typed, self._lists = (mats, experts), typed_lists, None
+
+    def lists(self) -> tuple:
+        """(mats, experts): the layers' matrices and experts as the step takes them."""
+        if self._lists is None:
+            self._lists = tuple(map(_typed_list, self._py_lists)) if self._typed else self._py_lists
+        return self._lists
 
     @classmethod
     def build(cls, cfg, layers, inv_freqs, table, kinds, *, qk_norm=0, post_norms=False, gelu=False,
@@ -112,7 +118,7 @@ class LayerStack:
         conv, ssm_conv = (_NO_STATE4 if a is None else a for a in (cache.conv, cache.ssm_conv))
         return (x, batch.positions, batch.token_seq, batch.slot_mapping, batch.block_tables, batch.window_slots,
                 batch.window_tables, batch.logits_idx, cache.block_size, cache.where, cache.k, cache.v, cache.wk,
-                cache.wv, self.mats, self.experts, self.norms, self.attn, self.ffn,
+                cache.wv, *self.lists(), self.norms, self.attn, self.ffn,
                 self.moe, quant.HALF_TO_F32, numba.get_num_threads(), table, batch.state_slots, batch.state_snap,
                 conv, ssm_conv, _NO_STATE5 if cache.ssm is None else cache.ssm, self.conv, self.delta, self.mamba,
                 _NO_PLE if ple is None else ple, self.ple)

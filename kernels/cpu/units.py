@@ -74,18 +74,34 @@ class Table:
     the cache or compiled. small_path: the path of the small matmuls' units (simd.small_path), `path` by
     default."""
 
-    def __init__(self, path: str, small_path: str | None = None):
+    def __init__(self, path: str, small_path: str | None = None, small_ready=None):
         self.path = path
         self.small_path = small_path or path
         self.addr = np.zeros(TABLE_SIZE, np.int64)
         self._attention: dict = {}
+        # small_ready(): whether the few-token units may load now; until then (a background compile makes
+        # them: background.py) the path's own units serve every token count, with the same bits
+        self.small_ready = small_ready or (lambda: True)
+        self._provisional: set = set()  # the families whose few-token slots hold the path's units meanwhile
 
     def for_kinds(self, kinds, kv: str | None = None) -> np.ndarray:
+        if self._provisional and self.small_ready():
+            for fam in self._provisional:
+                s = address(rows_unit(self.small_path, fam), ROWS_SIG)
+                for k2 in FAMILIES[fam]:
+                    self.addr[SMALL + k2] = s
+            self._provisional.clear()
         for k in kinds:
             if is_quantized(k) and self.addr[k] == 0:
                 fam = FAMILY_OF[k]
                 a = address(rows_unit(self.path, fam), ROWS_SIG)
-                s = a if self.small_path == self.path else address(rows_unit(self.small_path, fam), ROWS_SIG)
+                if self.small_path == self.path:
+                    s = a
+                elif self.small_ready():
+                    s = address(rows_unit(self.small_path, fam), ROWS_SIG)
+                else:
+                    s = a
+                    self._provisional.add(fam)
                 for k2 in FAMILIES[fam]:
                     self.addr[k2] = a
                     self.addr[SMALL + k2] = s

@@ -86,7 +86,7 @@ def _grid2(a: int, b: int):
     return (_blocks(a, 16), _blocks(b, 16)), tb
 
 
-def precompile(kinds, kv_type: str, stream=None, experts: bool = False, mixers: tuple = ()):
+def precompile(kinds, kv_type: str, stream=None, experts: bool = False, mixers: tuple = (), later: bool = False):
     """The CPU backend compiles its kernels ahead in worker processes; numba.cuda compiles each kernel
     at its first launch, so there is nothing to start here."""
     return None
