@@ -85,7 +85,8 @@ def random_blocks(t, n, k, rng):
 @pytest.mark.parametrize("t", list(TYPES), ids=lambda t: t.name)
 def test_a_type_repacks_and_decodes_as_gguf_dequantizes(t):
     """Row-major and interleaved, the registry's repack and decode give gguf's values (bit for bit; the
-    widened types within their float16 scale rounding), and the arrays take the loaded size."""
+    widened types within their float16 scale rounding), the embedding lookup the same rows, and the arrays
+    take the loaded size."""
     rng = np.random.default_rng(int(t))
     f = formats.of(t)
     n, k = 13, max(f.block, 32) * 4
@@ -96,6 +97,10 @@ def test_a_type_repacks_and_decodes_as_gguf_dequantizes(t):
     ws = [w] + ([interleave8(repack_module.repack(raw, t, (k, n)))] if w.kind in INTERLEAVED else [])
     for x in ws:
         got = kb.dequantize(x)
+        ids = np.array([12, 0, 5, 5, n - 1])
+        # the embedding lookup (a unit compiled for this kind alone) decodes each row to the whole matrix's
+        # values (a zero's sign aside: both compile with fast-math, free to choose it)
+        np.testing.assert_array_equal(kb.embed(x, ids), got[ids])
         if t in repack_module.WIDENED:
             np.testing.assert_allclose(got, ref, rtol=2**-10, atol=0)
         else:

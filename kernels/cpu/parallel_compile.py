@@ -27,19 +27,20 @@ import numba
 import numpy as np
 from numba import types
 
-from ..kinds import is_quantized, uses_q8k
+from ..kinds import KINDS, is_quantized, uses_q8k
 from ..kv_format import kv_pair
 from . import background, units
 
 _A = types.Array
 _F32_1, _F32_2 = _A(types.float32, 1, "C"), _A(types.float32, 2, "C")
 _I64_1 = _A(types.int64, 1, "C")
+EMBEDDING_SIG = (*units.MAT.types, units.LUTS, _I64_1, _F32_2)  # units.embedding_unit's (backend.embed)
 
 
 @dataclass(frozen=True)
 class Job:
     name: str    # what the status line shows
-    ref: tuple   # ("attr", module, name) or ("rows", path, family): how a worker finds the dispatcher
+    ref: tuple   # ("attr", module, name), ("rows", path, family), ("embedding", kind): how a worker finds it
     sig: tuple   # the argument types
     cost: float  # seconds on a 2-core Zen 3 (measured), to start the longest first
     later: bool = False  # what only the compiled step needs: compiled after the first answer (background.py)
@@ -72,6 +73,8 @@ def resolve(ref: tuple):
     """The dispatcher a job names."""
     if ref[0] == "rows":
         return units.rows_unit(ref[1], ref[2])
+    if ref[0] == "embedding":
+        return units.embedding_unit(ref[1])
     import importlib
 
     return getattr(importlib.import_module(ref[1]), ref[2])
@@ -122,8 +125,7 @@ def plan(path: str, kinds, kv_types, small_path: str | None = None, experts: boo
     if small_path not in (None, path):
         jobs += [Job(f"matmul {fam} ({small_path}, few tokens)", ("rows", small_path, fam), units.ROWS_SIG, 4.0, fa)
                  for fam in fams]
-    jobs.append(Job("embedding", ("attr", f"{_PKG}.quant", "dequant_rows"),
-                    (*units.MAT.types, units.LUTS, _I64_1, _F32_2), 4.0))
+    jobs += [Job(f"embedding {KINDS[k].name}", ("embedding", k), EMBEDDING_SIG, 1.0) for k in sorted(kinds)]
     jobs.append(Job("output norm", ("attr", f"{_PKG}.ops", "rmsnorm"), (_F32_2, _F32_1, types.float32, _F32_2), 1.0))
     if any(not uses_q8k(k) for k in kinds):
         jobs.append(Job("quantize q8", ("attr", f"{_PKG}.int8", "quantize_q8"), (_F32_2, *units.Q8.types), 1.0))

@@ -7,6 +7,7 @@ decoded is its weight format's (kernels/formats).
 
 import numpy as np
 from numba import njit, prange
+from numba.extending import overload
 
 from .. import formats, kinds
 from . import simd
@@ -47,6 +48,34 @@ def dequant_rows(kind, qs, qh, sc, d, m, luts, rows, out):
     # W[rows] -> out (len(rows), K) float32; rows int64 (R,)
     for i in prange(rows.shape[0]):
         dequant_row(kind, qs, qh, sc, d, m, luts, rows[i], out[i])
+
+
+def dequant_rows_of(kind, qs, qh, sc, d, m, luts, rows, out, isa):
+    """dequant_rows, one row after another, compiled for the one kind the type of `isa` names (simd.isa_tag):
+    the embedding lookup of a model's own kind (units.embedding_unit), a fraction of the compile of every
+    kind's decode. A matrix of another kind leaves out untouched."""
+
+
+@overload(dequant_rows_of, jit_options={"fastmath": True})
+def _dequant_rows_of(kind, qs, qh, sc, d, m, luts, rows, out, isa):
+    (own,) = simd.kinds_of(isa)
+    decode = njit(inline="always", fastmath=True)(formats.dispatch(
+        "decode_group", "kind, qs, qh, sc, d, m, luts, n, g, y", _GROUPS, (own,), returns=False))
+    dense = kinds.is_dense(own)
+
+    def impl(kind, qs, qh, sc, d, m, luts, rows, out, isa):
+        if kind != own:
+            return
+        K = out.shape[1]
+        for i in range(rows.shape[0]):
+            n = rows[i]
+            y = out[i]
+            for g in range(K // 32):
+                decode(kind, qs, qh, sc, d, m, luts, n, g, y[g * 32:(g + 1) * 32])
+            if dense:  # as dequant_row: F16/BF16 rows need not be a multiple of 32 long
+                for k in range(K // 32 * 32, K):
+                    y[k] = luts[kind][d[n, k]]
+    return impl
 
 
 # -- float matmul for F16/BF16 weights (the quantized types go through int8/) -------------------

@@ -27,6 +27,7 @@ from . import simd
 from .calls import (ATTENTION, EXPERTS, KV_DTYPES, MIXER, LUTS, MAT, Q8, Q8K, ROWS_SIG, SMALL, TABLE_SIZE, attention_sig,  # noqa: F401
                     call_attention, call_rows, slot)
 from .int8 import rows_any
+from .quant import dequant_rows_of
 
 
 def address(dispatcher, sig: tuple) -> int:
@@ -59,6 +60,24 @@ def rows_unit(path: str, family: str):
 
         rows.__qualname__ = rows.__name__ = f"rows_{path}_{family}"
         unit = _rows_units[key] = njit(nogil=True, cache=True)(rows)
+    return unit
+
+
+_embedding_units: dict = {}
+
+
+def embedding_unit(kind: int):
+    """The unit decoding rows of a matrix of `kind` (quant.dequant_rows_of for that kind alone): the embedding
+    lookup, compiled per kind a model has rather than for all of them."""
+    unit = _embedding_units.get(kind)
+    if unit is None:
+        tag = simd.isa_tag("portable", (kind,))
+
+        def rows(kind, qs, qh, sc, d, m, luts, ids, out):
+            dequant_rows_of(kind, qs, qh, sc, d, m, luts, ids, out, tag)
+
+        rows.__qualname__ = rows.__name__ = f"embedding_k{kind}"
+        unit = _embedding_units[kind] = njit(nogil=True, cache=True, fastmath=True)(rows)
     return unit
 
 
