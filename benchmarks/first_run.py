@@ -76,7 +76,10 @@ def _wait_background() -> bool:
         return False
 
     seen = False
+    end = time.monotonic() + 900
     while running():
+        if time.monotonic() > end:
+            raise SystemExit("the background compile did not end within 900 s")
         seen = True
         time.sleep(0.2)
     return seen

@@ -34,7 +34,8 @@ def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, se
     params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop,
                          **constraint_kwargs(json_schema, regex, choice, grammar))
     interactive = sys.stdin.isatty()
-    llm = load(model, threads, device, kv_type, max_context, memory_budget, draft, speculate, draft_tokens)
+    llm = load(model, threads, device, kv_type, max_context, memory_budget, draft, speculate, draft_tokens,
+               compile_later=True)
     if interactive:
         _setup_readline()
         # a first run's kernel compile ends (its status line on stderr) before the prompt is shown, so the line

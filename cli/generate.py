@@ -25,7 +25,8 @@ def generate(model, prompt, max_tokens, temperature, top_p, top_k, min_p, repeat
     """Continue PROMPT with MODEL, streaming the text."""
     params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop,
                          **constraint_kwargs(json_schema, regex, choice, grammar))
-    llm = load(model, threads, device, kv_type, max_context, memory_budget, draft, speculate, draft_tokens)
+    llm = load(model, threads, device, kv_type, max_context, memory_budget, draft, speculate, draft_tokens,
+               compile_later=True)
     t0 = time.perf_counter()
     first = None
     text, ids, reason, prompt_ids = [], [], None, None

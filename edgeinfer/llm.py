@@ -64,11 +64,12 @@ class LLM:
                  kv_type: str = "", max_context: int = 0, memory_budget_mb: float = 0.0,
                  engine_config: EngineConfig | None = None, progress: bool = True, draft: str | None = None,
                  speculate: str | None = None, draft_tokens: int = 0, prompt_cache: str = "",
-                 prompt_cache_mb: float = 1024.0):
+                 prompt_cache_mb: float = 1024.0, compile_later: bool = False):
         """draft: a draft model (catalog name or path) for speculative decoding; speculate: "lookup" for
         prompt-lookup speculation ("draft" is implied by draft=); draft_tokens: proposals per step at
         most (0: 4 for a draft, 8 for lookup). prompt_cache: a folder where computed prompt blocks are kept
-        (at most prompt_cache_mb for this model) and found again by a later process (engine/prompt_store.py)."""
+        (at most prompt_cache_mb for this model) and found again by a later process (engine/prompt_store.py).
+        compile_later: a first run answers per op while the compiled step compiles in the background."""
         t0 = time.perf_counter()
         config = engine_config or EngineConfig(threads=threads, backend=backend, kv_dtype=kv_type,
                                                max_context=max_context, memory_budget_mb=memory_budget_mb,
@@ -107,11 +108,10 @@ class LLM:
         mark("tokenizer_s")
         if progress:  # a status line on stderr whenever kernels compile (a first run; later runs load them)
             self.kernels.show_compile_progress()
-        # the kernels this model needs compile in worker processes while its weights load (a first run); the
-        # engine waits for them before its first forward pass, but for the compiled step (background.py)
+        # a first run's kernels compile in worker processes while the weights load (compile_later: the step after)
         self.kernels.precompile(matrix_kinds(self.gguf, self.kernels), config.kv_dtype,
                                 stream=sys.stderr if progress else None, experts=has_experts(self.gguf),
-                                mixers=step_mixers(self.gguf), later=progress)
+                                mixers=step_mixers(self.gguf), later=compile_later)
         mark("precompile_s")
         try:
             self.model = load_model(self.gguf, self.kernels, n_ctx=config.max_context or None)

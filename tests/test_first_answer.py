@@ -3,18 +3,16 @@ plans what the per-op forward needs first and leaves the step and the few-token 
 until they are in the cache the models run per op with the same bits, and the units table serves every token
 count from the path's own units."""
 
-import fcntl
 import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from edgeinfer.kernels import kinds
-from edgeinfer.kernels.cpu import backend, cache, calls, parallel_compile, units
+from edgeinfer.kernels.cpu import backend, calls, parallel_compile, units
 
 # a fresh process: 4 greedy tokens from a model; prints the tokens, the functions it compiled itself and
 # whether the compiled step ran
@@ -30,7 +28,7 @@ class L(event.Listener):
 event.register("numba:compile", L())
 from edgeinfer import LLM, SamplingParams
 from edgeinfer.kernels.cpu import step
-llm = LLM(sys.argv[1], progress=True)
+llm = LLM(sys.argv[1], progress=True, compile_later=True)
 out = llm.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
 misses = {d.py_func.__module__ + "." + d.py_func.__qualname__: sum(d._cache_misses.values()) for d in set(seen)}
 print(json.dumps({"tokens": out.token_ids, "compiled": {k: v for k, v in misses.items() if v},
@@ -111,22 +109,29 @@ def test_a_model_runs_per_op_until_the_step_is_ready(tiny_llama_path, monkeypatc
     assert llm.generate([1, 2, 3], p)[0].token_ids == want
 
 
-def _wait_for_background(kernels_dir, timeout=600):
-    # the background compile holds an exclusive lock on this file while it runs (background.compile_later)
-    folder = os.path.join(str(kernels_dir), os.path.relpath(cache.folder(), cache.root()))
-    lock = os.path.join(folder, "background.lock")
-    end = time.monotonic() + timeout
-    while not os.path.exists(lock):
-        assert time.monotonic() < end, "no background compile started"
-        time.sleep(0.2)
-    with open(lock, "a+b") as f:
-        while True:
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                assert time.monotonic() < end, "the background compile did not end"
-                time.sleep(0.5)
+# in a process of the fresh cache's: wait until the cache holds every job the first run left for later (each
+# entry's data is written before the index names it: cache._locked_save), at most 600 s
+WAIT = r"""
+import sys, time
+from edgeinfer.gguf_file import GGUFFile
+from edgeinfer.kernels.cpu import backend, parallel_compile
+from edgeinfer.models.common import matrix_kinds
+kinds = matrix_kinds(GGUFFile(sys.argv[1]), backend)
+jobs = [j for j in parallel_compile.plan(backend.KERNEL_PATH, kinds, ["f16"], backend.SMALL_PATH, first_answer=True)
+        if j.later]
+end = time.monotonic() + 600
+while not all(map(parallel_compile.is_cached, jobs)):
+    if time.monotonic() > end:
+        sys.exit("the background compile did not finish: " + ", ".join(j.name for j in jobs))
+    time.sleep(0.5)
+"""
+
+
+def _wait_for_background(model, kernels_dir):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(kernels_dir)}
+    p = subprocess.run([sys.executable, "-c", WAIT, str(model)], capture_output=True, text=True, env=env,
+                       timeout=660)
+    assert p.returncode == 0, p.stderr
 
 
 def test_a_first_run_answers_per_op_then_the_next_run_loads_the_step(tiny_llama_path, tmp_path):
@@ -138,7 +143,7 @@ def test_a_first_run_answers_per_op_then_the_next_run_loads_the_step(tiny_llama_
     assert not [f for f in first["compiled"] if not f.startswith("edgeinfer.kernels.cpu.layout.")], first
     assert not first["step_ran"], first
     assert "compile in the background" in err
-    _wait_for_background(tmp_path / "kernels")
+    _wait_for_background(tiny_llama_path, tmp_path / "kernels")
     again, _ = _drive(tiny_llama_path, tmp_path / "kernels")
     assert again["compiled"] == {} and again["step_ran"], again
     assert again["tokens"] == first["tokens"]

@@ -271,10 +271,7 @@ def embed(w, ids: np.ndarray) -> np.ndarray:
     if isinstance(w, np.ndarray):
         return w[ids].astype(np.float32)
     out = np.empty((ids.shape[0], w.shape[1]), np.float32)
-    if kinds.is_quantized(w.kind):  # a unit of this kind's decode alone (compiled per kind a model has)
-        units.embedding_unit(w.kind)(*_fields(w), ids, out)
-    else:
-        quant.dequant_rows(*_fields(w), ids, out)
+    units.embedding_unit(w.kind)(*_fields(w), ids, out)  # a unit of this kind's decode alone
     return out
 
 

@@ -6,12 +6,12 @@ size. So a first run compiles what the per-op forward needs in the parallel comp
 it, and leaves the rest (the jobs parallel_compile.plan marks `later`: the step, its experts and mixer
 units, the few-token matmul units) to a detached process at the lowest priority, started here: it keeps
 compiling into the cache after a short `generate` has exited, so the next run loads the step. A long-lived
-process (chat, serve) switches to the step the moment the cache holds it (`done`).
+process (a chat) switches to the step the moment the cache holds it (`done`).
 
 One such process at a time per kernel folder (a lock file): a second waits, then compiles only what the
-first left missing. Commands and LLM(progress=True) answer early this way; LLM(progress=False) (the
-benchmarks' `edgeinfer bench`), `edgeinfer warmup` and EDGEINFER_BACKGROUND_COMPILE=0 compile everything
-before the first answer.
+first left missing. `chat`, `generate` and LLM(compile_later=True) answer early this way, for dense models
+(parallel_compile.start); everything else, `edgeinfer warmup` and EDGEINFER_BACKGROUND_COMPILE=0 compile
+everything before the first forward pass.
 """
 
 from __future__ import annotations

@@ -166,6 +166,16 @@ def is_cached(job: Job) -> bool:
         return False
 
 
+def _orphan_watch(parent: int) -> None:
+    # in a worker process: end it once the process that started it is gone (killed: nothing else would)
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="edgeinfer-compile-parent", daemon=True).start()
+
+
 def _compile_job(job: Job) -> float:
     # in a worker process: compile one job into the cache
     t0 = time.perf_counter()
@@ -204,7 +214,8 @@ class Compile:
 
         pending = list(self.jobs)
         try:
-            with ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            with ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=_orphan_watch, initargs=(os.getpid(),)) as pool:
                 futs = {pool.submit(_compile_job, j): j for j in pending}
                 running = [j.name for j in pending[: self.workers]]
                 self._line(running, 0)
@@ -248,14 +259,15 @@ def start(path: str, kinds, kv_types, *, workers: int = 0, stream=sys.stderr,
         return None
     jobs = [j for j in plan(path, kinds, kv_types, small_path, experts, mixers) if not is_cached(j)]
     note = ""
-    if jobs and later and background.enabled():
-        # what only the compiled step needs goes to a background process; the first answer runs per op
+    if jobs and later and background.enabled() and not experts and not mixers:
+        # what only the compiled step needs goes to a background process; the first answer runs per op (a dense
+        # model's: per_op_jobs covers its per-op forward; experts' and recurrent mixers' per-op kernels are others)
         both = [j for j in plan(path, kinds, kv_types, small_path, experts, mixers, True) if not is_cached(j)]
         later = [j for j in both if j.later]
         if later:
             background.start(__name__, {"path": path, "kinds": sorted(int(k) for k in kinds),
                                         "kv_types": list(kv_types), "small_path": small_path,
-                                        "experts": bool(experts), "mixers": list(mixers)}, later, is_cached)
+                                        "workers": workers}, later, is_cached)
             jobs = [j for j in both if not j.later]
             note = f"; {len(later)} more for full speed compile in the background"
     if not jobs:
@@ -284,14 +296,16 @@ def active() -> bool:
 
 
 def _background(args: dict) -> None:
-    # the background process (background.start): the `later` jobs of plan(**args) the cache still lacks
+    # the background process (background.start): the `later` jobs of plan(**args) the cache still lacks, on
+    # as many worker processes as the parallel compile that started it
     from . import cache
+
+    workers = args.pop("workers")
 
     def missing():
         return [j for j in plan(**args, first_answer=True) if j.later and not is_cached(j)]
 
-    background.compile_later(cache.folder(), missing,
-                             lambda jobs: Compile(jobs, len(os.sched_getaffinity(0)), None).wait())
+    background.compile_later(cache.folder(), missing, lambda jobs: Compile(jobs, workers, None).wait())
 
 
 if __name__ == "__main__":  # python -m ...parallel_compile ARGS: background.start's process

@@ -53,7 +53,8 @@ def dequant_rows(kind, qs, qh, sc, d, m, luts, rows, out):
 def dequant_rows_of(kind, qs, qh, sc, d, m, luts, rows, out, isa):
     """dequant_rows, one row after another, compiled for the one kind the type of `isa` names (simd.isa_tag):
     the embedding lookup of a model's own kind (units.embedding_unit), a fraction of the compile of every
-    kind's decode. A matrix of another kind leaves out untouched."""
+    kind's decode. One thread: a prompt's rows take a millisecond or two, a decode step's one row less than
+    waking the others would. A matrix of another kind leaves out untouched."""
 
 
 @overload(dequant_rows_of, jit_options={"fastmath": True})

@@ -71,7 +71,8 @@ def embedding_unit(kind: int):
     lookup, compiled per kind a model has rather than for all of them."""
     unit = _embedding_units.get(kind)
     if unit is None:
-        tag = simd.isa_tag("portable", (kind,))
+        # simd.isa_tag's form (simd.kinds_of reads it), for any kind: F16 and BF16 embeddings too
+        tag = np.empty(0, np.dtype([("portable", np.uint8), (f"k{int(kind)}", np.uint8)]))
 
         def rows(kind, qs, qh, sc, d, m, luts, ids, out):
             dequant_rows_of(kind, qs, qh, sc, d, m, luts, ids, out, tag)
