@@ -122,7 +122,7 @@ def speculation_options(f):
                           "prompt or output; no second model). Fast where the answer repeats its input."),
         click.option("--draft-tokens", type=click.IntRange(1, 32), default=None,
                      help="Tokens proposed per step at most (default: 4 with a draft model, 8 with lookup); "
-                          "adapts to the acceptance rate below that."),
+                          "a draft adapts to its acceptance rate below that, lookup to how long its match is."),
     ]):
         f = opt(f)
     return f

@@ -69,14 +69,30 @@ def run_checked(llm, prompts, params):
 
 
 def test_lookup_finds_the_latest_longest_match():
-    assert lookup([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == [4, 5, 1]  # the latest [1, 2]
-    assert lookup([7, 1, 2, 3, 8, 2, 3], 2) == [8, 2]  # [2, 3] occurs before
-    assert lookup([1, 2, 3, 7, 9, 2, 3, 8, 1, 2, 3], 2) == [7, 9]  # [1, 2, 3] beats the later [2, 3]
-    assert lookup([5, 6, 7, 8], 4) == []  # nothing repeats
-    assert lookup([3, 5, 6, 3], 2) == []  # one token alone is no match (ngram_min 2)
-    assert lookup([3, 5, 6, 3], 2, ngram_min=1) == [5, 6]
-    assert lookup([4, 4, 4], 3) == [4]  # only what exists after the match
-    assert lookup([1, 2, 1], 0) == []
+    def raw(*a, **kw):
+        return lookup(*a, cautious=False, **kw)
+
+    assert raw([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == [4, 5, 1]  # the latest [1, 2]
+    assert raw([7, 1, 2, 3, 8, 2, 3], 2) == [8, 2]  # [2, 3] occurs before
+    assert raw([1, 2, 3, 7, 9, 2, 3, 8, 1, 2, 3], 2) == [7, 9]  # [1, 2, 3] beats the later [2, 3]
+    assert raw([5, 6, 7, 8], 4) == []  # nothing repeats
+    assert raw([3, 5, 6, 3], 2) == []  # one token alone is no match (ngram_min 2)
+    assert raw([3, 5, 6, 3], 2, ngram_min=1) == [5, 6]
+    assert raw([4, 4, 4], 3) == [4]  # only what exists after the match
+    assert raw([1, 2, 1], 0) == []
+
+
+def test_lookup_guesses_no_further_than_its_match_vouches_for():
+    # a 2-token match vouches for one token, a 3-token match for three, a longer one for all k
+    assert lookup([1, 2, 4, 5, 6, 7, 1, 2], 8) == [4]
+    assert lookup([1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3], 8) == [4, 5, 6]
+    assert lookup([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4], 8) == [5, 6, 7, 8, 9, 1, 2, 3]
+    assert lookup([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4], 2) == [5, 6]  # and never past k
+    # the suffix occurred twice: only as far as the two continuations agree, and at least one token
+    s = [1, 2, 3, 4, 5, 6, 7]
+    assert lookup(s + [9, 1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 4], 8) == [5, 6]  # ... 5 6 7 / ... 5 6 8
+    assert lookup(s + [9, 1, 2, 3, 4, 0, 1, 2, 3, 4], 8) == [0]  # ... 5 / ... 0: the latest, one token
+    assert lookup(s + [9, 1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3, 4], 8) == [5, 6, 7, 9, 1, 2, 3, 4]  # they agree
 
 
 @pytest.mark.parametrize("kind", ["lookup", "draft"])
