@@ -370,10 +370,15 @@ class Model:
         return self.kb.to_host(h)
 
     def logits(self, x) -> np.ndarray:
+        h = self.kb.empty(x.shape)
+        self.kb.rmsnorm(x, self.output_norm, np.float32(self.cfg.norm_eps), h)  # float32 eps: the step's own
+        return self.project(h)
+
+    def project(self, h, output=None) -> np.ndarray:
+        """Logits, on the host, of hidden states after the output norm (h, as `normed` gives them) through the
+        output matrix, or through `output`: some of its rows (a draft's head, speculative.py)."""
         kb, cfg = self.kb, self.cfg
-        h = kb.empty(x.shape)
-        kb.rmsnorm(x, self.output_norm, np.float32(cfg.norm_eps), h)  # float32 eps: the step's own rmsnorm
-        out = kb.matmul(self.output, h)
+        out = kb.matmul(self.output if output is None else output, h)
         if cfg.logit_scale:  # Granite: llama.cpp scales by the float32 1 / logit_scale
             kb.scale_(out, np.float32(1.0) / np.float32(cfg.logit_scale))
         if cfg.final_softcap > 0:

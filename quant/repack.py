@@ -79,6 +79,19 @@ class QTensor:
     def nbytes(self) -> int:
         return sum(getattr(self, f).nbytes for f in ARRAYS)
 
+    def rows(self, r0: int, r1: int) -> "QTensor":
+        """Rows [r0, r1) as a matrix of their own, viewing these arrays (no copy): each output row of a
+        matmul over it is the same row's over the whole matrix, bit for bit. An interleaved matrix's arrays
+        hold a group of eight rows per entry, so there r0 and r1 must be multiples of 8 (or r1 the end)."""
+        if not 0 <= r0 < r1 <= self.n_rows:
+            raise ValueError(f"rows [{r0}, {r1}) are not within the matrix's {self.n_rows}")
+        g = 8 if kinds.info(self.kind).interleaved else 1
+        if r0 % g or (r1 % g and r1 != self.n_rows):
+            raise ValueError(f"rows [{r0}, {r1}) of an interleaved matrix must start and end on a group of {g}")
+        a, b = r0 // g, -(-r1 // g)
+        return QTensor(self.ggml_type, self.kind, r1 - r0, self.n_cols,
+                       *(getattr(self, f)[a:b] for f in ARRAYS))
+
 
 CHUNK_BYTES = 8 * 2**20  # repack_rows works through a matrix this many source bytes at a time
 

@@ -105,6 +105,11 @@ def test_a_type_repacks_and_decodes_as_gguf_dequantizes(t):
             np.testing.assert_allclose(got, ref, rtol=2**-10, atol=0)
         else:
             np.testing.assert_array_equal(got, ref)
+        # a range of rows is a matrix of its own over the same arrays (a draft's head: speculative.draft_head)
+        for r0, r1 in ((0, 8), (8, n)):
+            np.testing.assert_array_equal(kb.dequantize(x.rows(r0, r1)), got[r0:r1])
+        with pytest.raises(ValueError, match="group of 8" if kinds.info(x.kind).interleaved else "within"):
+            x.rows(4, 8) if kinds.info(x.kind).interleaved else x.rows(8, n + 1)
 
 
 def test_the_decodes_are_generated_from_the_registry():

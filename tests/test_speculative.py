@@ -7,6 +7,7 @@ from gguf.constants import GGMLQuantizationType as T
 
 from edgeinfer import LLM, SamplingParams
 from edgeinfer.config import EngineConfig
+from edgeinfer.engine import speculative
 from edgeinfer.engine.speculative import Speculation, SpeculationError, lookup, verify
 from edgeinfer.sampling import Sampler
 from tiny_models import write_tiny_llama
@@ -39,6 +40,21 @@ def with_lookup(tiny_llama_path):
 @pytest.fixture(scope="module")
 def with_draft(tiny_llama_path, draft_path):
     return LLM(str(tiny_llama_path), engine_config=EngineConfig(**CFG), progress=False, draft=str(draft_path))
+
+
+@pytest.fixture(scope="module")
+def with_draft_head(tiny_llama_path, draft_path):
+    """A draft whose logits come from the first 64 ids of the vocabulary and its end-of-text tokens alone (as a
+    draft of a large vocabulary's: speculative.draft_head)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(speculative, "HEAD_TOKENS", 64)
+        return LLM(str(tiny_llama_path), engine_config=EngineConfig(**CFG), progress=False, draft=str(draft_path))
+
+
+@pytest.fixture
+def speculating(request, with_lookup, with_draft, with_draft_head):
+    """The LLM of a test's `kind`: lookup, draft, draft-head."""
+    return {"lookup": with_lookup, "draft": with_draft, "draft-head": with_draft_head}[request.node.callspec.params["kind"]]
 
 
 def check_blocks(llm):
@@ -95,9 +111,12 @@ def test_lookup_guesses_no_further_than_its_match_vouches_for():
     assert lookup(s + [9, 1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3, 4], 8) == [5, 6, 7, 9, 1, 2, 3, 4]  # they agree
 
 
-@pytest.mark.parametrize("kind", ["lookup", "draft"])
-def test_greedy_output_is_token_for_token_the_same(kind, plain, with_lookup, with_draft):
-    spec = with_lookup if kind == "lookup" else with_draft
+KINDS = ["lookup", "draft", "draft-head"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_output_is_token_for_token_the_same(kind, plain, speculating):
+    spec = speculating
     want = [c.token_ids for c in plain.generate(PROMPTS, GREEDY)]
     before = spec.stats()
     got = run_checked(spec, PROMPTS, GREEDY)
@@ -106,14 +125,14 @@ def test_greedy_output_is_token_for_token_the_same(kind, plain, with_lookup, wit
     proposed = after["spec_proposed_tokens"] - before["spec_proposed_tokens"]
     accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
     assert proposed > 0 and 0 < accepted < proposed  # it did speculate, and both outcomes happened
-    assert after["spec_method"] == kind
+    assert after["spec_method"] == kind.split("-")[0]
 
 
-@pytest.mark.parametrize("kind", ["lookup", "draft"])
-def test_speculating_sequences_share_steps_with_prefill_and_penalties(kind, plain, with_lookup, with_draft):
+@pytest.mark.parametrize("kind", KINDS)
+def test_speculating_sequences_share_steps_with_prefill_and_penalties(kind, plain, speculating):
     """Requests arriving while others decode (prompt chunks beside verification), with a repetition
     penalty and stop strings: still the same output."""
-    spec = with_lookup if kind == "lookup" else with_draft
+    spec = speculating
     params = [SamplingParams(temperature=0, max_tokens=30, repetition_penalty=1.3),
               SamplingParams(temperature=0, max_tokens=25, stop=["hen"], ignore_eos=True)]
 
@@ -157,9 +176,9 @@ def test_prefix_cache_with_a_draft(with_draft, plain):
     assert with_draft.stats()["prefix_cache_hits"] - before == 8  # all 8 full prompt blocks came from the cache
 
 
-@pytest.mark.parametrize("kind", ["lookup", "draft"])
-def test_constrained_sequences_speculate_within_the_grammar(kind, plain, with_lookup, with_draft):
-    spec = with_lookup if kind == "lookup" else with_draft
+@pytest.mark.parametrize("kind", KINDS)
+def test_constrained_sequences_speculate_within_the_grammar(kind, plain, speculating):
+    spec = speculating
     params = SamplingParams(temperature=0, max_tokens=40, regex=r"(the hen ){2,6}(sat|ran)\.")
     want = plain.generate(PROMPTS[:3], params)
     got = spec.generate(PROMPTS[:3], params)
@@ -167,6 +186,24 @@ def test_constrained_sequences_speculate_within_the_grammar(kind, plain, with_lo
     for c in got:
         assert c.finish_reason == "stop"
     assert spec.stats()["guide_errors"] == 0
+
+
+def test_a_draft_computes_the_logits_of_its_head_alone(with_draft_head):
+    """The head: ids [0, n) and the group of eight holding each end-of-text id past them (a group touching the
+    first span joins it); its logits are the whole matrix's in those columns, bit for bit."""
+    prop = with_draft_head.engine.proposer
+    model = prop.runner.model
+    vocab = model.output.shape[0]
+    assert [(r0, r1) for r0, r1, _ in prop.head] == [(0, 64)]  # the tiny vocabulary's end-of-text ids are 0-2
+    head = speculative.draft_head(model, {2, 70, 150, 151, vocab - 1}, 64)
+    assert [(r0, r1) for r0, r1, _ in head] == [(0, 72), (144, 152), ((vocab - 1) // 8 * 8, vocab)]
+    assert speculative.draft_head(model, {2}, vocab // 2 + 1) is None  # leaving out less than half: the whole
+    runner = prop.runner.scratch(12)
+    ids = with_draft_head.tokenize("the hen sat on", add_bos=None)
+    full = runner.prefix(ids, np.arange(len(ids)))
+    h = runner.prefix(ids, np.arange(len(ids)), hidden=True)
+    for r0, r1, rows in head:
+        np.testing.assert_array_equal(model.project(h, rows), full[:, r0:r1])
 
 
 def test_logprobs_come_with_every_accepted_token(with_lookup, plain):

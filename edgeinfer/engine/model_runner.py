@@ -138,9 +138,10 @@ class ModelRunner:
         logits = self.forward(batch) if len(batch.token_ids) else np.zeros((0, 0), np.float32)
         return logits, sampling
 
-    def run_pieces(self, pieces: list[Piece]) -> np.ndarray:
-        """The logits of pieces of sequences whose block tables address this runner's cache."""
-        return self.forward(make_batch(pieces, self.block_size, self.window))
+    def run_pieces(self, pieces: list[Piece], hidden: bool = False) -> np.ndarray:
+        """The logits (hidden: the final hidden states) of pieces of sequences whose block tables address this
+        runner's cache."""
+        return self.forward(make_batch(pieces, self.block_size, self.window), hidden)
 
     def forward(self, batch: Batch, hidden: bool = False) -> np.ndarray:
         self.num_forward_tokens += len(batch.token_ids)

@@ -167,8 +167,38 @@ def lookup(token_ids, k: int, ngram_max: int = 6, ngram_min: int = 2, cautious: 
     return []
 
 
+# A draft's output matrix is the largest part of what a small draft reads a token (Qwen2.5-Coder 0.5B: 145 of
+# 392 MB, its 151,936-token vocabulary by 896), yet the tokens it guesses right are nearly all common ones.
+# Byte-level BPE and SentencePiece vocabularies number their tokens roughly by frequency (the merges' or the
+# scores' order; of the 1.5B's greedy output on the built-in code prompts 96.7% are among the first 32,768
+# ids), so a draft computes the logits of the first HEAD_TOKENS ids and of its end-of-text tokens alone, as
+# FR-Spec (Zhao et al. 2025) does with counted frequencies: a token past them is never guessed, only
+# replaced by the target's own, so the output stays the target's. The 1.5B with the 0.5B draft (2-core Zen 4):
+# a draft token 9.0 ms against 11.7, 87% of proposals accepted against 91%, decode 41.8 against 40.4 tok/s.
+HEAD_TOKENS = 32768
+
+
+def draft_head(model, stop_ids, n: int = HEAD_TOKENS) -> list | None:
+    """The rows of a draft model's output matrix its logits are computed from: [(r0, r1, those rows)] for ids
+    [0, n) and the groups of eight holding its end-of-text ids (None: the whole matrix, where n would not
+    leave out at least half of it)."""
+    w = model.output
+    vocab = w.shape[0]
+    if n <= 0 or 2 * n > vocab:
+        return None
+    n = -(-n // 8) * 8
+    spans = []
+    for r0, r1 in sorted([(0, n)] + [(s // 8 * 8, min(vocab, s // 8 * 8 + 8)) for s in stop_ids if n <= s < vocab]):
+        if spans and r0 <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(r1, spans[-1][1]))
+        else:
+            spans.append((r0, r1))
+    return [(r0, r1, w[r0:r1] if isinstance(w, np.ndarray) else w.rows(r0, r1)) for r0, r1 in spans]
+
+
 class DraftProposer:
-    """A draft model proposing k tokens per round, over a KV cache laid out like the target's."""
+    """A draft model proposing k tokens per round, over a KV cache laid out like the target's, its logits from
+    the head of its vocabulary (draft_head)."""
 
     kind = "draft"
     cheap = False
@@ -179,6 +209,7 @@ class DraftProposer:
         self.max_tokens = max_tokens
         # the draft's own KV cache (and a hybrid draft's state, in the target's slots)
         self.runner = ModelRunner(model, n_blocks, block_size, kv_dtype, n_state_slots=n_state_slots)
+        self.head = draft_head(model, tokenizer.stop_ids, HEAD_TOKENS)
 
     def plan(self, seq, k: int) -> int:
         return k  # the tokens are drafted after the blocks are allocated (propose)
@@ -217,7 +248,14 @@ class DraftProposer:
                 seq.guide.rollback(len(seq.spec.tokens))
 
     def _forward(self, pieces) -> np.ndarray:
-        return self.runner.run_pieces(pieces)
+        if self.head is None:
+            return self.runner.run_pieces(pieces)
+        model = self.runner.model
+        h = self.runner.run_pieces(pieces, hidden=True)
+        logits = np.full((h.shape[0], model.output.shape[0]), -np.inf, np.float32)
+        for r0, r1, rows in self.head:
+            logits[:, r0:r1] = model.project(h, rows)
+        return logits
 
     def _draft_one(self, seq, logits: np.ndarray) -> bool:
         """Draft one token from a logits row; False when the sequence should draft no further."""
@@ -226,6 +264,8 @@ class DraftProposer:
         sampler = st.draft_sampler
         if seq.guide is not None:
             seq.guide.apply(logits)
+            if self.head is not None and logits.max() == -np.inf:
+                return False  # the constraint allows no token of the draft's head
         if sampler.params.greedy:
             tid, q = sampler.greedy(logits, seq.prompt_ids, hist), None
         else:
