@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.kernels import kinds
-from edgeinfer.kernels.cpu import backend, calls, parallel_compile, units
+from edgeinfer.kernels.cpu import backend, background, calls, parallel_compile, units
 
 # a fresh process: 4 greedy tokens from a model; prints the tokens, the functions it compiled itself and
 # whether the compiled step ran
@@ -107,6 +107,29 @@ def test_a_model_runs_per_op_until_the_step_is_ready(tiny_llama_path, monkeypatc
     stack = llm.model.stack
     monkeypatch.setattr(stack, "run", lambda *a, **k: pytest.fail("the step ran before it was ready"))
     assert llm.generate([1, 2, 3], p)[0].token_ids == want
+
+
+def test_a_background_compile_that_ends_without_its_jobs_leaves_them_to_first_use(monkeypatch):
+    """The step waits for the background compile while it runs and the cache lacks a job; a background process
+    that ends without them (killed, out of memory) leaves them to be compiled at first use, as with no
+    background at all, never waited on again; every job in the cache is done while it still runs."""
+    monkeypatch.setattr(background, "_POLL_S", 0.0)
+    cached = set()
+    procs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+             for _ in range(2)]
+    try:
+        later = background.Later(["a", "b"], procs[0], cached.__contains__)
+        assert not later.done()
+        cached.add("a")
+        assert not later.done()
+        procs[0].stdin.close()
+        procs[0].wait(30)
+        assert later.done() and "b" not in cached
+        assert background.Later(["a"], procs[1], cached.__contains__).done() and procs[1].poll() is None
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(30)
 
 
 # in a process of the fresh cache's: wait until the cache holds every job the first run left for later (each

@@ -144,11 +144,6 @@ def step_ready() -> bool:
     return background.done()
 
 
-def wait_step(timeout: float | None = None) -> bool:
-    """Block until `step_ready` (at most `timeout` seconds); whether it is."""
-    return background.wait(timeout)
-
-
 def show_compile_progress(stream=None) -> None:
     """From now on, a status line on stderr (or `stream`) whenever kernels compile (a first run, or a new
     model's weight types; later runs load them from Numba's cache). Idempotent."""

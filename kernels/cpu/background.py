@@ -35,7 +35,7 @@ def enabled() -> bool:
 class Later:
     """The jobs a process left to a background compile, and whether they are done."""
 
-    def __init__(self, jobs: list, proc: subprocess.Popen | None, is_cached):
+    def __init__(self, jobs: list, proc: subprocess.Popen, is_cached):
         self.jobs = jobs
         self.proc = proc
         self.is_cached = is_cached  # job -> whether the cache holds it (parallel_compile.is_cached)
@@ -53,17 +53,8 @@ class Later:
             if self._done or now - self._checked < _POLL_S:
                 return self._done
             self._checked = now
-            self._done = (self.proc is not None and self.proc.poll() is not None) or all(map(self.is_cached, self.jobs))
+            self._done = self.proc.poll() is not None or all(map(self.is_cached, self.jobs))
             return self._done
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until `done` (or `timeout` seconds); whether it is."""
-        end = None if timeout is None else time.monotonic() + timeout
-        while not self.done():
-            if end is not None and time.monotonic() > end:
-                return False
-            time.sleep(0.2)
-        return True
 
 
 _later: list[Later] = []
@@ -73,14 +64,12 @@ def start(module: str, args: dict, jobs: list, is_cached) -> Later:
     """Compile `jobs` in a detached process at the lowest priority, `python -m module ARGS` (`args` as JSON:
     parallel_compile's entry point, which plans them again from args and runs `compile_later`); a Later to
     ask whether they are done (is_cached: job -> whether the cache holds it)."""
-    proc = None
-    if jobs:
-        # a process group of its own (Ctrl-C in the terminal stops this process, not that one), in this
-        # session: where the kernel groups processes by session for scheduling (autogroup), a new session's
-        # would compete with this one as an equal, nice or not
-        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
-        proc = subprocess.Popen([sys.executable, "-m", module, json.dumps(args)], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True, **group)
+    # a process group of its own (Ctrl-C in the terminal stops this process, not that one), in this session:
+    # where the kernel groups processes by session for scheduling (autogroup), a new session's would compete
+    # with this one as an equal, nice or not
+    group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+    proc = subprocess.Popen([sys.executable, "-m", module, json.dumps(args)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True, **group)
     later = Later(jobs, proc, is_cached)
     _later.append(later)
     return later
@@ -89,12 +78,6 @@ def start(module: str, args: dict, jobs: list, is_cached) -> Later:
 def done() -> bool:
     """Whether every background compile this process started is done (the compiled step may run)."""
     return all(x.done() for x in _later)
-
-
-def wait(timeout: float | None = None) -> bool:
-    """Block until every background compile this process started is done; whether they are."""
-    end = None if timeout is None else time.monotonic() + timeout
-    return all(x.wait(None if end is None else max(0.0, end - time.monotonic())) for x in list(_later))
 
 
 def compile_later(folder: str, jobs_missing, run) -> None:
