@@ -108,7 +108,7 @@ def test_lookup_guesses_no_further_than_its_match_vouches_for():
     s = [1, 2, 3, 4, 5, 6, 7]
     assert lookup(s + [9, 1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 4], 8) == [5, 6]  # ... 5 6 7 / ... 5 6 8
     assert lookup(s + [9, 1, 2, 3, 4, 0, 1, 2, 3, 4], 8) == [0]  # ... 5 / ... 0: the latest, one token
-    assert lookup(s + [9, 1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3, 4], 8) == [5, 6, 7, 9, 1, 2, 3, 4]  # they agree
+    assert lookup([1, 2, 3, 4, 5, 6, 0] * 3 + [1, 2, 3, 4, 5, 6], 3) == [0, 1, 2]  # two earlier, agreeing
 
 
 KINDS = ["lookup", "draft", "draft-head"]
@@ -186,6 +186,15 @@ def test_constrained_sequences_speculate_within_the_grammar(kind, plain, specula
     for c in got:
         assert c.finish_reason == "stop"
     assert spec.stats()["guide_errors"] == 0
+
+
+def test_a_draft_whose_head_the_grammar_rules_out_keeps_no_blocks_for_it(with_draft_head, plain):
+    """Where the grammar allows no token of the draft's head (the tiny vocabulary's letters are ids past 64),
+    the draft proposes nothing: the blocks taken for its proposals go back in that step, and the output is
+    plain decoding's."""
+    params = SamplingParams(temperature=0, max_tokens=40, regex=r"(the hen ){2,6}(sat|ran)\.")
+    want = [c.token_ids for c in plain.generate(PROMPTS[:3], params)]
+    assert run_checked(with_draft_head, PROMPTS[:3], params) == want
 
 
 def test_a_draft_computes_the_logits_of_its_head_alone(with_draft_head):

@@ -260,8 +260,9 @@ class LLMEngine:
     # -- speculative decoding ----------------------------------------------------------------------
 
     def _plan_spec(self, seq: Sequence, room: int) -> int:
-        """How many tokens to propose for a decoding sequence (the scheduler asks): its adaptive k, within
-        the step's room, its max_tokens (the target adds one of its own) and the context."""
+        """How many tokens to propose for a decoding sequence (the scheduler asks): its k (a draft's adapts to
+        its acceptance), within the step's room, its max_tokens (the target adds one of its own) and the
+        context; the proposer may propose fewer (lookup: what its match vouches for)."""
         if not self.speculate:
             return 0
         k = min(seq.spec.k, room, seq.params.max_tokens - len(seq.output_ids) - 1, self.max_context - seq.num_tokens)
@@ -277,6 +278,8 @@ class LLMEngine:
             if k and len(seq.spec.tokens) < k:
                 sched.num_tokens[i] -= k - len(seq.spec.tokens)
                 sched.num_spec[i] = len(seq.spec.tokens)
+                if not seq.spec.tokens:  # nothing to verify (no rollback trims them): the proposals' blocks back
+                    self.block_manager.trim(seq, seq.num_computed_tokens + sched.num_tokens[i])
 
     def caches(self) -> list:
         """The KV caches (and recurrent state) the sequences' slots address: the target's, and a draft's."""

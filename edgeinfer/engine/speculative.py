@@ -186,7 +186,7 @@ def draft_head(model, stop_ids, n: int = HEAD_TOKENS) -> list | None:
     vocab = w.shape[0]
     if n <= 0 or 2 * n > vocab:
         return None
-    n = -(-n // 8) * 8
+    n = min(vocab, -(-n // 8) * 8)
     spans = []
     for r0, r1 in sorted([(0, n)] + [(s // 8 * 8, min(vocab, s // 8 * 8 + 8)) for s in stop_ids if n <= s < vocab]):
         if spans and r0 <= spans[-1][1]:
