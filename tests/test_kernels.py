@@ -7,6 +7,7 @@ import gguf
 import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from numba import njit
 
 from edgeinfer.kernels import get_backend, kinds
 from edgeinfer.kernels.cpu import attention, ops, simd
@@ -592,6 +593,55 @@ def test_paged_attention_reads_through_block_tables(window, d, sinks):
                               window, np.float32(0.0), sk, out)
     ref = _attention_reference(q, k, v, positions, 0.35, window, sk if sinks else None)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)  # online softmax in float32
+
+
+@njit(cache=False)
+def _transpose8(a, out):
+    c = simd.transpose8(simd.loadf8(a, 0), simd.loadf8(a, 8), simd.loadf8(a, 16), simd.loadf8(a, 24),
+                        simd.loadf8(a, 32), simd.loadf8(a, 40), simd.loadf8(a, 48), simd.loadf8(a, 56))
+    for i in range(8):
+        simd.storef8(out, 8 * i, c[i])
+
+
+def test_transpose8_moves_values_exactly():
+    a = np.random.default_rng(3).standard_normal(64).astype(np.float32)
+    a[5], a[17], a[40] = -0.0, np.inf, np.nan
+    out = np.zeros(64, np.float32)
+    _transpose8(a, out)
+    assert np.array_equal(out.view(np.uint32), a.reshape(8, 8).T.ravel().view(np.uint32))
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16", "q8_0"])
+def test_paged_attention_decode_rows_with_a_window_starting_inside_eight_keys(kv):
+    """A decode row whose window starts and ends inside a group of eight keys (the tile takes eight keys' rows
+    at once, repeating a key inside the window for those outside): the reference's values, and the same bits
+    as that row computed in a batch beside other tokens of its sequence."""
+    rng = np.random.default_rng(11)
+    seq_len, h, kvh, d, bs, window = 45, 8, 2, 64, 4, 7
+    k = rng.standard_normal((seq_len, kvh, d)).astype(np.float32)
+    v = rng.standard_normal((seq_len, kvh, d)).astype(np.float32)
+    blocks = rng.permutation(16)[: -(-seq_len // bs)]
+    slots = (blocks[np.arange(seq_len) // bs] * bs + np.arange(seq_len) % bs).astype(np.int64)
+    width, dt = {"f32": (d, np.float32), "f16": (d, np.uint16), "q8_0": (d * 17 // 16, np.int8)}[kv]
+    kc, vc = np.zeros((16 * bs, kvh, width), dt), np.zeros((16 * bs, kvh, width), dt)
+    kin, vin = (k, v) if kv != "f16" else (k.astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16))
+    ops.write_kv(kin, vin, slots, kc, vc)
+    table = blocks.astype(np.int32)[None]
+    q = rng.standard_normal((3, h, d)).astype(np.float32)
+    positions = np.array([29, 37, 44])  # windows from key 23, 31 and 38
+
+    def attend(rows):
+        out = np.zeros((len(rows), h, d), np.float32)
+        attention.paged_attention(q[rows], kc, vc, np.zeros(len(rows), np.int64), positions[rows], table, bs,
+                                  np.float32(0.125), window, np.float32(0.0), np.zeros(0, np.float32), out)
+        return out
+
+    batch = attend([0, 1, 2])
+    for i in range(3):
+        assert np.array_equal(attend([i])[0].view(np.uint32), batch[i].view(np.uint32))
+    if kv != "q8_0":
+        k16, v16 = (k, v) if kv == "f32" else (k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32))
+        np.testing.assert_allclose(batch, _attention_reference(q, k16, v16, positions, 0.125, window), rtol=1e-4, atol=1e-5)
 
 
 def test_activations():

@@ -3,7 +3,8 @@
 A task is a tile of queries: up to Q_TOKENS consecutive tokens of one sequence times the query heads
 of one KV head (GQA: the heads sharing a K/V head share every K/V load). It walks the keys in tiles of
 KEYS positions aligned to multiples of KEYS, read through the block table (any cache block size). Each
-key tile is transposed once into a scratch (head_dim, KEYS) array, then every query row of the task
+key tile is transposed once into a scratch (head_dim, KEYS) array (eight keys' rows at a time, as 8 x 8
+blocks transposed in registers, for float and q8_0 caches), then every query row of the task
 takes its scores against it (two f32x8 accumulators per row, one FMA per dimension), a running maximum
 and sum (online softmax), and its P . V contribution.
 
@@ -24,7 +25,7 @@ from numba.extending import overload
 
 from . import kv_blocks, kv_rotation, simd
 from .halves import bf16_to_f32, f32_to_bf16_bits
-from .ops import (F16_TO_F32, f32_to_f16_bits, kv_key_to_tile, kv_load, kv_quantized, kv_tiled, kv_value8,
+from .ops import (F16_TO_F32, f32_to_f16_bits, kv_keys_to_tile, kv_load, kv_quantized, kv_tiled, kv_value8,
                   kv_value_to_tile, quantized_rows)
 
 KEYS = 16  # key positions per tile: two f32x8 score vectors per query row
@@ -164,6 +165,7 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
     tmp8 = np.zeros(max(D, 8), np.float32)  # a key row's values on their way into the tile
     vt = np.zeros(KEYS * Dv if kv_tiled(v_cache) else 0, np.float32)  # the tile's values, dequantized (kv_tiled)
     vbase = np.zeros(KEYS, np.int64)  # flat index of the start of each key's V row in v_cache
+    kslot = np.zeros(KEYS, np.int64)  # each key's cache slot
     p = np.empty(KEYS, np.float32)
     m = np.full(R, -np.inf, np.float32)
     l = np.zeros(R, np.float32)
@@ -177,8 +179,9 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
             pos = kb + j
             slot = block_tables[row, pos // block_size] * block_size + pos % block_size
             vbase[j] = (slot * KVH + g) * row_len
-            kv_key_to_tile(kt, tmp8, k_cache, slot, g, D, j, KEYS)
+            kslot[j] = slot
             kv_value_to_tile(vt, j * Dv, v_cache, slot, g)
+        kv_keys_to_tile(kt, tmp8, k_cache, kslot, g, D, j0, j1, KEYS)
         _scores(q, kt, sc, t0, g, group, R, D, scale)
         for r in range(R):
             t = t0 + r // group

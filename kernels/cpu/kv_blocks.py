@@ -13,7 +13,7 @@ float(q) * d (+ m for the _1 types), iq4_nl's grid value times d, a block at a t
 attention tiles, and for kv_load's one value).
 
 `row_reader(name)`, `loader(name)` and `writer(name)` give a format's compiled functions; ops.py's KV overloads
-(kv_load, kv_key_to_tile, kv_value_to_tile, kv_put_head) dispatch to them by the array's record name.
+(kv_load, kv_keys_to_tile, kv_value_to_tile, kv_put_head) dispatch to them by the array's record name.
 """
 
 import math

@@ -134,29 +134,54 @@ def _kv_key8(cache, row, d):
     return impl
 
 
-def kv_key_to_tile(kt, tmp, cache, slot, g, D, j, stride):
-    """kt[d * stride + j] = key d of cache[slot, g] as float32, d < D (a multiple of 8): eight at a time
-    through tmp (D values at least), then spread to their strided places (kv_blocks' formats: the row at once)."""
+def kv_keys_to_tile(kt, tmp, cache, slots, g, D, j0, j1, stride):
+    """kt[d * stride + j] = key d of cache[slots[j], g] as float32 for the keys j in [j0, j1) of a tile, d < D
+    (a multiple of 8). Float and q8_0 rows: eight keys at a time, each 8 x 8 block of values transposed in
+    registers (simd.transpose8), a key of the eight outside [j0, j1) standing in for by the nearest inside
+    (columns the caller masks); kv_blocks' formats: a key's row at a time, read whole into tmp (D values at
+    least), then spread to its strided places."""
 
 
-@overload(kv_key_to_tile, inline="always")
-def _kv_key_to_tile(kt, tmp, cache, slot, g, D, j, stride):
+@overload(kv_keys_to_tile, inline="always")
+def _kv_keys_to_tile(kt, tmp, cache, slots, g, D, j0, j1, stride):
     if name := kv_blocks.record_name(cache.dtype):
         read_row = kv_blocks.row_reader(name)
 
-        def impl(kt, tmp, cache, slot, g, D, j, stride):  # (tmp holds D values here)
-            read_row(cache, slot, g, D, tmp, 0)
-            for d in range(D):
-                kt[d * stride + j] = tmp[d]
+        def impl(kt, tmp, cache, slots, g, D, j0, j1, stride):
+            for j in range(j0, j1):
+                read_row(cache, slots[j], g, D, tmp, 0)
+                for d in range(D):
+                    kt[d * stride + j] = tmp[d]
         return impl
 
-    def impl(kt, tmp, cache, slot, g, D, j, stride):
-        row = (slot * cache.shape[1] + g) * cache.shape[2]
-        for d in range(0, D, 8):
-            simd.storef8(tmp, 0, kv_key8(cache, row, d))
-            for e in range(8):
-                kt[(d + e) * stride + j] = tmp[e]
+    def impl(kt, tmp, cache, slots, g, D, j0, j1, stride):
+        n = cache.shape[1] * cache.shape[2]  # flat elements per slot
+        o = g * cache.shape[2]
+        for jg in range(j0 // 8 * 8, j1, 8):
+            r0, r1 = _key_row(slots, jg, j0, j1, n, o), _key_row(slots, jg + 1, j0, j1, n, o)
+            r2, r3 = _key_row(slots, jg + 2, j0, j1, n, o), _key_row(slots, jg + 3, j0, j1, n, o)
+            r4, r5 = _key_row(slots, jg + 4, j0, j1, n, o), _key_row(slots, jg + 5, j0, j1, n, o)
+            r6, r7 = _key_row(slots, jg + 6, j0, j1, n, o), _key_row(slots, jg + 7, j0, j1, n, o)
+            for d in range(0, D, 8):
+                c0, c1, c2, c3, c4, c5, c6, c7 = simd.transpose8(
+                    kv_key8(cache, r0, d), kv_key8(cache, r1, d), kv_key8(cache, r2, d), kv_key8(cache, r3, d),
+                    kv_key8(cache, r4, d), kv_key8(cache, r5, d), kv_key8(cache, r6, d), kv_key8(cache, r7, d))
+                at = d * stride + jg
+                simd.storef8(kt, at, c0)
+                simd.storef8(kt, at + stride, c1)
+                simd.storef8(kt, at + 2 * stride, c2)
+                simd.storef8(kt, at + 3 * stride, c3)
+                simd.storef8(kt, at + 4 * stride, c4)
+                simd.storef8(kt, at + 5 * stride, c5)
+                simd.storef8(kt, at + 6 * stride, c6)
+                simd.storef8(kt, at + 7 * stride, c7)
     return impl
+
+
+@njit(inline="always", cache=True)
+def _key_row(slots, j, j0, j1, n, o):
+    # the flat index of key j's row (a key outside [j0, j1): the nearest inside)
+    return slots[min(max(j, j0), j1 - 1)] * n + o
 
 
 def kv_put_head(cache, slot, g, x, t, n):

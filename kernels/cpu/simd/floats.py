@@ -183,6 +183,35 @@ def min8(typingctx, a, b):
 
 
 @intrinsic
+def transpose8(typingctx, v0, v1, v2, v3, v4, v5, v6, v7):
+    """The 8 x 8 matrix whose rows are v0 .. v7 (f32x8), transposed: a tuple of its eight columns, column i
+    (v0[i], v1[i], ..., v7[i]). Three rounds of two-input lane shuffles (pairs of rows interleaved, then pairs of
+    pairs, then the two 128-bit halves exchanged), the moves of AVX's 8 x 8 transpose; values are only moved."""
+    if any(v != f32x8 for v in (v0, v1, v2, v3, v4, v5, v6, v7)):
+        return None
+    ret = types.UniTuple(f32x8, 8)
+
+    def codegen(context, builder, signature, args):
+        def sh(a, b, lanes):
+            return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 8), lanes))
+
+        lo = [sh(args[2 * i], args[2 * i + 1], [0, 8, 1, 9, 4, 12, 5, 13]) for i in range(4)]  # a0 b0 a1 b1 a4 b4 a5 b5
+        hi = [sh(args[2 * i], args[2 * i + 1], [2, 10, 3, 11, 6, 14, 7, 15]) for i in range(4)]  # a2 b2 a3 b3 ...
+        quads = {}  # (rows 0-3 or 4-7, column c): that column's and column c + 4's four values of those rows
+        for half in range(2):
+            for c, (src, first) in enumerate(((lo, True), (lo, False), (hi, True), (hi, False))):
+                lanes = [0, 1, 8, 9, 4, 5, 12, 13] if first else [2, 3, 10, 11, 6, 7, 14, 15]
+                quads[half, c] = sh(src[2 * half], src[2 * half + 1], lanes)
+        cols = [None] * 8
+        for c in range(4):
+            cols[c] = sh(quads[0, c], quads[1, c], [0, 1, 2, 3, 8, 9, 10, 11])
+            cols[c + 4] = sh(quads[0, c], quads[1, c], [4, 5, 6, 7, 12, 13, 14, 15])
+        return context.make_tuple(builder, ret, cols)
+
+    return ret(f32x8, f32x8, f32x8, f32x8, f32x8, f32x8, f32x8, f32x8), codegen
+
+
+@intrinsic
 def hmax8(typingctx, a):
     """The largest lane of an f32x8 -> float32."""
     def codegen(context, builder, signature, args):
