@@ -1,6 +1,6 @@
 """How close decode is to what the memory allows: this machine's read bandwidth, each model's weight bytes
-per decode token, and the matmuls of one step (every layer's and the output's, in order, read from DRAM)
-for 1 to 8 tokens.
+per decode token, and the matmuls of one step (every layer's, a mixture of experts' k chosen experts', and
+the output's, in order, read from DRAM) for 1 to 8 tokens.
 
 A decode step reads every weight once, so bytes per token / read bandwidth is the fastest decode can be
 (the "ceiling"); the matmul pass at 1 token against it says how much of the step the kernels' arithmetic
@@ -61,14 +61,24 @@ def read_bandwidth(threads: int, nbytes: int = 2**30, repeats: int = 7) -> float
     return nbytes / statistics.median(times) / 1e9
 
 
-def step_matrices(model) -> list[tuple[str, object]]:
-    """(name, matrix) of every weight matrix a decode step reads, in the order it reads them."""
+def step_matrices(model, seed: int = 0) -> list[tuple[str, object]]:
+    """(name, matrix) of every weight matrix a decode step reads, in the order it reads them: each layer's
+    attention or recurrent mixer's projections, its FFN (a mixture-of-experts layer's: the experts one token
+    picks, k of them drawn at random, seeded), then the output matrix."""
+    from edgeinfer.kernels.cpu.parts import attention, deltanet, ffn, mamba2, per_layer, shortconv
+
+    rng = np.random.default_rng(seed)
     out = []
     for i, lw in enumerate(model.layers):
-        for f in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
-            w = getattr(lw, f)
-            if w is not None:
-                out.append((f"{f}.{i}", w))
+        for part in (attention, shortconv, deltanet, mamba2, ffn, per_layer):
+            for f in part.MATS:
+                w = getattr(lw, f, None)
+                if w is not None and hasattr(w, "nbytes"):
+                    out.append((f"{f}.{i}", w))
+            if part is ffn and getattr(lw, "exp_gate", None):
+                k = int(model.cfg.n_expert_used)
+                for e in sorted(rng.choice(len(lw.exp_gate), k, replace=False)):
+                    out += [(f"exp_{f}.{i}.{e}", getattr(lw, f"exp_{f}")[e]) for f in ("gate", "up", "down")]
     out.append(("output", model.output))
     return out
 
