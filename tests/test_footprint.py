@@ -57,9 +57,9 @@ def test_q8_0_kv_rows_are_ggml_q8_0_blocks_and_attention_reads_them_exactly():
     args = (np.zeros(t, np.int64), np.arange(n - t, n), np.arange(n // 16, dtype=np.int32)[None], 16,
             np.float32(0.125), 0, np.float32(0.0), np.zeros(0, np.float32))
     got, want = np.zeros((t, h, d), np.float32), np.zeros((t, h, d), np.float32)
-    attention.paged_attention(q, kc, vc, *args, got)
+    attention.paged_attention(q, kc, vc, *args, got, 2)
     qv = attention.q8_values(kv_rotation.rotated(q, 64))
-    attention.paged_attention(qv, kd, vd, *args, want)
+    attention.paged_attention(qv, kd, vd, *args, want, 2)
     np.testing.assert_array_equal(got, kv_rotation.rotated(want, 64))
     qv = attention.q8_values(q)
     # those values are gguf's q8_0 blocks of the queries, but rounded half to even (x * 127 / amax), as ggml's

@@ -590,7 +590,7 @@ def test_paged_attention_reads_through_block_tables(window, d, sinks):
     table[1, : len(blocks)] = blocks
     sk = np.array([2.5, -30.0, 0.3, -1.0], np.float32) if sinks else np.zeros(0, np.float32)
     attention.paged_attention(q, kc, vc, np.ones(len(positions), np.int64), positions, table, bs, np.float32(0.35),
-                              window, np.float32(0.0), sk, out)
+                              window, np.float32(0.0), sk, out, 2)
     ref = _attention_reference(q, k, v, positions, 0.35, window, sk if sinks else None)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)  # online softmax in float32
 
@@ -615,7 +615,8 @@ def test_transpose8_moves_values_exactly():
 def test_paged_attention_decode_rows_with_a_window_starting_inside_eight_keys(kv):
     """A decode row whose window starts and ends inside a group of eight keys (the tile takes eight keys' rows
     at once, repeating a key inside the window for those outside): the reference's values, and the same bits
-    as that row computed in a batch beside other tokens of its sequence."""
+    as that row computed in a batch beside other tokens of its sequence, and with its KV heads' query heads split
+    between tasks (more threads than KV heads)."""
     rng = np.random.default_rng(11)
     seq_len, h, kvh, d, bs, window = 45, 8, 2, 64, 4, 7
     k = rng.standard_normal((seq_len, kvh, d)).astype(np.float32)
@@ -630,15 +631,16 @@ def test_paged_attention_decode_rows_with_a_window_starting_inside_eight_keys(kv
     q = rng.standard_normal((3, h, d)).astype(np.float32)
     positions = np.array([29, 37, 44])  # windows from key 23, 31 and 38
 
-    def attend(rows):
+    def attend(rows, threads):
         out = np.zeros((len(rows), h, d), np.float32)
         attention.paged_attention(q[rows], kc, vc, np.zeros(len(rows), np.int64), positions[rows], table, bs,
-                                  np.float32(0.125), window, np.float32(0.0), np.zeros(0, np.float32), out)
+                                  np.float32(0.125), window, np.float32(0.0), np.zeros(0, np.float32), out, threads)
         return out
 
-    batch = attend([0, 1, 2])
+    batch = attend([0, 1, 2], 1)
     for i in range(3):
-        assert np.array_equal(attend([i])[0].view(np.uint32), batch[i].view(np.uint32))
+        for threads in (1, 4, 8):  # 2 KV heads: no split, 2 parts, 4 parts
+            assert np.array_equal(attend([i], threads)[0].view(np.uint32), batch[i].view(np.uint32))
     if kv != "q8_0":
         k16, v16 = (k, v) if kv == "f32" else (k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32))
         np.testing.assert_allclose(batch, _attention_reference(q, k16, v16, positions, 0.125, window), rtol=1e-4, atol=1e-5)
@@ -670,7 +672,7 @@ def test_paged_attention_with_float16_cache():
     positions = np.array([0, 9, 19])
     out = np.zeros((3, h, d), np.float32)
     attention.paged_attention(q, kc, vc, np.zeros(3, np.int64), positions, np.arange(8, dtype=np.int32)[None], bs,
-                              np.float32(0.25), 0, np.float32(0.0), np.zeros(0, np.float32), out)
+                              np.float32(0.25), 0, np.float32(0.0), np.zeros(0, np.float32), out, 2)
     # exact against a reference that reads the same float16-rounded K and V
     k16, v16 = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
     np.testing.assert_allclose(out, _attention_reference(q, k16, v16, positions, 0.25, 0), rtol=1e-4, atol=1e-5)

@@ -106,8 +106,8 @@ def test_k_and_v_each_in_its_own_type_read_as_their_values_exactly():
     for kt, vt in pairs + [(f, f) for f in ("bf16", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")]:
         kc, vc = cache(kt, k), cache(vt, v)
         got, want = np.zeros((t, h, d), np.float32), np.zeros((t, h, d), np.float32)
-        attention.paged_attention(q, kc, vc, *args, got)
-        attention.paged_attention(queries(kt), values(kt, kc), values(vt, vc), *args, want)
+        attention.paged_attention(q, kc, vc, *args, got, 2)
+        attention.paged_attention(queries(kt), values(kt, kc), values(vt, vc), *args, want, 2)
         if vt not in ("f32", "f16", "bf16"):  # rotated values: the output rotated back
             want = kv_rotation.rotated(want, 64)
         np.testing.assert_array_equal(got, want, err_msg=f"{kt}/{vt}")
@@ -206,10 +206,10 @@ def test_quantized_rows_are_rotated_as_llama_cpps_are():
     args = (np.zeros(t, np.int64), np.arange(n - t, n), np.arange(n // 16, dtype=np.int32)[None], 16,
             np.float32(0.09), 0, np.float32(0.0), np.zeros(0, np.float32))
     got, want = np.zeros((t, 4, 128), np.float32), np.zeros((t, 4, 128), np.float32)
-    attention.paged_attention(q, kc, vc, *args, got)
+    attention.paged_attention(q, kc, vc, *args, got, 2)
     values = [quants.dequantize(c.view(np.uint8).reshape(n * 2, -1), GGMLQuantizationType.Q4_0).reshape(n, 2, 128)
               for c in (kc, vc)]
-    attention.paged_attention(attention.q8_values(kv_rotation.rotated(q, 128)), *values, *args, want)
+    attention.paged_attention(attention.q8_values(kv_rotation.rotated(q, 128)), *values, *args, want, 2)
     np.testing.assert_array_equal(got, kv_rotation.rotated(want, 64))
 
 
@@ -270,9 +270,9 @@ def test_a_rotated_v_comes_back_on_the_scalar_path_too():
     args = (np.zeros(t, np.int64), np.arange(n - t, n), np.arange(n // 16, dtype=np.int32)[None], 16,
             np.float32(0.13), 0, np.float32(0.0), np.zeros(0, np.float32))
     got, want = np.zeros((t, 2, 64), np.float32), np.zeros((t, 2, 64), np.float32)
-    attention.paged_attention(q, k, vc, *args, got)
+    attention.paged_attention(q, k, vc, *args, got, 2)
     vr = _read_q8(vc)
-    attention.paged_attention(q, k, vr, *args, want)
+    attention.paged_attention(q, k, vr, *args, want, 2)
     np.testing.assert_array_equal(got, kv_rotation.rotated(want, 64))
     np.testing.assert_allclose(got, _softmax_attention(q, k, v, 0.13, n - t), atol=0.03)
 

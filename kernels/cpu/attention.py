@@ -66,27 +66,44 @@ def _tasks(token_seq, n_kv):
 
 @njit(parallel=True, nogil=True, cache=True)
 def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window,
-                    softcap, sinks, out):
+                    softcap, sinks, out, threads):
     # q (T, H, D); k_cache (n_slots, KVH, D); v_cache (n_slots, KVH, Dv), float32, float16 bits
     # (uint16), q8_0 rows (int8; see ops.kv_put_head) or kv_blocks' formats; token_seq (T,) row of block_tables (S, max_blocks) for each token; positions (T,)
     # -> out (T, H, Dv). Causal: the token at position p sees its sequence's keys at positions
     # max(0, p - window + 1) .. p (window <= 0: all), read through the block table (no contiguous copy).
     # sinks (H,) float32, or empty: none; each head's attention sink (gpt-oss), a logit with no value that
-    # joins the softmax's sum: the output times sum / (sum + exp(sink - max)), as llama.cpp's soft_max_ext
+    # joins the softmax's sum: the output times sum / (sum + exp(sink - max)), as llama.cpp's soft_max_ext.
+    # threads: the threads the parallel loop runs on (where there are fewer tasks, a KV head's query heads are
+    # split between tasks)
     T, H, D = q.shape
     KVH = k_cache.shape[1]
     Dv = out.shape[2]
     q = queries_for(q, k_cache)
     tasks = _tasks(token_seq, KVH)
-    n = tasks.shape[0]
+    tiled = D % 8 == 0 and Dv % 8 == 0
+    # fewer tasks than threads (a decode step of a model with one KV head, or two on four threads): each KV
+    # head's query heads in `split` equal parts, a task each (every part reads all the keys)
+    split = _split(tasks.shape[0], H // KVH, threads) if tiled else 1
+    n = tasks.shape[0] * split
     for i in prange(n):
         j = i // 2 if i % 2 == 0 else n - 1 - i // 2  # light and heavy tiles alternate
-        if D % 8 == 0 and Dv % 8 == 0:
+        tj = j // split
+        if tiled:
             _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, sinks,
-                  out, tasks[j, 0], tasks[j, 1], tasks[j, 2])
+                  out, tasks[tj, 0], tasks[tj, 1], tasks[tj, 2], j % split, split)
         else:
             _rows_scalar(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap,
-                         sinks, out, tasks[j, 0], tasks[j, 1], tasks[j, 2])
+                         sinks, out, tasks[tj, 0], tasks[tj, 1], tasks[tj, 2])
+
+
+@njit(nogil=True, cache=True)
+def _split(n_tasks, group, threads):
+    # the largest divisor of group at most threads // n_tasks (1: none)
+    best = 1
+    for s in range(2, min(group, threads // max(n_tasks, 1)) + 1):
+        if group % s == 0:
+            best = s
+    return best
 
 
 def queries_for(q, k_cache):
@@ -148,12 +165,15 @@ def _first_key(pos, window):
 
 @njit(nogil=True, cache=True)
 def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, sinks, out, t0,
-          t1, g):
+          t1, g, part, split):
+    # tokens [t0, t1) of one sequence times part `part` of `split` equal parts of KV head g's query heads, heads
+    # [gq * group, (gq + 1) * group); a row's arithmetic is its own, the same bits however the heads are split
     _, H, D = q.shape
     KVH = k_cache.shape[1]
     Dv = out.shape[2]
     row_len = v_cache.shape[2]  # Dv, or a quantized row's length (its scales with its quants)
-    group = H // KVH
+    group = H // KVH // split
+    gq = g * split + part
     R = (t1 - t0) * group
     row = token_seq[t0]
     lo_all = _first_key(positions[t0], window)
@@ -182,7 +202,7 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
             kslot[j] = slot
             kv_value_to_tile(vt, j * Dv, v_cache, slot, g)
         kv_keys_to_tile(kt, tmp8, k_cache, kslot, g, D, j0, j1, KEYS)
-        _scores(q, kt, sc, t0, g, group, R, D, scale)
+        _scores(q, kt, sc, t0, gq, group, R, D, scale)
         for r in range(R):
             t = t0 + r // group
             pos = positions[t]
@@ -256,12 +276,12 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
             r = (t - t0) * group + hh
             den = l[r]
             if sinks.shape[0] > 0:
-                den += _sink_term(sinks[g * group + hh], m[r])
+                den += _sink_term(sinks[gq * group + hh], m[r])
             inv = np.float32(1.0) / den
             for c in range(Dv):
-                out[t, g * group + hh, c] = acc[r * Dv + c] * inv
+                out[t, gq * group + hh, c] = acc[r * Dv + c] * inv
             if nv:
-                kv_rotation.fwht(out[t, g * group + hh], out[t, g * group + hh], nv)
+                kv_rotation.fwht(out[t, gq * group + hh], out[t, gq * group + hh], nv)
 
 
 @njit(inline="always", cache=True)
@@ -287,8 +307,8 @@ def _store_scores(sc, o, a0, a1, sv):
 @njit(nogil=True, cache=True)
 def _scores(q, kt, sc, t0, g, group, R, D, scale):
     # sc[r * KEYS + j] = scale * q_r . k_j for every row r of the task: four rows at a time share each
-    # load of the key tile and keep eight independent FMA chains in flight; each row's chain runs over
-    # d in order, the same whichever rows it is grouped with
+    # load of the key tile and keep eight independent FMA chains in flight (the rest: two rows, four chains,
+    # then one); each row's chain runs over d in order, the same whichever rows it is grouped with
     H = q.shape[1]
     sv = simd.splatf(scale)
     r = 0
@@ -310,6 +330,18 @@ def _scores(q, kt, sc, t0, g, group, R, D, scale):
         _store_scores(sc, r * KEYS + 32, c0, c1, sv)
         _store_scores(sc, r * KEYS + 48, d0, d1, sv)
         r += 4
+    if r + 2 <= R:  # two rows: four chains
+        ta, ha = t0 + r // group, g * group + r % group
+        tb, hb = t0 + (r + 1) // group, g * group + (r + 1) % group
+        a0 = a1 = b0 = b1 = simd.splatf(np.float32(0.0))
+        for d in range(D):
+            k0 = simd.loadf8(kt, d * KEYS)
+            k1 = simd.loadf8(kt, d * KEYS + 8)
+            a0, a1 = _qk(q, ta, ha, d, k0, k1, a0, a1)
+            b0, b1 = _qk(q, tb, hb, d, k0, k1, b0, b1)
+        _store_scores(sc, r * KEYS, a0, a1, sv)
+        _store_scores(sc, r * KEYS + 16, b0, b1, sv)
+        r += 2
     for r in range(r, R):
         t, h = t0 + r // group, g * group + r % group
         a0 = a1 = simd.splatf(np.float32(0.0))

@@ -341,7 +341,7 @@ def paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, blo
     """Paged attention (attention.paged_attention) -> out (T, H, Dv); sinks (H,) float32: each head's attention
     sink (gpt-oss), None: none."""
     attention.paged_attention(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window,
-                              softcap, _NO_SINKS if sinks is None else sinks, out)
+                              softcap, _NO_SINKS if sinks is None else sinks, out, numba.get_num_threads())
 
 
 def add_bias_(x, b) -> None:

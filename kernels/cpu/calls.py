@@ -53,9 +53,10 @@ def call_rows(typingctx, addr, w, q8, q8k, luts, out, n0, n1):
 
 @intrinsic
 def call_attention(typingctx, addr, q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale,
-                   window, softcap, sinks, out):
+                   window, softcap, sinks, out, threads):
     """The attention unit at addr (Table slot ATTENTION): attention.paged_attention's arguments."""
-    argtys = (q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, sinks, out)
+    argtys = (q, k_cache, v_cache, token_seq, positions, block_tables, block_size, scale, window, softcap, sinks, out,
+              threads)
     check("attention", argtys, any(argtys == attention_sig(kv) for kv in KV_DTYPES))
     return types.void(addr, *argtys), call_codegen(argtys)
 
@@ -105,4 +106,4 @@ def attention_sig(kv: str) -> tuple:
     f3 = types.Array(types.float32, 3, "C")
     i1 = types.Array(types.int64, 1, "C")
     return (f3, k, v, i1, i1, types.Array(types.int32, 2, "C"), types.int64, types.float32, types.int64,
-            types.float32, types.Array(types.float32, 1, "C"), f3)
+            types.float32, types.Array(types.float32, 1, "C"), f3, types.int64)

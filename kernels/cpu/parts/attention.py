@@ -198,7 +198,7 @@ def attend(q, gate, positions, token_seq, block_tables, block_size, kc, vc, mats
     nh, vd = a.dims[layer, 0], a.dims[layer, 3]
     att = np.empty((T, nh, vd), np.float32)
     units.call_attention(table[units.ATTENTION], q, kc, vc, token_seq, positions, block_tables, block_size, a.scale,
-                         a.window[layer], a.softcap, a.sinks[layer], att)
+                         a.window[layer], a.softcap, a.sinks[layer], att, threads)
     if a.gate:
         ops.sigmoid_mul_(att.reshape(T, nh * vd), gate)
     o8, o8k = quantize(att.reshape(T, nh * vd), a.need_o[layer])
