@@ -62,18 +62,21 @@ def read_bandwidth(threads: int, nbytes: int = 2**30, repeats: int = 7) -> float
 
 
 def step_matrices(model, seed: int = 0) -> list[tuple[str, object]]:
-    """(name, matrix) of every weight matrix a decode step reads, in the order it reads them: each layer's
-    attention or recurrent mixer's projections, its FFN (a mixture-of-experts layer's: the experts one token
-    picks, k of them drawn at random, seeded), then the output matrix."""
+    """(name, matrix) of every quantized matrix a decode step reads, once each, in the order it reads them: each
+    layer's attention or recurrent mixer's projections, its FFN (a mixture-of-experts layer's: the experts one
+    token picks, k of them drawn at random, seeded), then the output matrix. Float tensors (norms, a router's
+    dim x n_expert float32 matrix, convolution taps) are left out: a few percent of a step's bytes at most."""
     from edgeinfer.kernels.cpu.parts import attention, deltanet, ffn, mamba2, per_layer, shortconv
 
     rng = np.random.default_rng(seed)
     out = []
     for i, lw in enumerate(model.layers):
+        seen = set()  # a name in two parts' lists (ssm_out: the delta net's and Mamba2's) is one matrix
         for part in (attention, shortconv, deltanet, mamba2, ffn, per_layer):
             for f in part.MATS:
                 w = getattr(lw, f, None)
-                if w is not None and hasattr(w, "nbytes"):
+                if w is not None and hasattr(w, "nbytes") and f not in seen:
+                    seen.add(f)
                     out.append((f"{f}.{i}", w))
             if part is ffn and getattr(lw, "exp_gate", None):
                 k = int(model.cfg.n_expert_used)

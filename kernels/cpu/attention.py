@@ -1,7 +1,8 @@
 """Paged attention, tiled over queries and keys (flash-attention style), for prefill and decode alike.
 
 A task is a tile of queries: up to Q_TOKENS consecutive tokens of one sequence times the query heads
-of one KV head (GQA: the heads sharing a K/V head share every K/V load). It walks the keys in tiles of
+of one KV head (GQA: the heads sharing a K/V head share every K/V load; where there are fewer tasks than
+threads, a part of them, see paged_attention). It walks the keys in tiles of
 KEYS positions aligned to multiples of KEYS, read through the block table (any cache block size). Each
 key tile is transposed once into a scratch (head_dim, KEYS) array (eight keys' rows at a time, as 8 x 8
 blocks transposed in registers, for float and q8_0 caches), then every query row of the task
@@ -182,7 +183,7 @@ def _tile(q, k_cache, v_cache, token_seq, positions, block_tables, block_size, s
         lo_all = min(lo_all, _first_key(positions[t], window))
         hi_all = max(hi_all, positions[t])
     kt = np.zeros(D * KEYS, np.float32)  # the key tile, transposed: kt[d * KEYS + j]
-    tmp8 = np.zeros(max(D, 8), np.float32)  # a key row's values on their way into the tile
+    tmp8 = np.zeros(max(D, 8), np.float32)  # a key row's values on their way into the tile (kv_blocks' formats)
     vt = np.zeros(KEYS * Dv if kv_tiled(v_cache) else 0, np.float32)  # the tile's values, dequantized (kv_tiled)
     vbase = np.zeros(KEYS, np.int64)  # flat index of the start of each key's V row in v_cache
     kslot = np.zeros(KEYS, np.int64)  # each key's cache slot
@@ -309,7 +310,6 @@ def _scores(q, kt, sc, t0, g, group, R, D, scale):
     # sc[r * KEYS + j] = scale * q_r . k_j for every row r of the task: four rows at a time share each
     # load of the key tile and keep eight independent FMA chains in flight (the rest: two rows, four chains,
     # then one); each row's chain runs over d in order, the same whichever rows it is grouped with
-    H = q.shape[1]
     sv = simd.splatf(scale)
     r = 0
     while r + 4 <= R:

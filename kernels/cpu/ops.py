@@ -136,7 +136,7 @@ def _kv_key8(cache, row, d):
 
 def kv_keys_to_tile(kt, tmp, cache, slots, g, D, j0, j1, stride):
     """kt[d * stride + j] = key d of cache[slots[j], g] as float32 for the keys j in [j0, j1) of a tile, d < D
-    (a multiple of 8). Float and q8_0 rows: eight keys at a time, each 8 x 8 block of values transposed in
+    (a multiple of 8; stride, the tile's width, a multiple of 8 as well: the groups of eight fill whole rows). Float and q8_0 rows: eight keys at a time, each 8 x 8 block of values transposed in
     registers (simd.transpose8), a key of the eight outside [j0, j1) standing in for by the nearest inside
     (columns the caller masks); kv_blocks' formats: a key's row at a time, read whole into tmp (D values at
     least), then spread to its strided places."""
