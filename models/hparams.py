@@ -312,6 +312,9 @@ def _recurrent_config(gf: GGUFFile, spec: ArchSpec, cfg: ModelConfig) -> ModelCo
             or cfg.ssm_heads % cfg.ssm_groups:
         raise ModelLoadError(f"{a}: ssm.inner_size {cfg.ssm_inner} must be a multiple of ssm.time_step_rank "
                              f"{cfg.ssm_heads}, and that of ssm.group_count {cfg.ssm_groups}")
+    if (cfg.ssm_inner // cfg.ssm_heads) % 8:  # the scans run on vectors of eight of a head's channels
+        raise ModelLoadError(f"{a}: heads of {cfg.ssm_inner // cfg.ssm_heads} channels (ssm.inner_size {cfg.ssm_inner} / "
+                             f"ssm.time_step_rank {cfg.ssm_heads}) are not supported: they must be a multiple of 8")
     return cfg
 
 

@@ -278,6 +278,9 @@ def _rewrite(src, dst, *, drop=(), meta=None, arch=None):
     ("falcon-h1", {"drop": ["blk.2.attn_v.weight"]}, "missing tensor 'blk.2.attn_v.weight'"),
     ("nemotron_h", {"meta": {"nemotron_h.ssm.group_count": 3}}, "must be a multiple of ssm.time_step_rank 8, and that of "
                                                                 "ssm.group_count 3"),
+    ("mamba2", {"meta": {"mamba2.ssm.time_step_rank": 128}}, "heads of 4 channels (ssm.inner_size 512 / "
+                                                             "ssm.time_step_rank 128) are not supported"),
+    ("qwen35", {"meta": {"qwen35.ssm.state_size": 4, "qwen35.ssm.inner_size": 16}}, "heads of 4 channels"),
     ("gpt-oss", {"drop": ["blk.1.attn_sinks.weight"]}, "missing tensor 'blk.1.attn_sinks.weight'"),
     ("gpt-oss", {"drop": ["blk.0.ffn_down_exps.bias"]}, "missing tensor 'blk.0.ffn_down_exps.bias'"),
     ("gpt-oss", {"drop": ["blk.3.ffn_gate_inp.bias"]}, "missing tensor 'blk.3.ffn_gate_inp.bias'"),

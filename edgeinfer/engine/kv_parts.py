@@ -17,6 +17,9 @@ import numpy as np
 from .prompt_store import file_identity
 
 PARTS = ("", "window", "state")
+# how the recurrent kernels lay out a state: 2, each head's Mamba2 or delta-rule matrix in blocks of 32 of its
+# columns (kernels/cpu/recurrent.py, since 2026-12-06); a state saved in another layout is not reused
+STATE_LAYOUT = 2
 
 
 def _shapes(arrays: list) -> list:
@@ -48,6 +51,8 @@ class KVParts:
         for part in ("window", "state"):
             if self.arrays[part]:
                 key[f"{part}_rows"] = _shapes(self.arrays[part])
+        if self.arrays["state"]:
+            key["state_layout"] = STATE_LAYOUT
         return key
 
     def rows(self, part: str, index: int) -> list:

@@ -8,8 +8,8 @@
     y = rmsnorm_per_head(y) * norm * silu(z)
     out = ssm_out(y)
 
-The convolution's last d_conv - 1 inputs and each value head's (Dv, Dk) matrix are the sequence's
-recurrent state (cache.ssm_conv, cache.ssm), in its state slot. Sizes from the ssm.* keys: state_size Dk
+The convolution's last d_conv - 1 inputs and each value head's (Dk, Dv) matrix (in the kernel's blocks of
+columns) are the sequence's recurrent state (cache.ssm_conv, cache.ssm), in its state slot. Sizes from the ssm.* keys: state_size Dk
 (= Dv), group_count Hk, time_step_rank H, inner_size H Dv."""
 
 from __future__ import annotations
