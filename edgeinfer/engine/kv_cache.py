@@ -21,7 +21,9 @@ class KVCache:
     them, a sequence's slot chosen by the block manager): `conv` (n_conv_layers, n_state_slots,
     conv_l_cache - 1, dim) float32, the last inputs of each short convolution; a Mamba2 layer's `ssm_conv`
     (n_ssm_layers, slots, ssm_conv - 1, conv channels) and `ssm` (n_ssm_layers, slots, heads, head dim,
-    d_state) float32. Each is zeroed where a sequence starts (position 0), by the kernels.
+    d_state) float32 (a delta net's heads of (Dk, Dv), Dk = Dv); within a head the elements are in the scan
+    kernels' blocks of columns (kernels/cpu/recurrent.py), so a slot is copied whole, never read element by
+    element. Each is zeroed where a sequence starts (position 0), by the kernels.
 
     window_layers, n_window_blocks: sliding-window layers whose K and V live in a pool of their own,
     `wk`/`wv` (n_window_layers, n_window_blocks * block_size, n_kv_head, row), addressed through the

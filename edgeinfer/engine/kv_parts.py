@@ -17,7 +17,7 @@ import numpy as np
 from .prompt_store import file_identity
 
 PARTS = ("", "window", "state")
-# how the recurrent kernels lay out a state: 2, each head's Mamba2 or delta-rule matrix in blocks of 32 of its
+# how the scan kernels lay out a state: 2, each head's Mamba2 or delta-rule matrix in blocks of 32 of its
 # columns (kernels/cpu/recurrent.py, since 2026-12-06); a state saved in another layout is not reused
 STATE_LAYOUT = 2
 
@@ -40,6 +40,7 @@ class KVParts:
             "window": [target.wk, target.wv] if windowed else [],  # addressed by window block ids
             "state": [a for c in caches for a in c.states] if block_manager.num_checkpoints else [],
         }
+        self.scans = any(getattr(c, "ssm", None) is not None for c in caches)  # Mamba2's or a delta net's state
         self.nbytes = {part: sum(a[:, :1 if part == "state" else self.bs].nbytes for a in arrays)
                        for part, arrays in self.arrays.items()}
 
@@ -51,7 +52,7 @@ class KVParts:
         for part in ("window", "state"):
             if self.arrays[part]:
                 key[f"{part}_rows"] = _shapes(self.arrays[part])
-        if self.arrays["state"]:
+        if self.arrays["state"] and self.scans:
             key["state_layout"] = STATE_LAYOUT
         return key
 

@@ -6,18 +6,17 @@ batch of sequences give the same bits as one pass of each alone. Work is split o
 never over tokens. Where snap[t] names a slot, the state after token t is copied there (each task its own
 part): a checkpoint for prefix caching, taken in the same pass.
 
-- shortconv: LFM2's gated short convolution (models/parts/shortconv.py): c * conv(b * x).
-- ssm_conv: Mamba2's causal depthwise convolution over x, B and C, plus its bias, then SiLU.
+- shortconv, ssm_conv: the convolutions (LFM2's gated short one; Mamba2's and the delta net's), in conv.py.
 - ssm_scan: Mamba2's selective state-space update (a scalar decay per head).
 - gated_group_norm: Mamba2's output gate silu(z) * y and its RMS norm per group of channels.
 - delta_rule: the gated delta rule (Qwen3.5's and Qwen3-Next's linear attention).
 - norm_gate: the delta rule's output RMS-normed per head, times the norm's weights and silu(z).
-The two scans go a token at a time, as decode does, and fast in prefill too: a task owns 32 columns of a head's
-state, laid out as one contiguous block (rows of those 32 columns) that stays in L1 while the task takes the
-batch's tokens through it, its update and its sums over rows on whole vectors of columns (no horizontal sums;
-the delta rule's sweep over a token's rows also takes the next token's sums). A chunked form (llama.cpp's for
-the delta rule) would do more arithmetic for its matrix products, and give other bits for other chunkings.
-Convolution taps are added in order from 0.0, oldest first, as llama.cpp's ggml_ssm_conv.
+The two scans go a token at a time, as decode does, and fast in prefill too: a task owns 32 columns of a
+head's state (8 for the last few), laid out as one contiguous block (rows of those columns) that stays in L1
+while the task takes the batch's tokens through it, its update and its sums over rows on whole vectors of
+columns (no horizontal sums; the delta rule's sweep over a token's rows also takes the next token's sums).
+A chunked form (llama.cpp's for the delta rule) would do more arithmetic for its matrix products, and give
+other bits for other chunkings. Checkpoint slots (snap) are never a running sequence's slot.
 """
 
 import math
@@ -26,135 +25,8 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd
-from .ops import _act8, gated_act_range
-
-_CH = 64  # channels a task
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def shortconv(bcx, w, state, token_seq, positions, slots, snap, out):
-    """bcx (T, 3D) float32: b, c, x of every token (rows contiguous); w (L, D) float32 C-contiguous, the taps
-    (tap L - 1 on the newest value); state (n_slots, L - 1, D) float32 C-contiguous, updated; token_seq (T,)
-    each token's sequence (a row of slots); positions (T,); slots (S,) int64 each sequence's state slot; snap
-    (T,) int64: a slot to copy the state into after the token (a prefix-cache checkpoint), or -1 -> out (T,
-    D) C-contiguous = c * conv(b * x)."""
-    D = w.shape[1]
-    _check_conv(bcx, w, state, out)
-    for task in prange((D + _CH - 1) // _CH):
-        c0 = task * _CH
-        _conv_block(bcx, w, w[0], state, token_seq, positions, slots, snap, out, c0, min(c0 + _CH, D), True)
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def ssm_conv(xbc, w, bias, state, token_seq, positions, slots, snap, out):
-    """xbc (T, C) float32 (x, B and C of every token: a view of the input projection, rows contiguous); w (L,
-    C) the taps; bias (C,); state (n_slots, L - 1, C), updated (copied to slot snap[t] after token t where that
-    is not -1) -> out (T, C) = silu(conv(xbc) + bias); w, state and out C-contiguous."""
-    C = w.shape[1]
-    _check_conv(xbc, w, state, out)
-    for task in prange((C + _CH - 1) // _CH):
-        c0 = task * _CH
-        _conv_block(xbc, w, bias, state, token_seq, positions, slots, snap, out, c0, min(c0 + _CH, C), False)
-
-
-@njit(nogil=True, cache=True)
-def _check_conv(src, w, state, out):
-    if src.strides[1] != 4 or not (w.flags.c_contiguous and state.flags.c_contiguous and out.flags.c_contiguous):
-        raise ValueError("a convolution takes rows of contiguous channels and C-contiguous taps, state and output")
-
-
-@njit(nogil=True, cache=True)
-def _conv_block(src, w, bias, state, token_seq, positions, slots, snap, out, c0, c1, short):
-    # channels [c0, c1) of every token: each output sums its L inputs times the taps in tap order from 0.0,
-    # oldest first (a product, then a sum, each rounded), reading the inputs where they are: the tokens of
-    # the run so far (a sequence's tokens in a row, until another sequence's token or a sequence start) in
-    # src, the ones before it in the state (zeros where the run starts its sequence). The input is b * x and
-    # the output c * conv for the short convolution (src: b, c, x), xbc and silu(conv + bias) for Mamba2's (src:
-    # xbc). Eight channels at a time in vectors, the last few (a width not a multiple of 8) one at a time with
-    # the same operations in the same order, their SiLU through the vector code (ops.gated_act_range's way)
-    T, L = src.shape[0], w.shape[0]
-    D = w.shape[1]
-    rs = src.strides[0] // 4  # a token's row in src, in elements
-    xo = 2 * D if short else 0  # where the convolved input starts in a row
-    vend = c0 + (c1 - c0) // 8 * 8
-    zero = simd.splatf(np.float32(0.0))
-    one = simd.splatf(np.float32(1.0))
-    buf = np.zeros(8, np.float32)
-    flat = state.reshape(state.size)
-    t = 0
-    while t < T:
-        s = slots[token_seq[t]]
-        r1 = t + 1
-        while r1 < T and slots[token_seq[r1]] == s and positions[r1] != 0:
-            r1 += 1
-        fresh = positions[t] == 0
-        so = s * (L - 1) * D  # the state's first row
-        for u in range(t, r1):
-            for c in range(c0, vend, 8):
-                a = zero
-                if u - (L - 1) >= t:  # every tap's token in src
-                    k0 = (u - (L - 1)) * rs + c
-                    for i in range(L):
-                        v = simd.loadf8(src, k0 + i * rs + xo)
-                        if short:
-                            v = simd.mul8(simd.loadf8(src, k0 + i * rs), v)
-                        a = simd.add8(a, simd.mul8(v, simd.loadf8(w, i * D + c)))
-                else:
-                    for i in range(L):
-                        k = u - (L - 1) + i  # this tap's token
-                        if k >= t:
-                            v = simd.loadf8(src, k * rs + xo + c)
-                            if short:
-                                v = simd.mul8(simd.loadf8(src, k * rs + c), v)
-                        elif fresh:
-                            v = zero
-                        else:
-                            v = simd.loadf8(state, so + (L - 1 - (t - k)) * D + c)
-                        a = simd.add8(a, simd.mul8(v, simd.loadf8(w, i * D + c)))
-                if short:
-                    simd.storef8(out, u * D + c, simd.mul8(simd.loadf8(src, u * rs + D + c), a))
-                else:
-                    a = simd.add8(a, simd.loadf8(bias, c))
-                    simd.storef8(out, u * D + c, _act8(a, one, 0))
-            for c in range(vend, c1):
-                x = np.float32(0.0)
-                for i in range(L):
-                    k = u - (L - 1) + i
-                    if k >= t:
-                        v1 = src[k, xo + c] * src[k, c] if short else src[k, c]
-                    elif fresh:
-                        v1 = np.float32(0.0)
-                    else:
-                        v1 = state[s, L - 1 - (t - k), c]
-                    x += v1 * w[i, c]
-                if short:
-                    out[u, c] = src[u, D + c] * x
-                else:
-                    buf[0] = x + bias[c]
-                    simd.storef8(buf, 0, _act8(simd.loadf8(buf, 0), one, 0))
-                    out[u, c] = buf[0]
-            if snap[u] >= 0:  # the state after token u: its last L - 1 inputs
-                _conv_state(src, flat, snap[u] * (L - 1) * D, so, t, u + 1, fresh, c0, c1, rs, xo, short, L, D)
-        _conv_state(src, flat, so, so, t, r1, fresh, c0, c1, rs, xo, short, L, D)
-        t = r1
-
-
-@njit(inline="always", cache=True)
-def _conv_state(src, flat, to, so, t, end, fresh, c0, c1, rs, xo, short, L, D):
-    # state rows at `to` of flat, the state as one vector (channels [c0, c1)) = the L - 1 inputs before token `end` of the run that started at
-    # token t, whose earlier inputs are the state at `so`. In place (to == so) too: row r reads row r + (end - t)
-    # of the old state, never one already written
-    for r in range(L - 1):
-        k = end - (L - 1) + r
-        for c in range(c0, c1):
-            if k >= t:
-                v = src[k, xo + c] * src[k, c] if short else src[k, c]
-            elif fresh:
-                v = np.float32(0.0)
-            else:
-                v = flat[so + (L - 1 - (t - k)) * D + c]
-            flat[to + r * D + c] = v
-
+from .conv import shortconv, ssm_conv  # noqa: F401 (the recurrent mixers' kernels in one place)
+from .ops import gated_act_range
 
 @njit(inline="always", cache=True)
 def _softplus(x):
@@ -169,10 +41,12 @@ def ssm_scan(xbc, dt, dt_bias, a, d, n_group, state, token_seq, positions, slots
     (negative), d (H,) the skips; state (n_slots, H, P, N) C-contiguous, updated (copied to slot snap[t] after
     token t where that is not -1) -> y (T, H P) C-contiguous. Per head h and token: dt' = softplus(dt +
     dt_bias), s = s exp(dt' a) + dt' x B, y = s . C + d x (B and C of the head's group). A head's state is
-    kept in blocks of 32 of its P channels (_SCOLS), each N rows of those channels (see _scan_columns)."""
-    H, P = state.shape[1], state.shape[2]
+    kept in blocks of 32 of its P channels (then of 8), each N rows of those channels (see _scan_columns)."""
+    H, P, N = state.shape[1], state.shape[2], state.shape[3]
     if P % 8 or not (state.flags.c_contiguous and xbc.flags.c_contiguous and y.flags.c_contiguous):
         raise ValueError("ssm_scan takes C-contiguous arrays and heads of a multiple of 8 channels")
+    if xbc.shape[1] != H * P + 2 * n_group * N or y.shape != (xbc.shape[0], H * P) or H % n_group:
+        raise ValueError("ssm_scan's input, state and output disagree in shape")
     wide = P // 32
     per = wide + P % 32 // 8
     for task in prange(H * per):
@@ -305,6 +179,8 @@ def delta_rule(qkv, alpha, beta, dt_bias, a, n_kheads, interleaved, eps, state, 
     H, DK, DV = state.shape[1], state.shape[2], state.shape[3]
     if DV % 8 or not (state.flags.c_contiguous and qkv.flags.c_contiguous and y.flags.c_contiguous):
         raise ValueError("delta_rule takes C-contiguous arrays and a state of a multiple of 8 columns")
+    if qkv.shape[1] != 2 * n_kheads * DK + H * DV or y.shape != (T, H * DV) or H % n_kheads:
+        raise ValueError("delta_rule's input, state and output disagree in shape")
     key = n_kheads * DK
     kq = np.empty((T, n_kheads), np.float32)  # k . q of the normed q and k
     eg = np.empty((T, H), np.float32)

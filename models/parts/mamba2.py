@@ -9,8 +9,8 @@ build_mamba2_layer, src/models/mamba-base.cpp):
                                                   no norm: silu(z) y)
     out = out_proj(y)
 
-The convolution's last d_conv - 1 inputs and the scan's (H, P, N) matrix are the sequence's recurrent
-state (cache.ssm_conv, cache.ssm), in its state slot."""
+The convolution's last d_conv - 1 inputs and the scan's (H, P, N) matrix (in the kernel's blocks of
+channels) are the sequence's recurrent state (cache.ssm_conv, cache.ssm), in its state slot."""
 
 from __future__ import annotations
 
