@@ -28,6 +28,7 @@ from . import simd
 from .conv import shortconv, ssm_conv  # noqa: F401 (the recurrent mixers' kernels in one place)
 from .ops import gated_act_range
 
+
 @njit(inline="always", cache=True)
 def _softplus(x):
     # llama.cpp's ggml_compute_softplus_f32
