@@ -171,9 +171,8 @@ def delta_rule(qkv, alpha, beta, dt_bias, a, n_kheads, interleaved, eps, state, 
     then v (H heads of Dv), C-contiguous, its q and k L2-normed in place; alpha, beta (T, H) before their
     activations; dt_bias, a (H,); state (n_slots, H, Dk, Dv) C-contiguous, each head's S (Dv a multiple of 8) in
     blocks of columns (_delta_columns), updated (copied to slot snap[t] after token t where that is not -1) ->
-    y (T, H Dv) C-contiguous. Value head h reads key head h % Hk (Qwen3.5's
-    layout), or h // (H / Hk) where `interleaved` (Qwen3-Next's); q and k L2-normed; per token:
-    g = softplus(alpha + dt_bias) a, S = S exp(g), S += k ((v - S^T k) sigmoid(beta))^T, y = S^T q / sqrt(Dv),
+    y (T, H Dv) C-contiguous. Value head h reads key head h % Hk (Qwen3.5's layout), or h // (H / Hk) where
+    `interleaved` (Qwen3-Next's). Per token: g = softplus(alpha + dt_bias) a, S = S exp(g), S += k ((v - S^T k) sigmoid(beta))^T, y = S^T q / sqrt(Dv),
     computed as sk = S^T k and sq = S^T q of the state before the token, d = (v - e sk) b,
     y = (e sq + d (k . q)) / sqrt(Dv), S = e S + k d^T (e = exp(g), b = sigmoid(beta))."""
     T = qkv.shape[0]
