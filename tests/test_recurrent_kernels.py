@@ -33,7 +33,8 @@ class Kernel:
         elif name == "delta":
             H, Hk, D, interleaved = size
             self.state_shape = (H, D, D)
-            self.weights = (rng.standard_normal(H).astype(np.float32), -np.exp(0.5 * rng.standard_normal(H)).astype(np.float32))
+            self.weights = (rng.standard_normal(H).astype(np.float32),
+                            -np.exp(0.5 * rng.standard_normal(H)).astype(np.float32))
         else:  # "conv" (Mamba2's, with a bias and SiLU) or "short" (LFM2's gated one)
             C, L = size
             self.state_shape = (L - 1, C)
@@ -43,10 +44,12 @@ class Kernel:
     def rows(self, rng, T):
         if self.name == "scan":
             H, P, N, G = self.size
-            return [rng.standard_normal((T, H * P + 2 * G * N)).astype(np.float32), rng.standard_normal((T, H)).astype(np.float32)]
+            return [rng.standard_normal((T, H * P + 2 * G * N)).astype(np.float32),
+                    rng.standard_normal((T, H)).astype(np.float32)]
         if self.name == "delta":
             H, Hk, D, _ = self.size
-            return [rng.standard_normal((T, 2 * Hk * D + H * D)).astype(np.float32), rng.standard_normal((T, H)).astype(np.float32),
+            return [rng.standard_normal((T, 2 * Hk * D + H * D)).astype(np.float32),
+                    rng.standard_normal((T, H)).astype(np.float32),
                     rng.standard_normal((T, H)).astype(np.float32)]
         C, _ = self.size
         return [rng.standard_normal((T, 3 * C if self.name == "short" else C)).astype(np.float32)]
@@ -60,8 +63,8 @@ class Kernel:
         elif self.name == "delta":
             H, Hk, D, interleaved = self.size
             y = np.empty((T, H * D), np.float32)
-            recurrent.delta_rule(rows[0].copy(), rows[1], rows[2], *self.weights, Hk, interleaved, 1e-6, state, seq, pos,
-                                 slots, snap, y)
+            recurrent.delta_rule(rows[0].copy(), rows[1], rows[2], *self.weights, Hk, interleaved, 1e-6, state, seq,
+                                 pos, slots, snap, y)
         elif self.name == "conv":
             y = np.empty_like(rows[0])
             recurrent.ssm_conv(rows[0], *self.weights, state, seq, pos, slots, snap, y)
@@ -116,7 +119,8 @@ class Kernel:
         return z / (1 + np.exp(-z))
 
 
-KERNELS = [("scan", (4, 64, 32, 2)), ("scan", (3, 40, 16, 1)), ("delta", (4, 2, 64, False)), ("delta", (4, 2, 64, True)),
+KERNELS = [("scan", (4, 64, 32, 2)), ("scan", (3, 40, 16, 1)), ("delta", (4, 2, 64, False)),
+           ("delta", (4, 2, 64, True)),
            ("delta", (2, 1, 40, False)), ("conv", (70, 4)), ("short", (70, 3)), ("conv", (64, 2))]
 IDS = [f"{k}-{'x'.join(str(int(v)) for v in size)}" for k, size in KERNELS]
 

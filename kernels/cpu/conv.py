@@ -48,7 +48,8 @@ def _check_conv(src, w, bias, state, out, width):
     T, L, D = src.shape[0], w.shape[0], w.shape[1]
     if src.strides[1] != 4 or not (w.flags.c_contiguous and bias.flags.c_contiguous and state.flags.c_contiguous
                                    and out.flags.c_contiguous):
-        raise ValueError("a convolution takes rows of contiguous channels and C-contiguous taps, bias, state and output")
+        raise ValueError("a convolution takes rows of contiguous channels and C-contiguous taps, bias, state and "
+                         "output")
     if src.shape[1] != width or out.shape != (T, D) or state.shape[1:] != (L - 1, D) or bias.shape[0] < D:
         raise ValueError("a convolution's input, taps, state and output disagree in shape")
 
@@ -131,9 +132,9 @@ def _conv_block(src, w, bias, state, token_seq, positions, slots, snap, out, c0,
 
 @njit(inline="always", cache=True)
 def _conv_state(src, flat, to, so, t, end, fresh, c0, c1, rs, xo, short, L, D):
-    # state rows at `to` of flat, the state as one vector (channels [c0, c1)) = the L - 1 inputs before token `end` of the run that started at
-    # token t, whose earlier inputs are the state at `so`. In place (to == so) too: row r reads row r + (end - t)
-    # of the old state, never one already written
+    # state rows at `to` of flat, the state as one vector (channels [c0, c1)) = the L - 1 inputs before token
+    # `end` of the run that started at token t, whose earlier inputs are the state at `so`. In place (to == so)
+    # too: row r reads row r + (end - t) of the old state, never one already written
     for r in range(L - 1):
         k = end - (L - 1) + r
         for c in range(c0, c1):

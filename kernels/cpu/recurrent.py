@@ -53,7 +53,8 @@ def ssm_scan(xbc, dt, dt_bias, a, d, n_group, state, token_seq, positions, slots
     for task in prange(H * per):
         h, k = task // per, task % per
         if k < wide:
-            _scan_columns(xbc, dt, dt_bias, a, d, n_group, state, token_seq, positions, slots, snap, y, h, 32 * k, _FOUR)
+            _scan_columns(xbc, dt, dt_bias, a, d, n_group, state, token_seq, positions, slots, snap, y, h, 32 * k,
+                          _FOUR)
         else:
             _scan_columns(xbc, dt, dt_bias, a, d, n_group, state, token_seq, positions, slots, snap, y, h,
                           32 * wide + 8 * (k - wide), _ONE)
@@ -172,9 +173,10 @@ def delta_rule(qkv, alpha, beta, dt_bias, a, n_kheads, interleaved, eps, state, 
     activations; dt_bias, a (H,); state (n_slots, H, Dk, Dv) C-contiguous, each head's S (Dv a multiple of 8) in
     blocks of columns (_delta_columns), updated (copied to slot snap[t] after token t where that is not -1) ->
     y (T, H Dv) C-contiguous. Value head h reads key head h % Hk (Qwen3.5's layout), or h // (H / Hk) where
-    `interleaved` (Qwen3-Next's). Per token: g = softplus(alpha + dt_bias) a, S = S exp(g), S += k ((v - S^T k) sigmoid(beta))^T, y = S^T q / sqrt(Dv),
-    computed as sk = S^T k and sq = S^T q of the state before the token, d = (v - e sk) b,
-    y = (e sq + d (k . q)) / sqrt(Dv), S = e S + k d^T (e = exp(g), b = sigmoid(beta))."""
+    `interleaved` (Qwen3-Next's). Per token: g = softplus(alpha + dt_bias) a, S = S exp(g),
+    S += k ((v - S^T k) sigmoid(beta))^T, y = S^T q / sqrt(Dv), computed as sk = S^T k and sq = S^T q of the
+    state before the token, d = (v - e sk) b, y = (e sq + d (k . q)) / sqrt(Dv), S = e S + k d^T (e = exp(g),
+    b = sigmoid(beta))."""
     T = qkv.shape[0]
     H, DK, DV = state.shape[1], state.shape[2], state.shape[3]
     if DV % 8 or not (state.flags.c_contiguous and qkv.flags.c_contiguous and y.flags.c_contiguous):
