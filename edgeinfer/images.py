@@ -1,0 +1,195 @@
+"""Images in: decoding (PNG, JPEG, WebP, GIF's first frame, BMP, via Pillow) and each vision family's
+preprocessing as llama.cpp's libmtmd does it (tools/mtmd/mtmd-image.cpp), so an image gives the encoder the same
+pixels there and here.
+
+libmtmd's resampler is a port of Pillow's 8-bit `ImagingResample` (bilinear, bicubic, Lanczos; antialiased when
+shrinking; a horizontal pass, then a vertical one, each rounded to bytes), so Pillow's own `resize` is the same
+arithmetic. Then each value is scaled to [0, 1] and normalised by the projector's mean and std per channel.
+
+    gemma3    the image letterboxed into the encoder's square (scaled so its long side fits, the short side
+              centred between black bars), bilinear: one input
+    idefics3  (SmolVLM) scaled so its long side is the projector's longest edge (Lanczos), then to whole tiles of
+              the encoder's size (Lanczos), cut into tiles row by row; an overview of the whole image at the
+              tile size (Lanczos, from the tiled image) comes after the tiles
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import EdgeInferError
+
+MAX_IMAGE_BYTES = 32 << 20  # a request's image, encoded
+MAX_PIXELS = 8192 * 8192  # a decoded image (Pillow's decompression-bomb guard is off: this one is ours)
+
+
+class ImageError(EdgeInferError, ValueError):
+    """An image that cannot be read or used: not an image, a format Pillow cannot decode, too large, empty."""
+
+
+@dataclass(frozen=True)
+class Image:
+    """A decoded image: RGB bytes (H, W, 3) uint8, and a digest of its pixels (the prompt cache's key for it)."""
+
+    rgb: np.ndarray
+    digest: str
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) in pixels."""
+        return int(self.rgb.shape[1]), int(self.rgb.shape[0])
+
+
+def from_rgb(rgb: np.ndarray) -> Image:
+    """An image from RGB bytes (H, W, 3) uint8."""
+    rgb = np.ascontiguousarray(rgb)
+    if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.shape[0] < 1 or rgb.shape[1] < 1:
+        raise ImageError(f"an RGB image must be uint8 of shape (height, width, 3), not {rgb.dtype} {rgb.shape}")
+    if rgb.shape[0] * rgb.shape[1] > MAX_PIXELS:
+        raise ImageError(f"image of {rgb.shape[1]}x{rgb.shape[0]} pixels: at most {MAX_PIXELS} pixels")
+    h = hashlib.sha256(f"{rgb.shape[1]}x{rgb.shape[0]}:".encode())
+    h.update(rgb.data)
+    return Image(rgb, h.hexdigest())
+
+
+def decode(data: bytes) -> Image:
+    """An encoded image (PNG, JPEG, WebP, GIF, BMP, ...) -> Image; ImageError names what is wrong."""
+    try:
+        from PIL import Image as PILImage
+        from PIL import UnidentifiedImageError
+    except ImportError:  # pragma: no cover - Pillow is a dependency
+        raise ImageError("reading images needs Pillow: pip install pillow") from None
+    if not data:
+        raise ImageError("the image is empty (0 bytes)")
+    if len(data) > MAX_IMAGE_BYTES:
+        raise ImageError(f"the image is {len(data)} bytes: at most {MAX_IMAGE_BYTES}")
+    try:
+        with PILImage.open(io.BytesIO(data)) as im:
+            if im.width * im.height > MAX_PIXELS:
+                raise ImageError(f"image of {im.width}x{im.height} pixels: at most {MAX_PIXELS} pixels")
+            im.seek(0)
+            rgb = np.asarray(_to_rgb(im), np.uint8)
+    except ImageError:
+        raise
+    except UnidentifiedImageError:
+        raise ImageError("not an image Pillow can read (PNG, JPEG, WebP, GIF, BMP, ...)") from None
+    except (OSError, ValueError, SyntaxError) as e:
+        raise ImageError(f"the image could not be decoded: {e}") from None
+    return from_rgb(rgb)
+
+
+def _to_rgb(im):
+    if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+        im = im.convert("RGBA")
+        return im.convert("RGB")  # transparency dropped, as stb_image (llama.cpp's decoder) does with 3 channels
+    return im.convert("RGB")
+
+
+def decode_base64(text: str) -> Image:
+    """A base64 image (Ollama's `images`) or a `data:` URL's payload."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageError("the image is not valid base64") from None
+    return decode(raw)
+
+
+def decode_data_url(url: str) -> Image:
+    """`data:image/png;base64,...` -> Image."""
+    if not url.startswith("data:"):
+        raise ImageError("an image URL must be a data: URL (data:image/png;base64,...)")
+    head, sep, payload = url[5:].partition(",")
+    if not sep or not head.endswith(";base64"):
+        raise ImageError("a data: URL image must be base64 (data:image/png;base64,...)")
+    mime = head[: -len(";base64")]
+    if mime and not mime.startswith("image/"):
+        raise ImageError(f"a data: URL of type {mime!r} is not an image")
+    return decode_base64(payload)
+
+
+def load(path) -> Image:
+    """An image file -> Image."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_IMAGE_BYTES + 1)
+    except OSError as e:
+        raise ImageError(f"cannot read image {path}: {e.strerror or e}") from None
+    return decode(data)
+
+
+# ------------------------------------------------------------------------------------------- preprocessing
+
+def resize(rgb: np.ndarray, width: int, height: int, algo: str) -> np.ndarray:
+    """libmtmd's resize_pillow: RGB bytes to (height, width, 3) by Pillow's 8-bit resampler (the same size: a copy)."""
+    if (rgb.shape[1], rgb.shape[0]) == (width, height):
+        return rgb.copy()
+    if not (0 < width <= 65536 and 0 < height <= 65536):
+        raise ImageError(f"an image cannot be resized to {width}x{height}")
+    from PIL import Image as PILImage
+
+    method = {"bilinear": PILImage.Resampling.BILINEAR, "bicubic": PILImage.Resampling.BICUBIC,
+              "lanczos": PILImage.Resampling.LANCZOS}[algo]
+    return np.asarray(PILImage.fromarray(rgb, "RGB").resize((width, height), method, reducing_gap=None), np.uint8)
+
+
+def letterbox(rgb: np.ndarray, side: int, algo: str) -> np.ndarray:
+    """libmtmd's resize with PAD_CEIL: scaled (float32 arithmetic) so the whole image fits side x side, centred on
+    black."""
+    h, w = rgb.shape[:2]
+    if (w, h) == (side, side):
+        return rgb.copy()
+    scale = min(np.float32(side) / np.float32(w), np.float32(side) / np.float32(h))
+    nw = min(int(np.ceil(np.float32(w) * scale)), side)
+    nh = min(int(np.ceil(np.float32(h) * scale)), side)
+    out = np.zeros((side, side, 3), np.uint8)
+    y0, x0 = (side - nh) // 2, (side - nw) // 2
+    out[y0:y0 + nh, x0:x0 + nw] = resize(rgb, nw, nh, algo)
+    return out
+
+
+def normalize(rgb: np.ndarray, mean, std) -> np.ndarray:
+    """RGB bytes (H, W, 3) -> float32 (3, H, W): value / 255, minus the mean, over the std, per channel (float32)."""
+    f = rgb.astype(np.float32) / np.float32(255.0)
+    f = (f - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    return np.ascontiguousarray(f.transpose(2, 0, 1))
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An image ready for the encoder: its inputs in the order the prompt holds them, and (idefics3) the tile grid
+    (rows, columns) the inputs before the overview form."""
+
+    inputs: list  # float32 (3, H, W) arrays
+    grid: tuple = (0, 0)
+
+
+def prepare(image: Image, cfg) -> Prepared:
+    """An image preprocessed for a projector of configuration cfg (models.clip.VisionConfig)."""
+    rgb, side = image.rgb, cfg.image_size
+    if cfg.projector == "gemma3":
+        return Prepared([normalize(letterbox(rgb, side, "bilinear"), cfg.mean, cfg.std)])
+    # idefics3: the longest edge to L (even), whole tiles, row-major tiles then the overview
+    h0, w0 = rgb.shape[:2]
+    L = cfg.longest_edge
+    ar = w0 / h0
+    if w0 >= h0:
+        w1, h1 = L, int(L / ar)
+        h1 += h1 % 2
+    else:
+        w1, h1 = int(L * ar), L
+        w1 += w1 % 2
+    if w1 < 1 or h1 < 1:
+        raise ImageError(f"an image of {w0}x{h0} pixels is too narrow to tile")
+    gx, gy = -(-w1 // side), -(-h1 // side)
+    r1 = resize(rgb, w1, h1, "lanczos")
+    r2 = resize(r1, gx * side, gy * side, "lanczos")
+    tiles = [normalize(r2[y * side:(y + 1) * side, x * side:(x + 1) * side], cfg.mean, cfg.std)
+             for y in range(gy) for x in range(gx)]
+    overview = normalize(resize(r2, side, side, "lanczos"), cfg.mean, cfg.std)
+    return Prepared(tiles + [overview], (gy, gx))

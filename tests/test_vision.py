@@ -1,0 +1,265 @@
+"""Vision projectors (mmproj): the loader, the preprocessing and the encoder against llama.cpp's libmtmd on the
+random text + projector pairs of tests/vision_zoo.py (golden data: tests/golden/vision.json, made by
+benchmarks/make_vision_golden.py)."""
+
+import hashlib
+import io
+import json
+
+import gguf
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as T
+
+import vision_zoo
+from conftest import golden_path
+from edgeinfer import images
+from edgeinfer.kernels import get_backend
+from edgeinfer.models.clip import VisionEncoder, config_from_gguf, pixel_shuffle
+from edgeinfer.models.common import ModelLoadError
+from edgeinfer.gguf_file import GGUFFile
+
+REF = json.load(open(golden_path("vision.json")))
+KB = get_backend("cpu")
+# llama.cpp rounds the patches (its im2col), the activations of F16 matrices and the attention's K and V (flash
+# attention) to halves: its rows differ from float32 ones by about 6e-4 of their largest value
+TOL = 3e-3
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("vision")
+    return {f: vision_zoo.write_pair(f, d) for f in vision_zoo.PAIRS}
+
+
+def sha256(path):
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+@pytest.mark.parametrize("family", sorted(vision_zoo.PAIRS))
+def test_encoder_matches_libmtmd(pairs, family):
+    text, proj = pairs[family]
+    ref = REF["families"][family]
+    assert (sha256(text), sha256(proj)) == (ref["text_sha256"], ref["mmproj_sha256"]), "the zoo files changed"
+    enc = VisionEncoder(proj, KB)
+    for case in ref["cases"]:
+        w, h = case["size"]
+        prep = images.prepare(images.from_rgb(vision_zoo.test_image(h, w)), enc.cfg)
+        want = [np.array(c["image"], np.float32) for c in case["chunks"] if "image" in c]
+        assert len(prep.inputs) == len(want), (w, h)
+        for i, (x, r) in enumerate(zip(prep.inputs, want)):
+            got = enc.encode(x)
+            assert got.shape == r.shape == (enc.cfg.tokens_per_image, enc.cfg.text_dim)
+            err = float(np.abs(got - r).max() / np.abs(r).max())
+            assert err < TOL, (family, (w, h), i, err)
+        # libmtmd decodes Gemma 3's image rows non-causally, SmolVLM's causally, one position a row
+        for c in case["chunks"]:
+            if "image" in c:
+                assert c["non_causal"] == (family == "gemma3") and c["n_pos"] == len(c["image"])
+
+
+def test_idefics3_tiles_as_libmtmd():
+    # the tile grid follows the aspect ratio at the longest edge (128 here, tiles of 64): the golden cases' text
+    # chunks name each tile's row and column, so the count of image chunks is gy * gx + 1
+    ref = REF["families"]["idefics3"]
+    cfg = _cfg("idefics3")
+    for case in ref["cases"]:
+        w, h = case["size"]
+        prep = images.prepare(images.from_rgb(vision_zoo.test_image(h, w)), cfg)
+        gy, gx = prep.grid
+        assert sum("image" in c for c in case["chunks"]) == gy * gx + 1
+    assert images.prepare(images.from_rgb(vision_zoo.test_image(30, 128)), cfg).grid == (1, 2)  # wide: one row
+    assert images.prepare(images.from_rgb(vision_zoo.test_image(128, 20)), cfg).grid == (2, 1)  # tall: one column
+
+
+def _cfg(family):
+    with GGUFFile(_write_mmproj(family)) as gf:
+        return config_from_gguf(gf)
+
+
+_TMP = {}
+
+
+def _write_mmproj(family, **kw):
+    import tempfile
+
+    key = (family, tuple(sorted(kw.items())))
+    if key not in _TMP:
+        path = tempfile.mkstemp(suffix=".gguf")[1]
+        {"gemma3": vision_zoo.write_gemma3_mmproj, "idefics3": vision_zoo.write_idefics3_mmproj}[family](path, **kw)
+        _TMP[key] = path
+    return _TMP[key]
+
+
+def test_gemma3_letterbox():
+    # a wide image is scaled to the square's width, centred between black bars (normalised: (0 - mean) / std)
+    cfg = _cfg("gemma3")
+    x = images.prepare(images.from_rgb(np.full((32, 64, 3), 200, np.uint8)), cfg).inputs[0]
+    assert x.shape == (3, 64, 64)
+    bar = (np.float32(0) - np.float32(cfg.mean[0])) / np.float32(cfg.std[0])
+    assert np.all(x[0, :16] == bar) and np.all(x[0, 48:] == bar)
+    np.testing.assert_allclose(x[0, 16:48], (200 / 255 - cfg.mean[0]) / cfg.std[0], rtol=1e-6)
+
+
+def test_quantized_projector_runs_on_the_int8_kernels(tmp_path):
+    # Q8_0 matrices (as `quantize-model` or a -Q8_0 mmproj file gives them) go through kb.matmul: close to F16's
+    f16 = VisionEncoder(_write_mmproj("idefics3"), KB)
+    q8 = VisionEncoder(_write_mmproj("idefics3", mtype=T.Q8_0), KB)
+    assert not isinstance(q8.layers[0].q[0], np.ndarray)
+    x = images.prepare(images.from_rgb(vision_zoo.test_image(64, 64)), f16.cfg).inputs[0]
+    a, b = f16.encode(x), q8.encode(x)
+    assert float(np.abs(a - b).max() / np.abs(a).max()) < 0.05
+
+
+def test_pixel_shuffle_is_the_definition():
+    # pixel (y2*s + i, x2*s + j) channel c -> row y2*(P/s) + x2, column (i*s + j)*C + c; odd grids padded with zeros
+    rng = np.random.default_rng(0)
+    for ny, nx, s in ((4, 4, 2), (6, 3, 3), (5, 7, 2)):
+        c = 3
+        x = rng.standard_normal((ny * nx, c)).astype(np.float32)
+        got = pixel_shuffle(x, ny, nx, s)
+        py, px = -(-ny // s), -(-nx // s)
+        want = np.zeros((py * px, s * s * c), np.float32)
+        for y in range(ny):
+            for xx in range(nx):
+                want[(y // s) * px + xx // s, ((y % s) * s + xx % s) * c:((y % s) * s + xx % s + 1) * c] = x[y * nx + xx]
+        np.testing.assert_array_equal(got, want)
+
+
+def test_encoder_rejects_a_wrong_image_shape():
+    enc = VisionEncoder(_write_mmproj("gemma3"), KB)
+    with pytest.raises(ValueError, match="expected \\(3, H, W\\)"):
+        enc.encode(np.zeros((3, 60, 64), np.float32))
+    with pytest.raises(ValueError, match="position embeddings"):
+        enc.encode(np.zeros((3, 128, 64), np.float32))
+
+
+# ------------------------------------------------------------------------------------------- broken files
+
+def _rewrite(src, dst, *, drop_keys=(), set_keys=None, drop_tensors=(), reshape=None):
+    """A copy of the projector src with keys dropped or changed and tensors dropped or replaced."""
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(str(dst), "clip")
+    set_keys = dict(set_keys or {})
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture",) or name in drop_keys or name in set_keys:
+            continue
+        t = field.types[0]
+        if t == gguf.GGUFValueType.ARRAY:
+            w.add_array(name, [float(field.parts[i][0]) for i in field.data])
+        elif t == gguf.GGUFValueType.STRING:
+            w.add_string(name, bytes(field.parts[field.data[0]]).decode())
+        else:
+            w.add_key_value(name, field.parts[field.data[0]][0], t)
+    for name, (value, vtype) in set_keys.items():
+        w.add_key_value(name, value, vtype)
+    for t in r.tensors:
+        if t.name in drop_tensors:
+            continue
+        data = np.array(t.data)
+        if reshape and t.name in reshape:
+            data = np.zeros(reshape[t.name], data.dtype)
+        w.add_tensor(t.name, data, raw_dtype=t.tensor_type if t.tensor_type not in (T.F32, T.F16) else None)
+    vision_zoo.finish(w)
+    return str(dst)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(set_keys={"clip.projector_type": ("llava", gguf.GGUFValueType.STRING)}), "projector type 'llava' is not"),
+    (dict(drop_keys=("clip.vision.image_size",)), "missing metadata key 'clip.vision.image_size'"),
+    (dict(drop_keys=("clip.vision.projector.scale_factor",)), "'clip.vision.projector.scale_factor'"),
+    (dict(set_keys={"clip.vision.patch_size": (7, gguf.GGUFValueType.UINT32)}), "not a multiple of the patch size"),
+    (dict(set_keys={"clip.use_silu": (True, gguf.GGUFValueType.BOOL)}), "both clip.use_gelu and clip.use_silu"),
+    (dict(set_keys={"clip.has_vision_encoder": (False, gguf.GGUFValueType.BOOL)}), "no vision encoder"),
+    (dict(drop_tensors=("v.blk.1.attn_out.weight",)), "missing tensor 'v.blk.1.attn_out.weight'"),
+    (dict(drop_tensors=("mm.model.fc.weight",)), "missing 2-D tensor 'mm.model.fc.weight'"),
+    (dict(reshape={"v.blk.0.attn_q.weight": (64, 32)}), "'v.blk.0.attn_q.weight' has shape"),
+    (dict(reshape={"v.position_embd.weight": (10, 64)}), "'v.position_embd.weight' has shape"),
+])
+def test_broken_projector_is_a_one_line_error(tmp_path, change, message):
+    path = _rewrite(_write_mmproj("idefics3"), tmp_path / "broken.gguf", **change)
+    with pytest.raises(ModelLoadError, match=message) as e:
+        VisionEncoder(path, KB)
+    assert "\n" not in str(e.value)
+
+
+def test_a_text_model_is_not_a_projector(pairs, tmp_path):
+    with pytest.raises(ModelLoadError, match="not a projector file: general.architecture is 'llama'"):
+        VisionEncoder(pairs["idefics3"][0], KB)
+    bad = tmp_path / "garbage.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 20)
+    with pytest.raises(ModelLoadError, match="projector file"):
+        VisionEncoder(str(bad), KB)
+
+
+# ------------------------------------------------------------------------------------------------ images
+
+def _encoded(rgb, fmt, **kw):
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def test_decode_formats():
+    rgb = vision_zoo.test_image(20, 30)
+    for fmt in ("PNG", "BMP", "WEBP"):
+        kw = {"lossless": True} if fmt == "WEBP" else {}
+        im = images.decode(_encoded(rgb, fmt, **kw))
+        assert im.size == (30, 20)
+        np.testing.assert_array_equal(im.rgb, rgb)
+    smooth = np.broadcast_to(np.linspace(0, 250, 30).astype(np.uint8)[None, :, None], (20, 30, 3)).copy()
+    jpg = images.decode(_encoded(smooth, "JPEG", quality=95))  # lossy: near the pixels
+    assert jpg.size == (30, 20) and np.abs(jpg.rgb.astype(int) - smooth).max() < 8
+    # the same pixels give the same digest, whatever the container; other pixels another
+    assert images.decode(_encoded(rgb, "PNG")).digest == images.from_rgb(rgb).digest
+    assert images.from_rgb(rgb[::-1]).digest != images.from_rgb(rgb).digest
+
+
+def test_decode_transparent_and_grey():
+    from PIL import Image
+
+    rgba = np.zeros((4, 4, 4), np.uint8)
+    rgba[..., 0] = 255
+    buf = io.BytesIO()
+    Image.fromarray(rgba, "RGBA").save(buf, "PNG")
+    assert images.decode(buf.getvalue()).rgb[0, 0].tolist() == [255, 0, 0]
+    buf = io.BytesIO()
+    Image.fromarray(np.full((3, 3), 77, np.uint8), "L").save(buf, "PNG")
+    assert images.decode(buf.getvalue()).rgb[1, 1].tolist() == [77, 77, 77]
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"", "empty"),
+    (b"definitely not an image", "not an image Pillow can read"),
+    (b"\x89PNG\r\n\x1a\n" + b"\0" * 40, "could not be decoded|not an image"),
+])
+def test_decode_errors(data, message):
+    with pytest.raises(images.ImageError, match=message):
+        images.decode(data)
+
+
+def test_data_urls_and_base64():
+    png = _encoded(vision_zoo.test_image(8, 8), "PNG")
+    import base64
+
+    b64 = base64.b64encode(png).decode()
+    assert images.decode_data_url("data:image/png;base64," + b64).size == (8, 8)
+    assert images.decode_base64(b64).size == (8, 8)
+    for bad, message in (("http://example.com/a.png", "must be a data: URL"),
+                         ("data:image/png," + b64, "must be base64"),
+                         ("data:text/plain;base64," + b64, "is not an image"),
+                         ("data:image/png;base64,@@@", "not valid base64")):
+        with pytest.raises(images.ImageError, match=message):
+            images.decode_data_url(bad)
+
+
+def test_image_limits(tmp_path, monkeypatch):
+    with pytest.raises(images.ImageError, match="uint8 of shape"):
+        images.from_rgb(np.zeros((4, 4), np.uint8))
+    monkeypatch.setattr(images, "MAX_PIXELS", 100)
+    with pytest.raises(images.ImageError, match="at most 100 pixels"):
+        images.decode(_encoded(vision_zoo.test_image(20, 20), "PNG"))
+    with pytest.raises(images.ImageError, match="cannot read image"):
+        images.load(tmp_path / "missing.png")
