@@ -11,6 +11,12 @@ chunk's embedding rows (mtmd_encode_chunk, mtmd_get_output_embd; rounded to 6 di
 and whether libmtmd decodes it non-causally; then evaluate the whole prompt (mtmd_helper_eval_chunks) and keep
 the top-20 ids and logits of the last position and the row's log-sum-exp.
 
+"pixels": the preprocessing alone, byte for byte. A projector with no layers and identity matrices (patch 4, the
+zoo's image size, mean, std and longest edge; gemma3's with one more channel of constant K so the RMS norm can be
+undone, and pooling 1) makes libmtmd output each encoder input it built; inverted to bytes (exact: the half-float
+rounding of a normalised value is under a tenth of a level) they are recorded as sha256 of each (H, W, 3) uint8
+input, in libmtmd's order, for noise images (the hardest case for a resampler) of several sizes.
+
 Needs llama-cpp-python (built with its mtmd library) and the repository's tests directory; not a test dependency.
 Run it from the repository root."""
 import ctypes
@@ -27,6 +33,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import llama_cpp  # noqa: E402
 import llama_cpp.mtmd_cpp as mtmd  # noqa: E402
 import vision_zoo  # noqa: E402
+from gguf.constants import GGMLQuantizationType  # noqa: E402
+
+F32 = GGMLQuantizationType.F32
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "golden", "vision.json")
 SIZES = [(64, 64), (48, 48), (100, 100), (120, 70), (50, 90)]  # (width, height): native, smaller, larger, wide, tall
@@ -93,6 +102,99 @@ def run_family(family: str, folder: str) -> dict:
     return {"text_sha256": sha256(text), "mmproj_sha256": sha256(proj), "cases": cases}
 
 
+PIX_SIZES = [(64, 64), (100, 37), (37, 100), (131, 257), (250, 40), (17, 23)]  # (width, height)
+PIX_P, PIX_K = 4, 30.0
+
+
+def write_pixel_projector(family: str, path: str) -> int:
+    """The identity projector of `family` (see the docstring); returns the text width it needs."""
+    import gguf
+
+    p = PIX_P
+    c = 3 * p * p + (1 if family == "gemma3" else 0)
+    s = 1 if family == "gemma3" else 2
+    d = -(-(c * s * s) // 4) * 4
+    w = gguf.GGUFWriter(path, "clip")
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_string("clip.projector_type", family)
+    keys = [("embedding_length", c), ("feed_forward_length", c), ("block_count", 0), ("attention.head_count", 1),
+            ("projection_dim", d), ("image_size", 64), ("patch_size", p), ("projector.scale_factor", s)]
+    if family == "idefics3":
+        keys.append(("preproc_image_size", 128))
+    for k, v in keys:
+        w.add_uint32("clip.vision." + k, v)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    w.add_array("clip.vision.image_mean", [0.5, 0.45, 0.4])
+    w.add_array("clip.vision.image_std", [0.5, 0.55, 0.6])
+    w.add_bool("clip.use_gelu", True)
+    pe = np.zeros((c, 3 * p * p), np.float32)
+    pe[:3 * p * p] = np.eye(3 * p * p)
+    w.add_tensor("v.patch_embd.weight", pe.reshape(c, 3, p, p))
+    if family == "gemma3":
+        b = np.zeros(c, np.float32)
+        b[-1] = PIX_K
+        w.add_tensor("v.patch_embd.bias", b)
+        proj = np.zeros((c, d), np.float32)
+        proj[:, :c] = np.eye(c)
+        w.add_tensor("mm.input_projection.weight", proj)
+        w.add_tensor("mm.soft_emb_norm.weight", np.ones(c, np.float32))
+    else:
+        fc = np.zeros((d, c * s * s), np.float32)
+        fc[:c * s * s] = np.eye(c * s * s)
+        w.add_tensor("mm.model.fc.weight", fc)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return d
+
+
+def pixels(family: str, folder: str) -> list:
+    proj = os.path.join(folder, f"{family}-pixels.gguf")
+    d = write_pixel_projector(family, proj)
+    text = os.path.join(folder, f"{family}-pixels-text.gguf")
+    vision_zoo.write_tiny_llama(text, dim=d, n_head=1, n_kv=1, qtype=F32, embd_type=F32, extra_specials=vision_zoo.IDEFICS3_SPECIALS + ("\n\n",))
+    model = llama_cpp.llama_model_load_from_file(text.encode(), llama_cpp.llama_model_default_params())
+    p = mtmd.mtmd_context_params_default()
+    p.use_gpu, p.n_threads, p.print_timings, p.flash_attn_type = False, 2, False, 0
+    mctx = mtmd.mtmd_init_from_file(proj.encode(), model, p)
+    assert mctx, proj
+    mean, std = np.array([0.5, 0.45, 0.4]), np.array([0.5, 0.55, 0.6])
+    side, c = 64 // PIX_P, 3 * PIX_P * PIX_P
+    out = []
+    for (w, h) in PIX_SIZES:
+        rgb = np.random.default_rng(w * 1000 + h).integers(0, 256, (h, w, 3), dtype=np.uint8)
+        buf = (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes())
+        bmp = mtmd.mtmd_bitmap_init(w, h, buf)
+        marker = mtmd.mtmd_default_marker()
+        txt = mtmd.mtmd_input_text(marker, len(marker), False, True)
+        chunks = mtmd.mtmd_input_chunks_init()
+        assert mtmd.mtmd_tokenize(mctx, chunks, ctypes.byref(txt), (mtmd.mtmd_bitmap_p_ctypes * 1)(bmp), 1) == 0
+        digests = []
+        for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+            ch = mtmd.mtmd_input_chunks_get(chunks, i)
+            if mtmd.mtmd_input_chunk_get_type(ch) != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                continue
+            nt = mtmd.mtmd_input_chunk_get_n_tokens(ch)
+            assert mtmd.mtmd_encode_chunk(mctx, ch) == 0
+            e = np.ctypeslib.as_array(mtmd.mtmd_get_output_embd(mctx), shape=(nt, d)).astype(np.float64)
+            if family == "gemma3":  # undo the RMS norm by the constant channel
+                patches = e[:, :c] * (PIX_K / e[:, c])[:, None]
+            else:  # undo the pixel shuffle (2 x 2 blocks of patches in a row)
+                z = e[:, :4 * c].reshape(side // 2, side // 2, 2, 2, c)
+                patches = z.transpose(0, 2, 1, 3, 4).reshape(side * side, c)
+            img = patches.reshape(side, side, 3, PIX_P, PIX_P).transpose(0, 3, 1, 4, 2).reshape(64, 64, 3)
+            u8 = np.rint((img * std + mean) * 255.0)
+            assert np.all((u8 >= 0) & (u8 <= 255))
+            digests.append(hashlib.sha256(u8.astype(np.uint8).tobytes()).hexdigest())
+        out.append({"size": [w, h], "inputs": digests})
+        mtmd.mtmd_input_chunks_free(chunks)
+        mtmd.mtmd_bitmap_free(bmp)
+    mtmd.mtmd_free(mctx)
+    llama_cpp.llama_model_free(model)
+    return out
+
+
 def main():
     llama_cpp.llama_backend_init()
     out = {"engine": f"llama.cpp's libmtmd via llama-cpp-python {llama_cpp.__version__} (CPU, 2 threads)",
@@ -100,6 +202,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         for family in vision_zoo.PAIRS:
             out["families"][family] = run_family(family, d)
+            out["families"][family]["pixels"] = pixels(family, d)
             print(family, "ok", flush=True)
     with open(OUT, "w") as f:
         json.dump(out, f, separators=(",", ":"))

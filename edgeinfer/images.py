@@ -3,8 +3,8 @@ preprocessing as llama.cpp's libmtmd does it (tools/mtmd/mtmd-image.cpp), so an 
 pixels there and here.
 
 libmtmd's resampler is a port of Pillow's 8-bit `ImagingResample` (bilinear, bicubic, Lanczos; antialiased when
-shrinking; a horizontal pass, then a vertical one, each rounded to bytes), so Pillow's own `resize` is the same
-arithmetic. Then each value is scaled to [0, 1] and normalised by the projector's mean and std per channel.
+shrinking; fixed-point weights, a horizontal pass, then a vertical one, each rounded to bytes): `resize` is that
+port in numpy (Pillow's own `resize` sometimes takes the vertical pass first, so its bytes can differ). Then each value is scaled to [0, 1] and normalised by the projector's mean and std per channel.
 
     gemma3    the image letterboxed into the encoder's square (scaled so its long side fits, the short side
               centred between black bars), bilinear: one input
@@ -19,6 +19,7 @@ import base64
 import binascii
 import hashlib
 import io
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,16 +127,90 @@ def load(path) -> Image:
 # ------------------------------------------------------------------------------------------- preprocessing
 
 def resize(rgb: np.ndarray, width: int, height: int, algo: str) -> np.ndarray:
-    """libmtmd's resize_pillow: RGB bytes to (height, width, 3) by Pillow's 8-bit resampler (the same size: a copy)."""
+    """libmtmd's resize_pillow: RGB bytes to (height, width, 3), Pillow's 8-bit resampling arithmetic in libmtmd's
+    order (always the horizontal pass first, each pass rounded to bytes; Pillow itself sometimes starts with the
+    vertical one, which rounds differently). The same size: a copy."""
     if (rgb.shape[1], rgb.shape[0]) == (width, height):
         return rgb.copy()
     if not (0 < width <= 65536 and 0 < height <= 65536):
         raise ImageError(f"an image cannot be resized to {width}x{height}")
-    from PIL import Image as PILImage
+    out = rgb
+    if width != rgb.shape[1]:
+        out = _resample(out, 1, width, algo)
+    if height != rgb.shape[0]:
+        out = _resample(out, 0, height, algo)
+    return out
 
-    method = {"bilinear": PILImage.Resampling.BILINEAR, "bicubic": PILImage.Resampling.BICUBIC,
-              "lanczos": PILImage.Resampling.LANCZOS}[algo]
-    return np.asarray(PILImage.fromarray(rgb, "RGB").resize((width, height), method, reducing_gap=None), np.uint8)
+
+_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0, "lanczos": 3.0}
+_PRECISION = 22  # fixed-point bits of the weights: 32 - 8 - 2
+
+
+def _filter(algo: str, x: float) -> float:
+    if algo == "lanczos":
+        if -3.0 <= x < 3.0:
+            return _sinc(x) * _sinc(x / 3.0)
+        return 0.0
+    x = abs(x)
+    if algo == "bilinear":
+        return 1.0 - x if x < 1.0 else 0.0
+    a = -0.5  # Pillow's bicubic
+    if x < 1.0:
+        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1
+    if x < 2.0:
+        return (((x - 5) * x + 8) * x - 4) * a
+    return 0.0
+
+
+def _sinc(v: float) -> float:
+    if v == 0.0:
+        return 1.0
+    pv = v * 3.141592653589793238462643383279502884
+    return math.sin(pv) / pv
+
+
+def _weights(in_size: int, out_size: int, algo: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per output pixel: the first input pixel, and the fixed-point weights of ksize input pixels from it (zero
+    past the image's edge), as libmtmd's precompute_weights (double arithmetic, sums in order)."""
+    scale = filterscale = in_size / out_size
+    if filterscale < 1.0:
+        filterscale = 1.0
+    support = _SUPPORT[algo] * filterscale
+    ksize = int(math.ceil(support)) * 2 + 1
+    first = np.zeros(out_size, np.int64)
+    w = np.zeros((out_size, ksize), np.float64)
+    ss = 1.0 / filterscale
+    for xx in range(out_size):
+        center = (xx + 0.5) * scale
+        xmin = max(int(center - support + 0.5), 0)
+        cnt = min(int(center + support + 0.5), in_size) - xmin
+        ww = 0.0
+        for x in range(cnt):
+            w[xx, x] = _filter(algo, (x + xmin - center + 0.5) * ss)
+            ww += w[xx, x]
+        if ww != 0.0:
+            w[xx, :cnt] /= ww
+        first[xx] = xmin
+    fixed = (w * float(1 << _PRECISION) + np.where(w < 0, -0.5, 0.5)).astype(np.int64)  # +-0.5, truncated
+    return first, fixed
+
+
+def _resample(img: np.ndarray, axis: int, out_size: int, algo: str) -> np.ndarray:
+    """One pass along axis (1: columns, 0: rows) of an (H, W, 3) uint8 image."""
+    in_size = img.shape[axis]
+    first, k = _weights(in_size, out_size, algo)
+    src = img.astype(np.int64)
+    shape = list(img.shape)
+    shape[axis] = out_size
+    acc = np.full(shape, 1 << (_PRECISION - 1), np.int64)
+    for j in range(k.shape[1]):
+        idx = np.minimum(first + j, in_size - 1)  # past the edge the weight is 0
+        taps = k[:, j]
+        if axis == 1:
+            acc += src[:, idx, :] * taps[None, :, None]
+        else:
+            acc += src[idx, :, :] * taps[:, None, None]
+    return np.clip(acc >> _PRECISION, 0, 255).astype(np.uint8)
 
 
 def letterbox(rgb: np.ndarray, side: int, algo: str) -> np.ndarray:

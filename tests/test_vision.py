@@ -58,6 +58,37 @@ def test_encoder_matches_libmtmd(pairs, family):
                 assert c["non_causal"] == (family == "gemma3") and c["n_pos"] == len(c["image"])
 
 
+@pytest.mark.parametrize("family", sorted(vision_zoo.PAIRS))
+def test_preprocessing_is_libmtmds_byte_for_byte(family):
+    # noise images of several sizes: each encoder input libmtmd built (recovered through an identity projector, see
+    # make_vision_golden.py) has the bytes ours has, in the same order
+    cfg = _cfg(family)
+    for case in REF["families"][family]["pixels"]:
+        w, h = case["size"]
+        rgb = np.random.default_rng(w * 1000 + h).integers(0, 256, (h, w, 3), dtype=np.uint8)
+        got = [hashlib.sha256(_unnormalized(x, cfg).tobytes()).hexdigest()
+               for x in images.prepare(images.from_rgb(rgb), cfg).inputs]
+        assert got == case["inputs"], (family, (w, h))
+
+
+def _unnormalized(x, cfg):
+    # the bytes an encoder input was normalised from
+    img = x.transpose(1, 2, 0).astype(np.float64) * np.array(cfg.std) + np.array(cfg.mean)
+    return np.rint(img * 255.0).astype(np.uint8)
+
+
+def test_resize_is_pillows_arithmetic():
+    # where Pillow takes the horizontal pass first (a width change alone), its bytes are ours
+    from PIL import Image
+
+    rgb = np.random.default_rng(3).integers(0, 256, (19, 57, 3), dtype=np.uint8)
+    for algo, method in (("bilinear", Image.Resampling.BILINEAR), ("bicubic", Image.Resampling.BICUBIC),
+                         ("lanczos", Image.Resampling.LANCZOS)):
+        for width in (5, 31, 100):
+            want = np.asarray(Image.fromarray(rgb).resize((width, 19), method, reducing_gap=None))
+            np.testing.assert_array_equal(images.resize(rgb, width, 19, algo), want)
+
+
 def test_idefics3_tiles_as_libmtmd():
     # the tile grid follows the aspect ratio at the longest edge (128 here, tiles of 64): the golden cases' text
     # chunks name each tile's row and column, so the count of image chunks is gy * gx + 1
