@@ -84,7 +84,8 @@ def run_family(family: str, folder: str) -> dict:
                 nt = mtmd.mtmd_input_chunk_get_n_tokens(ch)
                 assert mtmd.mtmd_encode_chunk(mctx, ch) == 0
                 emb = np.ctypeslib.as_array(mtmd.mtmd_get_output_embd(mctx), shape=(nt, n_embd)).copy()
-                out.append({"image": [[R(v) for v in row] for row in emb], "n_pos": int(mtmd.mtmd_input_chunk_get_n_pos(ch)),
+                out.append({"image": [[R(v) for v in row] for row in emb],
+                            "n_pos": int(mtmd.mtmd_input_chunk_get_n_pos(ch)),
                             "non_causal": bool(mtmd.mtmd_decode_use_non_causal(mctx, ch))})
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(lctx), True)
         n_past = llama_cpp.llama_pos(0)
@@ -153,7 +154,8 @@ def pixels(family: str, folder: str) -> list:
     proj = os.path.join(folder, f"{family}-pixels.gguf")
     d = write_pixel_projector(family, proj)
     text = os.path.join(folder, f"{family}-pixels-text.gguf")
-    vision_zoo.write_tiny_llama(text, dim=d, n_head=1, n_kv=1, qtype=F32, embd_type=F32, extra_specials=vision_zoo.IDEFICS3_SPECIALS + ("\n\n",))
+    vision_zoo.write_tiny_llama(text, dim=d, n_head=1, n_kv=1, qtype=F32, embd_type=F32,
+                                extra_specials=vision_zoo.IDEFICS3_SPECIALS + ("\n\n",))
     model = llama_cpp.llama_model_load_from_file(text.encode(), llama_cpp.llama_model_default_params())
     p = mtmd.mtmd_context_params_default()
     p.use_gpu, p.n_threads, p.print_timings, p.flash_attn_type = False, 2, False, 0

@@ -14,10 +14,12 @@ import click
 from edgeinfer import registry
 from edgeinfer.harmony import HarmonyParser, is_harmony
 
-from .common import constraint_kwargs, constraint_options, load, make_params, sampling_options, speculation_options
+from .common import (constraint_kwargs, constraint_options, load, make_params, mmproj_option, sampling_options,
+                     speculation_options)
 
 
 CHAT_HELP = "commands: /reset (new conversation), /system TEXT, /stats, /exit (or Ctrl-D); Ctrl-C stops an answer"
+IMAGE_HELP = "; /image PATH (an image for your next message)"
 
 
 @click.command()
@@ -26,27 +28,30 @@ CHAT_HELP = "commands: /reset (new conversation), /system TEXT, /stats, /exit (o
 @constraint_options
 @click.option("--system", "system_prompt", default=None, help="A system message to start with.")
 @speculation_options
+@mmproj_option
 def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads, device,
          kv_type, max_context, memory_budget, json_schema, regex, choice, grammar, system_prompt, draft, speculate,
-         draft_tokens):
+         draft_tokens, mmproj):
     """Chat with MODEL (default: qwen2.5-coder-0.5b-instruct, pulled on first use). With a constraint
     (--json-schema, ...) every answer follows it."""
     params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop,
                          **constraint_kwargs(json_schema, regex, choice, grammar))
     interactive = sys.stdin.isatty()
     llm = load(model, threads, device, kv_type, max_context, memory_budget, draft, speculate, draft_tokens,
-               compile_later=True)
+               compile_later=True, mmproj=mmproj)
+    helps = CHAT_HELP + (IMAGE_HELP if mmproj else "")
     if interactive:
         _setup_readline()
         # a first run's kernel compile ends (its status line on stderr) before the prompt is shown, so the line
         # never writes into what the user types; the first answer would wait for it anyway
         llm.kernels.ready()
-        click.echo(f"edgeinfer chat: {llm.path.name} ({llm.config.arch}, {llm.config.n_layer} layers). {CHAT_HELP}")
+        click.echo(f"edgeinfer chat: {llm.path.name} ({llm.config.arch}, {llm.config.n_layer} layers). {helps}")
     harmony = is_harmony(llm.chat_template.source)
     if harmony:  # its channels need the control tokens' text
         params = dataclasses.replace(params, special_text=True)
     system = system_prompt
     history: list[dict] = []
+    pending: list = []  # images for the next message (/image)
     last = {}
     while True:
         try:
@@ -64,7 +69,7 @@ def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, se
             if cmd in ("/exit", "/quit", "/bye"):
                 break
             if cmd == "/reset":
-                history = []
+                history, pending = [], []
                 click.echo("(conversation cleared)")
             elif cmd == "/system":
                 system = arg.strip() or None
@@ -72,13 +77,18 @@ def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, se
                 click.echo(f"(system message {'set' if system else 'cleared'}; conversation cleared)")
             elif cmd == "/stats":
                 click.echo(json.dumps({**last, **llm.stats()}))
+            elif cmd == "/image" and mmproj:
+                _attach(arg.strip(), pending)
             else:
-                click.echo(f"unknown command {cmd}; {CHAT_HELP}")
+                click.echo(f"unknown command {cmd}; {helps}")
             continue
-        history.append({"role": "user", "content": line})
+        content = [*({"type": "image", "image": im} for im in pending), {"type": "text", "text": line}] \
+            if pending else line
+        pending = []
+        history.append({"role": "user", "content": content})
         messages = ([{"role": "system", "content": system}] if system else []) + history
         try:
-            prompt_ids = llm.render_chat(messages)
+            prompt_ids = llm.chat_prompt(messages)
         except ValueError as e:
             click.echo(f"error: {e}", err=True)
             history.pop()
@@ -107,6 +117,23 @@ def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, se
         last = {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "ttft_s": round((first or end) - t0, 3),
                 "decode_tok_s": round((n - 1) / (end - first), 2) if first and n > 1 and end > first else None}
         history.append({"role": "assistant", "content": "".join(answer)})
+
+
+def _attach(path: str, pending: list) -> None:
+    """/image PATH: the image read now (an error says what is wrong with it), sent with the next message."""
+    from edgeinfer.images import ImageError, load
+
+    if not path:
+        click.echo("usage: /image PATH", err=True)
+        return
+    try:
+        image = load(path)
+    except ImageError as e:
+        click.echo(f"error: {e}", err=True)
+        return
+    pending.append(image)
+    w, h = image.size
+    click.echo(f"(image {path}, {w}x{h}, goes with your next message)")
 
 
 def _show(text: str, parser, answer: list, last: bool = False) -> None:

@@ -110,6 +110,13 @@ def constraint_kwargs(json_schema, regex, choice, grammar) -> dict:
     return out
 
 
+def mmproj_option(f):
+    """--mmproj: the model's vision projector."""
+    return click.option("--mmproj", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
+                        help="The model's vision projector (an mmproj GGUF, as llama.cpp's --mmproj): prompts may "
+                             "then hold images.")(f)
+
+
 def speculation_options(f):
     """--draft-model, --speculate and --draft-tokens: speculative decoding."""
     for opt in reversed([
@@ -138,13 +145,13 @@ def make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, se
 
 def load(model: str, threads: int, device: str = "cpu", kv_type: str | None = None, max_context: int = 0,
          memory_budget: float = 0.0, draft: str | None = None, speculate: str | None = None,
-         draft_tokens: int | None = None, compile_later: bool = False):
+         draft_tokens: int | None = None, compile_later: bool = False, mmproj: str | None = None):
     """The model for a command; compile_later: a first run's first answers need not wait for the compiled
-    step (chat, generate: kernels/cpu/background.py)."""
+    step (chat, generate: kernels/cpu/background.py); mmproj: its vision projector."""
     from edgeinfer import LLM
 
     if threads < 0:
         raise click.BadParameter(f"--threads must be >= 0, got {threads}")
     return LLM(model, threads=threads, backend=device, kv_type=kv_type or "", max_context=max_context,
                memory_budget_mb=memory_budget, progress=True, draft=draft, speculate=speculate,
-               draft_tokens=draft_tokens or 0, compile_later=compile_later)
+               draft_tokens=draft_tokens or 0, compile_later=compile_later, mmproj=mmproj)

@@ -8,7 +8,8 @@ import time
 
 import click
 
-from .common import constraint_kwargs, constraint_options, load, make_params, sampling_options, speculation_options
+from .common import (constraint_kwargs, constraint_options, load, make_params, mmproj_option, sampling_options,
+                     speculation_options)
 
 
 @click.command()
@@ -19,14 +20,26 @@ from .common import constraint_kwargs, constraint_options, load, make_params, sa
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text and timing stats.")
 @click.option("--special", is_flag=True, help="Parse special-token text (like <|im_start|>) in the prompt.")
 @speculation_options
+@mmproj_option
+@click.option("--image", "images", multiple=True, type=click.Path(exists=True, dir_okay=False), metavar="PATH",
+              help="An image for the prompt (needs --mmproj; repeatable): at each <__media__> in PROMPT, in order, "
+                   "or before PROMPT where it has none.")
 def generate(model, prompt, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads,
              device, kv_type, max_context, memory_budget, json_schema, regex, choice, grammar, as_json, special,
-             draft, speculate, draft_tokens):
+             draft, speculate, draft_tokens, mmproj, images):
     """Continue PROMPT with MODEL, streaming the text."""
+    from edgeinfer.vision import MARKER
+
+    if images and not mmproj:
+        raise click.UsageError("--image needs the model's vision projector: --mmproj FILE")
     params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop,
                          **constraint_kwargs(json_schema, regex, choice, grammar))
     llm = load(model, threads, device, kv_type, max_context, memory_budget, draft, speculate, draft_tokens,
-               compile_later=True)
+               compile_later=True, mmproj=mmproj)
+    if images and MARKER not in prompt:
+        prompt = MARKER * len(images) + prompt
+    if images:  # the prompt's ids with the images' rows (a MediaPrompt): built once, read below
+        prompt = llm.vision.prompt(prompt, list(images), parse_special=special)
     t0 = time.perf_counter()
     first = None
     text, ids, reason, prompt_ids = [], [], None, None
@@ -44,7 +57,7 @@ def generate(model, prompt, max_tokens, temperature, top_p, top_k, min_p, repeat
         reason = "abort"
     end = time.perf_counter()
     if prompt_ids is None:  # stopped before the first chunk
-        prompt_ids = llm.tokenize(prompt, add_bos=None, parse_special=special)
+        prompt_ids = prompt if images else llm.tokenize(prompt, add_bos=None, parse_special=special)
     n_prompt = len(prompt_ids)
     if as_json:
         decode_s = end - (first or end)

@@ -3,6 +3,7 @@ memory budget and speculation arranged here before the server starts."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -63,10 +64,15 @@ from .common import engine_options
 @click.option("--slot-save-path", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Let clients save and restore slots' KV to and from files in DIR (llama.cpp's POST "
                    "/slots/ID?action=save|restore).")
+@click.option("--mmproj", "mmprojs", multiple=True, metavar="[MODEL=]FILE",
+              help="The model's vision projector (an mmproj GGUF, as llama.cpp's --mmproj): its chat requests may "
+                   "then hold images (OpenAI image_url parts with data: URLs, Ollama's images). With several "
+                   "models, say which (MODEL=FILE); repeatable.")
 @engine_options
 def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout, read_timeout, max_body_bytes, max_seqs, threads,
           device, shutdown_timeout, drafts, speculate, draft_tokens, reasoning_format, models_dirs, keep_alive,
-          allow_pull, allow_delete, prompt_cache, prompt_cache_mb, slot_save_path, kv_type, max_context, memory_budget):
+          allow_pull, allow_delete, prompt_cache, prompt_cache_mb, slot_save_path, mmprojs, kv_type, max_context,
+          memory_budget):
     """Serve MODELS over an OpenAI-compatible HTTP API (and Ollama's /api/ps). MODELS load at start; any
     other model that is downloaded (or under a --models-dir) loads when a request names it, and unloads
     when idle for --keep-alive. With no MODELS, a request that names no model gets smollm2-135m-instruct.
@@ -103,6 +109,8 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
     if memory_budget:  # one budget for the whole process: every model's weights, KV and buffers
         per_model = dict(zip(models, budget_configs(paths, base, memory_budget)))
     speculation = serve_speculation(models, drafts, speculate, draft_tokens, device)
+    for source, path in serve_projectors(models, mmprojs).items():  # LLM's mmproj=, beside its speculation
+        speculation[source] = {**speculation.get(source, {}), "mmproj": path}
     cfg = ServerConfig(models=models, threads=threads, api_key=api_key, cors_origins=list(cors_origins),
                        max_queue=max_queue, request_timeout=request_timeout, read_timeout=read_timeout,
                        max_body_bytes=max_body_bytes,
@@ -114,6 +122,26 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
                        on_demand_speculation=({"speculate": speculate, "draft_tokens": draft_tokens or 0}
                                               if speculate else None))
     sys.exit(run_server(cfg, host=host, port=port, shutdown_timeout=shutdown_timeout))
+
+
+def serve_projectors(models: list[str], mmprojs) -> dict:
+    """model source -> its projector file, from serve's --mmproj [MODEL=]FILE."""
+    by_name = {registry.model_name(m): m for m in models}
+    out: dict[str, str] = {}
+    for spec in mmprojs:
+        target, sep, path = spec.rpartition("=")
+        if not sep or not target:
+            if len(models) != 1:
+                raise click.UsageError(f"--mmproj {spec}: give it for one model (MODEL=FILE)" if models else
+                                       f"--mmproj {spec}: name the model it belongs to on the command line")
+            target, path = models[0], spec
+        target = by_name.get(target, target)
+        if target not in models:
+            raise click.UsageError(f"--mmproj {spec}: {target!r} is not one of the served models")
+        if not os.path.isfile(path):
+            raise click.BadParameter(f"{path}: no such file", param_hint="--mmproj")
+        out[target] = path
+    return out
 
 
 def serve_speculation(models: list[str], drafts, speculate, draft_tokens, device: str) -> dict:

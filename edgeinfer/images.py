@@ -4,7 +4,8 @@ pixels there and here.
 
 libmtmd's resampler is a port of Pillow's 8-bit `ImagingResample` (bilinear, bicubic, Lanczos; antialiased when
 shrinking; fixed-point weights, a horizontal pass, then a vertical one, each rounded to bytes): `resize` is that
-port in numpy (Pillow's own `resize` sometimes takes the vertical pass first, so its bytes can differ). Then each value is scaled to [0, 1] and normalised by the projector's mean and std per channel.
+port in numpy (Pillow's own `resize` sometimes takes the vertical pass first, so its bytes can differ). Then each
+value is scaled to [0, 1] and normalised by the projector's mean and std per channel.
 
     gemma3    the image letterboxed into the encoder's square (scaled so its long side fits, the short side
               centred between black bars), bilinear: one input

@@ -13,6 +13,7 @@ from . import registry
 from .config import EngineConfig, default_threads
 from .errors import EdgeInferError
 from .engine.llm_engine import LLMEngine, PromptTooLongError, RequestOutput
+from .embeddings import Embeddings
 from .engine.speculative import Speculation, SpeculationError, check_backend, check_same_vocab
 from .gguf_file import GGUFFile
 from .kernels import get_backend
@@ -54,7 +55,7 @@ class StreamChunk:
     num_output_tokens: int = 0  # generated so far, this chunk's included
 
 
-class LLM:
+class LLM(Embeddings):
     """A loaded model with its tokenizer, chat template and engine.
 
     model: a catalog name (pulled on first use), a cached model name, or a path to a .gguf file.
@@ -64,12 +65,13 @@ class LLM:
                  kv_type: str = "", max_context: int = 0, memory_budget_mb: float = 0.0,
                  engine_config: EngineConfig | None = None, progress: bool = True, draft: str | None = None,
                  speculate: str | None = None, draft_tokens: int = 0, prompt_cache: str = "",
-                 prompt_cache_mb: float = 1024.0, compile_later: bool = False):
+                 prompt_cache_mb: float = 1024.0, compile_later: bool = False, mmproj: str | None = None):
         """draft: a draft model (catalog name or path) for speculative decoding; speculate: "lookup" for
         prompt-lookup speculation ("draft" is implied by draft=); draft_tokens: proposals per step at
         most (0: 4 for a draft, 8 for lookup). prompt_cache: a folder where computed prompt blocks are kept
         (at most prompt_cache_mb for this model) and found again by a later process (engine/prompt_store.py).
-        compile_later: a first run answers per op while the compiled step compiles in the background."""
+        compile_later: a first run answers per op while the compiled step compiles in the background.
+        mmproj: the model's vision projector (a path to its mmproj GGUF): prompts may then hold images."""
         t0 = time.perf_counter()
         config = engine_config or EngineConfig(threads=threads, backend=backend, kv_dtype=kv_type,
                                                max_context=max_context, memory_budget_mb=memory_budget_mb,
@@ -124,6 +126,14 @@ class LLM:
         # an encoder (an embedding model such as nomic-bert) has no engine: it embeds, never generates
         self.is_encoder = bool(getattr(self.model, "is_encoder", False))
         mark("weights_s")
+        self.vision = None
+        if mmproj:
+            from .vision import Vision
+
+            if self.is_encoder:
+                raise EdgeInferError(f"{self.path.name} is an embedding model: it takes no projector")
+            self.vision = Vision(mmproj, self.kernels, self.tokenizer, self.config.dim)
+            mark("mmproj_s")
         self._chat_template = None
         self._template_source = self.gguf.get("tokenizer.chat_template")
         self.engine_config = config
@@ -195,8 +205,14 @@ class LLM:
             raise NotAGeneratorError(f"{self.path.name} is an embedding model ({self.config.arch}): it cannot "
                                      "generate text; use embed()")
 
-    def _prompt_ids(self, prompt, parse_special: bool = False) -> list[int]:
+    def _prompt_ids(self, prompt, parse_special: bool = False, images=None) -> list[int]:
         self._need_decoder()
+        if images:  # the prompt's text holds one vision.MARKER per image
+            if not isinstance(prompt, str):
+                raise TypeError("a prompt with images must be a str (with a <__media__> marker per image)")
+            return self._vision().prompt(prompt, list(images), parse_special=parse_special)
+        if getattr(prompt, "media", None) is not None:  # a vision.MediaPrompt, as built
+            return prompt
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_bos=None, parse_special=parse_special)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
@@ -206,10 +222,20 @@ class LLM:
 
     # -- generation ------------------------------------------------------------------------------
 
+    def _vision(self):
+        if self.vision is None:
+            from .vision import NoVisionError
+
+            raise NoVisionError(f"{self.name} was loaded without a vision projector: images need one "
+                                "(LLM(..., mmproj=FILE), --mmproj FILE)")
+        return self.vision
+
     def generate(self, prompts, params: SamplingParams | Seq[SamplingParams] | None = None, *,
-                 parse_special: bool = False) -> list[Completion]:
+                 parse_special: bool = False, images=None) -> list[Completion]:
         """Generate for one prompt or many; all run together as one continuous batch. params: one
-        SamplingParams for every prompt, or a list of them, one per prompt."""
+        SamplingParams for every prompt, or a list of them, one per prompt. images: a prompt's images (a list:
+        bytes, paths, images.Image), its text holding a <__media__> marker for each; for many prompts, a list of
+        such lists (None for a prompt without)."""
         single = isinstance(prompts, str) or (
             isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], (int, np.integer)))
         batch = [prompts] if single else list(prompts)
@@ -219,7 +245,10 @@ class LLM:
             per_prompt = list(params)
         else:
             per_prompt = [params or SamplingParams()] * len(batch)
-        ids = [self._prompt_ids(p, parse_special) for p in batch]
+        per_images = [images] if single else list(images or [None] * len(batch))
+        if len(per_images) != len(batch):
+            raise ValueError(f"got {len(per_images)} image lists for {len(batch)} prompts")
+        ids = [self._prompt_ids(p, parse_special, im) for p, im in zip(batch, per_images)]
         with self.engine.run() as run:
             rids = [run.submit(p, sp) for p, sp in zip(ids, per_prompt)]
             results = {rid: {"text": [], "ids": [], "lp": [], "reason": None} for rid in rids}
@@ -243,106 +272,17 @@ class LLM:
                                     {"seconds": elapsed, "ttft_seconds": (first or t0) - t0}))
         return comps
 
-    def stream(self, prompt, params: SamplingParams | None = None, *, parse_special: bool = False
+    def stream(self, prompt, params: SamplingParams | None = None, *, parse_special: bool = False, images=None
                ) -> Iterator[StreamChunk]:
-        """Yield text deltas (with their token ids) as they are generated."""
+        """Yield text deltas (with their token ids) as they are generated (images: as generate's)."""
         self._need_decoder()
         params = params or SamplingParams()
-        ids = self._prompt_ids(prompt, parse_special)
+        ids = self._prompt_ids(prompt, parse_special, images)
         with self.engine.run() as run:
             run.submit(ids, params)
             for out in run:  # leaving early (Ctrl-C, break) aborts the request and frees its blocks
                 if out.delta_text or out.new_token_ids or out.finished:
                     yield StreamChunk(out.delta_text, out.new_token_ids, out.finish_reason, ids, out.num_output_tokens)
-
-    # -- embeddings ----------------------------------------------------------------------------------
-
-    @property
-    def embed_context(self) -> int:
-        """The most tokens one text may have for embed()."""
-        return self.config.context_length if self.is_encoder else self.engine.max_context
-
-    def embed(self, texts, *, normalize: bool = True, truncate: bool = False, pooling: str | None = None,
-              dimensions: int | None = None, batch_tokens: int = 8192) -> np.ndarray:
-        """One vector per text: a float32 array (len(texts), dim), or (dim,) for a single str.
-
-        texts: a str, a list of str, or a list of token-id lists. An encoder (nomic-bert) gives its pooled
-        output (mean pooling, as the model's file says); a generative model gives its final hidden state
-        after the output norm, mean-pooled over the tokens or the last token's (pooling="last"), as
-        llama.cpp's --embedding does. normalize: unit length (L2). dimensions: keep the first n values
-        (Matryoshka models such as nomic-embed-text-v1.5 are trained for it), renormalised. A text longer
-        than the context is an error unless truncate, which keeps its first tokens (and the closing [SEP]).
-        Texts are computed together, up to batch_tokens tokens per pass. nomic-embed expects a task
-        prefix that the caller adds: "search_query: ..." for queries, "search_document: ..." for passages."""
-        single = isinstance(texts, str)
-        out = self.embed_ids(self.embed_tokens([texts] if single else texts, truncate), normalize=normalize,
-                             pooling=pooling, dimensions=dimensions, batch_tokens=batch_tokens)
-        return out[0] if single else out
-
-    def embed_ids(self, seqs: list[list[int]], *, normalize: bool = True, pooling: str | None = None,
-                  dimensions: int | None = None, batch_tokens: int = 8192) -> np.ndarray:
-        """embed() of texts already through embed_tokens: (len(seqs), dim) float32."""
-        if pooling is None:
-            pooling = getattr(self.model, "pooling", "mean")
-        if pooling not in ("mean", "cls", "last"):
-            raise ValueError(f"pooling must be 'mean', 'cls' or 'last', got {pooling!r}")
-        dim = self.config.dim
-        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
-                                       or not 1 <= dimensions <= dim):
-            raise ValueError(f"dimensions must be an integer in [1, {dim}], got {dimensions!r}")
-        out = np.empty((len(seqs), dim), np.float32)
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # like lengths together
-        i = 0
-        while i < len(order):
-            group, n = [], 0
-            while i < len(order) and (not group or n + len(seqs[order[i]]) <= batch_tokens):
-                group.append(order[i])
-                n += len(seqs[order[i]])
-                i += 1
-            states = self.model.encode([seqs[j] for j in group]) if self.is_encoder else \
-                [self._decoder_states(seqs[j], pooling) for j in group]
-            for j, h in zip(group, states):
-                out[j] = h.mean(axis=0) if pooling == "mean" else (h[0] if pooling == "cls" else h[-1])
-        if dimensions is not None:
-            out = np.ascontiguousarray(out[:, :dimensions])
-        if normalize:
-            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), np.float32(1e-12))
-        return out
-
-    def embed_tokens(self, texts, truncate: bool = False) -> list[list[int]]:
-        """The token ids embed() computes for each text (with the model's special tokens), checked against
-        the context (or truncated to it)."""
-        if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or not texts:
-            raise ValueError("texts must be a non-empty list of strings or of token-id lists")
-        tok, n_ctx = self.tokenizer, self.embed_context
-        seqs = []
-        for i, t in enumerate(texts):
-            if isinstance(t, str):
-                ids = tok.encode(t, add_bos=None)
-            elif isinstance(t, (list, tuple)) and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-                                                     for x in t):
-                ids = [int(x) for x in t]
-                bad = [x for x in ids if not 0 <= x < tok.vocab_size]
-                if bad:
-                    raise ValueError(f"text {i}: token id {bad[0]} is outside the vocabulary of {tok.vocab_size}")
-            else:
-                raise ValueError(f"text {i} must be a string or a list of token ids, got {type(t).__name__}")
-            if not ids:
-                raise ValueError(f"text {i} is empty: give at least one token")
-            if len(ids) > n_ctx:
-                if not truncate:
-                    raise PromptTooLongError(f"text {i} has {len(ids)} tokens but the context holds {n_ctx}: "
-                                             "shorten it, or truncate")
-                sep = getattr(tok, "sep_id", None)
-                ids = ids[: n_ctx - 1] + [ids[-1]] if sep is not None and ids[-1] == sep else ids[:n_ctx]
-            seqs.append(ids)
-        return seqs
-
-    def _decoder_states(self, ids: list[int], pooling: str) -> np.ndarray:
-        # a generative model's final hidden states, (n, dim) (only the last row for pooling "last"),
-        # through a KV cache of its own so the engine's is untouched
-        n = len(ids)
-        return self.engine.scratch(n).prefix(ids, [n - 1] if pooling == "last" else np.arange(n), hidden=True)
 
     def render_chat(self, messages, add_generation_prompt: bool = True, tools=None,
                     template_vars: dict | None = None, as_text: bool = False) -> list[int] | str:
@@ -364,6 +304,17 @@ class LLM:
         if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
             ids = ids[1:]  # the template wrote the BOS text and the tokenizer added one too
         return ids
+
+    def chat_prompt(self, messages, tools=None, template_vars: dict | None = None) -> list[int]:
+        """render_chat's token ids, or, for messages with image parts (OpenAI's image_url with a data: URL, or
+        {"type": "image", "image": bytes, path or images.Image}), a vision.MediaPrompt holding the images' rows."""
+        from .vision import split_images
+
+        plain, found = split_images(messages) if isinstance(messages, (list, tuple)) else (messages, [])
+        if not found:
+            return self.render_chat(messages, tools=tools, template_vars=template_vars)
+        text = self.render_chat(plain, tools=tools, template_vars=template_vars, as_text=True)
+        return self._vision().prompt(text, found)
 
     def chat(self, messages, params: SamplingParams | None = None, *, tools: list | None = None,
              tool_choice=None) -> Completion:
@@ -391,7 +342,7 @@ class LLM:
         harmony = is_harmony(self.chat_template.source)
         if harmony or (shown and fmt.special_text):  # gpt-oss: the reply parsed by channel; [TOOL_CALLS] ...
             params = replace(params, special_text=True)
-        comp = self.generate(self.render_chat(messages, tools=shown), params)[0]
+        comp = self.generate(self.chat_prompt(messages, tools=shown), params)[0]
         if harmony:
             comp.reasoning, comp.text = split_harmony(comp.text)
         if shown:

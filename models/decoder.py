@@ -329,24 +329,27 @@ class Model:
     def forward(self, batch: Batch, cache: KVCache, hidden: bool = False) -> np.ndarray:
         """Logits (L, vocab), on the host, for the tokens batch.logits_idx selects; hidden: their final
         hidden states after the output norm (L, dim) instead (what llama.cpp's embeddings are)."""
-        if self.stack is None or not self.kb.step_ready():  # (a first run: until the step is compiled)
+        # per op: a first run until the step is compiled, and a batch with rows attending non-causally (images)
+        if self.stack is None or not self.kb.step_ready() or batch.spans:
             return self.forward_per_op(batch, cache, hidden)
-        x = self.embed(batch.token_ids)
+        x = self.embed(batch.token_ids, batch)
         ple = per_layer.inputs(self.kb, self.cfg, self.ple, batch.token_ids, x) if self.ple is not None else None
         rows = self.stack.run(x, batch, cache, ple)
         return self.normed(rows) if hidden else self.logits(rows)
 
-    def embed(self, token_ids):
+    def embed(self, token_ids, batch: Batch | None = None):
         x = self.kb.embed(self.tok_embd, token_ids)
         if self.cfg.embed_scale != 1.0:  # Gemma's sqrt(dim), Granite's embedding_scale
             self.kb.scale_(x, self.cfg.embed_scale)
+        for row, rows in batch.embeds if batch is not None else ():  # an image's rows, unscaled (as llama.cpp)
+            x[row:row + len(rows)] = rows
         return x
 
     def forward_per_op(self, batch: Batch, cache: KVCache, hidden: bool = False) -> np.ndarray:
         """The reference forward: one backend call per op (the CUDA backend's path)."""
         kb, cfg, spec = self.kb, self.cfg, self.spec
         batch = kb.prepare_batch(batch)
-        x = self.embed(batch.token_ids)
+        x = self.embed(batch.token_ids, batch)
         ple = per_layer.inputs(kb, cfg, self.ple, batch.token_ids, x) if self.ple is not None else None
         h = kb.empty(x.shape)
         for i, lw in enumerate(self.layers):  # two residual blocks a layer: the mixer's, the feed-forward's

@@ -5,6 +5,7 @@ benchmarks/make_vision_golden.py)."""
 import hashlib
 import io
 import json
+import tempfile
 
 import gguf
 import numpy as np
@@ -153,7 +154,8 @@ def test_pixel_shuffle_is_the_definition():
         want = np.zeros((py * px, s * s * c), np.float32)
         for y in range(ny):
             for xx in range(nx):
-                want[(y // s) * px + xx // s, ((y % s) * s + xx % s) * c:((y % s) * s + xx % s + 1) * c] = x[y * nx + xx]
+                col = ((y % s) * s + xx % s) * c
+                want[(y // s) * px + xx // s, col:col + c] = x[y * nx + xx]
         np.testing.assert_array_equal(got, want)
 
 
@@ -294,3 +296,146 @@ def test_image_limits(tmp_path, monkeypatch):
         images.decode(_encoded(vision_zoo.test_image(20, 20), "PNG"))
     with pytest.raises(images.ImageError, match="cannot read image"):
         images.load(tmp_path / "missing.png")
+
+
+# ------------------------------------------------------------------------------------------- the engine
+
+LP_TOL = 0.6  # the golden tests' tolerance on log-probabilities
+
+
+@pytest.fixture(scope="module")
+def llms(pairs):
+    from edgeinfer import LLM
+
+    return {f: LLM(t, mmproj=m, progress=False) for f, (t, m) in pairs.items()}
+
+
+def _image(case):
+    w, h = case["size"]
+    return images.from_rgb(vision_zoo.test_image(h, w))
+
+
+def _last_logprobs(llm, prompt):
+    from edgeinfer import SamplingParams
+
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1, logprobs=20))[0]
+    return out.logprobs[0]["top"]
+
+
+def _lp_error(top, case):
+    lse = case["last"]["lse"]
+    ref = {i: v - lse for i, v in zip(case["last"]["ids"], case["last"]["logits"])}
+    common = [abs(lp - ref[i]) for i, lp in top if i in ref]
+    assert len(common) >= 15
+    return max(common)
+
+
+@pytest.mark.parametrize("family", sorted(vision_zoo.PAIRS))
+def test_prompt_matches_libmtmd(llms, family):
+    # "A<__media__>B": the same token ids around the images' rows as mtmd_tokenize, and after the whole prompt the
+    # same next-token log-probabilities as llama.cpp (mtmd_helper_eval_chunks) within the golden tolerance
+    llm = llms[family]
+    for case in REF["families"][family]["cases"]:
+        p = llm.vision.prompt("A<__media__>B", [_image(case)])
+        want = []
+        for c in case["chunks"]:
+            want += c["text"] if "text" in c else [None] * len(c["image"])
+        got = list(p)
+        for m in p.media:
+            got[m.start:m.end] = [None] * len(m.rows)
+            assert m.non_causal == (family == "gemma3")
+        assert got == want, case["size"]
+        top = _last_logprobs(llm, p)
+        assert top[0][0] == case["last"]["ids"][0]
+        assert _lp_error(top, case) < LP_TOL, case["size"]
+
+
+def test_gemma3_images_attend_non_causally(llms):
+    # the same rows attended causally miss llama.cpp's log-probabilities by more than the tolerance
+    import dataclasses
+
+    from edgeinfer.vision import MediaPrompt
+
+    llm, case = llms["gemma3"], REF["families"]["gemma3"]["cases"][0]
+    p = llm.vision.prompt("A<__media__>B", [_image(case)])
+    causal = MediaPrompt(list(p), [dataclasses.replace(m, non_causal=False, digest="causal") for m in p.media])
+    assert _lp_error(_last_logprobs(llm, causal), case) > LP_TOL
+
+
+@pytest.mark.parametrize("family", sorted(vision_zoo.PAIRS))
+def test_batched_and_chunked_equal_alone(pairs, llms, family):
+    # two image prompts in one batch give each one's log-probabilities bit for bit; so does a prefill in chunks of
+    # 8 tokens (a non-causal image is never cut: its chunk runs to its end)
+    from edgeinfer import LLM, SamplingParams
+    from edgeinfer.config import EngineConfig
+
+    llm = llms[family]
+    cases = REF["families"][family]["cases"][:2]
+    prompts = [llm.vision.prompt("A<__media__>B", [_image(c)]) for c in cases]
+    sp = SamplingParams(temperature=0, max_tokens=3, logprobs=5)
+    alone = [llm.generate(p, sp)[0] for p in prompts]
+    both = llm.generate(prompts, sp)
+    text, proj = pairs[family]
+    small = LLM(text, mmproj=proj, progress=False, engine_config=EngineConfig(max_num_batched_tokens=8))
+    chunked = [small.generate(small.vision.prompt("A<__media__>B", [_image(c)]), sp)[0] for c in cases]
+    for a, b, c in zip(alone, both, chunked):
+        assert a.token_ids == b.token_ids == c.token_ids
+        assert a.logprobs == b.logprobs == c.logprobs
+
+
+def test_follow_up_turn_reuses_the_image(llms):
+    # the same image again: not encoded again, and its rows come from the prefix cache; another image: computed
+    from edgeinfer import SamplingParams
+
+    llm = llms["idefics3"]
+    cases = REF["families"]["idefics3"]["cases"]
+    sp = SamplingParams(temperature=0, max_tokens=2)
+    first = llm.vision.prompt("Look: <__media__> and say", [_image(cases[2])])
+    llm.generate(first, sp)
+    encoded = llm.vision.encoded
+    again = llm.vision.prompt("Look: <__media__> and say more", [_image(cases[2])])
+    with llm.engine.run() as run:
+        run.submit(again, sp)
+        outs = list(run)
+    assert llm.vision.encoded == encoded
+    assert outs[0].num_cached_tokens >= again.media[-1].end // 16 * 16 - 16
+    fresh = images.from_rgb(vision_zoo.test_image(77, 66, seed=99))  # an image no other test encodes
+    other = llm.vision.prompt("Look: <__media__> and say more", [fresh])
+    with llm.engine.run() as run:
+        run.submit(other, sp)
+        outs = list(run)
+    assert llm.vision.encoded == encoded + 1
+    assert outs[0].num_cached_tokens <= other.media[0].start
+
+
+def test_chat_with_an_image_part(llms):
+    import base64
+
+    from edgeinfer import SamplingParams
+
+    llm = llms["idefics3"]
+    png = _encoded(vision_zoo.test_image(64, 64), "PNG")
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                         {"type": "image_url", "image_url": {"url": url}}]}]
+    p = llm.chat_prompt(msgs)
+    assert len(p.media) == 5 and p.media[0].start > 0
+    comp = llm.chat(msgs, SamplingParams(temperature=0, max_tokens=4))
+    assert len(comp.token_ids) == 4
+    assert comp.prompt_token_ids == list(p)
+
+
+def test_image_errors(pairs, llms):
+    from edgeinfer import LLM
+    from edgeinfer.vision import NoVisionError
+
+    text, proj = pairs["idefics3"]
+    plain = LLM(text, progress=False)
+    with pytest.raises(NoVisionError, match="loaded without a vision projector"):
+        plain.generate("A<__media__>B", images=[vision_zoo.test_image(8, 8)])
+    with pytest.raises(ValueError, match="1 image markers .* for 2 images"):
+        llms["idefics3"].generate("A<__media__>B", images=[vision_zoo.test_image(8, 8)] * 2)
+    with pytest.raises(ModelLoadError, match="rows are 64 wide but the text model's embeddings are 32"):
+        d = tempfile.mkdtemp()
+        vision_zoo.write_tiny_llama(d + "/narrow.gguf", dim=32)
+        LLM(d + "/narrow.gguf", mmproj=proj, progress=False)

@@ -23,7 +23,9 @@ IDEFICS3_SPECIALS = ("<fake_token_around_image>", "<image>", "<global-img>",
                      *(f"<row_{r}_col_{c}>" for r in range(1, 5) for c in range(1, 5)))
 
 
-def _encoder(w: gguf.GGUFWriter, rng: np.random.Generator, image: int, patch: int, mtype: T) -> None:
+def _encoder(w: gguf.GGUFWriter, rng: np.random.Generator, image: int, patch: int, mtype: T, *, dim: int = DIM,
+             ffn: int = FFN, heads: int = HEADS, layers: int = LAYERS, text_dim: int = TEXT_DIM) -> None:
+    DIM, FFN, HEADS, LAYERS, TEXT_DIM = dim, ffn, heads, layers, text_dim  # noqa: N806 (the zoo's names)
     n = (image // patch) ** 2
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.use_gelu", True)
@@ -95,6 +97,31 @@ def write_gemma3_text(path) -> None:
 def write_idefics3_text(path) -> None:
     # "\n\n" as one token: libmtmd looks it up before the overview (SmolVLM's vocabulary has it)
     write_tiny_llama(path, dim=TEXT_DIM, seed=34, extra_specials=IDEFICS3_SPECIALS + ("\n\n",))
+
+
+def write_smolvlm_bench_mmproj(path) -> None:
+    """For benchmarks only: SmolVLM-256M's projector shape (SigLIP base: image 512, patch 16, 12 layers of 768, 12
+    heads, ffn 3072; pixel shuffle 4 to 64 rows of the text model's 576), F16 as released."""
+    rng = np.random.default_rng(41)
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_string("clip.projector_type", "idefics3")
+    w.add_uint32("clip.vision.projector.scale_factor", 4)
+    w.add_uint32("clip.vision.preproc_image_size", 2048)
+    _encoder(w, rng, 512, 16, T.F16, dim=768, ffn=3072, heads=12, layers=12, text_dim=576)
+    add_tensor(w, "mm.model.fc.weight", rng.standard_normal((576, 16 * 768)) / np.sqrt(16 * 768), T.F16)
+    finish(w)
+
+
+def write_gemma3_bench_mmproj(path) -> None:
+    """For benchmarks only: Gemma 3 4B's projector shape (SigLIP so400m: image 896, patch 14, 27 layers of 1152,
+    16 heads, ffn 4304; pooled 4 x 4 to 256 rows of the text model's 2560), F16 as released."""
+    rng = np.random.default_rng(42)
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_string("clip.projector_type", "gemma3")
+    _encoder(w, rng, 896, 14, T.F16, dim=1152, ffn=4304, heads=16, layers=27, text_dim=2560)
+    add_tensor(w, "mm.soft_emb_norm.weight", 1 + 0.1 * rng.standard_normal(1152))
+    add_tensor(w, "mm.input_projection.weight", rng.standard_normal((1152, 2560)) / np.sqrt(1152), T.F16)
+    finish(w)
 
 
 PAIRS = {

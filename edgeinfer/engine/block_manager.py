@@ -149,7 +149,7 @@ class BlockManager:
         window pool (by the hits' hashes)."""
         bs = self.block_size
         for h in range(len(hits), 0, -1):
-            if all(self.win.lookup(self.blocks[hits[i]].hash, seq.token_ids[i * bs:(i + 1) * bs]) is not None
+            if all(self.win.lookup(self.blocks[hits[i]].hash, seq.hash_ids[i * bs:(i + 1) * bs]) is not None
                    for i in self.window_seen(h, seq.num_tokens)):
                 return h
         return 0
@@ -190,7 +190,7 @@ class BlockManager:
         are cached."""
         if not self.enable_prefix_caching:
             return [], -1
-        hashes, hits = self.cached_run(seq.token_ids, self.hit_limit(seq))
+        hashes, hits = self.cached_run(seq.hash_ids, self.hit_limit(seq))
         ckpt, upto = -1, 0
         for i in range(len(hits)):
             if hashes[i] in self.checkpoints:
@@ -241,7 +241,7 @@ class BlockManager:
             first = self._first_seen(cached)
             seq.window_table = [-1] * first
             for i in range(first, len(hits)):
-                bid = self.win.lookup(self.blocks[hits[i]].hash, seq.token_ids[i * bs:(i + 1) * bs])
+                bid = self.win.lookup(self.blocks[hits[i]].hash, seq.hash_ids[i * bs:(i + 1) * bs])
                 seq.window_table.append(self.win.take(bid).block_id)
         return cached
 
@@ -284,7 +284,7 @@ class BlockManager:
         win = seq.window_table
         for i in range(min(n // bs, len(seq.block_table))):
             block = self.blocks[seq.block_table[i]]
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            tokens = tuple(seq.hash_ids[i * bs:(i + 1) * bs])
             if block.hash is None:
                 self.pool.register(block.block_id, self.chain_hash(parent, tokens), tokens)
             if i < len(win) and win[i] >= 0 and self.win.blocks[win[i]].hash is None:

@@ -29,9 +29,10 @@ class Choices:
     """The choices of one request with n > 1, while any is unfinished.
 
     params[i] and guides[i]: choice i's sampling parameters (its own seed) and its own grammar matcher
-    (a matcher follows one sequence), or None. deferred: choices 1.. wait for choice 0's first output."""
+    (a matcher follows one sequence), or None. deferred: choices 1.. wait for choice 0's first output. media: the
+    prompt's rows given as embeddings (sequence.MediaSpan), every choice's."""
 
-    __slots__ = ("n", "params", "guides", "priority", "deferred", "open")
+    __slots__ = ("n", "params", "guides", "priority", "deferred", "open", "media")
 
     def __init__(self, n: int, params, guides: list, priority: int, deferred: bool):
         self.n = n
@@ -40,6 +41,7 @@ class Choices:
         self.priority = priority
         self.deferred = deferred
         self.open = n  # choices not finished yet
+        self.media = ()
 
 
 def follow(outs: list, requests: dict[str, Choices], fork: Callable[[list, str, Choices], None]) -> list:

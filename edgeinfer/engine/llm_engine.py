@@ -19,7 +19,7 @@ from .choices import Choices, follow
 from .model_runner import ModelRunner
 from .run import Run
 from .scheduler import Scheduler
-from .sequence import RequestOutput, Sequence  # noqa: F401  (RequestOutput: the engine's output)
+from .sequence import RequestOutput, Sequence, media_of  # noqa: F401  (RequestOutput: its output)
 from .speculative import DraftProposer, SpecState, Speculation, make_proposer, rollback_states, speculation_slots, verify
 
 
@@ -93,11 +93,14 @@ class LLMEngine:
         constraint compiled here, in the caller's thread, unless `guide` (from self.guide, compiled
         ahead) is given; a constraint the library rejects raises GrammarError (a ValueError).
         n: choices sampled on their own from the prompt (each with its own seed: choices.choice_seed),
-        their outputs told apart by RequestOutput.index; they share the prompt's KV blocks."""
+        their outputs told apart by RequestOutput.index; they share the prompt's KV blocks. A prompt with a
+        `media` attribute (vision.MediaPrompt: a list of ids with images' rows) has those rows computed from
+        their embeddings."""
         if not isinstance(params, SamplingParams):
             raise TypeError("params must be a SamplingParams")
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an integer >= 1, got {n!r}")
+        media = media_of(prompt_ids, len(prompt_ids), self.model.cfg.dim)
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
@@ -131,15 +134,17 @@ class LLMEngine:
                     or any(s.request_id == request_id for s in self._pending):
                 raise ValueError(f"request id {request_id!r} is already in use")
             if choices is None:
-                self._pending.append(self._sequence(prompt_ids, params, request_id, priority, guide))
+                self._pending.append(self._sequence(prompt_ids, params, request_id, priority, guide, media=media))
             else:
+                choices.media = media
                 self._choices[request_id] = choices
                 for i in range(1 if choices.deferred else n):
                     self._pending.append(self._choice(prompt_ids, request_id, choices, i))
         return request_id
 
-    def _sequence(self, prompt_ids, params, request_id, priority, guide, choice: int = 0) -> Sequence:
+    def _sequence(self, prompt_ids, params, request_id, priority, guide, choice: int = 0, media=()) -> Sequence:
         seq = Sequence(prompt_ids, params, request_id, priority, arrival=time.monotonic())
+        seq.media = media
         seq.guide = guide
         seq.choice = choice
         if self.proposer is not None:
@@ -147,7 +152,8 @@ class LLMEngine:
         return seq
 
     def _choice(self, prompt_ids, request_id: str, choices: Choices, i: int) -> Sequence:
-        return self._sequence(prompt_ids, choices.params[i], request_id, choices.priority, choices.guides[i], i)
+        return self._sequence(prompt_ids, choices.params[i], request_id, choices.priority, choices.guides[i], i,
+                              choices.media)
 
     # -- what callers read (the API layer, the bench, perplexity and embeddings) ------------------
 

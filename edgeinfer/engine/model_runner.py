@@ -19,11 +19,13 @@ class Batch:
     state_slots (S,) int64 each sequence's slot of recurrent state (a hybrid model's; default: its row);
     state_snap (T,) int64 a slot the state after each token is copied to (a prefix-cache checkpoint), or -1
     (the default: none); window_slots (T,), window_tables (S, max_blocks): the same as slot_mapping and
-    block_tables in the window pool of a cache that has one (KVCache.where; default: the same arrays).
+    block_tables in the window pool of a cache that has one (KVCache.where; default: the same arrays);
+    embeds: [(row, rows (n, dim))] rows given as embeddings (an image's) in place of the token ids' from that row;
+    spans: [(t0, t1)] rows of one sequence that attend to each other non-causally (sequence.MediaSpan).
     """
 
     __slots__ = ("token_ids", "positions", "token_seq", "slot_mapping", "block_tables", "logits_idx", "state_slots",
-                 "state_snap", "window_slots", "window_tables")
+                 "state_snap", "window_slots", "window_tables", "embeds", "spans")
 
     def __init__(self, token_ids, positions, token_seq, slot_mapping, block_tables, logits_idx, state_slots=None,
                  state_snap=None, window_slots=None, window_tables=None):
@@ -40,6 +42,8 @@ class Batch:
         self.window_slots = self.slot_mapping if window_slots is None else np.ascontiguousarray(window_slots, np.int64)
         self.window_tables = (self.block_tables if window_tables is None
                               else np.ascontiguousarray(window_tables, np.int32))
+        self.embeds: list = []
+        self.spans: list = []
 
     @classmethod
     def prefix(cls, token_ids, n_blocks: int, logits_idx) -> "Batch":
@@ -62,10 +66,12 @@ class Piece(NamedTuple):
     snaps: tuple = ()
 
 
-def make_batch(pieces: list[Piece], block_size: int, window: bool = False) -> Batch:
+def make_batch(pieces: list[Piece], block_size: int, window: bool = False, media: bool = True) -> Batch:
     """window: the cache has a window pool, addressed through the sequences' window tables (the blocks
-    behind a sequence's window, -1 there, are never read)."""
+    behind a sequence's window, -1 there, are never read); media: the sequences' media rows (images) go in as
+    embeddings (a draft model's runner leaves them out: its width is not theirs)."""
     token_ids, positions, token_seq, slots, logits_idx, wslots = [], [], [], [], [], []
+    embeds, spans = [], []
     max_blocks = max(len(p.seq.block_table) for p in pieces)
     tables = np.zeros((len(pieces), max_blocks), np.int32)
     wtables = np.zeros((len(pieces), max_blocks), np.int32) if window else None
@@ -84,6 +90,14 @@ def make_batch(pieces: list[Piece], block_size: int, window: bool = False) -> Ba
         for j, s in enumerate(snaps):  # -1: none (a checkpoint's stays); else it wins, the checkpoint copied after
             if s >= 0:
                 snap[len(token_ids) + j] = s
+        if media:
+            for m in getattr(seq, "media", ()):
+                a, b = max(m.start, start), min(m.end, start + n)
+                if a < b:
+                    row = len(token_ids) + a - start
+                    embeds.append((row, m.rows[a - m.start:b - m.start]))
+                    if m.non_causal:
+                        spans.append((row, row + b - a))
         pos = np.arange(start, start + n)
         bt = np.asarray(seq.block_table, np.int64)
         token_ids.extend(tokens)
@@ -93,11 +107,13 @@ def make_batch(pieces: list[Piece], block_size: int, window: bool = False) -> Ba
         if window:
             wslots.append(wtables[i, pos // block_size].astype(np.int64) * block_size + pos % block_size)
         logits_idx.extend(range(len(token_ids) - n_logits, len(token_ids)))
-    return Batch(token_ids, np.concatenate(positions), np.concatenate(token_seq), np.concatenate(slots), tables,
-                 logits_idx, state_slots, snap, np.concatenate(wslots) if window else None, wtables)
+    batch = Batch(token_ids, np.concatenate(positions), np.concatenate(token_seq), np.concatenate(slots), tables,
+                  logits_idx, state_slots, snap, np.concatenate(wslots) if window else None, wtables)
+    batch.embeds, batch.spans = embeds, spans
+    return batch
 
 
-def build_batch(sched: ScheduledBatch, block_size: int, window: bool = False
+def build_batch(sched: ScheduledBatch, block_size: int, window: bool = False, media: bool = True
                 ) -> tuple[Batch, list[tuple[int, int, int]]]:
     """Returns the Batch and, for each sequence that samples, (index into sched.seqs, its first logits
     row, its number of rows): one row, or k + 1 for a sequence verifying k proposed tokens."""
@@ -112,7 +128,7 @@ def build_batch(sched: ScheduledBatch, block_size: int, window: bool = False
         if n_logits:
             sampling.append((i, row, n_logits))
             row += n_logits
-    return make_batch(pieces, block_size, window), sampling
+    return make_batch(pieces, block_size, window, media), sampling
 
 
 class ModelRunner:
@@ -120,7 +136,7 @@ class ModelRunner:
     forward passes."""
 
     def __init__(self, model, n_blocks: int, block_size: int, kv_dtype: str = "f32", n_state_slots: int = 1,
-                 n_window_blocks: int = 0):
+                 n_window_blocks: int = 0, media: bool = True):
         self.model = model
         # n_state_slots: sequences at once with a recurrent state (a hybrid model's; the block manager's);
         # n_window_blocks: the window pool of its sliding-window layers (0: none, as for a draft model,
@@ -131,17 +147,18 @@ class ModelRunner:
         # layers with rows of their own shape, Gemma 4's, in a draft model) is addressed as the full one is
         self.window = n_window_blocks > 0
         self.block_size = block_size
+        self.media = media  # whether sequences' media rows go in (a draft's runner: no, see make_batch)
         self.num_forward_tokens = 0  # counts every token computed (prefix-cache tests read it)
 
     def run(self, sched: ScheduledBatch) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
-        batch, sampling = build_batch(sched, self.block_size, self.window)
+        batch, sampling = build_batch(sched, self.block_size, self.window, self.media)
         logits = self.forward(batch) if len(batch.token_ids) else np.zeros((0, 0), np.float32)
         return logits, sampling
 
     def run_pieces(self, pieces: list[Piece], hidden: bool = False) -> np.ndarray:
         """The logits (hidden: the final hidden states) of pieces of sequences whose block tables address this
         runner's cache."""
-        return self.forward(make_batch(pieces, self.block_size, self.window), hidden)
+        return self.forward(make_batch(pieces, self.block_size, self.window, self.media), hidden)
 
     def forward(self, batch: Batch, hidden: bool = False) -> np.ndarray:
         self.num_forward_tokens += len(batch.token_ids)

@@ -71,11 +71,11 @@ class DiskPrefixes:
         ds = _state(seq).digests
         while len(ds) <= i:
             j = len(ds)
-            ds.append(block_digest(ds[-1] if ds else b"", seq.token_ids[j * self.bs:(j + 1) * self.bs]))
+            ds.append(block_digest(ds[-1] if ds else b"", seq.hash_ids[j * self.bs:(j + 1) * self.bs]))
         return part_digest(ds[i], part) if part else ds[i]
 
     def _tokens(self, seq: Sequence, i: int) -> tuple:
-        return tuple(seq.token_ids[i * self.bs:(i + 1) * self.bs])
+        return tuple(seq.hash_ids[i * self.bs:(i + 1) * self.bs])
 
     def _offer(self, seq: Sequence, i: int, part: str, index: int) -> None:
         digest = self._digest(seq, i, part)
@@ -115,7 +115,7 @@ class DiskPrefixes:
             return 0
         seq.disk.warmed = True
         bm, arrays = self.bm, self.parts.arrays
-        place = Placing(self.parts, seq.token_ids, bm.hit_limit(seq))
+        place = Placing(self.parts, seq.hash_ids, bm.hit_limit(seq))
         n = len(place.hashes)
         mem = [place.cached(i) is not None for i in range(n)]
         h = 0  # the blocks the chain reaches

@@ -90,6 +90,8 @@ class Scheduler:
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if n <= 0:
                 continue
+            if seq.media:  # an image attended non-causally is computed in one pass (may pass the budget)
+                n = seq.chunk_end(seq.num_computed_tokens, n)
             k = 0
             if self.plan_spec is not None and n == seq.num_tokens - seq.num_computed_tokens == 1 and budget > 1:
                 room = budget - 1
@@ -114,7 +116,7 @@ class Scheduler:
             out.seqs.append(seq)
             out.num_tokens.append(n)
             out.num_spec.append(k)
-            budget -= n
+            budget = max(budget - n, 0)
         # 2. admit waiting requests while there is room (not in a step that had to preempt)
         self.waiting.sort(key=self._wait_key)
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs and not out.preempted:
@@ -130,12 +132,14 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if seq.media:
+                n = seq.chunk_end(seq.num_computed_tokens, n)
             self.bm.append_slots(seq, n)  # its window blocks for this step (its other blocks came with it)
             self.bm.plan_checkpoint(seq, n)
             out.seqs.append(seq)
             out.num_tokens.append(n)
             out.num_spec.append(0)
-            budget -= n
+            budget = max(budget - n, 0)
         for seq in self.waiting:
             seq.waited_steps += 1
         return out

@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass, field
 from enum import Enum
 
+import numpy as np
+
 _ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class MediaSpan:
+    """Rows of a prompt that are given as embeddings (an image's, from its projector) instead of token ids:
+    prompt positions start .. start + len(rows); their token ids are placeholders. non_causal: the rows attend to
+    each other whatever their order (Gemma 3's images), so they are computed in one pass. digest names the
+    content (the prefix cache's key for these positions)."""
+
+    start: int
+    rows: object  # (n, dim) float32
+    digest: str
+    non_causal: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.rows)
 
 
 class SequenceStatus(Enum):
@@ -43,6 +63,8 @@ class Sequence:
         self.spec = None  # speculative.SpecState when the engine speculates
         self.guide = None  # structured.Guide of a constrained request: masks its logits, follows its tokens
         self.disk = None  # prompt_cache.DiskState: its blocks' chain digests and how many went to the disk cache
+        self.media: tuple[MediaSpan, ...] = ()  # prompt rows given as embeddings (images), in order
+        self._hash_prompt = None  # the prompt's ids as the prefix cache keys them (media: see hash_ids)
 
     @property
     def num_tokens(self) -> int:
@@ -55,6 +77,30 @@ class Sequence:
     @property
     def output_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def hash_ids(self) -> list[int]:
+        """The token ids as the prefix cache keys them: token_ids, with each media row's placeholder replaced by a
+        negative id from its span's digest and row, so that only the same content at the same place hits."""
+        if not self.media:
+            return self.token_ids
+        if self._hash_prompt is None:
+            ids = list(self.token_ids[: self.num_prompt_tokens])
+            for m in self.media:
+                base = int.from_bytes(hashlib.blake2b(m.digest.encode(), digest_size=8).digest(), "little")
+                for i in range(m.start, m.end):
+                    ids[i] = -1 - (base + i - m.start) % 0x7FFFFFF0
+            self._hash_prompt = ids
+        return self._hash_prompt + self.token_ids[self.num_prompt_tokens:]
+
+    def chunk_end(self, start: int, n: int) -> int:
+        """How many tokens from start a forward pass may take when n are granted: a non-causal span is never cut
+        (the chunk stops before it, or, when it starts there, runs to its end)."""
+        end = start + n
+        for m in self.media:
+            if m.non_causal and m.start < end < m.end and start < m.end:
+                return m.start - start if m.start > start else m.end - start
+        return n
 
     def __repr__(self):
         return (f"Sequence({self.request_id}, {self.status.value}, tokens={self.num_tokens}, "
@@ -81,3 +127,17 @@ class RequestOutput:
     def __post_init__(self):
         if self.done is None:
             self.done = self.finished
+
+
+def media_of(prompt, n: int, dim: int) -> tuple:
+    """A prompt's media spans (vision.MediaPrompt's), checked: in order, inside the prompt, rows (k, dim)."""
+    media = tuple(getattr(prompt, "media", ()))
+    end = 0
+    for m in media:
+        rows = m.rows
+        if not isinstance(rows, np.ndarray) or rows.ndim != 2 or rows.shape[1] != dim or not len(rows):
+            raise ValueError(f"media rows must be a (n, {dim}) array, not {getattr(rows, 'shape', type(rows))}")
+        if m.start < end or m.end > n:
+            raise ValueError(f"media rows at prompt positions {m.start}..{m.end} overlap or pass the prompt's {n}")
+        end = m.end
+    return media

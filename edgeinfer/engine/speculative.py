@@ -208,7 +208,7 @@ class DraftProposer:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         # the draft's own KV cache (and a hybrid draft's state, in the target's slots)
-        self.runner = ModelRunner(model, n_blocks, block_size, kv_dtype, n_state_slots=n_state_slots)
+        self.runner = ModelRunner(model, n_blocks, block_size, kv_dtype, n_state_slots=n_state_slots, media=False)
         self.head = draft_head(model, tokenizer.stop_ids, HEAD_TOKENS)
 
     def plan(self, seq, k: int) -> int:

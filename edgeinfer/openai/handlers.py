@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 
 from .. import harmony, reasoning
 from ..engine.llm_engine import PromptTooLongError, RequestOutput
+from ..images import ImageError
 from ..sampling import SamplingParams
 from ..structured import GrammarError
 from .. import tool_formats
 from ..tools import ToolError, call_grammar, parse_tools
+from ..vision import split_images
 from . import protocol as P
 from .fim import infill_prompt, llm_fim_tokens
 
@@ -68,10 +70,21 @@ def chat_prompt(llm, name: str, body: dict, req: P.ParsedRequest, as_text: bool 
     if body.get("reasoning_effort") is not None and "reasoning_effort" not in (llm.chat_template.source or ""):
         raise P.bad("reasoning_effort", f"'reasoning_effort' is not supported by {name}: its chat template has no "
                                         "reasoning effort")
+    images = any(isinstance(m["content"], list) for m in messages)  # parse_messages kept parts with images
+    if images and llm.vision is None:
+        raise P.bad("messages", f"model {name!r} has no vision projector: it cannot read images (serve it with "
+                                "--mmproj FILE)")
     try:
-        prompt = llm.render_chat(messages, True, shown, template_vars=req.template_vars, as_text=as_text)
+        if images and not as_text:
+            prompt = llm.chat_prompt(messages, shown, template_vars=req.template_vars)
+        else:
+            if images:  # the text only, each image as its marker
+                messages = split_images(messages)[0]
+            prompt = llm.render_chat(messages, True, shown, template_vars=req.template_vars, as_text=as_text)
     except ToolError as e:
         raise P.bad(e.param, str(e)) from None
+    except ImageError as e:  # an image that cannot be read, or a URL that is not a data: URL
+        raise P.bad("messages", str(e)) from None
     except ValueError as e:  # the template's own errors, or a variable it cannot take
         raise P.bad("chat_template_kwargs" if str(e).startswith("chat template variable") else "messages",
                     str(e)) from None
@@ -97,7 +110,7 @@ def prepare_generation(llm, name: str, body: dict, req: P.ParsedRequest, chat: b
                                            f"it cannot be combined with '{req.constraint_param}'")
             extra["grammar"] = grammar
     else:
-        prompt = P.parse_prompt(body)
+        prompt = body["prompt"] if getattr(body.get("prompt"), "media", None) is not None else P.parse_prompt(body)
         suffix = body.get("suffix")
         if suffix is not None and (suffix or llm_fim_tokens(llm).can_infill):  # fill in the middle
             prompt_ids, extra["stop_token_ids"] = completion_fim(llm, name, prompt, suffix, req)

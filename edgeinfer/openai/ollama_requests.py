@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import EdgeInferError
+from ..vision import MediaPrompt
 from . import handlers as H
 from . import protocol as P
 from .ollama_options import (FIELD_TO_OPTION, bool_field, is_int, keep_alive, opt_field, parse_format, parse_model,
@@ -42,6 +43,7 @@ class OllamaRequest:
     suffix: str = ""
     raw: bool = False
     context: list = field(default_factory=list)
+    images: list = field(default_factory=list)  # generate: base64 images (read through the chat template)
     think: bool | str | None = None  # false: a thinking model's reply is not split (levels are not applied)
 
     @property
@@ -70,9 +72,21 @@ def _common(body) -> tuple[str, dict]:
                        think=think)
 
 
-def _images(v, where: str) -> None:
-    if v is not None and v != []:
-        raise P.bad(where, f"'{where}': this server has no vision models; images are not supported")
+def _images(v, where: str) -> list:
+    """Ollama's images: base64 strings (their decoding is checked where the prompt is built)."""
+    if v is None:
+        return []
+    if not isinstance(v, list) or not all(isinstance(b, str) for b in v):
+        raise P.bad(where, f"'{where}' must be an array of base64-encoded images")
+    return v
+
+
+def _with_images(content: str, images: list) -> str | list:
+    """A message's content with its images first, as OpenAI content parts (data: URLs of the base64)."""
+    if not images:
+        return content
+    parts = [{"type": "image_url", "image_url": {"url": "data:;base64," + b}} for b in images]
+    return parts + ([{"type": "text", "text": content}] if content else [])
 
 
 def _message(m, i: int) -> dict:
@@ -90,8 +104,7 @@ def _message(m, i: int) -> dict:
         content = ""
     if not isinstance(content, str):
         raise P.bad(f"{where}.content", f"{where}.content must be a string")
-    _images(m.get("images"), f"{where}.images")
-    out = {"role": role, "content": content}
+    out = {"role": role, "content": _with_images(content, _images(m.get("images"), f"{where}.images"))}
     calls = m.get("tool_calls")
     if calls is not None:
         if role != "assistant" or not isinstance(calls, list):
@@ -131,14 +144,17 @@ def parse_chat(body) -> OllamaRequest:
 
 def parse_generate(body) -> OllamaRequest:
     """/api/generate: model, prompt (empty: a load call), system, suffix, raw, context, format, options,
-    stream, keep_alive, think; a custom template and images are refused."""
+    stream, keep_alive, think, images (read through the chat template: not with raw); a custom template is
+    refused."""
     model, common = _common(body)
     prompt, system, suffix = (str_field(body, k, "") for k in ("prompt", "system", "suffix"))
     if str_field(body, "template", ""):
         raise P.bad("template", "a custom 'template' is not supported: the model's own chat template is used "
                                 "(or send 'raw': true with a prompt formatted already)")
-    _images(body.get("images"), "images")
+    images = _images(body.get("images"), "images")
     raw = bool_field(body, "raw", False)
+    if images and (raw or suffix):
+        raise P.bad("images", "'images' go through the model's chat template: not with 'raw' or 'suffix'")
     context = opt_field(body, "context", lambda v: isinstance(v, list) and all(is_int(t) for t in v),
                    "an array of token ids (a previous reply's context)", [])
     if raw and (system or context or suffix):
@@ -146,8 +162,8 @@ def parse_generate(body) -> OllamaRequest:
                            "'suffix'")
     if suffix and (system or context):
         raise P.bad("suffix", "a fill-in-the-middle ('suffix') cannot be combined with 'system' or 'context'")
-    return OllamaRequest(model, False, load_only=not prompt, prompt=prompt, system=system, suffix=suffix, raw=raw,
-                         context=[int(t) for t in context], **common)
+    return OllamaRequest(model, False, load_only=not prompt and not images, prompt=prompt, system=system,
+                         suffix=suffix, raw=raw, context=[int(t) for t in context], images=images, **common)
 
 
 def _generate_body(llm, req: OllamaRequest) -> dict:
@@ -159,16 +175,19 @@ def _generate_body(llm, req: OllamaRequest) -> dict:
     if req.raw:
         return {"prompt": req.prompt}
     msgs = [{"role": "system", "content": req.system}] if req.system else []
-    msgs.append({"role": "user", "content": req.prompt})
+    msgs.append({"role": "user", "content": _with_images(req.prompt, req.images)})
+    if req.images and llm.vision is None:
+        raise P.bad("images", f"model {req.model!r} has no vision projector: it cannot read images (serve it with "
+                              "--mmproj FILE)")
     try:
-        ids = llm.render_chat(msgs, True)
-    except ValueError as e:
-        raise P.bad("prompt", str(e)) from None
+        ids = llm.chat_prompt(msgs) if req.images else llm.render_chat(msgs, True)
+    except ValueError as e:  # the template's, or an image that cannot be read
+        raise P.bad("images" if req.images else "prompt", str(e)) from None
     if req.context:
         P.check_token_ids(req.context, tok.vocab_size, "context")
-        if tok.bos_id is not None and ids and ids[0] == tok.bos_id:
-            ids = ids[1:]  # the conversation's BOS is at the front of its context already
-        ids = req.context + ids
+        drop = int(tok.bos_id is not None and bool(ids) and ids[0] == tok.bos_id)  # the context has the BOS
+        media = [dataclasses.replace(m, start=m.start - drop + len(req.context)) for m in getattr(ids, "media", ())]
+        ids = MediaPrompt(req.context + list(ids)[drop:], media)
     return {"prompt": ids}
 
 

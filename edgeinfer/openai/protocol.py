@@ -293,17 +293,19 @@ def parse_parallel_tool_calls(body: dict) -> bool:
 
 
 def parse_messages(body: dict) -> list[dict]:
-    """The messages of a chat body its schema has checked (roles, content strings or text parts)."""
+    """The messages of a chat body its schema has checked (roles, content strings or text and image_url parts:
+    a content with images stays a list of parts, for LLM.chat_prompt)."""
     out = []
     for i, m in enumerate(body["messages"]):
         role = "system" if m["role"] == "developer" else m["role"]
         content = m.get("content")
-        if isinstance(content, list):  # text parts
+        if isinstance(content, list) and all(p["type"] == "text" for p in content):  # text parts
             content = "".join(p["text"] for p in content)
         if content is None and (role == "assistant" or m.get("tool_calls")):
             content = ""
         if content is None:  # the schema lets null through; only an assistant or a tool call may leave it out
-            raise bad(f"messages[{i}].content", f"messages[{i}].content must be a string or an array of text parts")
+            raise bad(f"messages[{i}].content",
+                      f"messages[{i}].content must be a string or an array of text and image_url parts")
         msg = {"role": role, "content": content}
         for key in ("tool_calls", "tool_call_id", "name"):  # checked by edgeinfer.tools when rendered
             if m.get(key) is not None:

@@ -133,14 +133,19 @@ SAMPLING = {
 
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
               "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+_IMAGE_PART = {"type": "object", "required": ["type", "image_url"], "properties": {
+    "type": {"const": "image_url"},
+    "image_url": {"anyOf": [{"type": "string"}, {"type": "object", "required": ["url"], "properties": {
+        "url": {"type": "string"}, "detail": {"enum": ["auto", "low", "high"]}}}]}}}
 TOOL_CALL = {"type": "object", "properties": {
     "id": {"type": "string"}, "type": {"const": "function"},
     "function": {"type": "object", "required": ["name"], "properties": {
         "name": {"type": "string"}, "arguments": {"type": ["string", "object"]}}}}}
 MESSAGE = {"type": "object", "required": ["role"], "properties": {
     "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-    "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}],
-                "x-error": "must be a string or an array of text parts"},
+    "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"anyOf": [_TEXT_PART, _IMAGE_PART]}},
+                          {"type": "null"}],
+                "x-error": "must be a string or an array of text and image_url parts"},
     "name": string("the author's name"),
     "tool_calls": _opt({"type": "array", "items": TOOL_CALL}),
     "tool_call_id": string("the call a tool message answers"),

@@ -124,6 +124,8 @@ async def show(request: Request, call: Call):
     name, path = await asyncio.to_thread(_find, call.state, OO.parse_model(body))
     f = await file_facts(request, path)
     reply = OM.show_reply(name, path, f["mtime"], f["facts"])
+    if _projector(call.state, name):  # served with --mmproj: it reads images
+        reply["capabilities"] = [*reply["capabilities"], "vision"]
     made = await asyncio.to_thread(_created, name)
     if made is not None:  # a created model: its own defaults, as Ollama shows a Modelfile's
         from ..openai.ollama_create import modelfile
@@ -133,6 +135,13 @@ async def show(request: Request, call: Call):
         reply.update(system=made.system or "", license="\n".join(made.license), messages=made.messages,
                      template=made.template or reply["template"])
     return JSONResponse(reply)
+
+
+def _projector(state, name: str) -> str:
+    """The vision projector a model is served with (serve's --mmproj), or ""."""
+    models = getattr(getattr(state, "models", None), "models", None) or {}
+    sm = models.get(name)
+    return (getattr(sm, "speculation", None) or {}).get("mmproj", "") if sm is not None else ""
 
 
 def _created(name: str):

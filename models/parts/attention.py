@@ -95,9 +95,12 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
     out = kb.empty((t, cfg.n_head, cfg.v_head_dim))
     scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
     window = cfg.sliding_window if cfg.is_sliding(layer) else 0
+    sinks = {"sinks": lw.sinks} if lw.sinks is not None else {}
     kb.paged_attention(q, kc, vc, batch.token_seq, batch.positions, tables, cache.block_size,
-                       np.float32(scale), window, np.float32(cfg.attn_softcap), out,
-                       **({"sinks": lw.sinks} if lw.sinks is not None else {}))
+                       np.float32(scale), window, np.float32(cfg.attn_softcap), out, **sinks)
+    for t0, t1 in getattr(batch, "spans", ()):  # rows attending to each other whatever their order (an image)
+        _non_causal(kb, q, kc, vc, batch, tables, cache.block_size, np.float32(scale), window,
+                    np.float32(cfg.attn_softcap), out, t0, t1, sinks)
     out = out.reshape(t, cfg.n_head * cfg.v_head_dim)
     if spec.attn_gate:
         kb.sigmoid_mul_(out, gate)
@@ -105,3 +108,22 @@ def forward(kb, cfg: ModelConfig, spec: ArchSpec, lw: LayerWeights, h, at: Where
     if lw.bo is not None:  # gpt-oss
         kb.add_bias_(y, lw.bo)
     return y
+
+
+def _non_causal(kb, q, kc, vc, batch, tables, block_size, scale, window, softcap, out, t0, t1, sinks) -> None:
+    """Rows t0..t1 of the batch again, each seeing its sequence's keys up to the last row's position (all of them
+    are in the cache: the rows' pass wrote them) and, in a sliding-window layer, back to its own window's start,
+    as llama.cpp's non-causal decode masks them: the same kernel with the causal end moved to the span's end and
+    the window widened by as much. Rows whose window reaches position 0 go together; the others one at a time."""
+    pos = batch.positions[t0:t1]
+    end = int(pos[-1])
+    whole = np.arange(t0, t1) if window <= 0 else np.arange(t0, t1)[pos - window + 1 <= 0]
+    groups = [(whole, 0)] if len(whole) else []
+    if window > 0:
+        groups += [(np.array([t]), window + end - int(batch.positions[t])) for t in range(t0, t1)
+                   if batch.positions[t] - window + 1 > 0]
+    for rows, win in groups:
+        part = kb.empty((len(rows), out.shape[1], out.shape[2]))
+        kb.paged_attention(np.ascontiguousarray(q[rows]), kc, vc, np.ascontiguousarray(batch.token_seq[rows]),
+                           np.full(len(rows), end, np.int64), tables, block_size, scale, win, softcap, part, **sinks)
+        out[rows] = part
