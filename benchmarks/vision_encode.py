@@ -5,7 +5,9 @@
 Random projectors of the released models' encoder shapes (tests/vision_zoo.py: SmolVLM-256M's SigLIP-base at 512
 pixels, 1,024 patches -> 64 rows; Gemma 3 4B's SigLIP-so400m at 896 pixels, 4,096 patches -> 256 rows), F16 as
 released, each beside a tiny text model of the projector's output width (libmtmd needs one). One native-size image
-(one tile); rounds alternate the two engines, one encode each, after a warm-up encode; medians reported.
+(one tile). Each round runs each engine in a process of its own, alternating (in one process, one engine's
+threads still spinning after its encode slow the other's): a warm-up encode, then the median of three; the table
+gives the median over rounds.
 Ours: VisionEncoder.encode on the preprocessed tile (what a request pays once its image is decoded). llama.cpp's:
 mtmd_encode_chunk of the image's chunk (its preprocessing done at tokenize). Results: a table and
 benchmarks/results/vision_encode-*.json. Needs llama-cpp-python with its mtmd library."""
@@ -16,6 +18,7 @@ import argparse
 import ctypes
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -75,12 +78,23 @@ def our_side(proj: str, side: int, threads: int):
     return run
 
 
+def one(engine: str, proj: str, text: str, side: int, threads: int) -> float:
+    run = our_side(proj, side, threads) if engine == "ours" else llama_side(proj, text, side, threads)
+    run()  # warm-up: compile, first touch
+    return statistics.median(run() for _ in range(3))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--one", nargs=4, metavar=("ENGINE", "PROJ", "TEXT", "SIDE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one:
+        engine, proj, text, side = args.one
+        print("SECONDS", one(engine, proj, text, int(side), args.threads), flush=True)
+        return
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for shape in args.shapes:
@@ -88,12 +102,15 @@ def main():
             proj, text = f"{d}/{shape}-mmproj.gguf", f"{d}/{shape}-text.gguf"
             write(proj)
             vision_zoo.write_tiny_llama(text, dim=text_dim, n_head=8, n_kv=8, n_layer=1, ffn=256)
-            ours, theirs = our_side(proj, side, args.threads), llama_side(proj, text, side, args.threads)
-            ours(), theirs()  # warm-up: compile, first touch
+
+            def timed(engine):
+                out = subprocess.run([sys.executable, __file__, "--threads", str(args.threads), "--one", engine, proj,
+                                      text, str(side)], capture_output=True, text=True, check=True).stdout
+                return float(out.split("SECONDS")[-1])
             t_ours, t_llama = [], []
             for _ in range(args.rounds):
-                t_ours.append(ours())
-                t_llama.append(theirs())
+                t_ours.append(timed("ours"))
+                t_llama.append(timed("llama"))
             a, b = statistics.median(t_ours), statistics.median(t_llama)
             rows.append({"shape": shape, "ours_s": round(a, 4), "llama_cpp_s": round(b, 4), "ratio": round(b / a, 3),
                          "ours_all": [round(t, 4) for t in t_ours], "llama_cpp_all": [round(t, 4) for t in t_llama]})

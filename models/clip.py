@@ -255,7 +255,11 @@ class VisionEncoder:
             att = kb.encoder_attention(q, k, v, starts, scale).reshape(-1, cfg.dim)
             x = x + self._mm(lw.o[0], att, lw.o[1])
             hcur = kb.layernorm(x, *lw.ln2, cfg.eps)
-            f = _act(self._mm(lw.up[0], hcur, lw.up[1]), cfg.act)
+            f = self._mm(lw.up[0], hcur, lw.up[1])
+            if cfg.act == "gelu":
+                kb.gelu_(f, kb.GELU_F16)
+            else:
+                f = _act(f, cfg.act)
             x = x + self._mm(lw.down[0], f, lw.down[1])
         if self.post_ln is not None:
             x = kb.layernorm(x, *self.post_ln, cfg.eps)

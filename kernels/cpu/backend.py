@@ -9,7 +9,7 @@ from .. import kinds
 from ..kv_format import KV_FORMATS  # noqa: F401  (the KV cache's row formats, for the engine)
 from . import background, int8, moe, quant, simd, units
 from . import attention
-from .dense import dense, encoder_attention, layernorm, set_blas_threads, silu  # noqa: F401
+from .dense import GELU_F16, dense, encoder_attention, gelu_, layernorm, set_blas_threads, silu  # noqa: F401
 from .layout import INTERLEAVED, interleave8
 from .mask import mask_logits  # noqa: F401  (a sampling helper: structured output's mask)
 from .ops import (attn_temperature, gelu_tanh_mul, rmsnorm, rope, sigmoid_mul_, silu_mul, softcap, swiglu_oai,  # noqa: F401
