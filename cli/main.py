@@ -123,6 +123,25 @@ def rm(model):
     click.echo(f"removed {path}")
 
 
+def _inspect_projector(gf, s: dict, as_json: bool, memory: bool) -> None:
+    from dataclasses import asdict
+
+    from edgeinfer.models.clip import config_from_gguf, memory_bytes
+
+    cfg = config_from_gguf(gf)
+    out = {"path": s["path"], "file_size": s["file_size"], "architecture": "clip (vision projector)",
+           **{k: v for k, v in asdict(cfg).items() if k not in ("mean", "std")},
+           "rows_per_image": cfg.tokens_per_image, "parameters": s["parameters"]}
+    if memory:
+        out["memory"] = {k + "_mb": round(v / 2**20, 2) for k, v in memory_bytes(gf.path).items()}
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    width = max(len(k) for k in out)
+    for k, v in out.items():
+        click.echo(f"{k:<{width}}  {v}")
+
+
 @main.command()
 @click.argument("model")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -138,6 +157,8 @@ def inspect(model, as_json, memory, kv_type, max_context, max_seqs):
 
     with _open_model_file(model) as gf:
         s = summarize(gf)
+        if gf.metadata.get("general.architecture") == "clip":  # a vision projector (mmproj)
+            return _inspect_projector(gf, s, as_json, memory)
         if memory:
             from edgeinfer import memory as mem
             from edgeinfer.file_estimate import estimate_file

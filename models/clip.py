@@ -123,6 +123,23 @@ def config_from_gguf(gf: GGUFFile) -> VisionConfig:
     )
 
 
+def memory_bytes(path) -> dict:
+    """What a projector holds once loaded, from its file alone: its weights as stored (F16 stays F16; the patch
+    embedding and position embeddings become float32) and the buffers of encoding one image (the activations of
+    its patches through a layer, the widest F16 matrix widened for its GEMM), in bytes."""
+    with GGUFFile(path) as gf:
+        cfg = config_from_gguf(gf)
+        weights, widest = 0, 0
+        for name, t in gf.tensors.items():
+            n = int(np.prod(t.shape))
+            weights += n * 4 if name in ("v.patch_embd.weight", "v.position_embd.weight") else int(t.n_bytes)
+            if t.ggml_type.name == "F16" and len(t.shape) == 2:
+                widest = max(widest, n * 4)
+    tokens = cfg.side_patches ** 2
+    act = tokens * (4 * cfg.dim + 2 * cfg.ffn_dim) * 4  # x, its norm, q, k, v and the FFN's hidden rows
+    return {"weights": weights, "buffers": act + widest}
+
+
 def _text_dim(gf: GGUFFile, proj: str) -> int:
     name = "mm.input_projection.weight" if proj == "gemma3" else "mm.model.fc.weight"
     t = gf.tensors.get(name)

@@ -439,3 +439,26 @@ def test_image_errors(pairs, llms):
         d = tempfile.mkdtemp()
         vision_zoo.write_tiny_llama(d + "/narrow.gguf", dim=32)
         LLM(d + "/narrow.gguf", mmproj=proj, progress=False)
+
+
+def test_inspect_and_memory_estimate_know_projectors(pairs):
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from edgeinfer.cli.main import main
+    from edgeinfer.config import EngineConfig
+    from edgeinfer.models.clip import memory_bytes
+    from edgeinfer.server.servable import describe
+
+    text, proj = pairs["idefics3"]
+    run = CliRunner().invoke(main, ["inspect", proj, "--json", "--memory"])
+    assert run.exit_code == 0, run.output
+    info = _json.loads(run.output)
+    assert info["projector"] == "idefics3" and info["rows_per_image"] == 16 and info["text_dim"] == 64
+    mem = memory_bytes(proj)
+    # the weights as held: F16 matrices as stored, the patch and position embeddings as float32
+    assert 214_048 - 20_000 < mem["weights"] < 214_048 + 30_000 and mem["buffers"] > 64 * (4 * 64 + 2 * 128) * 4
+    cfg = EngineConfig(max_context=256)
+    plain, with_proj = describe(text, cfg), describe(text, cfg, mmproj=proj)
+    assert with_proj["size"] - plain["size"] == mem["weights"] + mem["buffers"]

@@ -189,7 +189,8 @@ class ModelManager(Servables):
         try:
             try:
                 held = sum(m.parts.get("kv", 0) for m in self.models.values() if m is not sm)  # (pools, untouched)
-                info = await asyncio.to_thread(describe, sm.source, sm.engine_config, not self.budget, held)
+                info = await asyncio.to_thread(describe, sm.source, sm.engine_config, not self.budget, held,
+                                               sm.speculation.get("mmproj", ""))
             except Exception as e:
                 raise P.APIError(500, f"model {sm.name!r} failed to load: {type(e).__name__}: {e}") from None
             sm.size, sm.details = info["size"], info["details"]

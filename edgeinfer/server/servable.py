@@ -46,13 +46,14 @@ def _refused(name: str, why: str) -> P.APIError:
                       code="model_path_not_allowed")
 
 
-def describe(path: str, config: EngineConfig, by_memory: bool = False, held: int = 0) -> dict:
+def describe(path: str, config: EngineConfig, by_memory: bool = False, held: int = 0, mmproj: str = "") -> dict:
     """What the server says about a model before loading it: its estimated bytes in memory (weights,
     step buffers and the KV pool its engine config allocates; edgeinfer.memory), Ollama's details, and the
     context it counted (max_context; context_from: why). A config with no context: with by_memory, the
     model's trained context cut to the memory available (as LLM sizes it), else (under the server's memory
     budget) the model's capped at memory.DEFAULT_MAX_CONTEXT; held: the bytes the models already loaded hold
-    without having touched them yet (their KV pools), which the memory available does not show."""
+    without having touched them yet (their KV pools), which the memory available does not show; mmproj: its vision
+    projector, whose weights and encoding buffers count too."""
     from ..gguf_file import GGUFFile
     from ..info import parameters
 
@@ -72,9 +73,15 @@ def describe(path: str, config: EngineConfig, by_memory: bool = False, held: int
         by_bytes = gf.type_bytes()
     blocks = config.num_kv_blocks or memory.default_blocks(est, config)
     kv = memory.pool_bytes(est, config, blocks)
+    vision = {"weights": 0, "buffers": 0}
+    if mmproj:
+        from ..models.clip import memory_bytes
+
+        vision = memory_bytes(mmproj)
     quant = max(by_bytes, key=by_bytes.get) if by_bytes else ""
     size = f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{n_params / 1e6:.1f}M"
-    return {"size": est.weights + est.buffers + kv, "weights": est.weights, "buffers": est.buffers, "kv": kv,
+    weights, buffers = est.weights + vision["weights"], est.buffers + vision["buffers"]
+    return {"size": weights + buffers + kv, "weights": weights, "buffers": buffers, "kv": kv,
             "max_context": est.max_context, "context_from": why,
             "details": {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
                         "parameter_size": size, "quantization_level": quant}}
