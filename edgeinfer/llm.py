@@ -71,7 +71,8 @@ class LLM(Embeddings):
         most (0: 4 for a draft, 8 for lookup). prompt_cache: a folder where computed prompt blocks are kept
         (at most prompt_cache_mb for this model) and found again by a later process (engine/prompt_store.py).
         compile_later: a first run answers per op while the compiled step compiles in the background.
-        mmproj: the model's vision projector (a path to its mmproj GGUF): prompts may then hold images."""
+        mmproj: the model's vision projector (a path to its mmproj GGUF): prompts may then hold images; None: the
+        one pulled with the model, if any; "": none."""
         t0 = time.perf_counter()
         config = engine_config or EngineConfig(threads=threads, backend=backend, kv_dtype=kv_type,
                                                max_context=max_context, memory_budget_mb=memory_budget_mb,
@@ -127,6 +128,8 @@ class LLM(Embeddings):
         self.is_encoder = bool(getattr(self.model, "is_encoder", False))
         mark("weights_s")
         self.vision = None
+        if mmproj is None:  # a model pulled from a repo with a projector (registry.hf) loads with it
+            mmproj = registry.projector_for(self.path)
         if mmproj:
             from .vision import Vision
 

@@ -19,7 +19,7 @@ from fake_hub import FakeHub  # noqa: E402
 from tiny_models import write_tiny_llama  # noqa: E402
 
 REPO = "org/Tiny-GGUF"
-FILES = ["tiny-Q4_K_M.gguf", "tiny.Q8_0.gguf", "tiny-q5_k_m-imat.gguf", "mmproj-tiny-f16.gguf", "README.md"]
+FILES = ["tiny-Q4_K_M.gguf", "tiny.Q8_0.gguf", "tiny-q5_k_m-imat.gguf", "README.md"]  # projectors: their own tests
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_the_default_is_q4_k_m_then_q8_0_then_the_first_model_file(env, hub, ggu
 def test_no_match_several_matches_and_split_files_are_one_line_errors(env, hub, gguf):
     with pytest.raises(PullError) as e:
         registry.pull(f"hf.co/{REPO}:Q2_K", progress=False)
-    assert str(e.value) == (f"{REPO} has no GGUF file for quant Q2_K; its GGUF files: mmproj-tiny-f16.gguf, "
+    assert str(e.value) == (f"{REPO} has no GGUF file for quant Q2_K; its GGUF files: "
                             "tiny-Q4_K_M.gguf, tiny-q5_k_m-imat.gguf, tiny.Q8_0.gguf")
     hub.add("org/two", {"a-Q4_K_M.gguf": gguf, "b/a-Q4_K_M.gguf": gguf})
     with pytest.raises(PullError, match=r"Q4_K_M matches several GGUF files in org/two: a-Q4_K_M.gguf, "
@@ -103,7 +103,7 @@ def test_no_match_several_matches_and_split_files_are_one_line_errors(env, hub, 
     hub.add("org/none", {"model.safetensors": b"x"})
     with pytest.raises(PullError, match="org/none has no GGUF model file .its GGUF files: none."):
         registry.pull("hf.co/org/none", progress=False)
-    with pytest.raises(PullError, match=f"{REPO} has no file nope.gguf; its GGUF files: mmproj"):
+    with pytest.raises(PullError, match=f"{REPO} has no file nope.gguf; its GGUF files: tiny-Q4_K_M.gguf"):
         registry.pull(f"hf://{REPO}/nope.gguf", progress=False)
     with pytest.raises(PullError, match="no model repository org/missing on http://127.0.0.1"):
         registry.pull("hf.co/org/missing", progress=False)
@@ -267,3 +267,38 @@ def test_ollama_pull_of_an_hf_reference(env, gguf):
         assert "org--Tiny-GGUF--Q8_0" in {m["model"].removesuffix(":latest") for m in c.get("/api/tags").json()["models"]}
         r = c.post("/api/pull", json={"model": "hf.co/not a ref"})
         assert r.status_code == 400 and list(r.json()) == ["error"], r.text
+
+
+def test_a_repo_with_a_projector_gives_it_and_the_model_loads_with_it(env, hub, tmp_path):
+    # as llama.cpp's -hf: the projector nearest the model's quant comes too, kept beside it; `list` shows the model
+    # alone, the model loads with its projector (images work), `rm` removes both
+    import vision_zoo
+
+    from edgeinfer import LLM
+
+    text, proj = vision_zoo.write_pair("idefics3", tmp_path)
+    t, p = open(text, "rb").read(), open(proj, "rb").read()
+    hub.add("org/vlm", {"vlm-Q8_0.gguf": t, "mmproj-vlm-f16.gguf": b"not this one", "mmproj-vlm-Q8_0.gguf": p})
+    hub.repos["org/vlm"].wrong_sha.add("vlm-Q8_0.gguf")  # a bad model: neither file is kept
+    with pytest.raises(PullError, match="sha256 mismatch for vlm-Q8_0.gguf"):
+        registry.pull("hf.co/org/vlm", progress=False)
+    assert cache_entries() == []
+    hub.repos["org/vlm"].wrong_sha.clear()
+    path = registry.pull("hf.co/org/vlm", progress=False)
+    assert hub.file_gets("/mmproj-vlm-Q8_0.gguf") == [None, None] and hub.file_gets("/mmproj-vlm-f16.gguf") == []
+    assert registry.projector_for(path).read_bytes() == p
+    assert [m.name for m in registry.list_local()] == ["org--vlm"]
+    llm = LLM("hf.co/org/vlm", progress=False)
+    assert llm.vision is not None and llm.vision.family == "idefics3"
+    assert LLM("hf.co/org/vlm", progress=False, mmproj="").vision is None
+    registry.remove("hf.co/org/vlm")
+    assert cache_entries() == []
+
+
+def test_choose_projector_follows_llama_cpp():
+    files = ["a/m-Q4_K_M.gguf", "a/mmproj-m-f16.gguf", "a/mmproj-m-Q8_0.gguf", "mmproj-top-f16.gguf", "b/mmproj-x.gguf"]
+    assert hf.choose_projector(files, "a/m-Q4_K_M.gguf") == "a/mmproj-m-Q8_0.gguf"  # its folder, the nearest bits
+    assert hf.choose_projector(files, "m-Q8_0.gguf") == "mmproj-top-f16.gguf"  # not a folder below the model's
+    assert hf.choose_projector(["x-F16.gguf", "mmproj-x-bf16.gguf", "mmproj-x-q8_0.gguf"], "x-F16.gguf") == \
+        "mmproj-x-bf16.gguf"
+    assert hf.choose_projector(["x-Q4_K_M.gguf"], "x-Q4_K_M.gguf") is None

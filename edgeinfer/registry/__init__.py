@@ -22,8 +22,8 @@ from __future__ import annotations
 import urllib.parse
 from pathlib import Path
 
-from .cache import (LocalModel, _cache_file, cache_lock, cached_path, home, list_local, models_dir, remove,
-                    staging_dir)
+from .cache import (LocalModel, _cache_file, cache_lock, cached_path, home, list_local, models_dir, projector_for,
+                    remove, staging_dir)
 from .catalog import (_NAME_RE, CATALOG, CHAT_MODEL, DEFAULT_MODEL, CatalogEntry, WheelPart, ZipMember, _stem, _unknown,
                       check_name, lookup)
 from .errors import InvalidNameError, ModelNotFoundError, PullError
@@ -35,7 +35,8 @@ from .url import _pull_url
 
 __all__ = ["CATALOG", "CHAT_MODEL", "DEFAULT_MODEL", "CatalogEntry", "HFRef", "InvalidNameError", "LocalModel", "ModelNotFoundError",
            "PullError", "WheelPart", "ZipMember", "cache_lock", "cached_path", "check_name", "home", "list_local",
-           "lookup", "model_name", "models_dir", "parse_ref", "pull", "remove", "resolve", "staging_dir"]
+           "lookup", "model_name", "models_dir", "parse_ref", "projector_for", "pull", "remove", "resolve",
+           "staging_dir"]
 
 
 def resolve(model: str, *, pull_missing: bool = True, progress: bool = True,

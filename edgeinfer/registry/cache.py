@@ -233,7 +233,15 @@ def list_local() -> list[LocalModel]:
     if not d.is_dir():
         return []
     return [LocalModel(p.stem, p, p.stat().st_size) for p in sorted(d.glob("*.gguf"))
-            if _NAME_RE.match(p.stem) and p.is_file() and not (p.is_symlink() and _outside_cache(p))]
+            if _NAME_RE.match(p.stem) and p.is_file() and not (p.is_symlink() and _outside_cache(p))
+            and not p.name.endswith(".mmproj.gguf")]
+
+
+def projector_for(path) -> Path | None:
+    """The vision projector pulled with a cached model (hf.py: NAME.mmproj.gguf beside NAME.gguf), or None."""
+    p = Path(path)
+    proj = p.with_name(p.stem + ".mmproj.gguf")
+    return proj if p.parent == models_dir() and proj.is_file() else None
 
 
 def remove(model: str, catalog: dict[str, CatalogEntry] | None = None) -> Path:
@@ -246,6 +254,7 @@ def remove(model: str, catalog: dict[str, CatalogEntry] | None = None) -> Path:
         have = ", ".join(m.name for m in list_local()) or "none"
         raise ModelNotFoundError(f"model {model!r} is not in the cache ({models_dir()}); downloaded: {have}")
     path.unlink()
+    path.with_name(path.stem + ".mmproj.gguf").unlink(missing_ok=True)  # its projector, pulled with it
     # its repacked weight layouts (models/layout_cache.py: NAME-LAYOUT-ID.layout), a model's size each
     for layout in (home() / "layouts").glob(f"{stem}-*.layout"):
         if layout.name.count("-") == stem.count("-") + 2:

@@ -12,6 +12,11 @@ A QUANT picks the GGUF file whose path holds the tag, case-insensitively, follow
 does; projectors and importance matrices (mmproj, imatrix) are never the model. Without one (or with
 `:latest`), as llama.cpp's `-hf`: Q4_K_M, else Q8_0, else the first GGUF model file. Files split into
 parts (`-00001-of-00003.gguf`) are refused: edgeinfer reads one-file models.
+
+A repo with a vision projector (an `mmproj` GGUF) gives it too, as `-hf` does: the one in the model's folder or
+above it, the deepest first, then the one whose quant's bits are nearest the model's (llama.cpp's
+find_best_mmproj); it is kept beside the model as NAME.mmproj.gguf (cache.projector_for), and the model loads
+with it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import os
 import re
 from pathlib import Path
 
-from .cache import _cache_file, _install, _no_link, _pull_once, _sha256, models_dir
+from .cache import _cache_file, _check_gguf, _no_link, _pull_once, _sha256, models_dir
 from .catalog import _stem
 from .errors import PullError
 from .refs import HFRef
@@ -77,6 +82,32 @@ def choose_file(repo: str, files: list[str], quant: str | None) -> str:
     chosen = (firsts or hits)[0]
     _refuse_split(repo, chosen, models)
     return chosen
+
+
+def _quant_bits(path: str) -> int:
+    # llama.cpp's extract_quant_bits: the digits of the name's last [-.]-separated tag (Q4_K_M 4, F16 16), else 0
+    split = _SPLIT_RE.match(path)
+    stem = split.group(1) if split else path[:-5]
+    m = re.search(r"[-.]([A-Za-z0-9_]+)$", stem)
+    digits = re.search(r"\d+", m.group(1)) if m else None
+    return int(digits.group(0)) if digits else 0
+
+
+def choose_projector(files: list[str], model: str) -> str | None:
+    """The vision projector to pull with `model` from a repo's files, or None (see the module's docstring)."""
+    model_dirs = model.split("/")[:-1]
+    bits = _quant_bits(model)
+    best = None
+    for f in files:
+        if not f.endswith(".gguf") or "mmproj" not in f:
+            continue
+        dirs = f.split("/")[:-1]
+        if dirs != model_dirs[:len(dirs)]:
+            continue
+        key = (len(dirs), -abs(_quant_bits(f) - bits))
+        if best is None or key > best[0]:
+            best = (key, f)
+    return best[1] if best else None
 
 
 # -- the pull ----------------------------------------------------------------------------------------
@@ -146,16 +177,17 @@ def pull_hf(ref: HFRef, *, name: str | None, progress: bool, force: bool, timeou
     def clean_up():
         for partial in models_dir().glob(f".{final.stem}.*.partial"):
             partial.unlink(missing_ok=True)
+        for partial in models_dir().glob(f".{final.stem}.mmproj.*.partial"):
+            partial.unlink(missing_ok=True)
 
     return _pull_once(final, final.name, progress, force,
                       lambda: _pull_hf_locked(hub, ref, final, progress, timeout), clean_up)
 
 
 def _pull_hf_locked(hub, ref: HFRef, final: Path, progress: bool, timeout: float) -> Path:
-    from huggingface_hub.utils import build_hf_headers
-
     endpoint = _endpoint()
     commit, files = _list_files(hub, ref, endpoint)
+    jobs: list[tuple[str, Path]] = []
     if ref.filename is not None:
         if ref.filename not in files:
             have = ", ".join(sorted(f for f in files if f.lower().endswith(".gguf"))) or "none"
@@ -164,7 +196,31 @@ def _pull_hf_locked(hub, ref: HFRef, final: Path, progress: bool, timeout: float
         filename = ref.filename
     else:
         filename = choose_file(ref.repo, list(files), ref.quant)
-    size, sha256 = files[filename]
+        projector = choose_projector(list(files), filename)
+        if projector is not None:
+            jobs.append((projector, final.with_name(final.stem + ".mmproj.gguf")))
+    jobs.insert(0, (filename, final))
+    got = [_download(hub, ref, commit, endpoint, f, files[f], dest, progress, timeout) for f, dest in jobs]
+    try:  # every file checked before any is installed: a bad one leaves nothing (its partial removed)
+        for partial, _, check in got:
+            check()
+            _check_gguf(partial)
+    except PullError:
+        for partial, _, _ in got:
+            partial.unlink(missing_ok=True)
+        raise
+    for partial, dest, _ in reversed(got):  # the projector first: the model's file in the cache means both
+        os.replace(partial, dest)
+    return final
+
+
+def _download(hub, ref: HFRef, commit: str, endpoint: str, filename: str, listed: tuple, final: Path,
+              progress: bool, timeout: float) -> tuple[Path, Path, object]:
+    """One file of the repo downloaded (resumable) into its partial file: (partial, final, check), check() raising
+    a PullError unless its size and sha256 are the Hub's."""
+    from huggingface_hub.utils import build_hf_headers
+
+    size, sha256 = listed
     url = hub.hf_hub_url(ref.repo, filename, revision=commit, endpoint=endpoint)
     headers = build_hf_headers(library_name="edgeinfer")  # the token, from HF_TOKEN or a login
     partial = _partial_path(final, sha256 or commit)
@@ -180,4 +236,4 @@ def _pull_hf_locked(hub, ref: HFRef, final: Path, progress: bool, timeout: float
                 raise PullError(f"sha256 mismatch for {filename} from {ref.repo}: got {digest}, the Hub lists "
                                 f"{sha256}; nothing was saved")
 
-    return _install(partial, final, check)
+    return partial, final, check
