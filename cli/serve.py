@@ -26,8 +26,8 @@ from .common import engine_options
               help="Seconds a request may take.")
 @click.option("--read-timeout", type=click.FloatRange(0.1, None), default=30.0, show_default=True,
               help="Seconds a request's whole body may take to arrive (408 past it).")
-@click.option("--max-body", "max_body_bytes", type=click.IntRange(1, None), default=4 * 1024 * 1024, show_default=True,
-              help="Largest request body in bytes (413 past it).")
+@click.option("--max-body", "max_body_bytes", type=click.IntRange(1, None), default=None,
+              help="Largest request body in bytes (413 past it; default 4 MiB, 64 MiB with --mmproj: images).")
 @click.option("--max-seqs", type=click.IntRange(0, None), default=0, help="Sequences computed together (0: sized for the cores).")
 @click.option("--threads", type=click.IntRange(0, None), default=0, help="Compute threads (default: all cores).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True, help="Kernel backend.")
@@ -109,6 +109,8 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
     if memory_budget:  # one budget for the whole process: every model's weights, KV and buffers
         per_model = dict(zip(models, budget_configs(paths, base, memory_budget)))
     speculation = serve_speculation(models, drafts, speculate, draft_tokens, device)
+    if max_body_bytes is None:  # a conversation with images resends them every turn, as base64
+        max_body_bytes = (64 if mmprojs else 4) * 1024 * 1024
     for source, path in serve_projectors(models, mmprojs).items():  # LLM's mmproj=, beside its speculation
         speculation[source] = {**speculation.get(source, {}), "mmproj": path}
     cfg = ServerConfig(models=models, threads=threads, api_key=api_key, cors_origins=list(cors_origins),

@@ -438,3 +438,56 @@ def tiny_key_server(tmp_path):
     s = Server(path, env={"EDGEINFER_API_KEY": "sekret"}).wait_ready()
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def vision_server(tmp_path_factory):
+    """A random SmolVLM-shaped pair (tests/vision_zoo.py) served with its projector, and a test image."""
+    import vision_zoo
+    from PIL import Image
+
+    d = tmp_path_factory.mktemp("chat_page_vision")
+    text, proj = vision_zoo.write_pair("idefics3", d)
+    Image.fromarray(vision_zoo.test_image(40, 60)).save(d / "cat.png")
+    (d / "notes.txt").write_text("not an image")
+    s = Server(text, "--mmproj", proj).wait_ready(timeout=120)
+    s.folder = d
+    yield s
+    s.stop()
+
+
+def test_an_image_attached_is_shown_and_sent(browser, vision_server):
+    # the file picker (and a drop) add images above the message box; sent with the message as image_url parts,
+    # shown in the conversation, kept in it for the next turn; a file that is not an image is refused on the page
+    tab = Tab(browser, vision_server.base).open()
+    try:
+        tab.settings(max_tokens=3, temperature=0)
+        tab.page.set_input_files("#image-file", str(vision_server.folder / "cat.png"))
+        tab.page.wait_for_selector("#attachments .attachment img")
+        # a drop of the same file, through the page's drop handler
+        tab.page.evaluate("""() => {
+            const b64 = document.querySelector('#attachments img').src.split(',')[1];  // (the policy: no fetch)
+            const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+            const dt = new DataTransfer(); dt.items.add(new File([bytes], 'dropped.png', {type: 'image/png'}));
+            document.querySelector('#composer').dispatchEvent(new DragEvent('drop', {dataTransfer: dt, bubbles: true}));
+        }""")
+        tab.page.wait_for_function("() => document.querySelectorAll('#attachments .attachment').length === 2")
+        tab.page.click("#attachments .attachment button")  # one removed again
+        assert tab.page.locator("#attachments .attachment").count() == 1
+        tab.ask("What is in the picture?")
+        assert re.fullmatch(r"\d+ tokens?.*", tab.wait_answered())
+        assert tab.page.locator(".turn.user img.thumb").count() == 1
+        assert tab.page.locator("#attachments .attachment").count() == 0
+        body, _ = tab.chats[-1]
+        parts = body["messages"][0]["content"]
+        assert parts[0]["type"] == "image_url" and parts[0]["image_url"]["url"].startswith("data:image/png;base64,")
+        assert parts[1] == {"type": "text", "text": "What is in the picture?"}
+        tab.ask("And now?")
+        tab.wait_answered()
+        assert tab.chats[-1][0]["messages"][0]["content"] == parts  # the image stays in the conversation
+        tab.page.set_input_files("#image-file", str(vision_server.folder / "notes.txt"))
+        tab.page.wait_for_selector("#notice:not([hidden])")
+        assert "not an image" in tab.page.text_content("#notice")
+        assert tab.page.locator(".error-text").count() == 0 and tab.errors == []
+    finally:
+        tab.close()
