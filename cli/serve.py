@@ -68,11 +68,14 @@ from .common import engine_options
               help="The model's vision projector (an mmproj GGUF, as llama.cpp's --mmproj): its chat requests may "
                    "then hold images (OpenAI image_url parts with data: URLs, Ollama's images). With several "
                    "models, say which (MODEL=FILE); repeatable.")
+@click.option("--allow-image-urls", is_flag=True, default=False,
+              help="Fetch http(s) image URLs in chat requests (at most 32 MB each); without it only data: URLs are "
+                   "read (the server never reaches out on a client's behalf).")
 @engine_options
 def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout, read_timeout, max_body_bytes, max_seqs, threads,
           device, shutdown_timeout, drafts, speculate, draft_tokens, reasoning_format, models_dirs, keep_alive,
-          allow_pull, allow_delete, prompt_cache, prompt_cache_mb, slot_save_path, mmprojs, kv_type, max_context,
-          memory_budget):
+          allow_pull, allow_delete, prompt_cache, prompt_cache_mb, slot_save_path, mmprojs, allow_image_urls, kv_type,
+          max_context, memory_budget):
     """Serve MODELS over an OpenAI-compatible HTTP API (and Ollama's /api/ps). MODELS load at start; any
     other model that is downloaded (or under a --models-dir) loads when a request names it, and unloads
     when idle for --keep-alive. With no MODELS, a request that names no model gets smollm2-135m-instruct.
@@ -112,7 +115,7 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
     if max_body_bytes is None:  # a conversation with images resends them every turn, as base64
         max_body_bytes = (64 if mmprojs else 4) * 1024 * 1024
     for source, path in serve_projectors(models, mmprojs).items():  # LLM's mmproj=, beside its speculation
-        speculation[source] = {**speculation.get(source, {}), "mmproj": path}
+        speculation[source] = {**speculation.get(source, {}), "mmproj": path, "allow_image_urls": allow_image_urls}
     cfg = ServerConfig(models=models, threads=threads, api_key=api_key, cors_origins=list(cors_origins),
                        max_queue=max_queue, request_timeout=request_timeout, read_timeout=read_timeout,
                        max_body_bytes=max_body_bytes,

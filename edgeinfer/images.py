@@ -115,6 +115,24 @@ def decode_data_url(url: str) -> Image:
     return decode_base64(payload)
 
 
+def fetch_url(url: str, timeout: float = 10.0) -> Image:
+    """An http(s) image, at most MAX_IMAGE_BYTES (the server's --allow-image-urls)."""
+    import urllib.error
+    import urllib.request
+
+    if not url.startswith(("http://", "https://")):
+        raise ImageError("an image URL must be an http(s) or data: URL")
+    req = urllib.request.Request(url, headers={"User-Agent": "edgeinfer", "Accept": "image/*"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (http(s) only, checked above)
+            data = r.read(MAX_IMAGE_BYTES + 1)
+    except urllib.error.HTTPError as e:
+        raise ImageError(f"fetching the image {url[:200]} failed: HTTP {e.code}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise ImageError(f"fetching the image {url[:200]} failed: {getattr(e, 'reason', e)}") from None
+    return decode(data)
+
+
 def load(path) -> Image:
     """An image file -> Image."""
     try:

@@ -313,7 +313,8 @@ class LLM(Embeddings):
         {"type": "image", "image": bytes, path or images.Image}), a vision.MediaPrompt holding the images' rows."""
         from .vision import split_images
 
-        plain, found = split_images(messages) if isinstance(messages, (list, tuple)) else (messages, [])
+        fetch = self.vision is not None and self.vision.fetch_urls
+        plain, found = split_images(messages, fetch) if isinstance(messages, (list, tuple)) else (messages, [])
         if not found:
             return self.render_chat(messages, tools=tools, template_vars=template_vars)
         text = self.render_chat(plain, tools=tools, template_vars=template_vars, as_text=True)

@@ -62,6 +62,7 @@ class Vision:
                                 parse_special=True)
         self.placeholder = soft[0] if len(soft) == 1 else 0  # the rows' token ids (their embeddings are replaced)
         self.encoded = 0  # images encoded (not found in the cache)
+        self.fetch_urls = False  # http(s) image URLs fetched (the server's --allow-image-urls), else refused
 
     @property
     def family(self) -> str:
@@ -156,11 +157,11 @@ def as_image(x) -> imgs.Image:
     return imgs.load(x)
 
 
-def split_images(messages) -> tuple[list, list]:
+def split_images(messages, fetch_urls: bool = False) -> tuple[list, list]:
     """Chat messages with image parts ({"type": "image_url", "image_url": {"url": "data:..."}} as OpenAI's: a
     data: URL only, as a request sends it; or, from Python, {"type": "image", "image": bytes, a path or an Image})
     -> the messages with each image part replaced by MARKER in its text, and the images in order. Messages without
-    images come back as they are."""
+    images come back as they are. fetch_urls: http(s) image URLs are fetched (else refused)."""
     out, found = [], []
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
@@ -178,7 +179,13 @@ def split_images(messages) -> tuple[list, list]:
                 url = url.get("url") if isinstance(url, dict) else url
                 if not isinstance(url, str):
                     raise ValueError(f"messages[{i}].content[{j}].image_url must hold a url")
-                found.append(imgs.decode_data_url(url))  # never a path: these come from requests
+                if url.startswith(("http://", "https://")):
+                    if not fetch_urls:
+                        raise imgs.ImageError("http(s) image URLs are not fetched (the server's --allow-image-urls "
+                                              "turns that on): send the image as a data: URL")
+                    found.append(imgs.fetch_url(url))
+                else:
+                    found.append(imgs.decode_data_url(url))  # never a path: these come from requests
                 text.append(MARKER)
             elif kind == "image":
                 found.append(as_image(p.get("image")))

@@ -462,3 +462,23 @@ def test_inspect_and_memory_estimate_know_projectors(pairs):
     cfg = EngineConfig(max_context=256)
     plain, with_proj = describe(text, cfg), describe(text, cfg, mmproj=proj)
     assert with_proj["size"] - plain["size"] == mem["weights"] + mem["buffers"]
+
+
+@pytest.mark.parametrize("family", sorted(vision_zoo.PAIRS))
+def test_preempted_image_prompts_equal_alone(pairs, llms, family):
+    # four image prompts in a KV pool that holds two: preempted and computed again (their images' rows too), each
+    # ends as it does alone, bit for bit
+    from edgeinfer import LLM, SamplingParams
+    from edgeinfer.config import EngineConfig
+
+    text, proj = pairs[family]
+    cases = REF["families"][family]["cases"][:4]
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=2)
+    alone = [llms[family].generate(llms[family].vision.prompt("A<__media__>B", [_image(c)]), sp)[0] for c in cases]
+    prompt_blocks = -(-len(alone[0].prompt_token_ids) // 16)  # two prompts fit, not their answers
+    tight = LLM(text, mmproj=proj, progress=False,
+                engine_config=EngineConfig(num_kv_blocks=2 * prompt_blocks + 3, block_size=16, max_seqs=8))
+    together = tight.generate([tight.vision.prompt("A<__media__>B", [_image(c)]) for c in cases], sp)
+    assert tight.stats()["preemptions"] > 0
+    for a, b in zip(alone, together):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs

@@ -81,7 +81,7 @@ def test_openai_chat_with_an_image_is_the_python_apis_answer(server, files):
 @pytest.mark.parametrize("model, content, status, message", [
     ("plain", PARTS, 400, "has no vision projector"),
     ("idefics3-text", [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}], 400,
-     "must be a data: URL"),
+     "not fetched (the server's --allow-image-urls"),
     ("idefics3-text", [{"type": "image_url", "image_url": "/etc/hostname"}], 400, "must be a data: URL"),  # no file
     ("idefics3-text", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@"}}], 400,
      "not valid base64"),
@@ -136,3 +136,37 @@ def test_cli_chat_image_command(files, tmp_path):
     assert run.exit_code == 0, run.output
     assert "not an image" in run.output
     assert "(image " in run.output and "60x40" in run.output
+
+
+def test_allow_image_urls_fetches_http_images(files):
+    # with --allow-image-urls an http(s) image is fetched (a local server here), and its answer is the data: URL's
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/cat.png":
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.end_headers()
+                self.wfile.write(PNG)
+            else:
+                self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    images = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=images.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{images.server_address[1]}"
+    s = Server(files["text"], "--mmproj", files["proj"], "--allow-image-urls").wait_ready(timeout=120)
+    try:
+        by_url = _chat(s, "idefics3-text", [PARTS[0], {"type": "image_url", "image_url": {"url": base + "/cat.png"}}])
+        assert by_url.status_code == 200, by_url.text
+        by_data = _chat(s, "idefics3-text", PARTS)
+        assert by_url.json()["choices"][0]["message"] == by_data.json()["choices"][0]["message"]
+        missing = _chat(s, "idefics3-text", [{"type": "image_url", "image_url": {"url": base + "/nope.png"}}])
+        assert missing.status_code == 400 and "HTTP 404" in missing.json()["error"]["message"]
+    finally:
+        s.stop()
+        images.shutdown()

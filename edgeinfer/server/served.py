@@ -61,8 +61,11 @@ class ServedModel:
 
         try:
             # loaded on the compute thread, which will step it (edgeinfer.engine.loop says why)
-            self.llm = exclusive(LLM, self.source, engine_config=self.engine_config, progress=False,
-                                 **self.speculation)
+            kw = dict(self.speculation)  # LLM's arguments (speculation, mmproj), and the server's own for images
+            fetch_urls = kw.pop("allow_image_urls", False)
+            self.llm = exclusive(LLM, self.source, engine_config=self.engine_config, progress=False, **kw)
+            if self.llm.vision is not None:
+                self.llm.vision.fetch_urls = fetch_urls
             if self.llm.is_encoder:  # an embedding model: no engine; /v1/embeddings computes in a worker thread
                 return
             if self.from_manifest:
