@@ -9,7 +9,8 @@ image (vision_zoo.test_image at several sizes: the encoder's native size, smalle
 prompt "A<__media__>B" (add_special, parse_special) and keep every chunk: a text chunk's token ids, an image
 chunk's embedding rows (mtmd_encode_chunk, mtmd_get_output_embd; rounded to 6 digits), its n_tokens and n_pos
 and whether libmtmd decodes it non-causally; then evaluate the whole prompt (mtmd_helper_eval_chunks) and keep
-the top-20 ids and logits of the last position and the row's log-sum-exp.
+the top-20 ids and logits of the last position and the row's log-sum-exp, then a greedy continuation of 8 tokens
+(argmax, one llama_decode each, not stopped at EOS) with the top1-top2 margin of each step.
 
 "pixels": the preprocessing alone, byte for byte. A projector with no layers and identity matrices (patch 4, the
 zoo's image size, mean, std and longest edge; gemma3's with one more channel of constant K so the RMS norm can be
@@ -39,7 +40,7 @@ F32 = GGMLQuantizationType.F32
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "golden", "vision.json")
 SIZES = [(64, 64), (48, 48), (100, 100), (120, 70), (50, 90)]  # (width, height): native, smaller, larger, wide, tall
-TOP = 20
+TOP, N_GEN = 20, 8
 R = lambda x: round(float(x), 6)  # noqa: E731
 
 
@@ -93,8 +94,17 @@ def run_family(family: str, folder: str) -> dict:
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(lctx, -1), shape=(n_vocab,)).astype(np.float64)
         top = np.argsort(-logits, kind="stable")[:TOP]
         lse = float(logits.max() + np.log(np.exp(logits - logits.max()).sum()))
+        greedy, margins, row = [], [], logits
+        for _ in range(N_GEN):
+            order = np.argsort(-row, kind="stable")
+            greedy.append(int(order[0]))
+            margins.append(R(row[order[0]] - row[order[1]]))
+            tok = (llama_cpp.llama_token * 1)(order[0])
+            assert llama_cpp.llama_decode(lctx, llama_cpp.llama_batch_get_one(tok, 1)) == 0
+            row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(lctx, -1), shape=(n_vocab,)).astype(np.float64)
         cases.append({"size": [w, h], "chunks": out, "n_past": int(n_past.value),
-                      "last": {"ids": [int(t) for t in top], "logits": [R(logits[t]) for t in top], "lse": R(lse)}})
+                      "last": {"ids": [int(t) for t in top], "logits": [R(logits[t]) for t in top], "lse": R(lse)},
+                      "greedy": {"output_ids": greedy, "top1_top2_margins": margins}})
         mtmd.mtmd_input_chunks_free(chunks)
         mtmd.mtmd_bitmap_free(bmp)
     mtmd.mtmd_free(mctx)

@@ -348,6 +348,13 @@ def test_prompt_matches_libmtmd(llms, family):
         top = _last_logprobs(llm, p)
         assert top[0][0] == case["last"]["ids"][0]
         assert _lp_error(top, case) < LP_TOL, case["size"]
+        # llama.cpp's greedy continuation, token for token up to its first near-tie
+        from edgeinfer import SamplingParams
+
+        g = case["greedy"]
+        got_ids = llm.generate(p, SamplingParams(temperature=0, max_tokens=len(g["output_ids"]), ignore_eos=True))[0]
+        n = next((i for i, m in enumerate(g["top1_top2_margins"]) if m < 0.25), len(g["output_ids"]))
+        assert got_ids.token_ids[:n] == g["output_ids"][:n], case["size"]
 
 
 def test_gemma3_images_attend_non_causally(llms):
