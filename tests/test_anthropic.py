@@ -123,7 +123,12 @@ def test_a_stop_sequence_and_structured_output(client):
     ({"max_tokens": 5, "messages": ASK, "temperature": 1.5}, 400, "invalid_request_error", "temperature"),
     ({"max_tokens": 5, "messages": ASK, "frobnicate": 1}, 400, "invalid_request_error", "unknown field 'frobnicate'"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
-     "invalid_request_error", "'messages[0].content[0]' is a block of type 'image'"),
+     "invalid_request_error", "'messages[0].content[0].source' must be"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": "aGk="}}]}]}, 400, "invalid_request_error",
+     "no vision projector"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, 400,
+     "invalid_request_error", "'messages[0].content[0]' is a block of type 'document'"),
     ({"max_tokens": 5, "messages": ASK, "tools": [{"name": "web_search", "type": "web_search_20250305"}]}, 400,
      "invalid_request_error", "server tools"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "x " * 5000}]}, 400, "invalid_request_error",

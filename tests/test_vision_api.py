@@ -116,6 +116,17 @@ def test_ollama_images(server):
     assert "vision" not in httpx.post(server.base + "/api/show", json={"model": "plain"}).json()["capabilities"]
 
 
+def test_anthropic_messages_with_an_image_block(server):
+    # Messages' image blocks (base64 source) read as OpenAI's image_url parts: the same answer
+    blocks = [{"type": "text", "text": "What is in the picture?"},
+              {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": B64}}]
+    r = httpx.post(server.base + "/v1/messages", timeout=120, json={
+        "model": "idefics3-text", "max_tokens": 5, "temperature": 0, "messages": [{"role": "user", "content": blocks}]})
+    assert r.status_code == 200, r.text
+    want = _chat(server, "idefics3-text", PARTS).json()["choices"][0]["message"]["content"]
+    assert "".join(b.get("text", "") for b in r.json()["content"]) == want
+
+
 def test_cli_generate_with_an_image(files):
     run = CliRunner().invoke(main, ["generate", files["text"], "Describe:", "--mmproj", files["proj"], "--image",
                                     files["image"], "--max-tokens", "4", "--temperature", "0", "--json"])

@@ -28,7 +28,7 @@ def error_body(e: P.APIError) -> dict:
 
 
 def _unsupported(where: str, kind: str) -> P.APIError:
-    return P.bad(where, f"'{where}' is a block of type {kind}: this server reads text, tool_use and tool_result "
+    return P.bad(where, f"'{where}' is a block of type {kind}: this server reads text, image, tool_use and tool_result "
                         "blocks (and thinking in assistant turns)")
 
 
@@ -55,11 +55,17 @@ def _turn(m: dict, where: str) -> list[dict]:
     role, content = m["role"], m["content"]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
-    texts, calls, thinking, tools = [], [], [], []
+    texts, calls, thinking, tools, parts = [], [], [], [], []
     for j, b in enumerate(content):
         at, kind = f"{where}.content[{j}]", b.get("type")
         if kind == "text":
             texts.append(_text_block(b, at))
+            if parts and parts[-1]["type"] == "text":
+                parts[-1] = {"type": "text", "text": parts[-1]["text"] + "\n" + texts[-1]}
+            else:
+                parts.append({"type": "text", "text": texts[-1]})
+        elif kind == "image" and role == "user":
+            parts.append(_image_block(b, at))
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
                 raise P.bad(at, f"'{at}' needs a string id and name")
@@ -80,6 +86,8 @@ def _turn(m: dict, where: str) -> list[dict]:
             raise _unsupported(at, repr(kind) + (f" ({role} turn)" if kind in ("tool_use", "tool_result", "thinking")
                                                  else ""))
     if role == "user":
+        if any(p["type"] == "image_url" for p in parts):  # OpenAI's parts, in the blocks' order
+            return tools + [{"role": "user", "content": parts}]
         return tools + ([{"role": "user", "content": "\n".join(texts)}] if texts or not tools else [])
     out = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
     if calls:
@@ -87,6 +95,19 @@ def _turn(m: dict, where: str) -> list[dict]:
     if thinking:
         out["reasoning_content"] = "\n".join(thinking)
     return [out]
+
+
+def _image_block(b: dict, where: str) -> dict:
+    """An image block ({"type": "image", "source": {"type": "base64", "media_type", "data"} or {"type": "url",
+    "url"}}) as OpenAI's image_url part."""
+    src = b.get("source")
+    kind = src.get("type") if isinstance(src, dict) else None
+    if kind == "base64" and isinstance(src.get("data"), str) and isinstance(src.get("media_type"), str):
+        return {"type": "image_url", "image_url": {"url": f"data:{src['media_type']};base64,{src['data']}"}}
+    if kind == "url" and isinstance(src.get("url"), str):
+        return {"type": "image_url", "image_url": {"url": src["url"]}}
+    raise P.bad(f"{where}.source", f"'{where}.source' must be {{\"type\": \"base64\", \"media_type\": ..., "
+                                   f"\"data\": ...}} or {{\"type\": \"url\", \"url\": ...}}")
 
 
 def chat_body(body: dict) -> dict:
