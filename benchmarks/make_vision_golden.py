@@ -117,7 +117,7 @@ PIX_SIZES = [(64, 64), (100, 37), (37, 100), (131, 257), (250, 40), (17, 23)]  #
 PIX_P, PIX_K = 4, 30.0
 
 
-def write_pixel_projector(family: str, path: str) -> int:
+def write_pixel_projector(family: str, path: str, preproc: bool = True) -> int:
     """The identity projector of `family` (see the docstring); returns the text width it needs."""
     import gguf
 
@@ -130,7 +130,7 @@ def write_pixel_projector(family: str, path: str) -> int:
     w.add_string("clip.projector_type", family)
     keys = [("embedding_length", c), ("feed_forward_length", c), ("block_count", 0), ("attention.head_count", 1),
             ("projection_dim", d), ("image_size", 64), ("patch_size", p), ("projector.scale_factor", s)]
-    if family == "idefics3":
+    if family == "idefics3" and preproc:  # without: libmtmd's other preprocessing (older SmolVLM files)
         keys.append(("preproc_image_size", 128))
     for k, v in keys:
         w.add_uint32("clip.vision." + k, v)
@@ -160,9 +160,9 @@ def write_pixel_projector(family: str, path: str) -> int:
     return d
 
 
-def pixels(family: str, folder: str) -> list:
-    proj = os.path.join(folder, f"{family}-pixels.gguf")
-    d = write_pixel_projector(family, proj)
+def pixels(family: str, folder: str, preproc: bool = True) -> list:
+    proj = os.path.join(folder, f"{family}-pixels{'' if preproc else '-fallback'}.gguf")
+    d = write_pixel_projector(family, proj, preproc)
     text = os.path.join(folder, f"{family}-pixels-text.gguf")
     vision_zoo.write_tiny_llama(text, dim=d, n_head=1, n_kv=1, qtype=F32, embd_type=F32,
                                 extra_specials=vision_zoo.IDEFICS3_SPECIALS + ("\n\n",))
@@ -215,6 +215,8 @@ def main():
         for family in vision_zoo.PAIRS:
             out["families"][family] = run_family(family, d)
             out["families"][family]["pixels"] = pixels(family, d)
+            if family == "idefics3":
+                out["families"][family]["pixels_fallback"] = pixels(family, d, preproc=False)
             print(family, "ok", flush=True)
     with open(OUT, "w") as f:
         json.dump(out, f, separators=(",", ":"))

@@ -1,6 +1,7 @@
 """Images in: decoding (PNG, JPEG, WebP, GIF's first frame, BMP, via Pillow) and each vision family's
 preprocessing as llama.cpp's libmtmd does it (tools/mtmd/mtmd-image.cpp), so an image gives the encoder the same
-pixels there and here.
+pixels there and here (for the lossless formats: JPEG decoders differ in their last bits, Pillow's from
+stb_image's).
 
 libmtmd's resampler is a port of Pillow's 8-bit `ImagingResample` (bilinear, bicubic, Lanczos; antialiased when
 shrinking; fixed-point weights, a horizontal pass, then a vertical one, each rounded to bytes): `resize` is that
@@ -28,7 +29,8 @@ import numpy as np
 from .errors import EdgeInferError
 
 MAX_IMAGE_BYTES = 32 << 20  # a request's image, encoded
-MAX_PIXELS = 8192 * 8192  # a decoded image (Pillow's decompression-bomb guard is off: this one is ours)
+MAX_PIXELS = 50_000_000  # a decoded image (a 48 MP phone photo fits; resampling holds it as int32 twice)
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")  # what Pillow may open (not its TIFF, PSD, EPS, ... plugins)
 
 
 class ImageError(EdgeInferError, ValueError):
@@ -72,25 +74,29 @@ def decode(data: bytes) -> Image:
     if len(data) > MAX_IMAGE_BYTES:
         raise ImageError(f"the image is {len(data)} bytes: at most {MAX_IMAGE_BYTES}")
     try:
-        with PILImage.open(io.BytesIO(data)) as im:
+        with PILImage.open(io.BytesIO(data), formats=FORMATS) as im:
             if im.width * im.height > MAX_PIXELS:
                 raise ImageError(f"image of {im.width}x{im.height} pixels: at most {MAX_PIXELS} pixels")
             im.seek(0)
-            rgb = np.asarray(_to_rgb(im), np.uint8)
+            rgb = _to_rgb(im)
     except ImageError:
         raise
     except UnidentifiedImageError:
-        raise ImageError("not an image Pillow can read (PNG, JPEG, WebP, GIF, BMP, ...)") from None
-    except (OSError, ValueError, SyntaxError) as e:
-        raise ImageError(f"the image could not be decoded: {e}") from None
+        raise ImageError("not an image this reads (PNG, JPEG, WebP, GIF or BMP)") from None
+    except PILImage.DecompressionBombError as e:
+        raise ImageError(f"the image is too large: {e}") from None
+    except Exception as e:  # a damaged file: Pillow's decoders raise many kinds
+        raise ImageError(f"the image could not be decoded: {type(e).__name__}: {e}") from None
     return from_rgb(rgb)
 
 
-def _to_rgb(im):
+def _to_rgb(im) -> np.ndarray:
+    if im.mode.startswith("I;16") or im.mode == "I":  # 16-bit grey: its high byte, as stb_image gives 8 bits
+        grey = (np.asarray(im).astype(np.uint32) >> 8).astype(np.uint8)
+        return np.repeat(grey[:, :, None], 3, axis=2)
     if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
-        im = im.convert("RGBA")
-        return im.convert("RGB")  # transparency dropped, as stb_image (llama.cpp's decoder) does with 3 channels
-    return im.convert("RGB")
+        im = im.convert("RGBA")  # transparency dropped, as stb_image (llama.cpp's decoder) does with 3 channels
+    return np.asarray(im.convert("RGB"), np.uint8)
 
 
 def decode_base64(text: str) -> Image:
@@ -210,7 +216,7 @@ def _weights(in_size: int, out_size: int, algo: str) -> tuple[np.ndarray, np.nda
         if ww != 0.0:
             w[xx, :cnt] /= ww
         first[xx] = xmin
-    fixed = (w * float(1 << _PRECISION) + np.where(w < 0, -0.5, 0.5)).astype(np.int64)  # +-0.5, truncated
+    fixed = (w * float(1 << _PRECISION) + np.where(w < 0, -0.5, 0.5)).astype(np.int32)  # +-0.5, truncated
     return first, fixed
 
 
@@ -218,10 +224,10 @@ def _resample(img: np.ndarray, axis: int, out_size: int, algo: str) -> np.ndarra
     """One pass along axis (1: columns, 0: rows) of an (H, W, 3) uint8 image."""
     in_size = img.shape[axis]
     first, k = _weights(in_size, out_size, algo)
-    src = img.astype(np.int64)
+    src = img.astype(np.int32)  # int32 sums, as libmtmd's (they fit: weights of 22 bits times bytes)
     shape = list(img.shape)
     shape[axis] = out_size
-    acc = np.full(shape, 1 << (_PRECISION - 1), np.int64)
+    acc = np.full(shape, 1 << (_PRECISION - 1), np.int32)
     for j in range(k.shape[1]):
         idx = np.minimum(first + j, in_size - 1)  # past the edge the weight is 0
         taps = k[:, j]
@@ -232,17 +238,17 @@ def _resample(img: np.ndarray, axis: int, out_size: int, algo: str) -> np.ndarra
     return np.clip(acc >> _PRECISION, 0, 255).astype(np.uint8)
 
 
-def letterbox(rgb: np.ndarray, side: int, algo: str) -> np.ndarray:
-    """libmtmd's resize with PAD_CEIL: scaled (float32 arithmetic) so the whole image fits side x side, centred on
-    black."""
+def letterbox(rgb: np.ndarray, width: int, height: int, algo: str) -> np.ndarray:
+    """libmtmd's resize with PAD_CEIL: scaled (float32 arithmetic) so the whole image fits width x height, centred
+    on black."""
     h, w = rgb.shape[:2]
-    if (w, h) == (side, side):
+    if (w, h) == (width, height):
         return rgb.copy()
-    scale = min(np.float32(side) / np.float32(w), np.float32(side) / np.float32(h))
-    nw = min(int(np.ceil(np.float32(w) * scale)), side)
-    nh = min(int(np.ceil(np.float32(h) * scale)), side)
-    out = np.zeros((side, side, 3), np.uint8)
-    y0, x0 = (side - nh) // 2, (side - nw) // 2
+    scale = min(np.float32(width) / np.float32(w), np.float32(height) / np.float32(h))
+    nw = min(int(np.ceil(np.float32(w) * scale)), width)
+    nh = min(int(np.ceil(np.float32(h) * scale)), height)
+    out = np.zeros((height, width, 3), np.uint8)
+    y0, x0 = (height - nh) // 2, (width - nw) // 2
     out[y0:y0 + nh, x0:x0 + nw] = resize(rgb, nw, nh, algo)
     return out
 
@@ -267,7 +273,9 @@ def prepare(image: Image, cfg) -> Prepared:
     """An image preprocessed for a projector of configuration cfg (models.clip.VisionConfig)."""
     rgb, side = image.rgb, cfg.image_size
     if cfg.projector == "gemma3":
-        return Prepared([normalize(letterbox(rgb, side, "bilinear"), cfg.mean, cfg.std)])
+        return Prepared([normalize(letterbox(rgb, side, side, "bilinear"), cfg.mean, cfg.std)])
+    if cfg.longest_edge <= 0:
+        return _idefics3_fallback(rgb, cfg)
     # idefics3: the longest edge to L (even), whole tiles, row-major tiles then the overview
     h0, w0 = rgb.shape[:2]
     L = cfg.longest_edge
@@ -286,4 +294,23 @@ def prepare(image: Image, cfg) -> Prepared:
     tiles = [normalize(r2[y * side:(y + 1) * side, x * side:(x + 1) * side], cfg.mean, cfg.std)
              for y in range(gy) for x in range(gx)]
     overview = normalize(resize(r2, side, side, "lanczos"), cfg.mean, cfg.std)
+    return Prepared(tiles + [overview], (gy, gx))
+
+
+def _idefics3_fallback(rgb: np.ndarray, cfg) -> Prepared:
+    """libmtmd's preprocessing of an idefics3 projector without preproc_image_size (older SmolVLM files): each side
+    rounded to whole tiles (half away from zero, at least one), the image letterboxed into that (bicubic, black
+    bars) and cut into tiles row by row; the overview the whole image stretched to a tile (bicubic), last."""
+    h0, w0 = rgb.shape[:2]
+    side = cfg.image_size
+
+    def whole_tiles(n: int) -> int:
+        return max(side, int(math.floor(float(np.float32(n) / np.float32(side)) + 0.5)) * side)
+
+    wb, hb = whole_tiles(w0), whole_tiles(h0)
+    refined = letterbox(rgb, wb, hb, "bicubic")
+    gx, gy = wb // side, hb // side
+    tiles = [normalize(refined[y * side:(y + 1) * side, x * side:(x + 1) * side], cfg.mean, cfg.std)
+             for y in range(gy) for x in range(gx)]
+    overview = normalize(resize(rgb, side, side, "bicubic"), cfg.mean, cfg.std)
     return Prepared(tiles + [overview], (gy, gx))

@@ -308,13 +308,15 @@ class LLM(Embeddings):
             ids = ids[1:]  # the template wrote the BOS text and the tokenizer added one too
         return ids
 
-    def chat_prompt(self, messages, tools=None, template_vars: dict | None = None) -> list[int]:
+    def chat_prompt(self, messages, tools=None, template_vars: dict | None = None,
+                    local_files: bool = True) -> list[int]:
         """render_chat's token ids, or, for messages with image parts (OpenAI's image_url with a data: URL, or
         {"type": "image", "image": bytes, path or images.Image}), a vision.MediaPrompt holding the images' rows."""
         from .vision import split_images
 
         fetch = self.vision is not None and self.vision.fetch_urls
-        plain, found = split_images(messages, fetch) if isinstance(messages, (list, tuple)) else (messages, [])
+        plain, found = split_images(messages, fetch, local_files) if isinstance(messages, (list, tuple)) \
+            else (messages, [])
         if not found:
             return self.render_chat(messages, tools=tools, template_vars=template_vars)
         text = self.render_chat(plain, tools=tools, template_vars=template_vars, as_text=True)

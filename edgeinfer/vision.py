@@ -16,6 +16,8 @@ computed again; encoded images are kept (IMAGE_CACHE of them, least recently use
 
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
 from collections import OrderedDict
 
@@ -29,6 +31,7 @@ from .models.common import ModelLoadError
 
 MARKER = "<__media__>"  # libmtmd's default media marker
 IMAGE_CACHE = 16  # encoded images kept
+MAX_IMAGES = 16  # images in one prompt
 
 
 class NoVisionError(EdgeInferError, ValueError):
@@ -58,10 +61,18 @@ class Vision:
         self._cache: OrderedDict[str, list] = OrderedDict()
         self._lock = threading.Lock()
         self._pieces: dict[str, int] = {}
+        # the projector's identity in every image's digest: another projector's rows never hit the prefix cache
+        st = os.stat(path)
+        with open(path, "rb") as f:
+            self.identity = hashlib.sha256(f.read(1 << 20) + f"{st.st_size}".encode()).hexdigest()[:16]
+        self.compute = None  # runs the encoder (the server's compute thread: engine.loop.exclusive), else inline
         soft = tokenizer.encode("<image_soft_token>" if cfg.projector == "gemma3" else "<image>", add_bos=False,
                                 parse_special=True)
         self.placeholder = soft[0] if len(soft) == 1 else 0  # the rows' token ids (their embeddings are replaced)
         self.encoded = 0  # images encoded (not found in the cache)
+        if cfg.projector == "idefics3":  # the tokens its images need, found now: a vocabulary without one fails here
+            for piece in ("\n", "\n\n", "<fake_token_around_image>", "<global-img>"):
+                self._lookup(piece)
         self.fetch_urls = False  # http(s) image URLs fetched (the server's --allow-image-urls), else refused
 
     @property
@@ -71,12 +82,13 @@ class Vision:
     def _lookup(self, piece: str, default: int | None = None) -> int:
         """libmtmd's lookup_token: the first id whose text (special tokens as written) is piece."""
         if not self._pieces:
-            tok = self.tokenizer
+            tok, pieces = self.tokenizer, {}
             for tid in range(tok.vocab_size - 1, -1, -1):  # from the end: the first id wins
                 try:
-                    self._pieces[tok.token_bytes(tid, special=True).decode("utf-8")] = tid
+                    pieces[tok.token_bytes(tid, special=True).decode("utf-8")] = tid
                 except UnicodeDecodeError:
                     continue
+            self._pieces = pieces  # whole, at once (another thread may be reading)
         tid = self._pieces.get(piece, default)
         if tid is None:
             raise ModelLoadError(f"the text model's vocabulary has no token {piece!r}, which {self.family}'s images "
@@ -92,7 +104,8 @@ class Vision:
                 self._cache.move_to_end(image.digest)
                 return got
             prep = imgs.prepare(image, self.cfg)
-            got = [self.encoder.encode(x) for x in prep.inputs], prep.grid
+            run = self.compute or (lambda f, *a: f(*a))
+            got = [run(self.encoder.encode, x) for x in prep.inputs], prep.grid
             self.encoded += 1
             self._cache[image.digest] = got
             while len(self._cache) > IMAGE_CACHE:
@@ -104,6 +117,8 @@ class Vision:
         pieces = text.split(MARKER)
         if len(pieces) - 1 != len(images):
             raise ValueError(f"the prompt has {len(pieces) - 1} image markers ({MARKER}) for {len(images)} images")
+        if len(images) > MAX_IMAGES:
+            raise ValueError(f"the prompt has {len(images)} images: at most {MAX_IMAGES}")
         tok = self.tokenizer
         ids: list[int] = []
         if add_bos is None:
@@ -124,7 +139,8 @@ class Vision:
         tok = self.tokenizer
 
         def put(block: np.ndarray, non_causal: bool = False) -> None:
-            media.append(MediaSpan(len(ids), block, image.digest + f"/{len(media)}", non_causal))
+            digest = f"{self.identity}/{image.digest}/{len(media)}"
+            media.append(MediaSpan(len(ids), block, digest, non_causal))
             ids.extend([self.placeholder] * len(block))
 
         if self.family == "gemma3":
@@ -157,11 +173,12 @@ def as_image(x) -> imgs.Image:
     return imgs.load(x)
 
 
-def split_images(messages, fetch_urls: bool = False) -> tuple[list, list]:
+def split_images(messages, fetch_urls: bool = False, local_files: bool = True) -> tuple[list, list]:
     """Chat messages with image parts ({"type": "image_url", "image_url": {"url": "data:..."}} as OpenAI's: a
     data: URL only, as a request sends it; or, from Python, {"type": "image", "image": bytes, a path or an Image})
     -> the messages with each image part replaced by MARKER in its text, and the images in order. Messages without
-    images come back as they are. fetch_urls: http(s) image URLs are fetched (else refused)."""
+    images come back as they are. fetch_urls: http(s) image URLs are fetched (else refused); local_files: image
+    parts may name files (never for a request's messages)."""
     out, found = [], []
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
@@ -188,6 +205,8 @@ def split_images(messages, fetch_urls: bool = False) -> tuple[list, list]:
                     found.append(imgs.decode_data_url(url))  # never a path: these come from requests
                 text.append(MARKER)
             elif kind == "image":
+                if not local_files:
+                    raise ValueError(f"messages[{i}].content[{j}]: images come as image_url parts (data: URLs)")
                 found.append(as_image(p.get("image")))
                 text.append(MARKER)
             else:

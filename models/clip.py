@@ -45,7 +45,7 @@ class VisionConfig:
     n_merge: int  # gemma3: the pooling kernel; idefics3: the pixel shuffle's scale factor
     act: str  # one of ACTS
     text_dim: int  # the rows' width: the text model's embedding length
-    longest_edge: int  # idefics3: the longest side an image is resized to before tiling (preproc_image_size)
+    longest_edge: int  # idefics3: the longest side an image is resized to before tiling (preproc_image_size; 0: none)
 
     @property
     def side_patches(self) -> int:
@@ -91,7 +91,7 @@ def config_from_gguf(gf: GGUFFile) -> VisionConfig:
                              "(an mmproj GGUF made by llama.cpp's converter)")
     if not _key(gf, "clip.has_vision_encoder", False):
         raise ModelLoadError("projector file: it has no vision encoder (clip.has_vision_encoder is not true)")
-    proj = _key(gf, "clip.vision.projector_type", None) or _key(gf, "clip.projector_type", None)
+    proj = _key(gf, "clip.projector_type", None) or _key(gf, "clip.vision.projector_type", None)  # libmtmd's order
     if proj is None:
         raise ModelLoadError("projector file: missing metadata key 'clip.projector_type'")
     if proj not in FAMILIES:
@@ -119,7 +119,7 @@ def config_from_gguf(gf: GGUFFile) -> VisionConfig:
         eps=float(_key(gf, "clip.vision.attention.layer_norm_epsilon", required=True)),
         mean=_triple(gf, "clip.vision.image_mean"), std=_triple(gf, "clip.vision.image_std"),
         n_merge=n_merge, act="gelu" if gelu else "silu" if silu else "gelu_quick", text_dim=text_dim,
-        longest_edge=_positive(gf, "clip.vision.preproc_image_size", image_size) if proj == "idefics3" else image_size,
+        longest_edge=_longest_edge(gf) if proj == "idefics3" else image_size,
     )
 
 
@@ -138,6 +138,12 @@ def memory_bytes(path) -> dict:
     tokens = cfg.side_patches ** 2
     act = tokens * (4 * cfg.dim + 2 * cfg.ffn_dim) * 4  # x, its norm, q, k, v and the FFN's hidden rows
     return {"weights": weights, "buffers": act + widest}
+
+
+def _longest_edge(gf: GGUFFile) -> int:
+    # idefics3's preproc_image_size; without it (older files) 0: libmtmd's other preprocessing (images.py)
+    key = "clip.vision.preproc_image_size"
+    return _positive(gf, key) if key in gf.metadata else 0
 
 
 def _text_dim(gf: GGUFFile, proj: str) -> int:

@@ -341,15 +341,15 @@ class Model:
         x = self.kb.embed(self.tok_embd, token_ids)
         if self.cfg.embed_scale != 1.0:  # Gemma's sqrt(dim), Granite's embedding_scale
             self.kb.scale_(x, self.cfg.embed_scale)
-        for row, rows in batch.embeds if batch is not None else ():  # an image's rows, unscaled (as llama.cpp)
+        for row, rows in getattr(batch, "embeds", ()):  # an image's rows, unscaled (as llama.cpp)
             x[row:row + len(rows)] = rows
         return x
 
     def forward_per_op(self, batch: Batch, cache: KVCache, hidden: bool = False) -> np.ndarray:
         """The reference forward: one backend call per op (the CUDA backend's path)."""
         kb, cfg, spec = self.kb, self.cfg, self.spec
-        batch = kb.prepare_batch(batch)
-        x = self.embed(batch.token_ids, batch)
+        host, batch = batch, kb.prepare_batch(batch)
+        x = self.embed(batch.token_ids, host)
         ple = per_layer.inputs(kb, cfg, self.ple, batch.token_ids, x) if self.ple is not None else None
         h = kb.empty(x.shape)
         for i, lw in enumerate(self.layers):  # two residual blocks a layer: the mixer's, the feed-forward's

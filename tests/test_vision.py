@@ -72,6 +72,21 @@ def test_preprocessing_is_libmtmds_byte_for_byte(family):
         assert got == case["inputs"], (family, (w, h))
 
 
+def test_older_smolvlm_files_preprocess_as_libmtmd():
+    # an idefics3 projector without preproc_image_size (older SmolVLM files): libmtmd's other path (whole tiles by
+    # rounding, a bicubic letterbox, the overview from the whole image), byte for byte
+    import dataclasses
+
+    cfg = dataclasses.replace(_cfg("idefics3"), longest_edge=0)
+    for case in REF["families"]["idefics3"]["pixels_fallback"]:
+        w, h = case["size"]
+        rgb = np.random.default_rng(w * 1000 + h).integers(0, 256, (h, w, 3), dtype=np.uint8)
+        prep = images.prepare(images.from_rgb(rgb), cfg)
+        got = [hashlib.sha256(_unnormalized(x, cfg).tobytes()).hexdigest() for x in prep.inputs]
+        assert got == case["inputs"], (w, h)
+        assert len(got) == prep.grid[0] * prep.grid[1] + 1
+
+
 def _unnormalized(x, cfg):
     # the bytes an encoder input was normalised from
     img = x.transpose(1, 2, 0).astype(np.float64) * np.array(cfg.std) + np.array(cfg.mean)
@@ -265,7 +280,7 @@ def test_decode_transparent_and_grey():
 
 @pytest.mark.parametrize("data, message", [
     (b"", "empty"),
-    (b"definitely not an image", "not an image Pillow can read"),
+    (b"definitely not an image", "not an image this reads"),
     (b"\x89PNG\r\n\x1a\n" + b"\0" * 40, "could not be decoded|not an image"),
 ])
 def test_decode_errors(data, message):
@@ -372,7 +387,8 @@ def test_gemma3_images_attend_non_causally(llms):
 @pytest.mark.parametrize("family", sorted(vision_zoo.PAIRS))
 def test_batched_and_chunked_equal_alone(pairs, llms, family):
     # two image prompts in one batch give each one's log-probabilities bit for bit; so does a prefill in chunks of
-    # 8 tokens (a non-causal image is never cut: its chunk runs to its end)
+    # 8 tokens (a non-causal image is never cut: its chunk runs to its end); and a second run of the same prompts,
+    # whose blocks come from the prefix cache (hits ending inside an image: its remaining rows computed)
     from edgeinfer import LLM, SamplingParams
     from edgeinfer.config import EngineConfig
 
@@ -381,13 +397,16 @@ def test_batched_and_chunked_equal_alone(pairs, llms, family):
     prompts = [llm.vision.prompt("A<__media__>B", [_image(c)]) for c in cases]
     sp = SamplingParams(temperature=0, max_tokens=3, logprobs=5)
     alone = [llm.generate(p, sp)[0] for p in prompts]
-    both = llm.generate(prompts, sp)
     text, proj = pairs[family]
+    fresh = LLM(text, mmproj=proj, progress=False)  # an empty prefix cache: both images computed in one batch
+    both = fresh.generate([fresh.vision.prompt("A<__media__>B", [_image(c)]) for c in cases], sp)
     small = LLM(text, mmproj=proj, progress=False, engine_config=EngineConfig(max_num_batched_tokens=8))
     chunked = [small.generate(small.vision.prompt("A<__media__>B", [_image(c)]), sp)[0] for c in cases]
-    for a, b, c in zip(alone, both, chunked):
-        assert a.token_ids == b.token_ids == c.token_ids
-        assert a.logprobs == b.logprobs == c.logprobs
+    cached = fresh.generate([fresh.vision.prompt("A<__media__>B", [_image(c)]) for c in cases], sp)
+    assert fresh.stats()["prefix_cache_hits"] > 0
+    for a, b, c, d in zip(alone, both, chunked, cached):
+        assert a.token_ids == b.token_ids == c.token_ids == d.token_ids
+        assert a.logprobs == b.logprobs == c.logprobs == d.logprobs
 
 
 def test_follow_up_turn_reuses_the_image(llms):
@@ -489,3 +508,78 @@ def test_preempted_image_prompts_equal_alone(pairs, llms, family):
     assert tight.stats()["preemptions"] > 0
     for a, b in zip(alone, together):
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+
+
+@pytest.mark.parametrize("window", [0, 5, 40])
+def test_non_causal_rows_see_what_llama_cpp_masks_in(window):
+    # rows of an image in a pass that starts mid-sequence: each sees keys up to the image's last position and, in a
+    # sliding-window layer, back to its own window's start (llama.cpp's non-causal mask keeps the window); the rows
+    # before the image stay causal. Against a dense numpy attention with that mask.
+    from types import SimpleNamespace
+
+    from edgeinfer.models.parts.attention import _non_causal
+
+    rng = np.random.default_rng(window)
+    n_ctx, first, H, KVH, D = 30, 10, 4, 2, 16
+    kc = rng.standard_normal((n_ctx, KVH, D)).astype(np.float32)  # one block of 30 slots: slot = position
+    vc = rng.standard_normal((n_ctx, KVH, D)).astype(np.float32)
+    pos = np.arange(first, n_ctx, dtype=np.int64)
+    q = rng.standard_normal((len(pos), H, D)).astype(np.float32)
+    batch = SimpleNamespace(positions=pos, token_seq=np.zeros(len(pos), np.int64))
+    tables = np.zeros((1, 1), np.int32)
+    scale = np.float32(0.25)
+    out = np.empty((len(pos), H, D), np.float32)
+    KB.paged_attention(q, kc, vc, batch.token_seq, pos, tables, n_ctx, scale, window, np.float32(0), out)
+    t0, t1 = 6, 16  # positions 16..25: the image
+    _non_causal(KB, q, kc, vc, batch, tables, n_ctx, scale, window, np.float32(0), out, t0, t1, {})
+    end = pos[t1 - 1]
+    for t, p in enumerate(pos):
+        hi = end if t0 <= t < t1 else p
+        lo = max(0, p - window + 1) if window else 0
+        for h in range(H):
+            g = h // (H // KVH)
+            s = (kc[lo:hi + 1, g] @ q[t, h]) * scale
+            a = np.exp(s - s.max())
+            want = (a / a.sum()) @ vc[lo:hi + 1, g]
+            np.testing.assert_allclose(out[t, h], want, rtol=2e-5, atol=2e-6, err_msg=f"row {t} head {h}")
+
+
+def test_decompression_bombs_16_bit_and_other_formats():
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    # a PNG header claiming 20000 x 20000: refused before any pixel is decoded
+    ihdr = struct.pack(">IIBBBBB", 20000, 20000, 8, 2, 0, 0, 0)
+    chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(  # noqa: E731
+        ">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    bomb = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+    with pytest.raises(images.ImageError, match="at most|too large"):
+        images.decode(bomb)
+    # 16-bit grey: its high byte, as stb_image (llama.cpp's decoder) reads it
+    buf = io.BytesIO()
+    Image.fromarray(np.full((2, 3), 30000, np.uint16)).save(buf, "PNG")
+    assert images.decode(buf.getvalue()).rgb[0, 0].tolist() == [117, 117, 117]
+    # formats past the five are not opened (Pillow's TIFF plugin, here)
+    buf = io.BytesIO()
+    Image.fromarray(vision_zoo.test_image(4, 4)).save(buf, "TIFF")
+    with pytest.raises(images.ImageError, match="not an image this reads"):
+        images.decode(buf.getvalue())
+
+
+def test_requests_never_name_files_and_a_context_with_an_image_is_refused(llms, tmp_path):
+    from edgeinfer.openai import ollama_requests as OR
+    from edgeinfer.openai import protocol as P
+    from edgeinfer.vision import split_images
+
+    png = tmp_path / "x.png"
+    png.write_bytes(_encoded(vision_zoo.test_image(8, 8), "PNG"))
+    msgs = [{"role": "user", "content": [{"type": "image", "image": str(png)}, {"type": "text", "text": "hi"}]}]
+    assert len(split_images(msgs)[1]) == 1  # from Python: a path is fine
+    with pytest.raises(ValueError, match="images come as image_url parts"):
+        split_images(msgs, local_files=False)
+    llm = llms["idefics3"]
+    req = OR.parse_generate({"model": "m", "prompt": "more", "context": [5, llm.vision.placeholder, 7]})
+    with pytest.raises(P.APIError, match="'context' that held an image cannot be continued"):
+        OR._generate_body(llm, req)

@@ -123,7 +123,9 @@ class Scheduler:
             seq = self.waiting[0]
             if self.warm is not None:
                 self.warm(seq)
-            if not self.bm.can_allocate(seq, budget):
+            # an image attended non-causally may run its chunk past the budget (Sequence.chunk_end): room for it
+            room = budget + max((len(m.rows) for m in seq.media if m.non_causal), default=0)
+            if not self.bm.can_allocate(seq, room):
                 break
             self.waiting.pop(0)
             seq.num_computed_tokens = self.bm.allocate(seq)

@@ -64,7 +64,7 @@ class Sequence:
         self.guide = None  # structured.Guide of a constrained request: masks its logits, follows its tokens
         self.disk = None  # prompt_cache.DiskState: its blocks' chain digests and how many went to the disk cache
         self.media: tuple[MediaSpan, ...] = ()  # prompt rows given as embeddings (images), in order
-        self._hash_prompt = None  # the prompt's ids as the prefix cache keys them (media: see hash_ids)
+        self._hash_ids: list[int] | None = None  # the ids as the prefix cache keys them (media: see hash_ids)
 
     @property
     def num_tokens(self) -> int:
@@ -81,17 +81,23 @@ class Sequence:
     @property
     def hash_ids(self) -> list[int]:
         """The token ids as the prefix cache keys them: token_ids, with each media row's placeholder replaced by a
-        negative id from its span's digest and row, so that only the same content at the same place hits."""
+        negative id hashed from its span's digest and its row (31 bits a row: a block of rows keys on hundreds),
+        so that only the same content at the same place hits. Kept, and extended as tokens are appended."""
         if not self.media:
             return self.token_ids
-        if self._hash_prompt is None:
+        if self._hash_ids is None:
             ids = list(self.token_ids[: self.num_prompt_tokens])
             for m in self.media:
-                base = int.from_bytes(hashlib.blake2b(m.digest.encode(), digest_size=8).digest(), "little")
                 for i in range(m.start, m.end):
-                    ids[i] = -1 - (base + i - m.start) % 0x7FFFFFF0
-            self._hash_prompt = ids
-        return self._hash_prompt + self.token_ids[self.num_prompt_tokens:]
+                    h = hashlib.blake2b(f"{m.digest}/{i - m.start}".encode(), digest_size=4).digest()
+                    ids[i] = -1 - int.from_bytes(h, "little") % 0x7FFFFFF0
+            self._hash_ids = ids
+        ids = self._hash_ids
+        if len(ids) < len(self.token_ids):
+            ids.extend(self.token_ids[len(ids):])
+        elif len(ids) > len(self.token_ids):  # tokens taken back (a rejected proposal)
+            del ids[len(self.token_ids):]
+        return ids
 
     def chunk_end(self, start: int, n: int) -> int:
         """How many tokens from start a forward pass may take when n are granted: a non-causal span is never cut

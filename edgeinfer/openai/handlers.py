@@ -76,10 +76,10 @@ def chat_prompt(llm, name: str, body: dict, req: P.ParsedRequest, as_text: bool 
                                 "--mmproj FILE)")
     try:
         if images and not as_text:
-            prompt = llm.chat_prompt(messages, shown, template_vars=req.template_vars)
+            prompt = llm.chat_prompt(messages, shown, template_vars=req.template_vars, local_files=False)
         else:
             if images:  # the text only, each image as its marker
-                messages = split_images(messages)[0]
+                messages = split_images(messages, local_files=False)[0]
             prompt = llm.render_chat(messages, True, shown, template_vars=req.template_vars, as_text=as_text)
     except ToolError as e:
         raise P.bad(e.param, str(e)) from None

@@ -180,11 +180,14 @@ def _generate_body(llm, req: OllamaRequest) -> dict:
         raise P.bad("images", f"model {req.model!r} has no vision projector: it cannot read images (serve it with "
                               "--mmproj FILE)")
     try:
-        ids = llm.chat_prompt(msgs) if req.images else llm.render_chat(msgs, True)
+        ids = llm.chat_prompt(msgs, local_files=False) if req.images else llm.render_chat(msgs, True)
     except ValueError as e:  # the template's, or an image that cannot be read
         raise P.bad("images" if req.images else "prompt", str(e)) from None
     if req.context:
         P.check_token_ids(req.context, tok.vocab_size, "context")
+        if llm.vision is not None and llm.vision.placeholder in req.context:  # its image rows are not in it
+            raise P.bad("context", "a 'context' that held an image cannot be continued (the image's rows are not in "
+                                   "it): send the conversation to /api/chat with its images")
         drop = int(tok.bos_id is not None and bool(ids) and ids[0] == tok.bos_id)  # the context has the BOS
         media = [dataclasses.replace(m, start=m.start - drop + len(req.context)) for m in getattr(ids, "media", ())]
         ids = MediaPrompt(req.context + list(ids)[drop:], media)

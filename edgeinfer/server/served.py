@@ -66,6 +66,7 @@ class ServedModel:
             self.llm = exclusive(LLM, self.source, engine_config=self.engine_config, progress=False, **kw)
             if self.llm.vision is not None:
                 self.llm.vision.fetch_urls = fetch_urls
+                self.llm.vision.compute = exclusive  # encodes on the compute thread, between engine steps
             if self.llm.is_encoder:  # an embedding model: no engine; /v1/embeddings computes in a worker thread
                 return
             if self.from_manifest:
