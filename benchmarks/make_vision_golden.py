@@ -48,6 +48,18 @@ def sha256(path):
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
+def mtmd_chunks(mctx, rgb: np.ndarray, prompt: bytes, add_special: bool = False):
+    """libmtmd's chunks of prompt (a media marker where the image goes) with one RGB image (H, W, 3) uint8:
+    (chunks, bitmap), both to be freed."""
+    h, w = rgb.shape[:2]
+    buf = (ctypes.c_uint8 * rgb.size).from_buffer_copy(np.ascontiguousarray(rgb).tobytes())
+    bmp = mtmd.mtmd_bitmap_init(w, h, buf)
+    txt = mtmd.mtmd_input_text(prompt, len(prompt), add_special, True)
+    chunks = mtmd.mtmd_input_chunks_init()
+    assert mtmd.mtmd_tokenize(mctx, chunks, ctypes.byref(txt), (mtmd.mtmd_bitmap_p_ctypes * 1)(bmp), 1) == 0
+    return chunks, bmp
+
+
 def run_family(family: str, folder: str) -> dict:
     text, proj = vision_zoo.write_pair(family, folder)
     mp = llama_cpp.llama_model_default_params()
@@ -66,14 +78,8 @@ def run_family(family: str, folder: str) -> dict:
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
     cases = []
     for (w, h) in SIZES:
-        rgb = vision_zoo.test_image(h, w)
-        buf = (ctypes.c_uint8 * rgb.size).from_buffer_copy(np.ascontiguousarray(rgb).tobytes())
-        bmp = mtmd.mtmd_bitmap_init(w, h, buf)
         prompt = ("A" + mtmd.mtmd_default_marker().decode() + "B").encode()
-        txt = mtmd.mtmd_input_text(prompt, len(prompt), True, True)
-        chunks = mtmd.mtmd_input_chunks_init()
-        bmps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bmp)
-        assert mtmd.mtmd_tokenize(mctx, chunks, ctypes.byref(txt), bmps, 1) == 0
+        chunks, bmp = mtmd_chunks(mctx, vision_zoo.test_image(h, w), prompt, add_special=True)
         out = []
         for i in range(mtmd.mtmd_input_chunks_size(chunks)):
             ch = mtmd.mtmd_input_chunks_get(chunks, i)
@@ -176,12 +182,7 @@ def pixels(family: str, folder: str, preproc: bool = True) -> list:
     out = []
     for (w, h) in PIX_SIZES:
         rgb = np.random.default_rng(w * 1000 + h).integers(0, 256, (h, w, 3), dtype=np.uint8)
-        buf = (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes())
-        bmp = mtmd.mtmd_bitmap_init(w, h, buf)
-        marker = mtmd.mtmd_default_marker()
-        txt = mtmd.mtmd_input_text(marker, len(marker), False, True)
-        chunks = mtmd.mtmd_input_chunks_init()
-        assert mtmd.mtmd_tokenize(mctx, chunks, ctypes.byref(txt), (mtmd.mtmd_bitmap_p_ctypes * 1)(bmp), 1) == 0
+        chunks, bmp = mtmd_chunks(mctx, rgb, mtmd.mtmd_default_marker())
         digests = []
         for i in range(mtmd.mtmd_input_chunks_size(chunks)):
             ch = mtmd.mtmd_input_chunks_get(chunks, i)

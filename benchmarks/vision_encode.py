@@ -15,7 +15,6 @@ benchmarks/results/vision_encode-*.json. Needs llama-cpp-python with its mtmd li
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import statistics
 import subprocess
@@ -43,13 +42,9 @@ def llama_side(proj: str, text: str, side: int, threads: int):
     p.use_gpu, p.n_threads, p.print_timings = False, threads, False
     ctx = mtmd.mtmd_init_from_file(proj.encode(), model, p)
     assert ctx, proj
-    rgb = vision_zoo.test_image(side, side)
-    buf = (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes())
-    bmp = mtmd.mtmd_bitmap_init(side, side, buf)
-    marker = mtmd.mtmd_default_marker()
-    txt = mtmd.mtmd_input_text(marker, len(marker), False, True)
-    chunks = mtmd.mtmd_input_chunks_init()
-    assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(txt), (mtmd.mtmd_bitmap_p_ctypes * 1)(bmp), 1) == 0
+    from make_vision_golden import mtmd_chunks
+
+    chunks, _ = mtmd_chunks(ctx, vision_zoo.test_image(side, side), mtmd.mtmd_default_marker())
     image = [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))
              if mtmd.mtmd_input_chunk_get_type(mtmd.mtmd_input_chunks_get(chunks, i)) == 1]
 
