@@ -281,8 +281,10 @@ class VisionEncoder:
             f = self._mm(lw.up[0], hcur, lw.up[1])
             if cfg.act == "gelu":
                 kb.gelu_(f, kb.GELU_F16)
+            elif cfg.act == "silu":
+                kb.silu(f)
             else:
-                f = _act(f, cfg.act)
+                f = _gelu_quick(f)
             x = x + self._mm(lw.down[0], f, lw.down[1])
         if self.post_ln is not None:
             x = kb.layernorm(x, *self.post_ln, cfg.eps)
@@ -310,22 +312,9 @@ def pixel_shuffle(x: np.ndarray, ny: int, nx: int, s: int) -> np.ndarray:
     return np.ascontiguousarray(grid.reshape(py // s, s, px // s, s, d).transpose(0, 2, 1, 3, 4).reshape(-1, s * s * d))
 
 
-_SQRT_2_OVER_PI = np.float32(0.7978845608028654)
-_GELU_A = np.float32(0.044715)
-
-
-def _act(x: np.ndarray, act: str) -> np.ndarray:
-    """The FFN's activation as ggml's CPU backend computes it: GELU (tanh form) and quick GELU looked up in a
-    table of half floats (the input rounded to a half, the result stored as one), SiLU in float32."""
-    if act == "silu":
-        return x / (np.float32(1) + np.exp(-x))
+def _gelu_quick(x: np.ndarray) -> np.ndarray:
+    """Quick GELU, x * sigmoid(1.702 x), as ggml's CPU backend computes it: looked up in a table of half floats
+    (the input rounded to a half, the result stored as one)."""
     h = x.astype(np.float16).astype(np.float32)
-    if act == "gelu":
-        y = np.float32(0.5) * h * (np.float32(1) + np.tanh(_SQRT_2_OVER_PI * h * (np.float32(1) + _GELU_A * h * h)))
-        y = y.astype(np.float16).astype(np.float32)
-        y[x <= -10] = 0  # outside the table's range: 0 and x
-        hi = x >= 10
-        y[hi] = x[hi]
-        return y
-    y = h * (np.float32(1) / (np.float32(1) + np.exp(np.float32(-1.702) * h)))  # gelu_quick: x * sigmoid(1.702 x)
+    y = h * (np.float32(1) / (np.float32(1) + np.exp(np.float32(-1.702) * h)))
     return y.astype(np.float16).astype(np.float32)

@@ -82,7 +82,8 @@ class Sequence:
     def hash_ids(self) -> list[int]:
         """The token ids as the prefix cache keys them: token_ids, with each media row's placeholder replaced by a
         negative id hashed from its span's digest and its row (31 bits a row: a block of rows keys on hundreds),
-        so that only the same content at the same place hits. Kept, and extended as tokens are appended."""
+        so that only the same content at the same place hits. Kept, and extended as tokens are appended (token_ids
+        only grows)."""
         if not self.media:
             return self.token_ids
         if self._hash_ids is None:
@@ -93,10 +94,7 @@ class Sequence:
                     ids[i] = -1 - int.from_bytes(h, "little") % 0x7FFFFFF0
             self._hash_ids = ids
         ids = self._hash_ids
-        if len(ids) < len(self.token_ids):
-            ids.extend(self.token_ids[len(ids):])
-        elif len(ids) > len(self.token_ids):  # tokens taken back (a rejected proposal)
-            del ids[len(self.token_ids):]
+        ids.extend(self.token_ids[len(ids):])
         return ids
 
     def chunk_end(self, start: int, n: int) -> int:
