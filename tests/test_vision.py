@@ -461,6 +461,8 @@ def test_image_errors(pairs, llms):
         plain.generate("A<__media__>B", images=[vision_zoo.test_image(8, 8)])
     with pytest.raises(ValueError, match="1 image markers .* for 2 images"):
         llms["idefics3"].generate("A<__media__>B", images=[vision_zoo.test_image(8, 8)] * 2)
+    with pytest.raises(ValueError, match="17 images: at most 16"):  # refused before any is encoded
+        llms["idefics3"].vision.prompt("<__media__>" * 17, [vision_zoo.test_image(8, 8)] * 17)
     with pytest.raises(ModelLoadError, match="rows are 64 wide but the text model's embeddings are 32"):
         d = tempfile.mkdtemp()
         vision_zoo.write_tiny_llama(d + "/narrow.gguf", dim=32)
