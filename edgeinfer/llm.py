@@ -65,14 +65,16 @@ class LLM(Embeddings):
                  kv_type: str = "", max_context: int = 0, memory_budget_mb: float = 0.0,
                  engine_config: EngineConfig | None = None, progress: bool = True, draft: str | None = None,
                  speculate: str | None = None, draft_tokens: int = 0, prompt_cache: str = "",
-                 prompt_cache_mb: float = 1024.0, compile_later: bool = False, mmproj: str | None = None):
+                 prompt_cache_mb: float = 1024.0, compile_later: bool = False, mmproj: str | None = None,
+                 lora: list | None = None):
         """draft: a draft model (catalog name or path) for speculative decoding; speculate: "lookup" for
         prompt-lookup speculation ("draft" is implied by draft=); draft_tokens: proposals per step at
         most (0: 4 for a draft, 8 for lookup). prompt_cache: a folder where computed prompt blocks are kept
         (at most prompt_cache_mb for this model) and found again by a later process (engine/prompt_store.py).
         compile_later: a first run answers per op while the compiled step compiles in the background.
         mmproj: the model's vision projector (a path to its mmproj GGUF): prompts may then hold images; None: the
-        one pulled with the model, if any; "": none."""
+        one pulled with the model, if any; "": none. lora: LoRA adapters (GGUF adapter files) applied to everything
+        the model computes: each a path (scale 1) or (path, scale), as llama.cpp's --lora and --lora-scaled."""
         t0 = time.perf_counter()
         config = engine_config or EngineConfig(threads=threads, backend=backend, kv_dtype=kv_type,
                                                max_context=max_context, memory_budget_mb=memory_budget_mb,
@@ -124,6 +126,13 @@ class LLM(Embeddings):
             self.kernels.ready()
             raise
         self.config = self.model.cfg
+        self.lora = []  # the adapters (models/lora.py's Adapter), with their scales
+        if lora:
+            from .models.lora import attach
+
+            attached = attach(self.model, self.gguf, list(lora))
+            self.lora = list(zip(attached.adapters, attached.scales.tolist()))
+            mark("lora_s")
         # an encoder (an embedding model such as nomic-bert) has no engine: it embeds, never generates
         self.is_encoder = bool(getattr(self.model, "is_encoder", False))
         mark("weights_s")

@@ -294,6 +294,7 @@ class Model:
         self.inv_freq_none = kb.upload(np.zeros_like(inv_freq))  # a layer without positions: angle 0, x unchanged
         # every layer in one compiled call where the backend has one; forward_per_op is the reference
         self.stack = self._stack(kb, spec)
+        self.lora = None  # LoRA adapters beside the matrices (models/lora.py's attach)
 
     def _stack(self, kb, spec: ArchSpec):
         """The layers in one compiled call (the backend's), or None: per op."""
@@ -330,7 +331,8 @@ class Model:
         """Logits (L, vocab), on the host, for the tokens batch.logits_idx selects; hidden: their final
         hidden states after the output norm (L, dim) instead (what llama.cpp's embeddings are)."""
         # per op: a first run until the step is compiled, and a batch with rows attending non-causally (images)
-        if self.stack is None or not self.kb.step_ready() or batch.spans:
+        # (and, for now, a model with adapters)
+        if self.stack is None or not self.kb.step_ready() or batch.spans or self.lora is not None:
             return self.forward_per_op(batch, cache, hidden)
         x = self.embed(batch.token_ids, batch)
         ple = per_layer.inputs(self.kb, self.cfg, self.ple, batch.token_ids, x) if self.ple is not None else None
@@ -339,6 +341,8 @@ class Model:
 
     def embed(self, token_ids, batch: Batch | None = None):
         x = self.kb.embed(self.tok_embd, token_ids)
+        if self.lora is not None and self.lora.embd:  # the embeddings' adapters, before the scale (as llama.cpp)
+            self.lora.add_embeddings(self.kb, x, token_ids)
         if self.cfg.embed_scale != 1.0:  # Gemma's sqrt(dim), Granite's embedding_scale
             self.kb.scale_(x, self.cfg.embed_scale)
         for row, rows in getattr(batch, "embeds", ()):  # an image's rows, unscaled (as llama.cpp)
@@ -349,10 +353,14 @@ class Model:
         """The reference forward: one backend call per op (the CUDA backend's path)."""
         kb, cfg, spec = self.kb, self.cfg, self.spec
         host, batch = batch, kb.prepare_batch(batch)
+        layers, lora = self.layers, self.lora
+        if lora is not None:  # every row at the adapters' default scales
+            lora.set_rows(None)
+            layers = lora.layers
         x = self.embed(batch.token_ids, host)
         ple = per_layer.inputs(kb, cfg, self.ple, batch.token_ids, x) if self.ple is not None else None
         h = kb.empty(x.shape)
-        for i, lw in enumerate(self.layers):  # two residual blocks a layer: the mixer's, the feed-forward's
+        for i, lw in enumerate(layers):  # two residual blocks a layer: the mixer's, the feed-forward's
             at = parts.Where(i, batch, cache, self.layer_inv_freq(i), x)
             c = cfg.at(i)
             parts.residual(kb, c, spec, parts.mixer(cfg, i), lw, x, h, lw.attn_norm, lw.post_attn_norm, at)
@@ -381,7 +389,9 @@ class Model:
         """Logits, on the host, of hidden states after the output norm (h, as `normed` gives them) through the
         output matrix, or through `output`: some of its rows (a draft's head, speculative.py)."""
         kb, cfg = self.kb, self.cfg
-        out = kb.matmul(self.output if output is None else output, h)
+        if output is None:
+            output = self.output if self.lora is None or self.lora.output is None else self.lora.output
+        out = kb.matmul(output, h)
         if cfg.logit_scale:  # Granite: llama.cpp scales by the float32 1 / logit_scale
             kb.scale_(out, np.float32(1.0) / np.float32(cfg.logit_scale))
         if cfg.final_softcap > 0:

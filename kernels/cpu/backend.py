@@ -11,6 +11,7 @@ from . import background, int8, moe, quant, simd, units
 from . import attention
 from .dense import GELU_F16, dense, encoder_attention, gelu_, layernorm, set_blas_threads, silu  # noqa: F401
 from .layout import INTERLEAVED, interleave8
+from .lora import Adapted, Rows, lora_embed_add  # noqa: F401  (adapters beside matrices, for the models)
 from .mask import mask_logits  # noqa: F401  (a sampling helper: structured output's mask)
 from .ops import (attn_temperature, gelu_tanh_mul, rmsnorm, rope, sigmoid_mul_, silu_mul, softcap, swiglu_oai,  # noqa: F401
                   write_kv)
@@ -69,6 +70,10 @@ def _fields(w):
 def matmul(w, x, out: np.ndarray | None = None) -> np.ndarray:
     # W (N, K) @ x (T, K) -> out (T, N). W: a repacked QTensor or a float32 ndarray; x: float32 or a QInput.
     qx = quantize_input(x)
+    if isinstance(w, Adapted):  # the matrix, then its adapters' low-rank products (lora.py)
+        out = matmul(w.base, qx, out)
+        w.add(qx.x, out)
+        return out
     if isinstance(w, np.ndarray):
         return np.matmul(qx.x, w.T, out=out)
     if out is None:
@@ -87,6 +92,12 @@ def matmul_many(ws, x) -> list:
     projections) in one parallel region of the int8 kernels, the same bits as matmul on each; float
     matrices (or more than three) one by one."""
     qx = quantize_input(x)
+    if any(isinstance(w, Adapted) for w in ws):
+        outs = matmul_many([w.base if isinstance(w, Adapted) else w for w in ws], qx)
+        for w, out in zip(ws, outs):
+            if isinstance(w, Adapted):
+                w.add(qx.x, out)
+        return outs
     if not 1 < len(ws) <= 3 or any(isinstance(w, np.ndarray) or kinds.is_dense(w.kind) for w in ws):
         return [matmul(w, qx) for w in ws]
     outs = [np.empty((qx.shape[0], w.shape[0]), np.float32) for w in ws]

@@ -1,0 +1,160 @@
+"""LoRA adapters (models/lora.py, kernels/cpu/lora.py) on the arch zoo's random models with the random adapters
+of tests/lora_zoo.py, against llama.cpp's outputs with the same adapters set through its C API
+(tests/golden/lora.json, made by benchmarks/make_lora_golden.py): every position's top-20 logits and greedy
+continuations, with the zoo's tolerances; then what an adapter file that does not fit its model says."""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from conftest import golden_path
+from edgeinfer import LLM, SamplingParams
+from edgeinfer.engine.kv_cache import KVCache
+from edgeinfer.engine.model_runner import Batch
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.gguf_file import GGUFFile
+from edgeinfer.kernels import get_backend
+from edgeinfer.models import load_model
+from edgeinfer.models.lora import attach
+from lora_zoo import ADAPTERS, CASES, base_of, write_adapter
+from test_golden import LOGIT_TOL, LOGPROB_TOL, LSE_TOL, TIE_MARGIN, compare_greedy
+
+with open(golden_path("lora.json")) as f:
+    GOLD = json.load(f)
+
+kb = get_backend("cpu")
+
+
+@pytest.fixture(scope="session")
+def adapters(zoo, tmp_path_factory):
+    """adapters(name): the path of lora_zoo's adapter `name`, written on first use."""
+    d = tmp_path_factory.mktemp("lora")
+    paths = {}
+
+    def get(name):
+        if name not in paths:
+            paths[name] = d / f"{name}.gguf"
+            write_adapter(name, zoo(ADAPTERS[name][0]), paths[name])
+        return paths[name]
+
+    return get
+
+
+def _loras(adapters, case):
+    return [(str(adapters(a)), s) for a, s in CASES[case]]
+
+
+def _all_logits(m, ids):
+    t = len(ids)
+    pos = np.arange(t)
+    return m.forward(Batch(ids, pos, np.zeros(t), pos, np.arange(16)[None], pos),
+                     KVCache.for_model(m.cfg, 16, 16, kb=kb))
+
+
+@pytest.mark.parametrize("name", list(ADAPTERS))
+def test_the_zoo_writes_the_adapters_llama_cpp_ran(zoo, adapters, name):
+    want = GOLD["adapters"][name]
+    assert hashlib.sha256(zoo(want["base"]).read_bytes()).hexdigest() == want["base_sha256"]
+    assert hashlib.sha256(adapters(name).read_bytes()).hexdigest() == want["sha256"]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_top_logits_with_adapters_match_llama_cpp(zoo, adapters, case):
+    gold = GOLD["cases"][case]
+    gf = GGUFFile(zoo(base_of(case)))
+    m = load_model(gf, kb, n_ctx=gold["n_ctx"])
+    attach(m, gf, _loras(adapters, case))
+    for p in gold["prompts"]:
+        logits = _all_logits(m, p["ids"])
+        for i, want in enumerate(p["positions"]):
+            row = logits[i].astype(np.float64)
+            top, ours = np.array(want["top_logits"]), row[want["top_ids"]]
+            lse = float(np.log(np.exp(row - row.max()).sum()) + row.max())
+            where = (case, len(p["ids"]), i)
+            assert np.abs(ours - top).max() < LOGIT_TOL, (where, np.abs(ours - top).max())
+            assert abs(lse - want["logsumexp"]) < LSE_TOL, (where, lse, want["logsumexp"])
+            assert np.abs((ours - lse) - (top - want["logsumexp"])).max() < LOGPROB_TOL, where
+            if top[0] - top[1] >= TIE_MARGIN and np.diff(np.sort(row)[-2:])[0] >= TIE_MARGIN:
+                assert int(np.argmax(row)) == want["top_ids"][0], where
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_continuations_with_adapters_match_llama_cpp(zoo, adapters, case):
+    gold = GOLD["cases"][case]
+    llm = LLM(str(zoo(base_of(case))), max_context=gold["n_ctx"], progress=False, lora=_loras(adapters, case))
+    compare_greedy(llm, {"greedy": [{"prompt": p["ids"], "prompt_ids": p["ids"], **p["greedy"]}
+                                    for p in gold["prompts"]]})
+
+
+def test_adapters_change_the_output_and_scale_zero_is_the_base_model(zoo, adapters):
+    path, ids = str(zoo("llama3")), list(range(8, 40))
+    params = SamplingParams(temperature=0, max_tokens=12)
+    base = LLM(path, progress=False).generate([ids], params)[0].token_ids
+    assert LLM(path, progress=False, lora=[(str(adapters("llama3_all")), 0.0)]).generate([ids], params)[0].token_ids \
+        == base
+    assert LLM(path, progress=False, lora=[str(adapters("llama3_all"))]).generate([ids], params)[0].token_ids != base
+
+
+def test_two_sequences_with_adapters_batched_equal_each_alone_bit_for_bit(zoo, adapters):
+    llm = LLM(str(zoo("llama3")), progress=False, lora=_loras(adapters, "llama3_stacked"))
+    params = SamplingParams(temperature=0, max_tokens=10, logprobs=1)
+    a, b = list(range(10, 31)), list(range(50, 57))
+    together = llm.generate([a, b], params)
+    for prompt, got in zip((a, b), together):
+        alone = llm.generate([prompt], params)[0]
+        assert alone.token_ids == got.token_ids
+        assert [x["logprob"] for x in alone.logprobs] == [x["logprob"] for x in got.logprobs]
+
+
+def _rewrite(src, dst, *, drop=(), arch=None, kv=None, reshape=None, rename=None):
+    # a copy of adapter src with tensors dropped, reshaped or renamed, another architecture, or other metadata
+    import gguf
+
+    with GGUFFile(src) as gf:
+        w = gguf.GGUFWriter(str(dst), arch or gf.architecture)
+        w.add_type(kv.get("general.type", "adapter") if kv else "adapter")
+        w.add_string("adapter.type", (kv or {}).get("adapter.type", "lora"))
+        for name in gf.tensors:
+            if name in drop:
+                continue
+            x = np.array(gf.tensor(name), np.float32)
+            if reshape and name in reshape:
+                x = x[tuple(slice(0, n) for n in reshape[name])]
+            w.add_tensor((rename or {}).get(name, name), x)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(drop=("blk.1.attn_q.weight.lora_b",)), "'blk.1.attn_q.weight' has no blk.1.attn_q.weight.lora_b"),
+    (dict(arch="qwen3"), "is an adapter for 'qwen3' models, not for this 'llama' model"),
+    (dict(kv={"general.type": "model"}), "is not an adapter (general.type 'model'"),
+    (dict(kv={"adapter.type": "ia3"}), "adapter.type is 'ia3'"),
+    (dict(reshape={"blk.0.ffn_up.weight.lora_a": (4, 256)}), "'blk.0.ffn_up.weight' does not fit the model"),
+])
+def test_an_adapter_that_does_not_fit_is_a_one_line_error_naming_the_tensor(zoo, adapters, tmp_path, change, message):
+    bad = tmp_path / "bad.gguf"
+    _rewrite(adapters("llama3_f16" if "reshape" not in change else "llama3_all"), bad, **change)
+    with pytest.raises(EdgeInferError) as e:
+        LLM(str(zoo("llama3")), progress=False, lora=[str(bad)])
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_adapter_for_a_tensor_the_model_lacks_or_a_broken_file_is_refused(zoo, adapters, tmp_path):
+    lacks = tmp_path / "lacks.gguf"
+    _rewrite(adapters("llama3_f16"), lacks, rename={f"blk.0.attn_q.weight.lora_{x}": f"blk.9.attn_q.weight.lora_{x}"
+                                                    for x in "ab"})
+    with pytest.raises(EdgeInferError, match="'blk.9.attn_q.weight' is not a matrix of this model"):
+        LLM(str(zoo("llama3")), progress=False, lora=[str(lacks)])
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(adapters("llama3_f16").read_bytes()[:200])
+    with pytest.raises(EdgeInferError, match="not a readable GGUF adapter"):
+        LLM(str(zoo("llama3")), progress=False, lora=[str(broken)])
+    with pytest.raises(EdgeInferError, match="no adapter file"):
+        LLM(str(zoo("llama3")), progress=False, lora=[str(tmp_path / "missing.gguf")])
+    with pytest.raises(EdgeInferError, match="not a number"):
+        LLM(str(zoo("llama3")), progress=False, lora=[(str(adapters("llama3_f16")), "x")])
