@@ -52,6 +52,10 @@ class SamplingParams:
     choice: tuple[str, ...] | None = None  # the output is exactly one of these strings
     grammar: str | None = None  # a Lark grammar (llguidance's syntax) or llama.cpp's GBNF
     special_text: bool = False  # the output text keeps control tokens' text (a harmony reply: edgeinfer.harmony)
+    # the LoRA adapters this request runs with (the LLM's, by index or name) and their scales: a {id or name: scale}
+    # dict or (id, scale) pairs, kept as pairs in the given order; an adapter left out runs at 0; () none (the base
+    # model); None: the LLM's own scales (LLM(lora=...), the server's /lora-adapters)
+    lora: tuple | None = None
 
     def __post_init__(self):
         def bad(name, why):
@@ -100,7 +104,22 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", "must be true or false")
         self._check_logit_bias(bad)
+        self._check_lora(bad)
         self._check_constraint(bad)
+
+    def _check_lora(self, bad):
+        if self.lora is None:
+            return
+        try:
+            pairs = [(k, v) for k, v in (self.lora.items() if isinstance(self.lora, dict) else self.lora)]
+        except (TypeError, ValueError):
+            bad("lora", "must map adapter ids or names to scales")
+        for k, v in pairs:
+            if isinstance(k, bool) or not (isinstance(k, int) and k >= 0 or isinstance(k, str) and k):
+                bad("lora", f"has key {k!r}: keys must be adapter indices >= 0 or names")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                bad("lora", f"has scale {v!r} for adapter {k!r}: scales must be finite numbers")
+        object.__setattr__(self, "lora", tuple((k, float(v)) for k, v in pairs))
 
     def _check_logit_bias(self, bad):
         lb = self.logit_bias

@@ -331,17 +331,24 @@ class Model:
         """Logits (L, vocab), on the host, for the tokens batch.logits_idx selects; hidden: their final
         hidden states after the output norm (L, dim) instead (what llama.cpp's embeddings are)."""
         # per op: a first run until the step is compiled, and a batch with rows attending non-causally (images)
-        # (and, for now, a model with adapters)
-        if self.stack is None or not self.kb.step_ready() or batch.spans or self.lora is not None:
+        # (and, for now, rows with LoRA adapters at work)
+        if self.stack is None or not self.kb.step_ready() or batch.spans or self._adapting(batch):
             return self.forward_per_op(batch, cache, hidden)
         x = self.embed(batch.token_ids, batch)
         ple = per_layer.inputs(self.kb, self.cfg, self.ple, batch.token_ids, x) if self.ple is not None else None
         rows = self.stack.run(x, batch, cache, ple)
         return self.normed(rows) if hidden else self.logits(rows)
 
-    def embed(self, token_ids, batch: Batch | None = None):
+    def _adapting(self, batch: Batch) -> bool:
+        """Whether any row of the batch runs with an adapter (a scale that is not 0)."""
+        if self.lora is None:
+            return False
+        rows = getattr(batch, "lora", None)
+        return bool(rows.any() if rows is not None else self.lora.scales.any())
+
+    def embed(self, token_ids, batch: Batch | None = None, lora: bool = False):
         x = self.kb.embed(self.tok_embd, token_ids)
-        if self.lora is not None and self.lora.embd:  # the embeddings' adapters, before the scale (as llama.cpp)
+        if lora and self.lora.embd:  # the embeddings' adapters (per op), before the scale (as llama.cpp)
             self.lora.add_embeddings(self.kb, x, token_ids)
         if self.cfg.embed_scale != 1.0:  # Gemma's sqrt(dim), Granite's embedding_scale
             self.kb.scale_(x, self.cfg.embed_scale)
@@ -354,10 +361,11 @@ class Model:
         kb, cfg, spec = self.kb, self.cfg, self.spec
         host, batch = batch, kb.prepare_batch(batch)
         layers, lora = self.layers, self.lora
-        if lora is not None:  # every row at the adapters' default scales
-            lora.set_rows(None)
+        rows_lora = getattr(host, "lora", None)
+        if lora is not None:  # each row at its sequence's scales, or the model's own
+            lora.set_rows(rows_lora)
             layers = lora.layers
-        x = self.embed(batch.token_ids, host)
+        x = self.embed(batch.token_ids, host, lora is not None)
         ple = per_layer.inputs(kb, cfg, self.ple, batch.token_ids, x) if self.ple is not None else None
         h = kb.empty(x.shape)
         for i, lw in enumerate(layers):  # two residual blocks a layer: the mixer's, the feed-forward's
@@ -372,6 +380,8 @@ class Model:
             if lw.out_scale is not None:  # Gemma 4's layer_output_scale
                 kb.scale_(x, np.float32(kb.to_host(lw.out_scale)[0]))
         rows = kb.take_rows(x, batch.logits_idx)
+        if lora is not None and rows_lora is not None:
+            lora.set_rows(rows_lora[host.logits_idx])
         return self.normed(rows) if hidden else self.logits(rows)
 
     def normed(self, x) -> np.ndarray:

@@ -109,9 +109,10 @@ class LoraSet:
     embeddings' pairs [(adapter index, A (vocab, R), B transposed (R, dim), alpha, rank)], `rows` the scales of
     the rows now computing, `scales` each adapter's default scale (LLM(lora=...))."""
 
-    def __init__(self, model, gf: GGUFFile, adapters: list[Adapter], scales: list[float]):
+    def __init__(self, model, gf: GGUFFile, adapters: list[Adapter], scales: list[float], names: list | None = None):
         kb, cfg, spec = model.kb, model.cfg, model.spec
         self.adapters, self.scales = adapters, np.asarray(scales, np.float32)
+        self.names = list(names or [a.path.stem for a in adapters])  # what requests call them (the server's NAME=)
         self.rows = kb.Rows(self.scales)
         self.key = [[a.digest, float(s)] for a, s in zip(adapters, scales)]
         targets = {}  # base tensor name -> (layer, fields, shape, rows)
@@ -159,6 +160,20 @@ class LoraSet:
                        for lw, got in zip(model.layers, per_layer)]
         self.output = kb.Adapted(model.output, out_pairs, self.rows) if out_pairs else None
 
+    def scales_for(self, chosen) -> np.ndarray:
+        """Each adapter's scale for a request choosing `chosen` ((index or name, scale) pairs; an adapter left out at
+        0), or None: the set's own scales (a copy: a later change of them leaves running requests as they were)."""
+        if chosen is None:
+            return self.scales.copy()
+        out = np.zeros(len(self.adapters), np.float32)
+        for key, scale in chosen:
+            j = self.names.index(key) if isinstance(key, str) and key in self.names else key
+            if not isinstance(j, int) or not 0 <= j < len(out):
+                raise ValueError(f"lora: no adapter {key!r} (loaded: " + ", ".join(
+                    f"{i} {n!r}" for i, n in enumerate(self.names)) + ")")
+            out[j] = scale
+        return out
+
     def set_rows(self, scales: np.ndarray | None = None) -> None:
         """The scales of the rows about to compute: `scales` (rows, adapters), or None: every row at the defaults."""
         self.rows.scales = None if scales is None else np.ascontiguousarray(scales, np.float32)
@@ -179,9 +194,10 @@ def _check(ad: Adapter, name: str, ok: bool, what: str) -> None:
         raise ModelLoadError(f"{ad.name}: {name!r} does not fit the model: {what}")
 
 
-def attach(model, gf: GGUFFile, loras: list) -> LoraSet:
+def attach(model, gf: GGUFFile, loras: list, names: list | None = None) -> LoraSet:
     """Read each of loras (a path, or (path, scale)) for model (loaded from gf) and set them beside its
-    matrices as model.lora; ModelLoadError for an adapter that does not fit or a model that cannot take one."""
+    matrices as model.lora, called by names (default: the files' stems); ModelLoadError for an adapter that does
+    not fit or a model that cannot take one."""
     kb = model.kb
     if not hasattr(kb, "Adapted"):
         raise ModelLoadError(f"LoRA adapters are not on the {kb.NAME} backend yet (use the CPU)")
@@ -196,5 +212,8 @@ def attach(model, gf: GGUFFile, loras: list) -> LoraSet:
             raise ModelLoadError(f"the scale of adapter {str(path)!r} is {scale!r}, not a number")
         adapters.append(read(path, model.cfg.arch))
         scales.append(float(scale))
-    model.lora = LoraSet(model, gf, adapters, scales)
+    names = list(names) if names else None
+    if names is not None and (len(names) != len(adapters) or len(set(names)) != len(names)):
+        raise ModelLoadError(f"adapter names {names} do not name each of the {len(adapters)} adapters once")
+    model.lora = LoraSet(model, gf, adapters, scales, names)
     return model.lora

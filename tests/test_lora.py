@@ -158,3 +158,37 @@ def test_an_adapter_for_a_tensor_the_model_lacks_or_a_broken_file_is_refused(zoo
         LLM(str(zoo("llama3")), progress=False, lora=[str(tmp_path / "missing.gguf")])
     with pytest.raises(EdgeInferError, match="not a number"):
         LLM(str(zoo("llama3")), progress=False, lora=[(str(adapters("llama3_f16")), "x")])
+
+
+def test_requests_choose_their_adapters_and_run_batched_each_as_alone_bit_for_bit(zoo, adapters):
+    """One LLM with two adapters at scale 0 (the base model unless a request names them); requests with different
+    adapters (by name or index, stacked, none) in one continuous batch each get what an LLM with just their
+    adapters gives alone, bit for bit, and the same prompt under other adapters does not hit their cached
+    prefix."""
+    path, a, f = str(zoo("llama3")), str(adapters("llama3_all")), str(adapters("llama3_f16"))
+    llm = LLM(path, progress=False, lora=[(a, 0.0), (f, 0.0)])
+    prompt = list(range(10, 50))  # two full blocks: a prefix the cache keeps
+    choices = [None, {"llama3_all": 1.0}, [(0, 0.5), (1, 1.5)], {1: 0.7}]
+    params = [SamplingParams(temperature=0, max_tokens=8, logprobs=1, lora=c) for c in choices]
+    together = llm.generate([prompt] * len(choices), params)
+    alone = [LLM(path, progress=False, lora=loras).generate([prompt], SamplingParams(temperature=0, max_tokens=8,
+                                                                                     logprobs=1))[0]
+             for loras in ([(a, 0.0)], [a], [(a, 0.5), (f, 1.5)], [(f, 0.7)])]
+    for got, want in zip(together, alone):
+        assert got.token_ids == want.token_ids
+        assert [x["logprob"] for x in got.logprobs] == [x["logprob"] for x in want.logprobs]
+    assert len({tuple(c.token_ids) for c in together}) == len(choices)  # the adapters made a difference
+    again = llm.generate([prompt, prompt], [params[1], params[0]])  # now from the cache: still each its own
+    assert [c.token_ids for c in again] == [together[1].token_ids, together[0].token_ids]
+
+
+def test_a_request_naming_an_adapter_the_model_lacks_is_refused(zoo, adapters):
+    llm = LLM(str(zoo("llama3")), progress=False, lora=[(str(adapters("llama3_f16")), 0.0)])
+    with pytest.raises(ValueError, match=r"lora: no adapter 'nope' \(loaded: 0 'llama3_f16'\)"):
+        llm.generate([[10, 11, 12]], SamplingParams(max_tokens=2, lora={"nope": 1.0}))
+    with pytest.raises(ValueError, match="lora: no adapter 3"):
+        llm.generate([[10, 11, 12]], SamplingParams(max_tokens=2, lora=[(3, 1.0)]))
+    with pytest.raises(ValueError, match="this model has no LoRA adapters loaded"):
+        LLM(str(zoo("llama3")), progress=False).generate([[10, 11]], SamplingParams(max_tokens=2, lora={0: 1.0}))
+    with pytest.raises(ValueError, match="lora has scale 'x'"):
+        SamplingParams(lora={0: "x"})

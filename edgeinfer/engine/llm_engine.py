@@ -19,7 +19,7 @@ from .choices import Choices, follow
 from .model_runner import ModelRunner
 from .run import Run
 from .scheduler import Scheduler
-from .sequence import RequestOutput, Sequence, media_of  # noqa: F401  (RequestOutput: its output)
+from .sequence import RequestOutput, Sequence, lora_of, media_of  # noqa: F401  (RequestOutput: its output)
 from .speculative import DraftProposer, SpecState, Speculation, make_proposer, rollback_states, speculation_slots, verify
 
 
@@ -101,6 +101,7 @@ class LLMEngine:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an integer >= 1, got {n!r}")
         media = media_of(prompt_ids, len(prompt_ids), self.model.cfg.dim)
+        lora_of(self.model, params)  # the adapters it names: ValueError for one the model lacks
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
@@ -144,7 +145,7 @@ class LLMEngine:
 
     def _sequence(self, prompt_ids, params, request_id, priority, guide, choice: int = 0, media=()) -> Sequence:
         seq = Sequence(prompt_ids, params, request_id, priority, arrival=time.monotonic())
-        seq.media = media
+        seq.media, seq.lora = media, lora_of(self.model, params)
         seq.guide = guide
         seq.choice = choice
         if self.proposer is not None:

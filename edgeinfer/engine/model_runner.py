@@ -21,11 +21,12 @@ class Batch:
     (the default: none); window_slots (T,), window_tables (S, max_blocks): the same as slot_mapping and
     block_tables in the window pool of a cache that has one (KVCache.where; default: the same arrays);
     embeds: [(row, rows (n, dim))] rows given as embeddings (an image's) in place of the token ids' from that row;
-    spans: [(t0, t1)] rows of one sequence that attend to each other non-causally (sequence.MediaSpan).
+    spans: [(t0, t1)] rows of one sequence that attend to each other non-causally (sequence.MediaSpan);
+    lora: (T, adapters) float32 each row's scale of each of the model's LoRA adapters, or None: the model's own.
     """
 
     __slots__ = ("token_ids", "positions", "token_seq", "slot_mapping", "block_tables", "logits_idx", "state_slots",
-                 "state_snap", "window_slots", "window_tables", "embeds", "spans")
+                 "state_snap", "window_slots", "window_tables", "embeds", "spans", "lora")
 
     def __init__(self, token_ids, positions, token_seq, slot_mapping, block_tables, logits_idx, state_slots=None,
                  state_snap=None, window_slots=None, window_tables=None):
@@ -44,6 +45,7 @@ class Batch:
                               else np.ascontiguousarray(window_tables, np.int32))
         self.embeds: list = []
         self.spans: list = []
+        self.lora = None
 
     @classmethod
     def prefix(cls, token_ids, n_blocks: int, logits_idx) -> "Batch":
@@ -71,7 +73,7 @@ def make_batch(pieces: list[Piece], block_size: int, window: bool = False, media
     behind a sequence's window, -1 there, are never read); media: the sequences' media rows (images) go in as
     embeddings (a draft model's runner leaves them out: its width is not theirs)."""
     token_ids, positions, token_seq, slots, logits_idx, wslots = [], [], [], [], [], []
-    embeds, spans = [], []
+    embeds, spans, lora = [], [], []
     max_blocks = max(len(p.seq.block_table) for p in pieces)
     tables = np.zeros((len(pieces), max_blocks), np.int32)
     wtables = np.zeros((len(pieces), max_blocks), np.int32) if window else None
@@ -98,6 +100,8 @@ def make_batch(pieces: list[Piece], block_size: int, window: bool = False, media
                     embeds.append((row, m.rows[a - m.start:b - m.start]))
                     if m.non_causal:
                         spans.append((row, row + b - a))
+        if getattr(seq, "lora", None) is not None:
+            lora.append(np.broadcast_to(seq.lora, (n, len(seq.lora))))
         pos = np.arange(start, start + n)
         bt = np.asarray(seq.block_table, np.int64)
         token_ids.extend(tokens)
@@ -110,6 +114,8 @@ def make_batch(pieces: list[Piece], block_size: int, window: bool = False, media
     batch = Batch(token_ids, np.concatenate(positions), np.concatenate(token_seq), np.concatenate(slots), tables,
                   logits_idx, state_slots, snap, np.concatenate(wslots) if window else None, wtables)
     batch.embeds, batch.spans = embeds, spans
+    if lora:  # (every sequence of a model with adapters has its scales)
+        batch.lora = np.ascontiguousarray(np.concatenate(lora), np.float32)
     return batch
 
 

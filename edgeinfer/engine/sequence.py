@@ -65,6 +65,7 @@ class Sequence:
         self.disk = None  # prompt_cache.DiskState: its blocks' chain digests and how many went to the disk cache
         self.media: tuple[MediaSpan, ...] = ()  # prompt rows given as embeddings (images), in order
         self._hash_ids: list[int] | None = None  # the ids as the prefix cache keys them (media: see hash_ids)
+        self.lora: np.ndarray | None = None  # each LoRA adapter's scale for this sequence (lora_of), if the model has any
 
     @property
     def num_tokens(self) -> int:
@@ -82,12 +83,17 @@ class Sequence:
     def hash_ids(self) -> list[int]:
         """The token ids as the prefix cache keys them: token_ids, with each media row's placeholder replaced by a
         negative id hashed from its span's digest and its row (31 bits a row: a block of rows keys on hundreds),
-        so that only the same content at the same place hits. Kept, and extended as tokens are appended (token_ids
-        only grows)."""
-        if not self.media:
+        so that only the same content at the same place hits; with LoRA adapters at work (scales not all 0) the first
+        id is replaced by one hashed from it and the scales, so that only the same adapters hit. Kept, and extended
+        as tokens are appended (token_ids only grows)."""
+        salted = self.lora is not None and self.lora.any()
+        if not self.media and not salted:
             return self.token_ids
         if self._hash_ids is None:
             ids = list(self.token_ids[: self.num_prompt_tokens])
+            if salted:
+                h = hashlib.blake2b(self.lora.astype("<f4").tobytes() + str(ids[0]).encode(), digest_size=4).digest()
+                ids[0] = -1 - int.from_bytes(h, "little") % 0x7FFFFFF0
             for m in self.media:
                 for i in range(m.start, m.end):
                     h = hashlib.blake2b(f"{m.digest}/{i - m.start}".encode(), digest_size=4).digest()
@@ -145,3 +151,14 @@ def media_of(prompt, n: int, dim: int) -> tuple:
             raise ValueError(f"media rows at prompt positions {m.start}..{m.end} overlap or pass the prompt's {n}")
         end = m.end
     return media
+
+
+def lora_of(model, params) -> np.ndarray | None:
+    """The scale of each of the model's LoRA adapters for a request with these SamplingParams (params.lora, else the
+    model's own scales), or None for a model without adapters; ValueError for adapters it does not have."""
+    adapters = getattr(model, "lora", None)
+    if adapters is None:
+        if params.lora:
+            raise ValueError("lora: this model has no LoRA adapters loaded")
+        return None
+    return adapters.scales_for(params.lora)
