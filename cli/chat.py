@@ -14,8 +14,8 @@ import click
 from edgeinfer import registry
 from edgeinfer.harmony import HarmonyParser, is_harmony
 
-from .common import (constraint_kwargs, constraint_options, load, make_params, mmproj_option, sampling_options,
-                     speculation_options)
+from .common import (constraint_kwargs, constraint_options, load, lora_list, lora_options, make_params, mmproj_option,
+                     sampling_options, speculation_options)
 
 
 CHAT_HELP = "commands: /reset (new conversation), /system TEXT, /stats, /exit (or Ctrl-D); Ctrl-C stops an answer"
@@ -29,16 +29,17 @@ IMAGE_HELP = "; /image PATH (an image for your next message)"
 @click.option("--system", "system_prompt", default=None, help="A system message to start with.")
 @speculation_options
 @mmproj_option
+@lora_options
 def chat(model, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads, device,
          kv_type, max_context, memory_budget, json_schema, regex, choice, grammar, system_prompt, draft, speculate,
-         draft_tokens, mmproj):
+         draft_tokens, mmproj, loras, loras_scaled):
     """Chat with MODEL (default: qwen2.5-coder-0.5b-instruct, pulled on first use). With a constraint
     (--json-schema, ...) every answer follows it."""
     params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop,
                          **constraint_kwargs(json_schema, regex, choice, grammar))
     interactive = sys.stdin.isatty()
     llm = load(model, threads, device, kv_type, max_context, memory_budget, draft, speculate, draft_tokens,
-               compile_later=True, mmproj=mmproj)
+               compile_later=True, mmproj=mmproj, lora=lora_list(loras, loras_scaled))
     helps = CHAT_HELP + (IMAGE_HELP if mmproj else "")
     if interactive:
         _setup_readline()

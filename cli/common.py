@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+from pathlib import Path
 
 import click
 
@@ -117,6 +119,42 @@ def mmproj_option(f):
                              "then hold images.")(f)
 
 
+def lora_options(f, serve: bool = False):
+    """--lora and --lora-scaled: LoRA adapters (llama.cpp's GGUF adapter files), as llama.cpp's options."""
+    named = (" NAME=FILE: a model id of its own for requests ('model': NAME, vLLM's way), at scale 0 for the "
+             "others; FILE alone: every request's (llama.cpp's --lora).") if serve else ""
+    for opt in reversed([
+        click.option("--lora", "loras", multiple=True, metavar="[NAME=]FILE",
+                     help="A LoRA adapter (a GGUF adapter file, llama.cpp's) at scale 1; repeatable." + named),
+        click.option("--lora-scaled", "loras_scaled", multiple=True, nargs=2, metavar="[NAME=]FILE SCALE",
+                     help="A LoRA adapter at SCALE; repeatable."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def lora_list(loras, loras_scaled, serve: bool = False) -> list:
+    """(path, scale, name) for each --lora and --lora-scaled; on serve a named --lora starts at scale 0 (its
+    requests name it)."""
+    out = []
+    for spec, scale in [(x, None) for x in loras] + list(loras_scaled):
+        name, sep, path = spec.partition("=") if "=" in spec and not os.path.exists(spec) else ("", "", spec)
+        if not os.path.isfile(path):
+            raise click.BadParameter(f"{path}: no such file", param_hint="--lora")
+        if scale is None:
+            scale = 0.0 if serve and name else 1.0
+        try:
+            scale = float(scale)
+        except ValueError:
+            raise click.BadParameter(f"{scale!r} is not a number", param_hint="--lora-scaled") from None
+        out.append((path, scale, name or Path(path).stem))
+    names = [n for _, _, n in out]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise click.BadParameter(f"two adapters are named {dup!r}: name them (NAME=FILE)", param_hint="--lora")
+    return out
+
+
 def speculation_options(f):
     """--draft-model, --speculate and --draft-tokens: speculative decoding."""
     for opt in reversed([
@@ -145,7 +183,8 @@ def make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, se
 
 def load(model: str, threads: int, device: str = "cpu", kv_type: str | None = None, max_context: int = 0,
          memory_budget: float = 0.0, draft: str | None = None, speculate: str | None = None,
-         draft_tokens: int | None = None, compile_later: bool = False, mmproj: str | None = None):
+         draft_tokens: int | None = None, compile_later: bool = False, mmproj: str | None = None,
+         lora: list | None = None):
     """The model for a command; compile_later: a first run's first answers need not wait for the compiled
     step (chat, generate: kernels/cpu/background.py); mmproj: its vision projector."""
     from edgeinfer import LLM
@@ -154,4 +193,4 @@ def load(model: str, threads: int, device: str = "cpu", kv_type: str | None = No
         raise click.BadParameter(f"--threads must be >= 0, got {threads}")
     return LLM(model, threads=threads, backend=device, kv_type=kv_type or "", max_context=max_context,
                memory_budget_mb=memory_budget, progress=True, draft=draft, speculate=speculate,
-               draft_tokens=draft_tokens or 0, compile_later=compile_later, mmproj=mmproj)
+               draft_tokens=draft_tokens or 0, compile_later=compile_later, mmproj=mmproj, lora=lora or None)

@@ -8,8 +8,8 @@ import time
 
 import click
 
-from .common import (constraint_kwargs, constraint_options, load, make_params, mmproj_option, sampling_options,
-                     speculation_options)
+from .common import (constraint_kwargs, constraint_options, load, lora_list, lora_options, make_params, mmproj_option,
+                     sampling_options, speculation_options)
 
 
 @click.command()
@@ -21,12 +21,13 @@ from .common import (constraint_kwargs, constraint_options, load, make_params, m
 @click.option("--special", is_flag=True, help="Parse special-token text (like <|im_start|>) in the prompt.")
 @speculation_options
 @mmproj_option
+@lora_options
 @click.option("--image", "images", multiple=True, type=click.Path(exists=True, dir_okay=False), metavar="PATH",
               help="An image for the prompt (needs --mmproj; repeatable): at each <__media__> in PROMPT, in order, "
                    "or before PROMPT where it has none.")
 def generate(model, prompt, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop, threads,
              device, kv_type, max_context, memory_budget, json_schema, regex, choice, grammar, as_json, special,
-             draft, speculate, draft_tokens, mmproj, images):
+             draft, speculate, draft_tokens, mmproj, images, loras, loras_scaled):
     """Continue PROMPT with MODEL, streaming the text."""
     from edgeinfer.vision import MARKER
 
@@ -35,7 +36,7 @@ def generate(model, prompt, max_tokens, temperature, top_p, top_k, min_p, repeat
     params = make_params(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, seed, stop,
                          **constraint_kwargs(json_schema, regex, choice, grammar))
     llm = load(model, threads, device, kv_type, max_context, memory_budget, draft, speculate, draft_tokens,
-               compile_later=True, mmproj=mmproj)
+               compile_later=True, mmproj=mmproj, lora=lora_list(loras, loras_scaled))
     if images and MARKER not in prompt:
         prompt = MARKER * len(images) + prompt
     if images:  # the prompt's ids with the images' rows (a MediaPrompt): built once, read below

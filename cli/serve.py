@@ -10,7 +10,7 @@ import click
 
 from edgeinfer import registry
 
-from .common import engine_options
+from .common import engine_options, lora_list, lora_options
 
 
 @click.command()
@@ -71,11 +71,12 @@ from .common import engine_options
 @click.option("--allow-image-urls", is_flag=True, default=False,
               help="Fetch http(s) image URLs in chat requests (at most 32 MB each); without it only data: URLs are "
                    "read (the server never reaches out on a client's behalf).")
+@lambda f: lora_options(f, serve=True)
 @engine_options
 def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout, read_timeout, max_body_bytes, max_seqs, threads,
           device, shutdown_timeout, drafts, speculate, draft_tokens, reasoning_format, models_dirs, keep_alive,
-          allow_pull, allow_delete, prompt_cache, prompt_cache_mb, slot_save_path, mmprojs, allow_image_urls, kv_type,
-          max_context, memory_budget):
+          allow_pull, allow_delete, prompt_cache, prompt_cache_mb, slot_save_path, mmprojs, allow_image_urls, loras,
+          loras_scaled, kv_type, max_context, memory_budget):
     """Serve MODELS over an OpenAI-compatible HTTP API (and Ollama's /api/ps). MODELS load at start; any
     other model that is downloaded (or under a --models-dir) loads when a request names it, and unloads
     when idle for --keep-alive. With no MODELS, a request that names no model gets smollm2-135m-instruct.
@@ -114,6 +115,9 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
     speculation = serve_speculation(models, drafts, speculate, draft_tokens, device)
     if max_body_bytes is None:  # a conversation with images resends them every turn, as base64
         max_body_bytes = (64 if mmprojs else 4) * 1024 * 1024
+    adapters = serve_adapters(models, paths, lora_list(loras, loras_scaled, serve=True))
+    if adapters:  # LLM's lora=, beside its speculation
+        speculation[models[0]] = {**speculation.get(models[0], {}), "lora": adapters}
     for source, path in serve_projectors(models, mmprojs).items():  # LLM's mmproj=, beside its speculation
         speculation[source] = {**speculation.get(source, {}), "mmproj": path, "allow_image_urls": allow_image_urls}
     cfg = ServerConfig(models=models, threads=threads, api_key=api_key, cors_origins=list(cors_origins),
@@ -127,6 +131,22 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
                        on_demand_speculation=({"speculate": speculate, "draft_tokens": draft_tokens or 0}
                                               if speculate else None))
     sys.exit(run_server(cfg, host=host, port=port, shutdown_timeout=shutdown_timeout))
+
+
+def serve_adapters(models: list[str], paths, adapters: list) -> list:
+    """serve's --lora and --lora-scaled for its one model, each read and checked against the model's architecture
+    now (the server does not listen with an adapter it cannot use)."""
+    if not adapters:
+        return []
+    if len(models) != 1:
+        raise click.UsageError("--lora: serve one model with adapters (name it on the command line)")
+    from edgeinfer.gguf_file import GGUFFile
+    from edgeinfer.models.lora import check_file, read
+
+    with GGUFFile(paths[0]) as gf:
+        for path, _, _ in adapters:
+            check_file(read(path, gf.architecture), gf)  # a ModelLoadError: the CLI's one-line error
+    return adapters
 
 
 def serve_projectors(models: list[str], mmprojs) -> dict:

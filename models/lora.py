@@ -112,7 +112,7 @@ class LoraSet:
     def __init__(self, model, gf: GGUFFile, adapters: list[Adapter], scales: list[float], names: list | None = None):
         kb, cfg, spec = model.kb, model.cfg, model.spec
         self.adapters, self.scales = adapters, np.asarray(scales, np.float32)
-        self.names = list(names or [a.path.stem for a in adapters])  # what requests call them (the server's NAME=)
+        self.names = list(names or [a.path.stem for a in adapters])  # what requests call them (serve's NAME=FILE)
         self.rows = kb.Rows(self.scales)
         self.key = [[a.digest, float(s)] for a, s in zip(adapters, scales)]
         targets = {}  # base tensor name -> (layer, fields, shape, rows)
@@ -189,15 +189,32 @@ class LoraSet:
                 kb.lora_embed_add(ids, a, bt, s, x)
 
 
+def check_file(ad: Adapter, gf: GGUFFile) -> None:
+    """llama.cpp's checks of an adapter against a model file's tensors, before any model loads (the server's
+    command line): each adapted tensor is in the file, with the shapes its pair needs."""
+    for name, (a, b) in ad.pairs.items():
+        info = gf.tensors.get(name)
+        if info is None or len(info.shape) != 2:
+            raise ModelLoadError(f"{ad.name}: {name!r} is not a matrix of this model (an adapter for another base "
+                                 "model?)")
+        n_in, n_out = info.shape
+        if name == "token_embd.weight":
+            n_in, n_out = a.shape[0], b.shape[0]  # (vocab, rank), (dim, rank)
+            ok = (n_out, n_in) == tuple(info.shape) and a.shape[1] == b.shape[1]
+        else:
+            ok = a.shape[1] == n_in and b.shape[0] == n_out and a.shape[0] == b.shape[1]
+        _check(ad, name, ok, f"A {list(a.shape)} and B {list(b.shape)} for a matrix {[n_out, n_in]}")
+
+
 def _check(ad: Adapter, name: str, ok: bool, what: str) -> None:
     if not ok:
         raise ModelLoadError(f"{ad.name}: {name!r} does not fit the model: {what}")
 
 
-def attach(model, gf: GGUFFile, loras: list, names: list | None = None) -> LoraSet:
-    """Read each of loras (a path, or (path, scale)) for model (loaded from gf) and set them beside its
-    matrices as model.lora, called by names (default: the files' stems); ModelLoadError for an adapter that does
-    not fit or a model that cannot take one."""
+def attach(model, gf: GGUFFile, loras: list) -> LoraSet:
+    """Read each of loras (a path, (path, scale) or (path, scale, name); the name requests call it by, by default
+    the file's stem) for model (loaded from gf) and set them beside its matrices as model.lora; ModelLoadError for
+    an adapter that does not fit or a model that cannot take one."""
     kb = model.kb
     if not hasattr(kb, "Adapted"):
         raise ModelLoadError(f"LoRA adapters are not on the {kb.NAME} backend yet (use the CPU)")
@@ -205,15 +222,15 @@ def attach(model, gf: GGUFFile, loras: list, names: list | None = None) -> LoraS
         raise ModelLoadError(f"{model.cfg.arch} models take no LoRA adapters here (decoders do)")
     if model.spec.altup:
         raise ModelLoadError(f"{model.cfg.arch}'s AltUp streams take no LoRA adapters yet")
-    adapters, scales = [], []
+    adapters, scales, names = [], [], []
     for item in loras:
-        path, scale = (item, 1.0) if isinstance(item, (str, Path)) else item
+        path, scale, name = (item, 1.0, None) if isinstance(item, (str, Path)) else (*item, None)[:3]
         if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not np.isfinite(scale):
             raise ModelLoadError(f"the scale of adapter {str(path)!r} is {scale!r}, not a number")
         adapters.append(read(path, model.cfg.arch))
         scales.append(float(scale))
-    names = list(names) if names else None
-    if names is not None and (len(names) != len(adapters) or len(set(names)) != len(names)):
-        raise ModelLoadError(f"adapter names {names} do not name each of the {len(adapters)} adapters once")
+        names.append(str(name) if name else Path(path).stem)
+    if len(set(names)) != len(names):
+        raise ModelLoadError(f"two adapters are called {next(n for n in names if names.count(n) > 1)!r}: name them")
     model.lora = LoraSet(model, gf, adapters, scales, names)
     return model.lora

@@ -15,7 +15,7 @@ from .responses import new_id
 # the sampling fields a Messages body may carry as extra body fields, the chat route's names
 _PASSED = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "min_p", "presence_penalty",
            "frequency_penalty", "repetition_penalty", "repeat_penalty", "repeat_last_n", "ignore_eos", "priority",
-           "id_slot", "stream")
+           "id_slot", "lora", "stream")
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 408: "timeout_error", 409: "invalid_request_error",
                 413: "request_too_large", 415: "invalid_request_error", 429: "rate_limit_error", 501: "api_error",

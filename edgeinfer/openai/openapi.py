@@ -161,6 +161,13 @@ _RID = [{"name": "rid", "in": "path", "required": True, "schema": {"type": "stri
 SLOTS_RESPONSE = {"type": "array", "items": {"type": "object", "required": ["id", "n_ctx", "is_processing"],
                   "properties": {"id": {"type": "integer"}, "n_ctx": {"type": "integer"},
                                  "is_processing": {"type": "boolean"}, "n_tokens": {"type": "integer"}}}}
+LORA_ADAPTERS = {"type": "array", "items": {"type": "object", "required": ["id", "name", "path", "scale"],
+                                            "properties": {"id": {"type": "integer"}, "name": {"type": "string"},
+                                                           "path": {"type": "string"}, "scale": {"type": "number"}}}}
+LORA_SCALES = {"type": "array", "items": {"type": "object", "required": ["id", "scale"], "additionalProperties": False,
+                                          "properties": {"id": {"type": "integer", "minimum": 0},
+                                                         "scale": {"type": "number"}}}}
+_MODEL_QUERY = [{"name": "model", "in": "query", "required": False, "schema": {"type": "string"}}]
 RESPONSE_DELETED = {"type": "object", "required": ["id", "deleted"], "properties": {
     "id": {"type": "string"}, "object": {"type": "string"}, "deleted": {"const": True}}}
 
@@ -176,6 +183,11 @@ def _more_paths() -> dict:
         "/slots": {"get": _json_op("the model's slots (llama.cpp's)", "slots", None, SLOTS_RESPONSE,
                                    errors=_MODEL_ERRORS, params=[
                                        {"name": "model", "in": "query", "required": False, "schema": {"type": "string"}}])},
+        "/lora-adapters": {
+            "get": _json_op("the model's LoRA adapters and their scales (llama.cpp's)", "lora_adapters", None,
+                            LORA_ADAPTERS, errors=_MODEL_ERRORS, params=_MODEL_QUERY),
+            "post": _json_op("set the scales of requests that choose no adapters (llama.cpp's; ?model=NAME: whose)",
+                             "lora_adapters_set", LORA_SCALES, LORA_ADAPTERS, errors=_MODEL_ERRORS)},
         "/v1/responses/{rid}": {
             "get": _json_op("a stored response", "response_get", None, RESPONSE_OBJECT, errors=(401, 404),
                             params=_RID),

@@ -213,6 +213,8 @@ def parse_common(body: Any, *, chat: bool) -> ParsedRequest:
         logit_bias=tuple((int(t), float(b)) for t, b in (_get(body, "logit_bias", None) or {}).items()),
         **constraint,
     )
+    if body.get("lora") is not None:  # llama.cpp's [{"id", "scale"}]: this request's adapters
+        kwargs["lora"] = tuple((a["id"], float(a["scale"])) for a in body["lora"])
     # an extension (as vLLM): lower values are scheduled first; waiting long enough lifts a request
     priority = _integer(body, "priority", 0)
     return ParsedRequest(model, stream, include_usage, max_tokens, kwargs, logprobs, top, priority, constraint_param,

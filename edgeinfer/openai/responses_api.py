@@ -16,8 +16,8 @@ from .responses import new_id
 
 # the sampling fields a Responses body may carry as extra body fields, the chat route's names
 _PASSED = ("model", "temperature", "top_p", "seed", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-           "repetition_penalty", "repeat_penalty", "repeat_last_n", "ignore_eos", "priority", "id_slot", "stream",
-           "parallel_tool_calls", "chat_template_kwargs")
+           "repetition_penalty", "repeat_penalty", "repeat_last_n", "ignore_eos", "priority", "id_slot", "lora",
+           "stream", "parallel_tool_calls", "chat_template_kwargs")
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 

@@ -99,6 +99,12 @@ SAMPLING = {
     "ignore_eos": boolean("generate through the end-of-sequence token (an extension, as vLLM)"),
     "priority": integer(-PRIORITY_LIMIT, PRIORITY_LIMIT, "lower is scheduled first (an extension, as vLLM)"),
     "id_slot": integer(-1, None, "llama.cpp's slot whose tokens the prompt and answer become (/slots; -1: any)"),
+    "lora": _opt({"type": "array", "maxItems": 64, "items": {
+        "type": "object", "required": ["id", "scale"], "additionalProperties": False,
+        "properties": {"id": {"type": "integer", "minimum": 0}, "scale": {"type": "number"}}},
+        "description": "llama.cpp's per-request LoRA adapters: [{id, scale}] (ids of GET /lora-adapters); an adapter "
+                       "left out runs at 0",
+        "x-error": "must be a list of {\"id\": adapter index, \"scale\": number} objects"}),
     # OpenAI's fields that cannot change an answer: accepted and ignored
     "user": string("the end user's id (accepted and ignored)"),
     "metadata": _opt({"type": "object", "description": "accepted and ignored: nothing is stored"}),
@@ -311,7 +317,7 @@ MESSAGES = {"type": "object", "required": ["messages", "max_tokens"], "propertie
                          "x-error": "is not supported (no MCP connector: tools run in the client)"}),
     # sampling fields, Anthropic's (temperature, top_p, top_k) and the chat route's, sent as extra body fields
     **{k: SAMPLING[k] for k in ("seed", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                                "repeat_penalty", "repeat_last_n", "ignore_eos", "priority", "id_slot")},
+                                "repeat_penalty", "repeat_last_n", "ignore_eos", "priority", "id_slot", "lora")},
     "chat_template_kwargs": CHAT["properties"]["chat_template_kwargs"],
 }}
 COUNT_TOKENS = {"type": "object", "required": ["messages"], "properties": {
@@ -365,7 +371,7 @@ RESPONSES = {"type": "object", "properties": {
     # the chat route's sampling fields, sent as extra body fields
     **{k: SAMPLING[k] for k in ("seed", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                                 "repetition_penalty", "repeat_penalty", "repeat_last_n", "ignore_eos", "priority",
-                                "id_slot")},
+                                "id_slot", "lora")},
     "chat_template_kwargs": CHAT["properties"]["chat_template_kwargs"],
 }}
 INPUT_TOKENS = {"type": "object", "properties": {**_INPUT}}

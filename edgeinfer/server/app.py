@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from ..config import EngineConfig
 from ..openai.openapi import openapi
-from . import messages, ollama, ollama_manage, ollama_models, page, responses_routes, routes, slots
+from . import adapters, messages, ollama, ollama_manage, ollama_models, page, responses_routes, routes, slots
 from .metrics import Metrics
 from .models import ModelManager
 from .responses_routes import ResponseStore
@@ -129,6 +129,8 @@ ROUTES = [
     Route("/openapi.json", routes.openapi, methods=["GET"]),
     Route("/infill", routes.infill, methods=["POST"]),
     Route("/slots", slots.list_slots, methods=["GET"]),
+    Route("/lora-adapters", adapters.list_adapters, methods=["GET"]),
+    Route("/lora-adapters", adapters.set_adapters, methods=["POST"]),
     Route("/slots/{id_slot}", slots.slot_action, methods=["POST"]),
     *ollama.ROUTES,
     *ollama_models.ROUTES,

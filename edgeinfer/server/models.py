@@ -58,6 +58,9 @@ class ModelManager(Servables):
         self.startup_pending: set[str] = set()  # command-line models not yet through their first load
         self.startup_errors: dict[str, str] = {}  # ... and those whose last load failed
         self._digests: dict[tuple, str] = {}
+        from .adapters import adapter_ids
+
+        self.adapters = adapter_ids(config, self.command_line)  # adapter name -> the model it adapts
         self._loop: asyncio.AbstractEventLoop | None = None
         for name, source in self.command_line.items():
             self.models[name] = self._new(name, source)  # "loading" from the start: /health says so

@@ -126,6 +126,8 @@ async def list_models(request: Request, call: Call):
         if sm.status == "loaded":
             entry["expires_at"] = rfc3339(models.expires(sm))
         data.append(entry)
+        data += [{"id": a, "object": "model", "created": sm.created, "owned_by": "edgeinfer", "status": sm.status,
+                  "parent": sm.name} for a, base in models.adapters.items() if base == sm.name]  # (vLLM's)
     listed = {d["id"] for d in data}
     data += [{"id": s.name, "object": "model", "created": int(s.modified), "owned_by": "edgeinfer",
               "status": "available", "size_bytes": s.size} for s in models.available() if s.name not in listed]

@@ -1,6 +1,7 @@
 """What every route does around its own work, written once: the API key, the body's size limit and read
 timeout, the model's lease, the metrics labels, the mapping of errors to responses, and a client that
-went away. A route is `@route(endpoint)` over `async def handler(request, call)`; `call` (a Call) takes
+went away; a model id that names a LoRA adapter (serve --lora NAME=FILE) names its base model with the
+adapter chosen for the request. A route is `@route(endpoint)` over `async def handler(request, call)`; `call` (a Call) takes
 the model (`await call.use(name)`) and counts the tokens; the scaffold answers an APIError with the
 route's error body, a client gone with 499, releases the lease and records the request's metrics. A
 streamed response takes over the lease and the metrics (`call.stream(response)`): its body releases
@@ -9,6 +10,8 @@ and records them when it ends, however it ends."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import dataclasses
 import functools
 import hmac
 import time
@@ -19,6 +22,25 @@ from starlette.responses import JSONResponse, Response
 from ..openai import protocol as P
 
 LEASES = "edgeinfer.leases"  # the scope key of a request's leases (app._ReleaseLeases releases what is left)
+
+# the adapter a request chose by its model id ((name, 1.0),), for the generation it submits (streaming.submit)
+CHOSEN: contextvars.ContextVar = contextvars.ContextVar("edgeinfer_adapter", default=None)
+
+
+def resolve(state, name: str | None) -> str | None:
+    """The model a request's `model` names: an adapter's id names its base model, the adapter chosen for the
+    request (CHOSEN); any other name as it is."""
+    base = getattr(state.models, "adapters", {}).get(name) if name is not None else None
+    if base is None:
+        return name
+    CHOSEN.set(((name, 1.0),))
+    return base
+
+
+def with_chosen(params):
+    """params with the adapter the request's model id chose, unless the request chose its own ("lora")."""
+    chosen = CHOSEN.get()
+    return params if chosen is None or params.lora is not None else dataclasses.replace(params, lora=chosen)
 
 
 def error_response(e: P.APIError) -> JSONResponse:
@@ -123,8 +145,9 @@ class Call:
         self.streaming = False
 
     async def use(self, name: str | None, keep_alive: float | None = None):
-        """The named model (use_model), held until the response is done; the labels name it from now on."""
-        self.lease = await use_model(self.request, name, keep_alive)
+        """The named model (use_model), held until the response is done; the labels name it from now on. An
+        adapter's id names its base model, with that adapter chosen for the request (adapters.py)."""
+        self.lease = await use_model(self.request, resolve(self.state, name), keep_alive)
         self.labels = (self.lease.sm.name, self.endpoint)
         return self.lease.sm
 

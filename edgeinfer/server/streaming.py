@@ -16,6 +16,7 @@ from starlette.responses import StreamingResponse
 from ..engine.llm_engine import PromptTooLongError
 from ..openai import handlers as H
 from ..openai import protocol as P
+from .scaffold import with_chosen
 
 
 def _check_queue(state, sm) -> None:
@@ -38,6 +39,7 @@ def submit(state, sm, prompt_ids, params, priority: int = 0, guide=None, n: int 
         except ValueError as e:
             raise P.bad("id_slot", str(e)) from None
     _check_queue(state, sm)
+    params = with_chosen(params)  # the adapter a request chose by its model id
     queue: asyncio.Queue = asyncio.Queue()
     aloop = asyncio.get_running_loop()
     try:
