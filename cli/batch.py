@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .common import engine_options
+from .common import engine_options, lora_list, lora_options
 
 
 @click.command()
@@ -27,9 +27,10 @@ from .common import engine_options
               help="With --ray: model replicas (Ray actors), default as many as the cluster's CPUs allow.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+@lambda f: lora_options(f, serve=True)
 @engine_options
 def batch(model, input_path, output_path, retry_errors, threads, max_seqs, device, ray_address, workers, quiet,
-          as_json, kv_type, max_context, memory_budget):
+          as_json, loras, loras_scaled, kv_type, max_context, memory_budget):
     """Answer every request of INPUT.jsonl (OpenAI's batch file format) into OUTPUT.jsonl.
 
     Each input line is {"custom_id", "method": "POST", "url", "body"} for /v1/chat/completions,
@@ -37,6 +38,9 @@ def batch(model, input_path, output_path, retry_errors, threads, max_seqs, devic
     {"status_code", "body"}, "error"}. Run it again to resume: requests already answered are skipped."""
     if workers is not None and ray_address is None:
         raise click.UsageError("--workers needs --ray")
+    lora = lora_list(loras, loras_scaled, serve=True)  # a line's "model": NAME chooses adapter NAME
+    if lora and ray_address is not None:
+        raise click.UsageError("--lora with --ray is not there yet: run the batch here")
     if ray_address is not None:
         from edgeinfer import batch_ray
 
@@ -59,7 +63,7 @@ def batch(model, input_path, output_path, retry_errors, threads, max_seqs, devic
             try:
                 llm = LLM(model, engine_config=EngineConfig(
                     threads=threads, backend=device, kv_dtype=kv_type or "", max_context=max_context,
-                    memory_budget_mb=memory_budget, max_seqs=max_seqs))
+                    memory_budget_mb=memory_budget, max_seqs=max_seqs), lora=lora or None)
             except BaseException:
                 job.close()
                 raise

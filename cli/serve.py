@@ -115,7 +115,7 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
     speculation = serve_speculation(models, drafts, speculate, draft_tokens, device)
     if max_body_bytes is None:  # a conversation with images resends them every turn, as base64
         max_body_bytes = (64 if mmprojs else 4) * 1024 * 1024
-    adapters = serve_adapters(models, paths, lora_list(loras, loras_scaled, serve=True))
+    adapters = serve_adapters(models, paths, lora_list(loras, loras_scaled, serve=True), device)
     if adapters:  # LLM's lora=, beside its speculation
         speculation[models[0]] = {**speculation.get(models[0], {}), "lora": adapters}
     for source, path in serve_projectors(models, mmprojs).items():  # LLM's mmproj=, beside its speculation
@@ -133,13 +133,19 @@ def serve(models, host, port, api_key, cors_origins, max_queue, request_timeout,
     sys.exit(run_server(cfg, host=host, port=port, shutdown_timeout=shutdown_timeout))
 
 
-def serve_adapters(models: list[str], paths, adapters: list) -> list:
-    """serve's --lora and --lora-scaled for its one model, each read and checked against the model's architecture
-    now (the server does not listen with an adapter it cannot use)."""
+def serve_adapters(models: list[str], paths, adapters: list, device: str) -> list:
+    """serve's --lora and --lora-scaled for its one model, each read and checked against the model file's tensors
+    now (llama.cpp's checks; what the load checks beyond them is reported by /health and the model's requests)."""
     if not adapters:
         return []
     if len(models) != 1:
         raise click.UsageError("--lora: serve one model with adapters (name it on the command line)")
+    if device != "cpu":
+        raise click.UsageError(f"--lora: LoRA adapters are not on the {device} backend yet (use the CPU)")
+    clash = next((n for _, _, n in adapters if n == registry.model_name(models[0])), None)
+    if clash:
+        raise click.BadParameter(f"an adapter named {clash!r} would hide the model of that name: name it "
+                                 "(NAME=FILE)", param_hint="--lora")
     from edgeinfer.gguf_file import GGUFFile
     from edgeinfer.models.lora import check_file, read
 

@@ -20,6 +20,7 @@ Ray (edgeinfer.batch_ray) runs the same job on a cluster, with this module's rea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -256,8 +257,10 @@ class Processor:
             if body.get("stream"):
                 raise P.bad("stream", "a batch does not stream: leave 'stream' out (each answer is one output line)")
             req = P.parse_common(body, chat=item.kind == "chat")
-            self._check_model(req.model)
+            chosen = self._check_model(req.model)
             gen = H.prepare_generation(self.llm, self.name, body, req, item.kind == "chat")
+            if chosen is not None and gen.params.lora is None:  # a line naming an adapter (batch --lora NAME=FILE)
+                gen.params = dataclasses.replace(gen.params, lora=chosen)
             pending = Pending(item, gen)
 
             def on_output(out):
@@ -285,7 +288,11 @@ class Processor:
         body = R.completion_response(p.gen, self.name, self.llm.tokenizer, p.outputs)
         return record(p.item, 200, body)
 
-    def _check_model(self, model: str | None) -> None:
+    def _check_model(self, model: str | None):
+        """None, or the adapter a line's model names ((name, 1.0),); a 404 for another model."""
+        adapters = getattr(self.llm.model, "lora", None)
+        if model is not None and adapters is not None and model in adapters.names:
+            return ((model, 1.0),)
         if model is not None and model != self.name:
             raise P.APIError(404, f"model {model!r} is not this batch's model; this batch runs {self.name!r} (give "
                                   "that name, or leave 'model' out)", param="model", code="model_not_found")
@@ -295,7 +302,8 @@ class Processor:
         from .openai import handlers as H
 
         inputs, fmt, dims, truncate = P.parse_embeddings(item.body)
-        self._check_model(P.parse_model(item.body))
+        if self._check_model(P.parse_model(item.body)) is not None:
+            raise P.bad("model", "embeddings through a LoRA adapter are not there yet: name the base model")
         seqs = H.embedding_inputs(self.llm, self.name, inputs, dims, truncate)
         if self.threaded:  # on the compute thread, between steps
             vecs = exclusive(self.llm.embed_ids, seqs, dimensions=dims)

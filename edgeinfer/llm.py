@@ -130,7 +130,11 @@ class LLM(Embeddings):
         if lora:
             from .models.lora import attach
 
-            attached = attach(self.model, self.gguf, list(lora))
+            try:
+                attached = attach(self.model, self.gguf, list(lora))
+            except Exception:
+                self.kernels.ready()  # as for a model that cannot load: the compile started above ends first
+                raise
             self.lora = list(zip(attached.adapters, attached.scales.tolist()))
             mark("lora_s")
         # an encoder (an embedding model such as nomic-bert) has no engine: it embeds, never generates

@@ -334,6 +334,9 @@ class Model:
         # (and, for now, rows with LoRA adapters at work)
         if self.stack is None or not self.kb.step_ready() or batch.spans or self._adapting(batch):
             return self.forward_per_op(batch, cache, hidden)
+        if self.lora is not None:  # (no adapter at work: the output's rows at their scales, all 0)
+            rows_lora = getattr(batch, "lora", None)
+            self.lora.set_rows(None if rows_lora is None else rows_lora[batch.logits_idx])
         x = self.embed(batch.token_ids, batch)
         ple = per_layer.inputs(self.kb, self.cfg, self.ple, batch.token_ids, x) if self.ple is not None else None
         rows = self.stack.run(x, batch, cache, ple)

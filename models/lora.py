@@ -114,6 +114,7 @@ class LoraSet:
         self.adapters, self.scales = adapters, np.asarray(scales, np.float32)
         self.names = list(names or [a.path.stem for a in adapters])  # what requests call them (serve's NAME=FILE)
         self.rows = kb.Rows(self.scales)
+        kb.lora_warm_up()
         self.key = [[a.digest, float(s)] for a, s in zip(adapters, scales)]
         targets = {}  # base tensor name -> (layer, fields, shape, rows)
         for i in range(cfg.n_layer):
@@ -175,8 +176,11 @@ class LoraSet:
         return out
 
     def set_rows(self, scales: np.ndarray | None = None) -> None:
-        """The scales of the rows about to compute: `scales` (rows, adapters), or None: every row at the defaults."""
+        """The scales of the rows about to compute: `scales` (rows, adapters), or None: every row at the set's own
+        scales as they are now (a change of them during a forward does not reach it)."""
         self.rows.scales = None if scales is None else np.ascontiguousarray(scales, np.float32)
+        if scales is None:
+            self.rows.uniform = self.scales.copy()
 
     def add_embeddings(self, kb, x, token_ids) -> None:
         """x (T, dim) += the token embeddings' adapters, before any embedding scale (as llama.cpp)."""

@@ -49,7 +49,13 @@ def base_of(case: str) -> str:
 
 def write_adapter(name: str, base_path, path) -> None:
     """Adapter `name` (ADAPTERS) for the zoo model at base_path, written to path."""
-    _, rank, alpha, qtype, kinds, seed, size = ADAPTERS[name]
+    write_random_adapter(base_path, path, *ADAPTERS[name][1:])
+
+
+def write_random_adapter(base_path, path, rank: int, alpha: float | None, qtype, kinds, seed: int,
+                         size: float) -> None:
+    """A random adapter of this rank for the model at base_path (a zoo model or a real one: benchmarks/
+    lora_speed.py), on each of its matrices of these kinds ("attn_q", ..., "output", "token_embd")."""
     rng = np.random.default_rng(seed)
     with GGUFFile(base_path) as gf:
         arch = gf.architecture

@@ -192,3 +192,16 @@ def test_a_request_naming_an_adapter_the_model_lacks_is_refused(zoo, adapters):
         LLM(str(zoo("llama3")), progress=False).generate([[10, 11]], SamplingParams(max_tokens=2, lora={0: 1.0}))
     with pytest.raises(ValueError, match="lora has scale 'x'"):
         SamplingParams(lora={0: "x"})
+
+
+def test_base_requests_after_adapter_requests_are_the_base_models(zoo, adapters):
+    """The adapters' scales of one forward never reach the next (the output matrix is adapted here too)."""
+    path = str(zoo("llama3"))
+    llm = LLM(path, progress=False, lora=[(str(adapters("llama3_all")), 0.0)])
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=1)
+    llm.generate([list(range(30, 45))], SamplingParams(temperature=0, max_tokens=3, lora={0: 1.0}))
+    prompts = [list(range(10, 31)), list(range(50, 57))]
+    got, want = llm.generate(prompts, params), LLM(path, progress=False).generate(prompts, params)
+    for g, w in zip(got, want):
+        assert g.token_ids == w.token_ids
+        assert [x["logprob"] for x in g.logprobs] == [x["logprob"] for x in w.logprobs]

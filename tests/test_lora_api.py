@@ -56,6 +56,8 @@ def test_an_adapter_is_a_model_id_and_requests_choose_their_own(server, files):
     assert stacked.json()["choices"][0]["text"] == _ids(files, [(files["all"], 0.5), (files["f16"], 1.5)])
     bad = _complete(server, "llama3", lora=[{"id": 7, "scale": 1}])
     assert bad.status_code == 400 and "no adapter 7" in bad.json()["error"]["message"]
+    emb = httpx.post(server.base + "/v1/embeddings", json={"model": "tuned", "input": "hi"}, timeout=60)
+    assert emb.status_code == 400 and "is a LoRA adapter of 'llama3'" in emb.json()["error"]["message"]
     bad = _complete(server, "llama3", lora=[{"id": 0}])
     assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("lora")
 
@@ -89,3 +91,18 @@ def test_generate_with_lora_is_the_python_apis_answer(files):
     llm = LLM(files["base"], progress=False, lora=[(files["all"], 0.5)])
     want = llm.generate("Once upon", SamplingParams(temperature=0, max_tokens=6))[0].text
     assert json.loads(r.output.strip().splitlines()[-1])["text"] == want
+
+
+def test_a_batch_line_names_an_adapter_by_model_id(files, tmp_path):
+    lines = [{"custom_id": m, "method": "POST", "url": "/v1/completions",
+              "body": {"model": m, "prompt": PROMPT, "max_tokens": N, "temperature": 0, "ignore_eos": True}}
+             for m in ("llama3", "tuned", "other")]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    r = CliRunner().invoke(main, ["batch", files["base"], str(src), str(out), "--lora", f"tuned={files['all']}",
+                                  "--quiet"])
+    assert r.exit_code == 0, r.output
+    got = {x["custom_id"]: x["response"] for x in map(json.loads, out.read_text().splitlines())}
+    assert got["llama3"]["body"]["choices"][0]["text"] == _ids(files, None)
+    assert got["tuned"]["body"]["choices"][0]["text"] == _ids(files, [files["all"]])
+    assert got["other"]["status_code"] == 404

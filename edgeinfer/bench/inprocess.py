@@ -37,13 +37,15 @@ def prompt_tok_s(llm, n: int, rng) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def decode_tok_s(llm, n_streams: int, n_tokens: int, rng, prompt_len: int = 16) -> float:
+def decode_tok_s(llm, n_streams: int, n_tokens: int, rng, prompt_len: int = 16, lora=None) -> float:
     """Aggregate decode rate: n_streams sequences of prompt_len tokens each generate n_tokens; the
-    time from the step where every stream has its first token to the end."""
-    params = SamplingParams(temperature=0, max_tokens=n_tokens, ignore_eos=True)
+    time from the step where every stream has its first token to the end. lora: each stream's
+    SamplingParams.lora (a list), or None: the LLM's own adapters."""
+    params = [SamplingParams(temperature=0, max_tokens=n_tokens, ignore_eos=True,
+                             lora=None if lora is None else lora[i]) for i in range(n_streams)]
     with llm.engine.run() as run:
-        for _ in range(n_streams):
-            run.submit(random_prompt(llm, prompt_len, rng), params)
+        for i in range(n_streams):
+            run.submit(random_prompt(llm, prompt_len, rng), params[i])
         started, counted, t_start = set(), 0, None
         for outs in run.steps():
             for o in outs:

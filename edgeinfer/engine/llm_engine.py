@@ -19,7 +19,7 @@ from .choices import Choices, follow
 from .model_runner import ModelRunner
 from .run import Run
 from .scheduler import Scheduler
-from .sequence import RequestOutput, Sequence, lora_of, media_of  # noqa: F401  (RequestOutput: its output)
+from .sequence import RequestOutput, Sequence, lora_of, media_of, pin_lora  # noqa: F401  (RequestOutput: its output)
 from .speculative import DraftProposer, SpecState, Speculation, make_proposer, rollback_states, speculation_slots, verify
 
 
@@ -101,7 +101,7 @@ class LLMEngine:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an integer >= 1, got {n!r}")
         media = media_of(prompt_ids, len(prompt_ids), self.model.cfg.dim)
-        lora_of(self.model, params)  # the adapters it names: ValueError for one the model lacks
+        params = pin_lora(self.model, params)  # its adapters' scales (ValueError for adapters the model lacks)
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 from dataclasses import dataclass, field
@@ -91,13 +92,13 @@ class Sequence:
             return self.token_ids
         if self._hash_ids is None:
             ids = list(self.token_ids[: self.num_prompt_tokens])
-            if salted:
-                h = hashlib.blake2b(self.lora.astype("<f4").tobytes() + str(ids[0]).encode(), digest_size=4).digest()
-                ids[0] = -1 - int.from_bytes(h, "little") % 0x7FFFFFF0
             for m in self.media:
                 for i in range(m.start, m.end):
                     h = hashlib.blake2b(f"{m.digest}/{i - m.start}".encode(), digest_size=4).digest()
                     ids[i] = -1 - int.from_bytes(h, "little") % 0x7FFFFFF0
+            if salted:  # after the media rows: an image at the start is salted too
+                h = hashlib.blake2b(self.lora.astype("<f4").tobytes() + str(ids[0]).encode(), digest_size=4).digest()
+                ids[0] = -1 - int.from_bytes(h, "little") % 0x7FFFFFF0
             self._hash_ids = ids
         ids = self._hash_ids
         ids.extend(self.token_ids[len(ids):])
@@ -151,6 +152,15 @@ def media_of(prompt, n: int, dim: int) -> tuple:
             raise ValueError(f"media rows at prompt positions {m.start}..{m.end} overlap or pass the prompt's {n}")
         end = m.end
     return media
+
+
+def pin_lora(model, params):
+    """params with the model's own adapter scales written in where they choose none (so that a request's n choices,
+    and a request waiting, keep the scales it came with), ValueError for adapters the model lacks."""
+    scales = lora_of(model, params)
+    if scales is None or params.lora is not None:
+        return params
+    return dataclasses.replace(params, lora=tuple((i, float(s)) for i, s in enumerate(scales)))
 
 
 def lora_of(model, params) -> np.ndarray | None:

@@ -183,7 +183,7 @@ async def embeddings(request: Request, call: Call):
 async def _embedding(request: Request, call: Call, parse, legacy: bool):
     timeout = call.state.config.request_timeout
     req = parse(await read_body_json(request))
-    sm = await call.use(req.model, req.keep_alive)
+    sm = await call.use(req.model, req.keep_alive, adapters=False)
     timings = OR.Timings(call.t0, time.monotonic())
     vecs, n = [], 0
     if req.inputs:  # none: a load call

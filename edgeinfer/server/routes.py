@@ -79,7 +79,7 @@ async def embeddings(request: Request, call: Call):
     timeout = call.state.config.request_timeout
     body = await read_json(request)
     inputs, fmt, dims, truncate = P.parse_embeddings(body)
-    sm = await call.use(P.parse_model(body))
+    sm = await call.use(P.parse_model(body), adapters=False)
     llm = sm.llm
     seqs = await asyncio.to_thread(H.embedding_inputs, llm, sm.name, inputs, dims, truncate)
     try:

@@ -27,12 +27,15 @@ LEASES = "edgeinfer.leases"  # the scope key of a request's leases (app._Release
 CHOSEN: contextvars.ContextVar = contextvars.ContextVar("edgeinfer_adapter", default=None)
 
 
-def resolve(state, name: str | None) -> str | None:
+def resolve(state, name: str | None, adapters: bool = True) -> str | None:
     """The model a request's `model` names: an adapter's id names its base model, the adapter chosen for the
-    request (CHOSEN); any other name as it is."""
+    request (CHOSEN; a 400 where the route takes no adapter); any other name as it is."""
     base = getattr(state.models, "adapters", {}).get(name) if name is not None else None
     if base is None:
         return name
+    if not adapters:
+        raise P.bad("model", f"{name!r} is a LoRA adapter of {base!r}: this route does not run adapters yet (name "
+                             f"{base!r})")
     CHOSEN.set(((name, 1.0),))
     return base
 
@@ -144,10 +147,10 @@ class Call:
         self.n_out = 0
         self.streaming = False
 
-    async def use(self, name: str | None, keep_alive: float | None = None):
+    async def use(self, name: str | None, keep_alive: float | None = None, adapters: bool = True):
         """The named model (use_model), held until the response is done; the labels name it from now on. An
         adapter's id names its base model, with that adapter chosen for the request (adapters.py)."""
-        self.lease = await use_model(self.request, resolve(self.state, name), keep_alive)
+        self.lease = await use_model(self.request, resolve(self.state, name, adapters), keep_alive)
         self.labels = (self.lease.sm.name, self.endpoint)
         return self.lease.sm
 

@@ -48,7 +48,7 @@ def submit(state, sm, prompt_ids, params, priority: int = 0, guide=None, n: int 
     except PromptTooLongError as e:
         raise P.too_long("prompt", str(e)) from None
     except ValueError as e:
-        raise P.bad("prompt", str(e)) from None
+        raise P.bad("lora" if str(e).startswith("lora") else "prompt", str(e)) from None
     return rid, queue
 
 

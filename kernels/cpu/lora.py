@@ -65,22 +65,29 @@ def lora_embed_add(ids, a, bt, scales, out):
 
 class Rows:
     """Which rows of the batch now computing use which adapter, and how strongly: `scales` (T, n_adapters)
-    float32 set by the model before a forward (and for the rows whose logits it computes), or None: every row at
-    `defaults` (n_adapters,)."""
+    float32, or None: every row at `uniform` (n_adapters,). Set by the model at the start of each forward (and for
+    the rows whose logits it computes)."""
 
-    __slots__ = ("scales", "defaults")
+    __slots__ = ("scales", "uniform")
 
-    def __init__(self, defaults: np.ndarray):
-        self.defaults = np.asarray(defaults, np.float32)
+    def __init__(self, uniform: np.ndarray):
         self.scales = None
+        self.uniform = np.array(uniform, np.float32)
 
     def column(self, j: int, n: int) -> np.ndarray:
         """Adapter j's scale for each of n rows."""
         if self.scales is None:
-            return np.full(n, self.defaults[j], np.float32)
+            return np.full(n, self.uniform[j], np.float32)
         if self.scales.shape[0] != n:
             raise ValueError(f"adapter scales for {self.scales.shape[0]} rows, a matmul of {n}")
         return np.ascontiguousarray(self.scales[:, j])
+
+
+def warm_up() -> None:
+    """Compile (or load) the kernels now, at load, rather than in a request's first step."""
+    z = np.zeros((1, 1), np.float32)
+    lora_add(z, z, z, np.zeros(1, np.float32), z)
+    lora_embed_add(np.zeros(1, np.int64), z, z, np.zeros(1, np.float32), z)
 
 
 class Adapted:
