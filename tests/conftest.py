@@ -56,12 +56,9 @@ def tiny_nomic_path(tmp_path_factory):
     return p
 
 
-@pytest.fixture(scope="session")
-def zoo(tmp_path_factory):
-    """zoo(name): the path of tests/arch_zoo.py's model `name`, written on first use (once a session)."""
-    from arch_zoo import write
-
-    d = tmp_path_factory.mktemp("zoo")
+def written_on_first_use(tmp_path_factory, folder: str, write):
+    """get(name): the path of folder/NAME.gguf, made by write(name, path) the first time it is asked for."""
+    d = tmp_path_factory.mktemp(folder)
     paths = {}
 
     def get(name):
@@ -71,6 +68,14 @@ def zoo(tmp_path_factory):
         return paths[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory):
+    """zoo(name): the path of tests/arch_zoo.py's model `name`, written on first use (once a session)."""
+    from arch_zoo import write
+
+    return written_on_first_use(tmp_path_factory, "zoo", write)
 
 
 def real_model_path(name: str):

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import golden_path
+from conftest import golden_path, written_on_first_use
 from edgeinfer import LLM, SamplingParams
 from edgeinfer.engine.kv_cache import KVCache
 from edgeinfer.engine.model_runner import Batch
@@ -30,16 +30,8 @@ kb = get_backend("cpu")
 @pytest.fixture(scope="session")
 def adapters(zoo, tmp_path_factory):
     """adapters(name): the path of lora_zoo's adapter `name`, written on first use."""
-    d = tmp_path_factory.mktemp("lora")
-    paths = {}
-
-    def get(name):
-        if name not in paths:
-            paths[name] = d / f"{name}.gguf"
-            write_adapter(name, zoo(ADAPTERS[name][0]), paths[name])
-        return paths[name]
-
-    return get
+    return written_on_first_use(tmp_path_factory, "lora", lambda name, path: write_adapter(name, zoo(ADAPTERS[name][0]),
+                                                                                           path))
 
 
 def _loras(adapters, case):
