@@ -126,20 +126,18 @@ class LLM(Embeddings):
             self.kernels.ready()
             raise
         self.config = self.model.cfg
-        self.lora = []  # the adapters (models/lora.py's Adapter), with their scales
-        if lora:
-            from .models.lora import attach
-
-            try:
-                attached = attach(self.model, self.gguf, list(lora))
-            except Exception:
-                self.kernels.ready()  # as for a model that cannot load: the compile started above ends first
-                raise
-            self.lora = list(zip(attached.adapters, attached.scales.tolist()))
-            mark("lora_s")
         # an encoder (an embedding model such as nomic-bert) has no engine: it embeds, never generates
         self.is_encoder = bool(getattr(self.model, "is_encoder", False))
         mark("weights_s")
+        if lora:  # (the model's LoraSet: self.model.lora)
+            from .models.lora import attach
+
+            try:
+                attach(self.model, self.gguf, list(lora))
+            except Exception:
+                self.kernels.ready()  # as for a model that cannot load: the compile started above ends first
+                raise
+            mark("lora_s")
         self.vision = None
         if mmproj is None:  # a model pulled from a repo with a projector (registry.hf) loads with it
             mmproj = registry.projector_for(self.path)

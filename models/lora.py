@@ -186,9 +186,7 @@ class LoraSet:
         """x (T, dim) += the token embeddings' adapters, before any embedding scale (as llama.cpp)."""
         ids = np.ascontiguousarray(kb.to_host(token_ids), np.int64)
         for j, a, bt, alpha, rank in self.embd:
-            s = self.rows.column(j, len(ids))
-            if alpha:
-                s = s * np.float32(alpha) / np.float32(rank)
+            s = self.rows.column(j, len(ids), alpha, rank)
             if s.any():
                 kb.lora_embed_add(ids, a, bt, s, x)
 

@@ -74,13 +74,16 @@ class Rows:
         self.scales = None
         self.uniform = np.array(uniform, np.float32)
 
-    def column(self, j: int, n: int) -> np.ndarray:
-        """Adapter j's scale for each of n rows."""
+    def column(self, j: int, n: int, alpha: float = 0.0, rank: int = 1) -> np.ndarray:
+        """Adapter j's scale for each of n rows, times alpha / rank where the adapter has an alpha (llama.cpp's
+        get_scale: s * alpha / rank, rounded in float32 in that order)."""
         if self.scales is None:
-            return np.full(n, self.uniform[j], np.float32)
-        if self.scales.shape[0] != n:
+            s = np.full(n, self.uniform[j], np.float32)
+        elif self.scales.shape[0] != n:
             raise ValueError(f"adapter scales for {self.scales.shape[0]} rows, a matmul of {n}")
-        return np.ascontiguousarray(self.scales[:, j])
+        else:
+            s = np.ascontiguousarray(self.scales[:, j])
+        return s * np.float32(alpha) / np.float32(rank) if alpha else s
 
 
 def warm_up() -> None:
@@ -110,8 +113,6 @@ class Adapted:
     def add(self, x: np.ndarray, out: np.ndarray) -> None:
         """out (T, N) += each adapter's low-rank product of x (T, K) at its rows' scales."""
         for j, at, bt, alpha, rank in self.pairs:
-            s = self.rows.column(j, x.shape[0])
-            if alpha:
-                s = s * np.float32(alpha) / np.float32(rank)
+            s = self.rows.column(j, x.shape[0], alpha, rank)
             if s.any():
                 lora_add(x, at, bt, s, out)
