@@ -109,13 +109,14 @@ class LoraSet:
     embeddings' pairs [(adapter index, A (vocab, R), B transposed (R, dim), alpha, rank)], `rows` the scales of
     the rows now computing, `scales` each adapter's default scale (LLM(lora=...))."""
 
-    def __init__(self, model, gf: GGUFFile, adapters: list[Adapter], scales: list[float], names: list | None = None):
+    def __init__(self, model, gf: GGUFFile, adapters: list[Adapter], scales: list[float], names: list):
         kb, cfg, spec = model.kb, model.cfg, model.spec
         self.adapters, self.scales = adapters, np.asarray(scales, np.float32)
-        self.names = list(names or [a.path.stem for a in adapters])  # what requests call them (serve's NAME=FILE)
+        self.names = list(names)  # what requests call them (serve's NAME=FILE)
         self.rows = kb.Rows(self.scales)
         kb.lora_warm_up()
-        self.key = [[a.digest, float(s)] for a, s in zip(adapters, scales)]
+        # the disk prompt cache's key: which adapters (a sequence's scales are in its own block ids: hash_ids)
+        self.key = [a.digest for a in adapters]
         targets = {}  # base tensor name -> (layer, fields, shape, rows)
         for i in range(cfg.n_layer):
             has = lambda t, part="weight", i=i: tensor_name(t, part, i) in gf.tensors  # noqa: E731

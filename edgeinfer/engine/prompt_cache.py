@@ -28,7 +28,7 @@ def for_engine(config, model, model_path: str, block_manager, caches: list):
         raise ValueError("the prompt cache on disk is not on the CUDA backend yet: leave out --prompt-cache")
     parts = KVParts(block_manager, caches)
     key = parts.key(model_path, config.kv_dtype, getattr(model, "rope_factors_used", ""))
-    if getattr(model, "lora", None) is not None:  # the model's adapters (digests and scales) change every row
+    if getattr(model, "lora", None) is not None:  # the model's adapters (their digests)
         key["lora"] = model.lora.key
     return DiskPrefixes(PromptStore(config.prompt_cache, int(config.prompt_cache_mb * 2**20), key), parts)
 
