@@ -330,16 +330,21 @@ class Model:
     def forward(self, batch: Batch, cache: KVCache, hidden: bool = False) -> np.ndarray:
         """Logits (L, vocab), on the host, for the tokens batch.logits_idx selects; hidden: their final
         hidden states after the output norm (L, dim) instead (what llama.cpp's embeddings are)."""
-        # per op: a first run until the step is compiled, and a batch with rows attending non-causally (images)
-        # (and, for now, rows with LoRA adapters at work)
-        if self.stack is None or not self.kb.step_ready() or batch.spans or self._adapting(batch):
+        # per op: a first run until the step is compiled, a batch with rows attending non-causally (images), and
+        # rows with LoRA adapters at work on matrices the step does not adapt (LoraSet.step None)
+        lora, adapting = self.lora, self._adapting(batch)
+        if self.stack is None or not self.kb.step_ready() or batch.spans or (adapting and lora.step is None):
             return self.forward_per_op(batch, cache, hidden)
-        if self.lora is not None:  # (no adapter at work: the output's rows at their scales, all 0)
-            rows_lora = getattr(batch, "lora", None)
-            self.lora.set_rows(None if rows_lora is None else rows_lora[batch.logits_idx])
-        x = self.embed(batch.token_ids, batch)
+        lo = scales = None
+        rows_lora = getattr(batch, "lora", None)
+        if adapting:  # each row at its sequence's scales, or the model's own
+            lora.set_rows(rows_lora)
+            lo, scales = lora.step, lora.rows.matrix(len(batch.token_ids))
+        x = self.embed(batch.token_ids, batch, adapting)
         ple = per_layer.inputs(self.kb, self.cfg, self.ple, batch.token_ids, x) if self.ple is not None else None
-        rows = self.stack.run(x, batch, cache, ple)
+        rows = self.stack.run(x, batch, cache, ple, lo, scales)
+        if lora is not None:  # the output's rows at their scales
+            lora.set_rows(None if rows_lora is None else rows_lora[batch.logits_idx])
         return self.normed(rows) if hidden else self.logits(rows)
 
     def _adapting(self, batch: Batch) -> bool:

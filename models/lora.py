@@ -107,7 +107,9 @@ class LoraSet:
     """A model's adapters, set beside its matrices: `layers` the model's LayerWeights with each adapted matrix an
     Adapted (the per-op forward runs these), `output` the adapted output matrix or None, `embd` the token
     embeddings' pairs [(adapter index, A (vocab, R), B transposed (R, dim), alpha, rank)], `rows` the scales of
-    the rows now computing, `scales` each adapter's default scale (LLM(lora=...))."""
+    the rows now computing, `scales` each adapter's default scale (LLM(lora=...)); `part` every adapted matrix's
+    pairs packed for the kernels (kernels/cpu/lora.py), `step` the same for the model's compiled step, or None where
+    the step does not run an adapted matrix (rows with adapters at work then run per op)."""
 
     def __init__(self, model, gf: GGUFFile, adapters: list[Adapter], scales: list[float], names: list):
         kb, cfg, spec = model.kb, model.cfg, model.spec
@@ -158,9 +160,21 @@ class LoraSet:
                 splits = np.cumsum((0, *rows)) if rows else (0, shape[0])
                 for f, r0, r1 in zip(fields, splits[:-1], splits[1:]):
                     per_layer[i].setdefault(f, []).append((j, at, np.ascontiguousarray(b[r0:r1].T), ad.alpha, rank))
-        self.layers = [dataclasses.replace(lw, **{f: kb.Adapted(getattr(lw, f), p, self.rows) for f, p in got.items()})
-                       for lw, got in zip(model.layers, per_layer)]
-        self.output = kb.Adapted(model.output, out_pairs, self.rows) if out_pairs else None
+        # every adapted matrix packed once, by an id (kernels/cpu/lora.py): the layers' by (layer, field), the output's
+        matrices, self.where = [], {}
+        for i, got in enumerate(per_layer):
+            for f, p in got.items():
+                self.where[(i, f)] = len(matrices)
+                matrices.append(p)
+        if out_pairs:
+            matrices.append(out_pairs)
+        self.part = kb.lora_pack(matrices)
+        self.layers = [dataclasses.replace(lw, **{f: kb.Adapted(getattr(lw, f), self.where[(i, f)], self) for f in got})
+                       for i, (lw, got) in enumerate(zip(model.layers, per_layer))]
+        self.output = kb.Adapted(model.output, len(matrices) - 1, self) if out_pairs else None
+        # the same for the compiled step, where it runs every adapted matrix (else rows with adapters run per op)
+        stack = getattr(model, "stack", None)
+        self.step = None if stack is None else stack.lora_part(self.part, self.where)
 
     def scales_for(self, chosen) -> np.ndarray:
         """Each adapter's scale for a request choosing `chosen` ((index or name, scale) pairs; an adapter left out at

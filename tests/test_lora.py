@@ -53,6 +53,39 @@ def test_the_zoo_writes_the_adapters_llama_cpp_ran(zoo, adapters, name):
 
 
 @pytest.mark.parametrize("case", list(CASES))
+def test_the_compiled_step_runs_the_adapters_with_the_per_op_bits(zoo, adapters, case, monkeypatch):
+    """The compiled step runs the adapters itself (no row falls back to the per-op forward) and gives the per-op
+    forward's logits bit for bit: every row at the adapters' own scales, and rows at scales of their own (one
+    batch mixing adapters and none); a row's scales change its logits."""
+    gf = GGUFFile(zoo(base_of(case)))
+    m = load_model(gf, kb, n_ctx=64)
+    lora = attach(m, gf, _loras(adapters, case))
+    assert lora.step is not None and m.stack is not None
+    monkeypatch.setattr(kb, "step_ready", lambda: True)
+    per_op_calls, per_op = [], m.forward_per_op
+    ids = GOLD["cases"][case]["prompts"][0]["ids"]
+    t = len(ids)
+    rows = np.tile(lora.scales, (t, 1))
+    rows[::3] = 0.0  # the base model
+    rows[1::3] *= np.float32(0.5)
+
+    def logits(step, scales=None):
+        pos = np.arange(t)
+        b = Batch(ids, pos, np.zeros(t), pos, np.arange(16)[None], np.arange(t))
+        b.lora = scales
+        return (m.forward if step else per_op)(b, KVCache.for_model(m.cfg, 16, 16, kb=kb))
+
+    m.forward_per_op = lambda *a, **k: per_op_calls.append(1)
+    got = [logits(True), logits(True, rows)]
+    assert not per_op_calls
+    want = [logits(False), logits(False, rows)]
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w), np.abs(g - w).max()
+    moved = np.abs(got[0] - got[1]).max(axis=1)
+    assert (moved[1::3] > 1e-3).all() and (moved[::3] > 1e-3).all()
+
+
+@pytest.mark.parametrize("case", list(CASES))
 def test_top_logits_with_adapters_match_llama_cpp(zoo, adapters, case):
     gold = GOLD["cases"][case]
     gf = GGUFFile(zoo(base_of(case)))

@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from ..kinds import is_dense
-from . import quant
+from . import lora, quant
 from .parts import attention, ffn, per_layer
 from .parts.rows import add, norm
 from .step import layer_views
@@ -147,10 +147,12 @@ def laurel(h, kind, wl, wr, wn, eps, luts, out):
 
 @njit(nogil=True, cache=True)
 def forward_layers(streams, positions, token_seq, slot_mapping, block_tables, window_slots, window_tables, keep,
-                   block_size, where, k_cache, v_cache, wk, wv, mats, nm, at, ff, luts, threads, table, ple, pl, au):
+                   block_size, where, k_cache, v_cache, wk, wv, mats, nm, at, ff, luts, threads, table, ple, pl, au, lo,
+                   lr):
     # streams (n, T, dim) through every layer -> the rows `keep` of every stream (n, L, dim). The arguments are
     # step.forward_layers' of the same names (a dense model's: no experts, no recurrent mixers); ple (n_layer,
-    # T, E): each layer's per-layer input; au: AltupPart. In the last layer only the kept rows go past the KV
+    # T, E): each layer's per-layer input; au: AltupPart; lo, lr: no LoRA adapters (lo.on 0: models/lora.py refuses
+    # AltUp models), the step's stand-ins. In the last layer only the kept rows go past the KV
     # writes.
     n, T, dim = streams.shape
     n_layer = where.shape[0]
@@ -171,7 +173,7 @@ def forward_layers(streams, positions, token_seq, slot_mapping, block_tables, wi
         kc, vc, slots, tables, q, k, v = layer_views(where, layer, k_cache, v_cache, wk, wv, slot_mapping,
                                                      block_tables, window_slots, window_tables, at, qbuf, kbuf, vbuf, T)
         attention.project(h, q, k, v, np.empty((T, 0), np.float32), positions, slots, kc, vc, mats, at, layer, luts,
-                          threads, table)
+                          threads, table, lo, lr)
         inp = ple[layer]
         if layer == n_layer - 1:  # the kept rows alone from here
             T = keep.shape[0]
@@ -181,18 +183,18 @@ def forward_layers(streams, positions, token_seq, slot_mapping, block_tables, wi
             pos, seq = positions, token_seq
         y = np.empty((T, dim), np.float32)
         attention.attend(q, np.empty((T, 0), np.float32), pos, seq, tables, block_size, kc, vc, mats, at, layer,
-                         luts, threads, table, y)
+                         luts, threads, table, y, lo, lr)
         norm(y, nm.post_attn[layer], eps, y)
         add(y, pred[au.active])
         add(y, lau)
         y *= au.inv_sqrt2
         h2 = np.empty((T, dim), np.float32)
         norm(y, nm.ffn[layer], eps, h2)
-        g, u = ffn.gate_up(h2, mats, ff, layer, luts, threads, table, scratch)
+        g, u = ffn.gate_up(h2, mats, ff, layer, luts, threads, table, scratch, lo, lr)
         if au.sparse[layer] != 0:
             sparsify(g, au.sparse[layer])
         f = np.empty((T, dim), np.float32)
-        ffn.down(g, u, f, mats, ff, layer, luts, threads, table)
+        ffn.down(g, u, f, mats, ff, layer, luts, threads, table, lo, lr)
         norm(f, nm.post_ffn[layer], eps, f)
         add(f, y)
         mod2 = np.empty((T, n), np.float32)
@@ -225,4 +227,4 @@ def run(stack, part: AltupPart, streams, batch, cache, ple) -> np.ndarray:
                           batch.window_slots, batch.window_tables, batch.logits_idx, cache.block_size, cache.where,
                           cache.k, cache.v, cache.wk, cache.wv, stack.lists()[0], stack.norms, stack.attn, stack.ffn,
                           quant.HALF_TO_F32, numba.get_num_threads(), stack.units_for(cache.k.dtype, cache.v.dtype),
-                          ple, stack.ple, part)
+                          ple, stack.ple, part, lora.off(), lora.NO_ROWS)

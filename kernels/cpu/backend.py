@@ -11,7 +11,7 @@ from . import background, int8, moe, quant, simd, units
 from . import attention
 from .dense import GELU_F16, dense, encoder_attention, gelu_, layernorm, set_blas_threads, silu  # noqa: F401
 from .layout import INTERLEAVED, interleave8
-from .lora import Adapted, Rows, lora_embed_add, warm_up as lora_warm_up  # noqa: F401  (adapters beside matrices, for the models)
+from .lora import Adapted, Rows, lora_embed_add, pack as lora_pack, warm_up as lora_warm_up  # noqa: F401  (adapters beside matrices, for the models)
 from .mask import mask_logits  # noqa: F401  (a sampling helper: structured output's mask)
 from .ops import (attn_temperature, gelu_tanh_mul, rmsnorm, rope, sigmoid_mul_, silu_mul, softcap, swiglu_oai,  # noqa: F401
                   write_kv)

@@ -66,7 +66,7 @@ def altup_sig(kv: str) -> tuple:
     u3 = np.zeros((1, 1, 1), np.uint16)
     part = AltupPart(0, f2, f3, f3, f3, f2, 0, u3, u3, f2, f1, np.float32(1.0))
     return (types.Array(types.float32, 3, "C"), *s[1:15], s[16], s[17], s[18], s[20], s[21], s[22], s[31], s[32],
-            numba.typeof(part))
+            numba.typeof(part), s[33], s[34])
 
 
 def resolve(ref: tuple):

@@ -16,7 +16,9 @@ A layer is a sequence of parts (parts/: norms, attention, the FFN or the experts
 has a NamedTuple of what its code reads. A :class:`LayerStack` builds them once, at load, from a model's
 layers, with every matrix in one typed list of (kind, qs, qh, sc, d, m) tuples (the parts name where each
 layer's are) and the experts' in a second. The precompile's signature (parallel_compile.step_sig) is typed
-from a stand-in LayerStack's arguments (`stand_in_args`), so no argument type is written twice.
+from a stand-in LayerStack's arguments (`stand_in_args`), so no argument type is written twice. LoRA adapters
+(lora.py) run after the attention's and the FFN's matmuls, each row at its own scales, where a model has them
+(`LayerStack.lora_part`): the per-op forward's kernel, so the two give the same bits.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from numba.extending import intrinsic
 
 from ..kinds import QUANTIZED, is_dense
 from . import moe as moe_kernels
-from . import calls, quant, units
+from . import calls, lora, quant, units
 from .calls import call_codegen, check
 from .parts import attention, deltanet, ffn, mamba2, norms, per_layer, shortconv
 from .parts import moe as moe_part
@@ -112,8 +114,26 @@ class LayerStack:
                     t[units.MIXER] = units.address(MIXERS[name].forward, mixer_sig(name))
         return t
 
-    def args(self, x, batch, cache, table, ple=None) -> tuple:
-        """forward_layers' arguments, in order; ple: every layer's per-layer inputs (n_layer, T, E) (Gemma 4)."""
+    def lora_part(self, part, where: dict):
+        """A model's packed adapters (lora.LoraPart) for this stack, or None where an adapted matrix is one the step
+        does not adapt (a recurrent mixer's, an FFN mixer's, the per-layer inputs'): rows with adapters at work then
+        run per op. where: (layer, field) -> the matrix's id in part."""
+        of = np.full(len(self._py_lists[0]), -1, np.int64)
+        for (i, f), mid in where.items():
+            if f in attention.MATS:
+                at = int(getattr(self.attn, f)[i])
+            elif f in ffn.MATS and not self.ffn.mlp[i]:
+                at = int(getattr(self.ffn, f)[i])
+            else:
+                return None
+            if at < 0:
+                return None
+            of[at] = mid
+        return part._replace(of_mat=of)
+
+    def args(self, x, batch, cache, table, ple=None, lo=None, rows=None) -> tuple:
+        """forward_layers' arguments, in order; ple: every layer's per-layer inputs (n_layer, T, E) (Gemma 4); lo: the
+        model's adapters for this stack (lora_part), rows: each row's scales of them (T, n_adapters)."""
         # the recurrent state (a hybrid model's), empty stand-ins for the kinds a model lacks
         conv, ssm_conv = (_NO_STATE4 if a is None else a for a in (cache.conv, cache.ssm_conv))
         return (x, batch.positions, batch.token_seq, batch.slot_mapping, batch.block_tables, batch.window_slots,
@@ -121,12 +141,15 @@ class LayerStack:
                 cache.wv, *self.lists(), self.norms, self.attn, self.ffn,
                 self.moe, quant.HALF_TO_F32, numba.get_num_threads(), table, batch.state_slots, batch.state_snap,
                 conv, ssm_conv, _NO_STATE5 if cache.ssm is None else cache.ssm, self.conv, self.delta, self.mamba,
-                _NO_PLE if ple is None else ple, self.ple)
+                _NO_PLE if ple is None else ple, self.ple, _NO_LORA if lo is None else lo,
+                lora.NO_ROWS if rows is None else rows)
 
-    def run(self, x, batch, cache, ple=None) -> np.ndarray:
+    def run(self, x, batch, cache, ple=None, lo=None, rows=None) -> np.ndarray:
         """x (T, dim) float32, the embedded tokens, through every layer (x is overwritten) -> the final
-        hidden states of the rows batch.logits_idx selects, (L, dim); ple: the per-layer inputs (Gemma 4's)."""
-        return forward_layers(*self.args(x, batch, cache, self.units_for(cache.k.dtype, cache.v.dtype), ple))
+        hidden states of the rows batch.logits_idx selects, (L, dim); ple: the per-layer inputs (Gemma 4's); lo,
+        rows: the adapters and each row's scales of them (args)."""
+        return forward_layers(*self.args(x, batch, cache, self.units_for(cache.k.dtype, cache.v.dtype), ple, lo,
+                                         rows))
 
 
 def stand_in_args(k_dtype, v_dtype=None) -> tuple:
@@ -178,6 +201,7 @@ def call_experts(typingctx, addr, h, r, out, experts, p, layer, luts, threads, t
 _NO_STATE4 = np.zeros((0, 0, 0, 0), np.float32)
 _NO_PLE = np.zeros((0, 0, 0), np.float32)
 _NO_STATE5 = np.zeros((0, 0, 0, 0, 0), np.float32)
+_NO_LORA = lora.off()
 
 
 # the recurrent mixers the step runs, by cfg.mixer name, and where each one's part is in forward_layers' arguments
@@ -232,7 +256,7 @@ def _append(mats, w):
 @njit(nogil=True, cache=True)
 def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_slots, window_tables, keep, block_size,
                    where, k_cache, v_cache, wk, wv, mats, experts, nm, at, ff, mo, luts, threads, table, state_slots,
-                   state_snap, conv, ssm_conv, ssm, cv, dn, mb, ple, pl):
+                   state_snap, conv, ssm_conv, ssm, cv, dn, mb, ple, pl, lo, lr):
     # x (T, dim) through every layer -> the rows `keep` (L,) of the result, (L, dim). k_cache/v_cache
     # (n_layers, n_slots, KVH, D|Dv) float32 or float16 bits (or q8_0 rows), wk/wv the same for the
     # sliding-window layers in a window pool, addressed through window_slots and window_tables; where
@@ -246,7 +270,8 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_s
     # mixer (attention, output projection, feed-forward), as llama.cpp does: no other row is read after.
     # table: the kernel units' addresses (units.Table.for_kinds), through which matmuls, attention, experts
     # and mixers run. ple (n_layer, T, E), pl (parts.per_layer.PerLayerPart): each layer's per-layer input,
-    # added after its feed-forward block where pl.on, and its output scale (Gemma 4's).
+    # added after its feed-forward block where pl.on, and its output scale (Gemma 4's). lo (lora.LoraPart): LoRA
+    # adapters beside the attention's and FFN's matrices where lo.on, at each row's scales lr (T, n_adapters).
     T, dim = x.shape
     n_layer = where.shape[0]
     h = np.empty((T, dim), np.float32)
@@ -280,17 +305,17 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_s
             if last:
                 xs = x[keep]
                 _mixer_out(xs, f[keep], nm, layer)
-                _ffn_block(xs, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch)
+                _ffn_block(xs, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch, lo, _rows(lo, lr, keep))
                 per_layer.forward(xs, inp[keep] if pl.on else inp, mats, pl, layer, luts, threads, table)
                 return xs
             _mixer_out(x, f, nm, layer)
-            _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch)
+            _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch, lo, lr)
             per_layer.forward(x, inp, mats, pl, layer, luts, threads, table)
             continue
         kc, vc, slots, tables, q, k, v = layer_views(where, layer, k_cache, v_cache, wk, wv, slot_mapping,
                                                      block_tables, window_slots, window_tables, at, qbuf, kbuf, vbuf, T)
         inp = ple[layer] if pl.on else no_inp
-        attention.project(h, q, k, v, gate, positions, slots, kc, vc, mats, at, layer, luts, threads, table)
+        attention.project(h, q, k, v, gate, positions, slots, kc, vc, mats, at, layer, luts, threads, table, lo, lr)
         par = np.empty((T, dim if mb.kind[layer] == 2 else 0), np.float32)  # Falcon-H1: Mamba2 beside attention
         if mb.kind[layer] == 2:
             call_mixer(table[units.MIXER], h, par, mats, mb, layer, conv, ssm_conv, ssm, token_seq, positions,
@@ -298,11 +323,11 @@ def forward_layers(x, positions, token_seq, slot_mapping, block_tables, window_s
         if last:
             xs = x[keep]
             _rest(xs, q[keep], gate[keep], par[keep], positions[keep], token_seq[keep], tables, block_size, kc, vc,
-                  mats, experts, nm, at, ff, mo, layer, luts, threads, table, scratch)
+                  mats, experts, nm, at, ff, mo, layer, luts, threads, table, scratch, lo, _rows(lo, lr, keep))
             per_layer.forward(xs, inp[keep] if pl.on else inp, mats, pl, layer, luts, threads, table)
             return xs
         _rest(x, q, gate, par, positions, token_seq, tables, block_size, kc, vc, mats, experts, nm, at, ff, mo, layer,
-              luts, threads, table, scratch)
+              luts, threads, table, scratch, lo, lr)
         per_layer.forward(x, inp, mats, pl, layer, luts, threads, table)
     return x[keep]  # no layers
 
@@ -322,20 +347,26 @@ def layer_views(where, layer, k_cache, v_cache, wk, wv, slot_mapping, block_tabl
     return k_cache[i], v_cache[i], slot_mapping, block_tables, q, k, v
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _rows(lo, lr, keep):
+    # the kept rows' adapter scales (the last layer's)
+    return lr[keep] if lo.on else lr
+
+
 @njit(nogil=True, cache=True)
 def _rest(x, q, gate, par, positions, token_seq, block_tables, block_size, kc, vc, mats, experts, nm, at, ff, mo,
-          layer, luts, threads, table, scratch):
+          layer, luts, threads, table, scratch, lo, lr):
     # a layer after its KV writes: attention of q (T, H, D) (gated by gate where the model has one), output
     # projection (plus par, a mixer's output beside it, where it has columns), residual, feed-forward,
     # residual, on x (T, dim) in place
     T, dim = x.shape
     f = np.empty((T, dim), np.float32)
     attention.attend(q, gate, positions, token_seq, block_tables, block_size, kc, vc, mats, at, layer, luts, threads,
-                     table, f)
+                     table, f, lo, lr)
     if par.shape[1]:
         add(f, par)
     _mixer_out(x, f, nm, layer)
-    _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch)
+    _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch, lo, lr)
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -349,7 +380,7 @@ def _mixer_out(x, f, nm, layer):
 
 
 @njit(nogil=True, cache=True)
-def _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch):
+def _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratch, lo, lr):
     # a layer's feed-forward block on x (T, dim) in place: norm, the FFN or the experts, post-norm, residual
     # (none where the model's layers have no such block: ff.block 0)
     if not ff.block:
@@ -362,9 +393,9 @@ def _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratc
     else:
         h[:] = x
     if mo.n_expert == 0 or not mo.on[layer]:
-        ffn.forward(h, f, mats, ff, layer, luts, threads, table, scratch)
+        ffn.forward(h, f, mats, ff, layer, luts, threads, table, scratch, lo, lr)
     elif mo.g4:  # Gemma 4: the dense FFN and the experts side by side, each normed apart
-        ffn.forward(h, f, mats, ff, layer, luts, threads, table, scratch)
+        ffn.forward(h, f, mats, ff, layer, luts, threads, table, scratch, lo, lr)
         norm(f, mo.post1[layer], nm.eps, f)
         r = np.empty((T, dim), np.float32)  # the router's input
         norm(x, mo.ones, nm.eps, r)
@@ -380,7 +411,7 @@ def _ffn_block(x, mats, experts, nm, ff, mo, layer, luts, threads, table, scratc
         call_experts(table[units.EXPERTS], h, h, f, experts, mo, layer, luts, threads, table)
         if ff.shared:
             s = np.empty((T, dim), np.float32)
-            ffn.forward(h, s, mats, ff, layer, luts, threads, table, scratch)
+            ffn.forward(h, s, mats, ff, layer, luts, threads, table, scratch, lo, lr)
             if mo.sh_gated:
                 moe_kernels.shared_gate_add(f, s, h, mo.sh_gate[layer])
             else:  # granitehybrid: added as it is

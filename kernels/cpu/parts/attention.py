@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from .. import int8, ops, units
+from .. import int8, lora, ops, units
 from . import gather, stack
 from .rows import PAR_ROWS, add_bias, norm, quantize
 
@@ -130,11 +130,12 @@ def _rope_q(q, positions, inv_freq, neox, rope_dim, mscale):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def project(h, q, k, v, gate, positions, slot_mapping, kc, vc, mats, a, layer, luts, threads, table):
+def project(h, q, k, v, gate, positions, slot_mapping, kc, vc, mats, a, layer, luts, threads, table, lo, lr):
     # h (T, dim) -> q (T, H, D), k (T, KVH, D), v (T, KVH, Dv) of layer `layer` (a: AttnPart; q, k and v shaped
     # as its a.dims), with RoPE on q and k, and k and v written to the layer's KV cache kc/vc at slot_mapping;
     # gate (T, H D): the output gates where a.gate (each head's query and gate projected side by side, split
-    # here). A layer that reads an earlier layer's KV (a.own 0) projects and rotates q alone
+    # here). A layer that reads an earlier layer's KV (a.own 0) projects and rotates q alone. lo, lr: LoRA adapters
+    # and the rows' scales of them (step.forward_layers; lo.on 0: none)
     T = h.shape[0]
     nh, nkv, hd, vd, rd = a.dims[layer, 0], a.dims[layer, 1], a.dims[layer, 2], a.dims[layer, 3], a.dims[layer, 4]
     q2 = q.reshape(T, nh * hd)
@@ -144,14 +145,21 @@ def project(h, q, k, v, gate, positions, slot_mapping, kc, vc, mats, a, layer, l
     a8, a8k = quantize(h, a.need_qkv[layer])
     qg = np.empty((T, 2 * nh * hd), np.float32) if a.gate else q2
     wq = mats[a.wq[layer]]
+    adapt = lo.on
     if not own:
         int8.matmuls(wq, wq, wq, np.int64(1), a8, a8k, luts, qg, qg, qg, threads, table)
+        if adapt:
+            lora.apply(h, lo, lo.of_mat[a.wq[layer]], -1, -1, qg, qg, qg, lr)
     elif a.wv[layer] < 0:  # Gemma 4's layers without wv: V is K's projection, before K's norm
         wk = mats[a.wk[layer]]
         int8.matmuls(wq, wk, wk, np.int64(2), a8, a8k, luts, qg, k2, k2, threads, table)
+        if adapt:
+            lora.apply(h, lo, lo.of_mat[a.wq[layer]], lo.of_mat[a.wk[layer]], -1, qg, k2, k2, lr)
         v2[:] = k2
     else:
         int8.matmuls(wq, mats[a.wk[layer]], mats[a.wv[layer]], np.int64(3), a8, a8k, luts, qg, k2, v2, threads, table)
+        if adapt:
+            lora.apply(h, lo, lo.of_mat[a.wq[layer]], lo.of_mat[a.wk[layer]], lo.of_mat[a.wv[layer]], qg, k2, v2, lr)
     if a.gate:
         _split_gate(qg, q2, gate, nh, hd)
     if a.qkv_bias:
@@ -191,7 +199,7 @@ def _split_gate(qg, q2, gate, n_head, d):
 
 @njit(inline="always", nogil=True, cache=True)
 def attend(q, gate, positions, token_seq, block_tables, block_size, kc, vc, mats, a, layer, luts, threads, table,
-           out):
+           out, lo, lr):
     # attention of q (T, H, D) over the layer's KV cache, times sigmoid(gate) where a.gate, then the output
     # projection -> out (T, dim)
     T = q.shape[0]
@@ -204,5 +212,7 @@ def attend(q, gate, positions, token_seq, block_tables, block_size, kc, vc, mats
     o8, o8k = quantize(att.reshape(T, nh * vd), a.need_o[layer])
     wo = mats[a.wo[layer]]
     int8.matmuls(wo, wo, wo, np.int64(1), o8, o8k, luts, out, out, out, threads, table)
+    if lo.on:
+        lora.apply(att.reshape(T, nh * vd), lo, lo.of_mat[a.wo[layer]], -1, -1, out, out, out, lr)
     if a.out_bias:
         add_bias(out, a.bo[layer])

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from .. import int8, ops
+from .. import int8, lora, ops
 from . import gather
 from .rows import alloc_q, quantize
 
@@ -90,16 +90,17 @@ def act_quantize(gate, up, gelu, need, a, b):
 
 
 @njit(nogil=True, cache=True)
-def forward(h, out, mats, f, layer, luts, threads, table, scratch):
+def forward(h, out, mats, f, layer, luts, threads, table, scratch, lo, lr):
     # the gated FFN of h (T, dim) -> out (T, dim), with layer `layer`'s matrices (f: FfnPart); scratch: room
     # for gate and up (scratch_size), allocated once for every layer: a prompt's are tens of MB, which the
-    # allocator would otherwise hand back to the system and fault in again, page by page, per layer
-    gate, up = gate_up(h, mats, f, layer, luts, threads, table, scratch)
-    down(gate, up, out, mats, f, layer, luts, threads, table)
+    # allocator would otherwise hand back to the system and fault in again, page by page, per layer; lo, lr: LoRA
+    # adapters and the rows' scales of them (step.forward_layers; lo.on 0: none)
+    gate, up = gate_up(h, mats, f, layer, luts, threads, table, scratch, lo, lr)
+    down(gate, up, out, mats, f, layer, luts, threads, table, lo, lr)
 
 
 @njit(nogil=True, cache=True)
-def gate_up(h, mats, f, layer, luts, threads, table, scratch):
+def gate_up(h, mats, f, layer, luts, threads, table, scratch, lo, lr):
     # the FFN's gate and up projections of h (T, dim), in scratch: (gate, up), each (T, width)
     T = h.shape[0]
     ffn = f.width[layer]
@@ -108,17 +109,21 @@ def gate_up(h, mats, f, layer, luts, threads, table, scratch):
     gate = scratch[: T * ffn].reshape(T, ffn)
     up = scratch[T * ffn: 2 * T * ffn].reshape(T, ffn)
     int8.matmuls(wg, wu, wu, np.int64(2), g8, g8k, luts, gate, up, up, threads, table)
+    if lo.on:
+        lora.apply(h, lo, lo.of_mat[f.w_gate[layer]], lo.of_mat[f.w_up[layer]], -1, gate, up, up, lr)
     return gate, up
 
 
 @njit(nogil=True, cache=True)
-def down(gate, up, out, mats, f, layer, luts, threads, table):
+def down(gate, up, out, mats, f, layer, luts, threads, table, lo, lr):
     # out (T, dim) = the down projection of act(gate) * up
     T, ffn = gate.shape
     wd = mats[f.w_down[layer]]
     d8, d8k = alloc_q(T, ffn, f.need_down[layer])
     act_quantize(gate, up, f.gelu, f.need_down[layer], d8, d8k)
     int8.matmuls(wd, wd, wd, np.int64(1), d8, d8k, luts, out, out, out, threads, table)
+    if lo.on:
+        lora.apply(gate, lo, lo.of_mat[f.w_down[layer]], -1, -1, out, out, out, lr)
 
 
 @njit(nogil=True, cache=True)
