@@ -250,3 +250,46 @@ def test_defaults_reach_a_continued_response_once():
     assert first["instructions"] == "S" and len(first["input"]) == 3
     later = with_defaults(c, {"model": "m", "input": "q2", "previous_response_id": "resp_1"}, "responses")
     assert later["input"] == "q2"  # the stored conversation holds them already
+
+
+def test_create_with_an_uploaded_adapter_and_from_an_uploaded_model(client, server, home, tiny_llama_path, tmp_path):
+    """Blobs as the ollama client uploads them (HEAD, then POST /api/blobs/sha256:HEX), named by a create: a LoRA
+    adapter over a model this server has (the created model answers with it: not as its base), and a GGUF model
+    in `files`. An upload whose bytes are not its digest, a blob not uploaded and an adapter that does not fit
+    are 400s naming the problem, and keep nothing."""
+    from gguf.constants import GGMLQuantizationType as T
+    from lora_zoo import write_random_adapter
+
+    ad = tmp_path / "style.gguf"
+    write_random_adapter(str(tiny_llama_path), str(ad), 4, 8.0, T.F16, ("attn_q", "attn_v", "ffn_down"), 7, 2.0)
+    base = server.base
+    digest = client.create_blob(ad)
+    blob = home / "home" / "models" / "blobs" / digest.replace(":", "-")
+    assert blob.read_bytes() == ad.read_bytes()
+    assert httpx.head(f"{base}/api/blobs/{digest}").status_code == 200
+    events = list(client.create(model="styled", from_="tiny-base", adapters={"style.gguf": digest}, stream=True))
+    assert events[-1].status == "success"
+    manifest = json.loads((home / "home" / "models" / "created" / "styled.json").read_text())
+    assert manifest["adapters"] == [str(blob)]
+    styled, plain = chat(client, "styled")[0], chat(client, "tiny-base")[0]
+    assert styled != plain and chat(client, "styled")[0] == styled
+
+    model_digest = client.create_blob(tiny_llama_path)
+    events = list(client.create(model="uploaded", files={"tiny.gguf": model_digest}, stream=True))
+    assert events[-1].status == "success" and chat(client, "uploaded")[0] == plain
+
+    wrong = "sha256:" + "0" * 64
+    r = httpx.post(f"{base}/api/blobs/{wrong}", content=b"not those bytes")
+    assert r.status_code == 400 and "nothing was kept" in r.json()["error"]
+    assert httpx.head(f"{base}/api/blobs/{wrong}").status_code == 404
+    assert not list((home / "home" / "models" / "blobs").glob(".*partial"))
+    r = httpx.post(f"{base}/api/blobs/sha256:xyz", content=b"x")
+    assert r.status_code == 400 and "not a blob digest" in r.json()["error"]
+    r = httpx.post(f"{base}/api/create", json={"model": "nope", "from": "tiny-base", "adapters": {"a.gguf": wrong}})
+    assert r.status_code == 400 and f"upload it first (POST /api/blobs/{wrong})" in r.json()["error"]
+    r = httpx.post(f"{base}/api/create", json={"model": "nope", "from": "tiny-base",
+                                              "adapters": {"a.gguf": model_digest}})
+    assert r.status_code == 400 and "is not an adapter" in r.json()["error"], r.json()
+    r = httpx.post(f"{base}/api/create", json={"model": "nope", "files": {"a.gguf": digest}})
+    assert r.status_code == 400 and "is a LoRA adapter" in r.json()["error"]
+    assert not (home / "home" / "models" / "created" / "nope.json").exists()

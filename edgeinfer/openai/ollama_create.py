@@ -32,6 +32,8 @@ class CreateRequest:
     license: list
     quantize: str | None
     stream: bool
+    adapters: list  # blob digests of LoRA adapters (Ollama's ADAPTER)
+    base_blob: str | None = None  # the digest of an uploaded GGUF model (`files`), in place of `from`
 
 
 def _unknown(body: dict, known: set, route: str) -> None:
@@ -52,17 +54,21 @@ def parse_create(body: dict, quant_types) -> CreateRequest:
     except InvalidNameError as e:
         raise P.bad("model", str(e)) from None
     _unknown(body, CREATE_FIELDS, "/api/create")
-    for key, why in (("files", "uploading GGUF blobs is not supported: create from a model this server has ('from')"),
-                     ("adapters", "adapters are not supported yet: create from a model this server has ('from')"),
-                     ("modelfile", "the old 'modelfile' text is not read: send its parts as 'from', 'system', "
+    for key, why in (("modelfile", "the old 'modelfile' text is not read: send its parts as 'from', 'system', "
                                    "'template', 'parameters', 'messages' (the ollama client does)"),
                      ("path", "'path' (a Modelfile on the server) is not read: send 'from' and the other fields")):
         if body.get(key):
             raise P.bad(key, why)
+    adapters, base_blob = _blob_map(body, "adapters"), _blob_map(body, "files")
+    if len(base_blob) > 1 or any(not f.endswith(".gguf") for f in (body.get("files") or {})):
+        raise P.bad("files", "'files' takes one GGUF model file ({\"model.gguf\": \"sha256:...\"}); safetensors are "
+                             "not read: convert them to GGUF first")
     base = body.get("from")
-    if not isinstance(base, str) or not base:
+    if base_blob and base:
+        raise P.bad("from", "give 'from' or 'files', not both")
+    if not base_blob and (not isinstance(base, str) or not base):
         raise P.bad("from", "'from' must name the model to create from, e.g. \"qwen2.5-coder-0.5b-instruct\"")
-    base = base[:-len(":latest")] if base.endswith(":latest") else base
+    base = base[:-len(":latest")] if base and base.endswith(":latest") else base
     system, template = body.get("system"), body.get("template")
     for key, v in (("system", system), ("template", template)):
         if v is not None and not isinstance(v, str):
@@ -96,7 +102,23 @@ def parse_create(body: dict, quant_types) -> CreateRequest:
     if not isinstance(stream, bool):
         raise P.bad("stream", "'stream' must be true or false")
     messages = [{"role": m["role"], "content": m["content"]} for m in messages if m["role"] != "system"]
-    return CreateRequest(name, base, system, template or None, params, messages, lic, quant, stream)
+    return CreateRequest(name, base or "", system, template or None, params, messages, lic, quant, stream, adapters,
+                         base_blob[0] if base_blob else None)
+
+
+def _blob_map(body: dict, key: str) -> list[str]:
+    """`files` or `adapters`: {file name: "sha256:HEX"} (Ollama's, the digests of uploaded blobs) -> the digests."""
+    from ..registry import blobs
+
+    v = body.get(key) or {}
+    if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(d, str) for k, d in v.items()):
+        raise P.bad(key, f"'{key}' must be an object of file names to blob digests, e.g. {{\"a.gguf\": \"sha256:...\"}}")
+    for d in v.values():
+        try:
+            blobs.hex_of(d)
+        except blobs.BlobError as e:
+            raise P.bad(key, f"'{key}': {e}") from None
+    return list(v.values())
 
 
 def _check_as_request(params: dict) -> None:

@@ -1,7 +1,8 @@
 """Models created from others (Ollama's /api/create and /api/copy): a small manifest over a base model's
 file, never a copy of its weights. A created model is its base's file with its own defaults: a system
 message, a chat template (Jinja, as a GGUF file carries one), Ollama's parameters (sampling defaults and
-stop strings a request's own values override), messages put before every conversation, and license text.
+stop strings a request's own values override), messages put before every conversation, license text, and
+LoRA adapters (uploaded blobs, edgeinfer.registry.blobs) it loads with.
 A `quantize`d one has a file of its own, written beside the manifests and deleted with it.
 
 The manifests live in the model cache, `<cache>/created/NAME.json` (edgeinfer.registry.cache.models_dir),
@@ -25,7 +26,7 @@ from .catalog import check_name
 DIR = "created"
 _FIELDS = {"name": str, "base": str, "file": str, "own_file": bool, "system": (str, type(None)),
            "template": (str, type(None)), "parameters": dict, "messages": list, "license": list,
-           "created_at": (int, float)}
+           "created_at": (int, float), "adapters": list}
 
 
 class DamagedManifest(EdgeInferError):
@@ -44,6 +45,7 @@ class Created:
     messages: list = field(default_factory=list)  # [{role, content}, ...] before every conversation
     license: list = field(default_factory=list)
     created_at: float = 0.0
+    adapters: list = field(default_factory=list)  # LoRA adapter files (uploaded blobs), each at scale 1
 
     @property
     def path(self) -> Path:

@@ -1,4 +1,5 @@
-"""Ollama's model management on `edgeinfer serve`: POST /api/create, POST /api/copy, DELETE /api/delete.
+"""Ollama's model management on `edgeinfer serve`: POST /api/create, POST /api/copy, DELETE /api/delete, and the
+blobs a create names (HEAD and POST /api/blobs/sha256:HEX: edgeinfer.registry.blobs).
 
 A created model is a manifest over a model this server has (edgeinfer.registry.created): no weights are
 copied, except that `quantize` writes the created model's own file with quantize-model's rules. What can
@@ -6,6 +7,9 @@ be created, copied onto or deleted:
 
 - a name that is a catalog model, a command-line model or any other model file is never overwritten by a
   create or a copy (a 400); a created model is replaced, as Ollama replaces it, and unloaded if loaded;
+- a create may name uploaded blobs: a GGUF model in `files` (in place of `from`), LoRA adapters in `adapters`
+  (each read and checked against the base model's file before anything is saved; the created model loads with
+  them, at scale 1, as Ollama's ADAPTER);
 - delete removes a created model, or a downloaded model from the cache; never a model named on the command
   line; a .gguf file under --models-dir only with `serve --allow-delete`; never a file another created model
   is made over (a 400 naming them).
@@ -28,7 +32,7 @@ from starlette.routing import Route
 
 from ..openai import ollama_create as OC
 from ..openai import protocol as P
-from ..registry import created
+from ..registry import blobs, created
 from .ollama import NDJSON, error, line, read_body_json
 from .scaffold import Call, route
 
@@ -68,18 +72,63 @@ def _refuse_if_stood_on(name: str, what: str) -> None:
                              f"made over its quantized file; delete {'it' if len(users) == 1 else 'them'} first")
 
 
+def _blob(digest: str, field: str) -> Path:
+    p = blobs.path(digest)
+    if not p.is_file():
+        raise P.bad(field, f"blob {digest} is not on this server: upload it first (POST /api/blobs/{digest})")
+    return p
+
+
+def _check_adapters(file: str, paths: list[str]) -> None:
+    """Each adapter read and checked against the model file's tensors (a 400 naming what does not fit)."""
+    from ..errors import EdgeInferError
+    from ..gguf_file import GGUFFile
+    from ..models.lora import check_file, read
+
+    try:
+        with GGUFFile(file) as gf:
+            arch = gf.metadata.get("general.architecture")
+            for p in paths:
+                check_file(read(p, arch), gf)
+    except EdgeInferError as e:
+        raise P.bad("adapters", f"adapter does not fit {Path(file).name}: {e}") from None
+
+
 def _plan_create(models, req: OC.CreateRequest) -> created.Created:
     _check_target(models, req.name)
     _refuse_if_stood_on(req.name, "replaced")
-    src, parent = _base(models, req.base)
-    inherit = parent or created.Created(req.name, src.name, str(src.path))
+    if req.base_blob is not None:  # a GGUF model uploaded as a blob
+        path = _blob(req.base_blob, "files")
+        _check_model_file(path)
+        src, parent = None, None
+        inherit = created.Created(req.name, req.base_blob, str(path))
+    else:
+        src, parent = _base(models, req.base)
+        inherit = parent or created.Created(req.name, src.name, str(src.path))
+    adapters = [str(_blob(d, "adapters")) for d in req.adapters]
+    if adapters:
+        _check_adapters(inherit.file, [*inherit.adapters, *adapters])
     return created.Created(
-        name=req.name, base=src.name, file=inherit.file, own_file=False,
+        name=req.name, base=inherit.base if src is None else src.name, file=inherit.file, own_file=False,
+        adapters=[*inherit.adapters, *adapters],
         system=req.system if req.system is not None else inherit.system,
         template=req.template or inherit.template,
         parameters={**inherit.parameters, **req.parameters},
         messages=req.messages or inherit.messages, license=inherit.license + req.license,
         created_at=time.time())
+
+
+def _check_model_file(path: Path) -> None:
+    from ..errors import EdgeInferError
+    from ..gguf_file import GGUFFile
+
+    try:
+        with GGUFFile(str(path)) as gf:
+            kind = gf.metadata.get("general.type")
+    except EdgeInferError as e:
+        raise P.bad("files", f"the uploaded file is not a model this server can read: {e}") from None
+    if kind == "adapter":
+        raise P.bad("files", "the uploaded file is a LoRA adapter: name it in 'adapters', over a model in 'from'")
 
 
 def _quantize(c: created.Created, type_name: str) -> created.Created:
@@ -227,7 +276,40 @@ async def delete(request: Request, call: Call):
     return Response(status_code=200)
 
 
+@route(error=error)
+async def blob_exists(request: Request, call: Call):
+    """Ollama's HEAD /api/blobs/sha256:HEX: 200 where this server has the blob, else 404."""
+    try:
+        there = await asyncio.to_thread(blobs.exists, request.path_params["digest"])
+    except blobs.BlobError as e:
+        raise P.bad("digest", str(e)) from None
+    return Response(status_code=200 if there else 404)
+
+
+@route(error=error)
+async def blob_upload(request: Request, call: Call):
+    """Ollama's POST /api/blobs/sha256:HEX: the body kept as that blob when its sha256 is HEX (201; 400 and
+    nothing kept otherwise, or when the client goes away mid-upload)."""
+    try:
+        up = await asyncio.to_thread(blobs.Upload, request.path_params["digest"])
+    except blobs.BlobError as e:
+        raise P.bad("digest", str(e)) from None
+    try:
+        async for chunk in request.stream():
+            if chunk:
+                await asyncio.to_thread(up.write, chunk)
+        await asyncio.to_thread(up.finish)
+    except blobs.BlobError as e:
+        raise P.bad("digest", str(e)) from None
+    except BaseException:
+        await asyncio.to_thread(up.abort)
+        raise
+    return Response(status_code=201)
+
+
 ROUTES = [
+    Route("/api/blobs/{digest}", blob_exists, methods=["HEAD"]),
+    Route("/api/blobs/{digest}", blob_upload, methods=["POST"]),
     Route("/api/create", create, methods=["POST"]),
     Route("/api/copy", copy, methods=["POST"]),
     Route("/api/delete", delete, methods=["DELETE"]),

@@ -236,5 +236,4 @@ ROUTES = [
     Route("/api/version", version, methods=["GET"]),
     Route("/api/pull", pull, methods=["POST"]),
     Route("/api/push", _unsupported("pushing a model (/api/push)"), methods=["POST"]),
-    Route("/api/blobs/{digest}", _unsupported("uploading blobs (/api/blobs)"), methods=["HEAD", "POST"]),
 ]

@@ -63,18 +63,21 @@ class ServedModel:
             # loaded on the compute thread, which will step it (edgeinfer.engine.loop says why)
             kw = dict(self.speculation)  # LLM's arguments (speculation, mmproj), and the server's own for images
             fetch_urls = kw.pop("allow_image_urls", False)
+            made = None
+            if self.from_manifest:  # a created model: its adapters load with it, its template replaces the file's
+                from ..registry import created
+
+                made = created.load(self.name)
+                if made is not None and made.adapters:
+                    kw["lora"] = [*kw.get("lora", ()), *made.adapters]
             self.llm = exclusive(LLM, self.source, engine_config=self.engine_config, progress=False, **kw)
             if self.llm.vision is not None:
                 self.llm.vision.fetch_urls = fetch_urls
                 self.llm.vision.compute = exclusive  # encodes on the compute thread, between engine steps
             if self.llm.is_encoder:  # an embedding model: no engine; /v1/embeddings computes in a worker thread
                 return
-            if self.from_manifest:
-                from ..registry import created
-
-                c = created.load(self.name)
-                if c is not None and c.template:
-                    self.llm.chat_template = c.template
+            if made is not None and made.template:
+                self.llm.chat_template = made.template
             self.llm.chat_template  # compiled now: a template that does not parse fails the load, not a request
             self.loop = EngineLoop(self.llm.engine, self.name).start()
         except Exception as e:  # reported by /health and every request waiting for this model
