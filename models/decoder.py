@@ -332,27 +332,22 @@ class Model:
         hidden states after the output norm (L, dim) instead (what llama.cpp's embeddings are)."""
         # per op: a first run until the step is compiled, a batch with rows attending non-causally (images), and
         # rows with LoRA adapters at work on matrices the step does not adapt (LoraSet.step None)
-        lora, adapting = self.lora, self._adapting(batch)
+        lora, scales = self.lora, None
+        if lora is not None:  # each row at its sequence's scales, or the model's own (read once: /lora-adapters)
+            scales = getattr(batch, "lora", None)
+            if scales is None:
+                scales = np.tile(lora.scales, (len(batch.token_ids), 1))
+        adapting = scales is not None and bool(scales.any())
         if self.stack is None or not self.kb.step_ready() or batch.spans or (adapting and lora.step is None):
             return self.forward_per_op(batch, cache, hidden)
-        lo = scales = None
-        rows_lora = getattr(batch, "lora", None)
-        if adapting:  # each row at its sequence's scales, or the model's own
-            lora.set_rows(rows_lora)
-            lo, scales = lora.step, lora.rows.matrix(len(batch.token_ids))
+        if adapting:
+            lora.set_rows(scales)
         x = self.embed(batch.token_ids, batch, adapting)
         ple = per_layer.inputs(self.kb, self.cfg, self.ple, batch.token_ids, x) if self.ple is not None else None
-        rows = self.stack.run(x, batch, cache, ple, lo, scales)
+        rows = self.stack.run(x, batch, cache, ple, lora.step if adapting else None, scales if adapting else None)
         if lora is not None:  # the output's rows at their scales
-            lora.set_rows(None if rows_lora is None else rows_lora[batch.logits_idx])
+            lora.set_rows(scales[batch.logits_idx])
         return self.normed(rows) if hidden else self.logits(rows)
-
-    def _adapting(self, batch: Batch) -> bool:
-        """Whether any row of the batch runs with an adapter (a scale that is not 0)."""
-        if self.lora is None:
-            return False
-        rows = getattr(batch, "lora", None)
-        return bool(rows.any() if rows is not None else self.lora.scales.any())
 
     def embed(self, token_ids, batch: Batch | None = None, lora: bool = False):
         x = self.kb.embed(self.tok_embd, token_ids)

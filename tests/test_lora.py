@@ -69,18 +69,20 @@ def test_the_compiled_step_runs_the_adapters_with_the_per_op_bits(zoo, adapters,
     rows[::3] = 0.0  # the base model
     rows[1::3] *= np.float32(0.5)
 
-    def logits(step, scales=None):
+    def logits(step, scales=None, keep=None):
         pos = np.arange(t)
-        b = Batch(ids, pos, np.zeros(t), pos, np.arange(16)[None], np.arange(t))
+        b = Batch(ids, pos, np.zeros(t), pos, np.arange(16)[None], np.arange(t) if keep is None else keep)
         b.lora = scales
         return (m.forward if step else per_op)(b, KVCache.for_model(m.cfg, 16, 16, kb=kb))
 
     m.forward_per_op = lambda *a, **k: per_op_calls.append(1)
-    got = [logits(True), logits(True, rows)]
+    last = np.array([t - 2, t - 1])  # the last layer's rows past attention: the kept ones alone
+    got = [logits(True), logits(True, rows), logits(True, rows, last)]
     assert not per_op_calls
-    want = [logits(False), logits(False, rows)]
+    want = [logits(False), logits(False, rows), logits(False, rows, last)]
     for g, w in zip(got, want):
         assert np.array_equal(g, w), np.abs(g - w).max()
+    assert np.array_equal(got[2], got[1][last])
     moved = np.abs(got[0] - got[1]).max(axis=1)
     assert (moved[1::3] > 1e-3).all() and (moved[::3] > 1e-3).all()
 

@@ -271,12 +271,16 @@ def test_create_with_an_uploaded_adapter_and_from_an_uploaded_model(client, serv
     assert events[-1].status == "success"
     manifest = json.loads((home / "home" / "models" / "created" / "styled.json").read_text())
     assert manifest["adapters"] == [str(blob)]
+    assert f"ADAPTER {blob}" in client.show("styled").modelfile
     styled, plain = chat(client, "styled")[0], chat(client, "tiny-base")[0]
     assert styled != plain and chat(client, "styled")[0] == styled
 
     model_digest = client.create_blob(tiny_llama_path)
     events = list(client.create(model="uploaded", files={"tiny.gguf": model_digest}, stream=True))
     assert events[-1].status == "success" and chat(client, "uploaded")[0] == plain
+    # an adapter its parent has, named again, is not loaded twice
+    events = list(client.create(model="styled2", from_="styled", adapters={"again.gguf": digest}, stream=True))
+    assert events[-1].status == "success" and chat(client, "styled2")[0] == styled
 
     wrong = "sha256:" + "0" * 64
     r = httpx.post(f"{base}/api/blobs/{wrong}", content=b"not those bytes")
@@ -292,4 +296,9 @@ def test_create_with_an_uploaded_adapter_and_from_an_uploaded_model(client, serv
     assert r.status_code == 400 and "is not an adapter" in r.json()["error"], r.json()
     r = httpx.post(f"{base}/api/create", json={"model": "nope", "files": {"a.gguf": digest}})
     assert r.status_code == 400 and "is a LoRA adapter" in r.json()["error"]
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF but not a GGUF file")
+    junk = client.create_blob(tmp_path / "junk.gguf")
+    for body in ({"files": {"a.gguf": junk}}, {"from": "tiny-base", "adapters": {"a.gguf": junk}}):
+        r = httpx.post(f"{base}/api/create", json={"model": "nope", **body})
+        assert r.status_code == 400, r.text
     assert not (home / "home" / "models" / "created" / "nope.json").exists()

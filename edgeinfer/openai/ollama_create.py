@@ -270,6 +270,7 @@ def modelfile(created, ctx: int | None) -> tuple[str, str]:
     if ctx and "num_ctx" not in created.parameters:
         params.append(f"{'num_ctx':<30} {ctx}")
     lines = [f"# Modelfile of {created.name}, created from {created.base}", f"FROM {created.file}"]
+    lines += [f"ADAPTER {a}" for a in getattr(created, "adapters", ())]
     if created.template:
         lines.append(f'TEMPLATE """{created.template}"""')
     if created.system:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import time
 from pathlib import Path
 
 from ..errors import EdgeInferError
@@ -38,6 +39,20 @@ def exists(digest: str) -> bool:
     return path(digest).is_file()
 
 
+STALE_S = 24 * 3600  # a temporary file untouched this long is an upload a kill cut short
+
+
+def _sweep(folder: Path) -> None:
+    """Remove the temporary files of uploads a kill cut short (none is written to for a day)."""
+    now = time.time()
+    for p in folder.glob(".sha256-*.partial"):
+        try:
+            if now - p.stat().st_mtime > STALE_S:
+                p.unlink()
+        except OSError:
+            pass
+
+
 class Upload:
     """A blob being written: `write` each chunk, then `finish` (renamed into place when its digest is the one
     named; BlobError and nothing kept otherwise) or `abort`."""
@@ -46,6 +61,7 @@ class Upload:
         self.want = hex_of(digest)
         self.dest = path(digest)
         self.dest.parent.mkdir(parents=True, exist_ok=True)
+        _sweep(self.dest.parent)
         self.tmp = self.dest.with_name(f".{self.dest.name}.{os.getpid()}.{id(self)}.partial")
         self.f = open(self.tmp, "wb")
         self.h = hashlib.sha256()

@@ -87,6 +87,8 @@ def load(name: str) -> Created | None:
             raise DamagedManifest(f"created model {name!r}: its manifest {path} has no {key!r}")
         if key in obj and not isinstance(obj[key], kind):
             raise DamagedManifest(f"created model {name!r}: its manifest {path} has a malformed {key!r}")
+    if not all(isinstance(a, str) for a in obj.get("adapters", ())):
+        raise DamagedManifest(f"created model {name!r}: its manifest {path} has a malformed 'adapters'")
     if obj["name"] != name:
         raise DamagedManifest(f"created model {name!r}: its manifest {path} names {obj['name']!r}")
     return Created(**{k: v for k, v in obj.items() if k in _FIELDS})

@@ -90,7 +90,7 @@ def _check_adapters(file: str, paths: list[str]) -> None:
             arch = gf.metadata.get("general.architecture")
             for p in paths:
                 check_file(read(p, arch), gf)
-    except EdgeInferError as e:
+    except (EdgeInferError, ValueError, OSError) as e:  # (gguf's own errors are ValueErrors)
         raise P.bad("adapters", f"adapter does not fit {Path(file).name}: {e}") from None
 
 
@@ -105,7 +105,8 @@ def _plan_create(models, req: OC.CreateRequest) -> created.Created:
     else:
         src, parent = _base(models, req.base)
         inherit = parent or created.Created(req.name, src.name, str(src.path))
-    adapters = [str(_blob(d, "adapters")) for d in req.adapters]
+    # (an adapter named twice, or one its parent has, once)
+    adapters = [a for a in dict.fromkeys(str(_blob(d, "adapters")) for d in req.adapters) if a not in inherit.adapters]
     if adapters:
         _check_adapters(inherit.file, [*inherit.adapters, *adapters])
     return created.Created(
@@ -125,7 +126,7 @@ def _check_model_file(path: Path) -> None:
     try:
         with GGUFFile(str(path)) as gf:
             kind = gf.metadata.get("general.type")
-    except EdgeInferError as e:
+    except (EdgeInferError, ValueError, OSError) as e:
         raise P.bad("files", f"the uploaded file is not a model this server can read: {e}") from None
     if kind == "adapter":
         raise P.bad("files", "the uploaded file is a LoRA adapter: name it in 'adapters', over a model in 'from'")
@@ -294,6 +295,8 @@ async def blob_upload(request: Request, call: Call):
         up = await asyncio.to_thread(blobs.Upload, request.path_params["digest"])
     except blobs.BlobError as e:
         raise P.bad("digest", str(e)) from None
+    except OSError as e:
+        raise P.APIError(500, f"cannot write the blob: {e}") from None
     try:
         async for chunk in request.stream():
             if chunk:
