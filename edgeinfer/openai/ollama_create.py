@@ -112,7 +112,8 @@ def _blob_map(body: dict, key: str) -> list[str]:
 
     v = body.get(key) or {}
     if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(d, str) for k, d in v.items()):
-        raise P.bad(key, f"'{key}' must be an object of file names to blob digests, e.g. {{\"a.gguf\": \"sha256:...\"}}")
+        raise P.bad(key, f"'{key}' must be an object of file names to blob digests, e.g. "
+                         '{"a.gguf": "sha256:..."}')
     for d in v.values():
         try:
             blobs.hex_of(d)
