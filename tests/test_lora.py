@@ -232,3 +232,37 @@ def test_base_requests_after_adapter_requests_are_the_base_models(zoo, adapters)
     for g, w in zip(got, want):
         assert g.token_ids == w.token_ids
         assert [x["logprob"] for x in g.logprobs] == [x["logprob"] for x in w.logprobs]
+
+
+def test_the_low_rank_kernel_against_numpy_on_awkward_shapes():
+    """lora.apply on shapes the zoo's models do not reach: an odd input width, outputs not a multiple of 8 or 32,
+    ranks 3 and 20 (padded to 8 and 24) on one matrix, float32 values and float16 ones, three matrices in one call
+    (two sharing A, as a fused matrix's splits), rows at scale 0 left as they were, against float64 numpy."""
+    from edgeinfer.kernels.cpu import lora as kl
+
+    rng = np.random.default_rng(5)
+    K, T = 517, 5
+    half = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731
+    a0, a1 = rng.standard_normal((K, 3)).astype(np.float32), half(rng.standard_normal((K, 20)))
+    ns = (45, 300, 7)
+    bs = [(rng.standard_normal((3, n)).astype(np.float32), half(rng.standard_normal((20, n)))) for n in ns]
+    mats = [[(0, a0, bs[i][0], 6.0, 3), (1, a1, bs[i][1], 0.0, 20)] for i in range(2)] + [[(1, a1, bs[2][1], 0.0, 20)]]
+    lo = kl.pack(mats)
+    assert lo.w16.size > 8 and lo.w32.size > 8  # both kinds held
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    scales = np.array([[1, 0], [0, 0], [0.5, 2], [0, 1], [-1, 0.25]], np.float32)
+    outs = [rng.standard_normal((T, n)).astype(np.float32) for n in ns]
+    before = [o.copy() for o in outs]
+    kl.apply(x, lo, 0, 1, 2, outs[0], outs[1], outs[2], scales)
+    for i, (o, b0) in enumerate(zip(outs, before)):
+        want = b0.astype(np.float64)
+        for (j, at, bt, alpha, rank) in mats[i]:
+            s = scales[:, j].astype(np.float64) * (alpha / rank if alpha else 1.0)
+            want += s[:, None] * ((x.astype(np.float64) @ at) @ bt)
+        assert np.abs(o - want).max() < 1e-3 * np.abs(want).max(), i
+        assert np.array_equal(o[1], b0[1])  # a row at scale 0 for every adapter: untouched
+    # one matrix at a time, the same bits (the shared A computed once or twice)
+    alone = [b.copy() for b in before]
+    for i in range(3):
+        kl.apply(x, lo, i, -1, -1, alone[i], alone[i], alone[i], scales)
+        assert np.array_equal(alone[i], outs[i])

@@ -32,8 +32,8 @@ class LoraPart(NamedTuple):
     on: int  # 1: adapters are packed here (0: a stand-in, never read)
     first: np.ndarray  # (n_ids + 1,) int64: matrix id m's pairs are pairs[first[m]:first[m + 1]], in adapter order
     # (P, 7) int64 per pair: adapter, rank R, padded rank Rp (a multiple of 8), A's offset (A transposed, (K, Rp),
-    # zeros past R), A held as float16 bits (1, in w16) or float32 (0, in w32), B's offset ((R, N rounded up to 8),
-    # zeros past N), B held as halves
+    # zeros past R), A held as float16 bits (1, in w16) or float32 (0, in w32), B's offset (B transposed in blocks of
+    # 32 output columns, each (R, 32): `_tiles`), B held as halves
     pairs: np.ndarray
     alpha: np.ndarray  # (P,) float32: the adapter's alpha (0: none, the scale alone)
     rank: np.ndarray  # (P,) float32
@@ -72,9 +72,7 @@ def pack(matrices: list) -> LoraPart:
                 pad[:, :r] = at
                 held[id(at)] = (*put(pad), at)  # (keeps `at` alive: its id is not reused meanwhile)
             ao, ah = held[id(at)][:2]
-            bpad = np.zeros((r, -(-bt.shape[1] // 8) * 8), np.float32)  # (the kernel reads whole vectors)
-            bpad[:, :bt.shape[1]] = bt
-            bo, bh = put(bpad)
+            bo, bh = put(_tiles(bt))
             rows.append((j, r, -(-r // 8) * 8, ao, ah, bo, bh))
             alpha.append(al or 0.0)
             rank.append(r)
@@ -83,6 +81,16 @@ def pack(matrices: list) -> LoraPart:
     return LoraPart(1, np.array(first, np.int64), np.array(rows, np.int64).reshape(-1, 7),
                     np.array(alpha, np.float32), np.array(rank, np.float32), cat(w32, np.float32), cat(w16, np.uint16),
                     np.zeros(0, np.int64))
+
+
+def _tiles(bt: np.ndarray) -> np.ndarray:
+    """B transposed (R, N) in the order the kernel reads it: blocks of 32 output columns one after the other, each
+    (R, 32) contiguous (B u streams through memory), the last block as wide as N rounded up to 8 (zeros past N)."""
+    r, n = bt.shape
+    n_pad = -(-n // 8) * 8
+    padded = np.zeros((r, n_pad), np.float32)
+    padded[:, :n] = bt
+    return np.concatenate([padded[:, c:c + 32].ravel() for c in range(0, n_pad, 32)])
 
 
 def off() -> LoraPart:
@@ -137,38 +145,40 @@ def _down(x, lo, t, p, c, part, at):
 
 
 @njit(nogil=True, cache=True)
-def _up_w(w, bo, n_pad, r_n, u, n0, n1, buf):
-    # buf[: n1 - n0] (rounded up to 8) = B u over outputs n0:n1, B (R, n_pad) at w[bo:] (zeros past the output's
-    # width): each output's multiply-adds in the order of the rank from 0, 32 outputs at a time (four chains)
+def _up_w(w, bo, r_n, u, n0, n1, buf):
+    # buf[: n1 - n0] (rounded up to 8) = B u over outputs n0:n1 (n0 a multiple of 32), B at w[bo:] in blocks of 32
+    # outputs (`_tiles`): each output's multiply-adds in the order of the rank from 0, a block's 32 at a time (four
+    # chains)
     end = n0 + (n1 - n0 + 7) // 8 * 8
     n = n0
     while n + 32 <= end:
+        o = bo + n * r_n  # (the blocks before are whole: R x 32 each)
         c0 = c1 = c2 = c3 = simd.zerof()
         for r in range(r_n):
             ur = simd.splatf(u[r])
-            o = bo + r * n_pad + n
             c0 = simd.fma8(simd.loadf8(w, o), ur, c0)
             c1 = simd.fma8(simd.loadf8(w, o + 8), ur, c1)
             c2 = simd.fma8(simd.loadf8(w, o + 16), ur, c2)
             c3 = simd.fma8(simd.loadf8(w, o + 24), ur, c3)
+            o += 32
         simd.storef8(buf, n - n0, c0)
         simd.storef8(buf, n - n0 + 8, c1)
         simd.storef8(buf, n - n0 + 16, c2)
         simd.storef8(buf, n - n0 + 24, c3)
         n += 32
-    while n < end:
-        c0 = simd.zerof()
-        for r in range(r_n):
-            c0 = simd.fma8(simd.loadf8(w, bo + r * n_pad + n), simd.splatf(u[r]), c0)
-        simd.storef8(buf, n - n0, c0)
-        n += 8
+    if n < end:  # the last block, narrower
+        bw = end - n
+        for k in range(0, bw, 8):
+            c0 = simd.zerof()
+            for r in range(r_n):
+                c0 = simd.fma8(simd.loadf8(w, bo + n * r_n + r * bw + k), simd.splatf(u[r]), c0)
+            simd.storef8(buf, n + k - n0, c0)
 
 
 @njit(nogil=True, cache=True)
 def _up(lo, scales, t, m, n0, n1, part, idx, base, n_c, rmax, out):
     # out[t, n0:n1] += each of matrix m's pairs' scale * B u, u = A x[t] (its partial sums in part, added in
     # order), pair after pair in adapter order
-    n_pad = (out.shape[1] + 7) // 8 * 8
     buf = np.empty(_NC, np.float32)
     u = np.empty(rmax, np.float32)
     for p in range(lo.first[m], lo.first[m + 1]):
@@ -185,9 +195,9 @@ def _up(lo, scales, t, m, n0, n1, part, idx, base, n_c, rmax, out):
                 v += part[(i * n_c + c) * rmax + r]
             u[r] = v
         if lo.pairs[p, 6]:
-            _up_w(lo.w16, lo.pairs[p, 5], n_pad, r_n, u, n0, n1, buf)
+            _up_w(lo.w16, lo.pairs[p, 5], r_n, u, n0, n1, buf)
         else:
-            _up_w(lo.w32, lo.pairs[p, 5], n_pad, r_n, u, n0, n1, buf)
+            _up_w(lo.w32, lo.pairs[p, 5], r_n, u, n0, n1, buf)
         for n in range(n0, n1):
             out[t, n] += buf[n - n0] * s
 
