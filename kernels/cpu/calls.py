@@ -81,7 +81,8 @@ ATTENTION = COUNT
 SMALL = ATTENTION + 1
 EXPERTS = SMALL + COUNT
 MIXER = EXPERTS + 1
-TABLE_SIZE = MIXER + 1
+LORA = MIXER + 1  # lora.apply: LoRA adapters' low-rank products (a model with adapters)
+TABLE_SIZE = LORA + 1
 
 
 @njit(inline="always", cache=True)

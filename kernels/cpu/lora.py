@@ -14,12 +14,16 @@ others gets the bits it gets alone.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import NamedTuple
 
+import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from . import simd
+from .calls import call_codegen, check
 
 _KC = 512  # input columns of a partial sum of A x (a row's partial sums added in order after)
 _NC = 256  # output columns a task of B u computes
@@ -328,6 +332,30 @@ def lora_embed_add(ids, a, bt, scales, out):
             out[t, n] += acc[n] * s
 
 
+@cache
+def lora_sig() -> tuple:
+    """apply's argument types (x, lo, m0, m1, m2, o0, o1, o2, scales), as the step calls it: a unit of its own
+    (call_lora), compiled only for a model with adapters (the step of a model without stays as it was)."""
+    f2 = types.Array(types.float32, 2, "C")
+    return (f2, numba.typeof(off()), types.int64, types.int64, types.int64, f2, f2, f2, f2)
+
+
+@intrinsic
+def call_lora(typingctx, addr, x, lo, m0, m1, m2, o0, o1, o2, scales):
+    """The LoRA unit at addr (Table slot LORA: `apply` compiled for lora_sig, the per-op forward's own
+    function): apply(x, lo, m0, m1, m2, o0, o1, o2, scales) from the step."""
+    argtys = (x, lo, m0, m1, m2, o0, o1, o2, scales)
+    check("LoRA", argtys, argtys == lora_sig())
+    return types.void(addr, *argtys), call_codegen(argtys)
+
+
+def unit_address() -> int:
+    """The address of the LoRA unit (compiled, or loaded from the cache, now)."""
+    from .units import address
+
+    return address(apply, lora_sig())
+
+
 class Rows:
     """Which rows of the batch now computing use which adapter, and how strongly: `scales` (T, n_adapters)
     float32, or None: every row at `uniform` (n_adapters,). Set by the model at the start of each forward (and for
@@ -380,6 +408,4 @@ def warm_up() -> None:
     """Compile (or load) the kernels now, at load, rather than in a request's first step."""
     z = np.zeros((1, 1), np.float32)
     lora_embed_add(np.zeros(1, np.int64), z, z, np.zeros(1, np.float32), z)
-    lo = pack([[(0, np.ones((8, 1), np.float32), np.ones((1, 8), np.float32), 0.0, 1)]])
-    x, out = np.ones((1, 8), np.float32), np.zeros((1, 8), np.float32)
-    apply(x, lo, 0, -1, -1, out, out, out, np.ones((1, 1), np.float32))
+    unit_address()

@@ -18,7 +18,8 @@ layers, with every matrix in one typed list of (kind, qs, qh, sc, d, m) tuples (
 layer's are) and the experts' in a second. The precompile's signature (parallel_compile.step_sig) is typed
 from a stand-in LayerStack's arguments (`stand_in_args`), so no argument type is written twice. LoRA adapters
 (lora.py) run after the attention's and the FFN's matmuls, each row at its own scales, where a model has them
-(`LayerStack.lora_part`): the per-op forward's kernel, so the two give the same bits.
+(`LayerStack.lora_part`): a unit of their own (lora.call_lora, compiled only for a model with adapters), the very
+function the per-op forward calls, so the two give the same bits.
 """
 
 from __future__ import annotations
@@ -148,8 +149,10 @@ class LayerStack:
         """x (T, dim) float32, the embedded tokens, through every layer (x is overwritten) -> the final
         hidden states of the rows batch.logits_idx selects, (L, dim); ple: the per-layer inputs (Gemma 4's); lo,
         rows: the adapters and each row's scales of them (args)."""
-        return forward_layers(*self.args(x, batch, cache, self.units_for(cache.k.dtype, cache.v.dtype), ple, lo,
-                                         rows))
+        table = self.units_for(cache.k.dtype, cache.v.dtype)
+        if lo is not None and not table[units.LORA]:
+            table[units.LORA] = lora.unit_address()
+        return forward_layers(*self.args(x, batch, cache, table, ple, lo, rows))
 
 
 def stand_in_args(k_dtype, v_dtype=None) -> tuple:

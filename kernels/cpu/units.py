@@ -24,7 +24,7 @@ from ..kinds import FAMILIES, is_quantized
 from . import simd
 # the calls into the units and their signatures (calls.py); the compiled step, the MoE kernels and
 # parallel_compile read them here as units.*
-from .calls import (ATTENTION, EXPERTS, KV_DTYPES, MIXER, LUTS, MAT, Q8, Q8K, ROWS_SIG, SMALL, TABLE_SIZE, attention_sig,  # noqa: F401
+from .calls import (ATTENTION, EXPERTS, KV_DTYPES, LORA, MIXER, LUTS, MAT, Q8, Q8K, ROWS_SIG, SMALL, TABLE_SIZE, attention_sig,  # noqa: F401
                     call_attention, call_rows, slot)
 from .int8 import rows_any
 from .quant import dequant_rows_of

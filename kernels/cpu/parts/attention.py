@@ -16,6 +16,8 @@ from .. import int8, lora, ops, units
 from . import gather, stack
 from .rows import PAR_ROWS, add_bias, norm, quantize
 
+_NONE = np.int64(-1)  # no matrix (lora.call_lora's)
+
 # the matrices of a layer, by name -> the input each reads
 MATS = {"wq": "qkv", "wk": "qkv", "wv": "qkv", "wo": "o"}
 
@@ -149,17 +151,19 @@ def project(h, q, k, v, gate, positions, slot_mapping, kc, vc, mats, a, layer, l
     if not own:
         int8.matmuls(wq, wq, wq, np.int64(1), a8, a8k, luts, qg, qg, qg, threads, table)
         if adapt:
-            lora.apply(h, lo, lo.of_mat[a.wq[layer]], -1, -1, qg, qg, qg, lr)
+            lora.call_lora(table[units.LORA], h, lo, lo.of_mat[a.wq[layer]], _NONE, _NONE, qg, qg, qg, lr)
     elif a.wv[layer] < 0:  # Gemma 4's layers without wv: V is K's projection, before K's norm
         wk = mats[a.wk[layer]]
         int8.matmuls(wq, wk, wk, np.int64(2), a8, a8k, luts, qg, k2, k2, threads, table)
         if adapt:
-            lora.apply(h, lo, lo.of_mat[a.wq[layer]], lo.of_mat[a.wk[layer]], -1, qg, k2, k2, lr)
+            lora.call_lora(table[units.LORA], h, lo, lo.of_mat[a.wq[layer]], lo.of_mat[a.wk[layer]], _NONE, qg, k2, k2,
+                               lr)
         v2[:] = k2
     else:
         int8.matmuls(wq, mats[a.wk[layer]], mats[a.wv[layer]], np.int64(3), a8, a8k, luts, qg, k2, v2, threads, table)
         if adapt:
-            lora.apply(h, lo, lo.of_mat[a.wq[layer]], lo.of_mat[a.wk[layer]], lo.of_mat[a.wv[layer]], qg, k2, v2, lr)
+            lora.call_lora(table[units.LORA], h, lo, lo.of_mat[a.wq[layer]], lo.of_mat[a.wk[layer]],
+                           lo.of_mat[a.wv[layer]], qg, k2, v2, lr)
     if a.gate:
         _split_gate(qg, q2, gate, nh, hd)
     if a.qkv_bias:
@@ -213,6 +217,7 @@ def attend(q, gate, positions, token_seq, block_tables, block_size, kc, vc, mats
     wo = mats[a.wo[layer]]
     int8.matmuls(wo, wo, wo, np.int64(1), o8, o8k, luts, out, out, out, threads, table)
     if lo.on:
-        lora.apply(att.reshape(T, nh * vd), lo, lo.of_mat[a.wo[layer]], -1, -1, out, out, out, lr)
+        lora.call_lora(table[units.LORA], att.reshape(T, nh * vd), lo, lo.of_mat[a.wo[layer]], _NONE, _NONE, out, out,
+                       out, lr)
     if a.out_bias:
         add_bias(out, a.bo[layer])

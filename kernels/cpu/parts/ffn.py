@@ -9,9 +9,11 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from .. import int8, lora, ops
+from .. import int8, lora, ops, units
 from . import gather
 from .rows import alloc_q, quantize
+
+_NONE = np.int64(-1)  # no matrix (lora.call_lora's)
 
 # the matrices of a layer, by name -> the input each reads
 MATS = {"w_gate": "gate_up", "w_up": "gate_up", "w_down": "down"}
@@ -110,7 +112,8 @@ def gate_up(h, mats, f, layer, luts, threads, table, scratch, lo, lr):
     up = scratch[T * ffn: 2 * T * ffn].reshape(T, ffn)
     int8.matmuls(wg, wu, wu, np.int64(2), g8, g8k, luts, gate, up, up, threads, table)
     if lo.on:
-        lora.apply(h, lo, lo.of_mat[f.w_gate[layer]], lo.of_mat[f.w_up[layer]], -1, gate, up, up, lr)
+        lora.call_lora(table[units.LORA], h, lo, lo.of_mat[f.w_gate[layer]], lo.of_mat[f.w_up[layer]], _NONE, gate, up,
+                       up, lr)
     return gate, up
 
 
@@ -123,7 +126,7 @@ def down(gate, up, out, mats, f, layer, luts, threads, table, lo, lr):
     act_quantize(gate, up, f.gelu, f.need_down[layer], d8, d8k)
     int8.matmuls(wd, wd, wd, np.int64(1), d8, d8k, luts, out, out, out, threads, table)
     if lo.on:
-        lora.apply(gate, lo, lo.of_mat[f.w_down[layer]], -1, -1, out, out, out, lr)
+        lora.call_lora(table[units.LORA], gate, lo, lo.of_mat[f.w_down[layer]], _NONE, _NONE, out, out, out, lr)
 
 
 @njit(nogil=True, cache=True)
