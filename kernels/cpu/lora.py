@@ -216,13 +216,19 @@ def _downs_par(x, lo, tp, n_c, part, rmax):
 @njit(parallel=True, nogil=True, cache=True)
 def _ups_par(lo, scales, tasks, ms, part, idx, bases, n_c, rmax, o0, o1, o2):
     for i in prange(tasks.shape[0]):
-        k, t, n0, n1 = tasks[i, 0], tasks[i, 1], tasks[i, 2], tasks[i, 3]
-        if k == 0:
-            _up(lo, scales, t, ms[0], n0, n1, part, idx, bases[0], n_c, rmax, o0)
-        elif k == 1:
-            _up(lo, scales, t, ms[1], n0, n1, part, idx, bases[1], n_c, rmax, o1)
-        else:
-            _up(lo, scales, t, ms[2], n0, n1, part, idx, bases[2], n_c, rmax, o2)
+        _up_task(lo, scales, tasks, np.int64(i), ms, part, idx, bases, n_c, rmax, o0, o1, o2)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _up_task(lo, scales, tasks, i, ms, part, idx, bases, n_c, rmax, o0, o1, o2):
+    # task i of B u: (which of the call's matrices, row, output columns n0:n1)
+    k, t, n0, n1 = tasks[i, 0], tasks[i, 1], tasks[i, 2], tasks[i, 3]
+    if k == 0:
+        _up(lo, scales, t, ms[0], n0, n1, part, idx, bases[0], n_c, rmax, o0)
+    elif k == 1:
+        _up(lo, scales, t, ms[1], n0, n1, part, idx, bases[1], n_c, rmax, o1)
+    else:
+        _up(lo, scales, t, ms[2], n0, n1, part, idx, bases[2], n_c, rmax, o2)
 
 
 @njit(nogil=True, cache=True)
@@ -305,13 +311,7 @@ def apply(x, lo, m0, m1, m2, o0, o1, o2, scales):
         _ups_par(lo, scales, tasks[:n_tasks], ms, part, idx, bases, n_c, rmax, o0, o1, o2)
     else:
         for i in range(n_tasks):
-            k, t, n0, n1 = tasks[i, 0], tasks[i, 1], tasks[i, 2], tasks[i, 3]
-            if k == 0:
-                _up(lo, scales, t, m0, n0, n1, part, idx, bases[0], n_c, rmax, o0)
-            elif k == 1:
-                _up(lo, scales, t, m1, n0, n1, part, idx, bases[1], n_c, rmax, o1)
-            else:
-                _up(lo, scales, t, m2, n0, n1, part, idx, bases[2], n_c, rmax, o2)
+            _up_task(lo, scales, tasks, i, ms, part, idx, bases, n_c, rmax, o0, o1, o2)
 
 
 @njit(parallel=True, nogil=True, cache=True)
