@@ -33,7 +33,7 @@ class Adapter:
 
     path: Path
     alpha: float
-    pairs: dict
+    pairs: dict  # emptied once a LoraSet has taken them
     digest: str  # of the file's bytes: what the prefix caches key by
 
     @property
@@ -160,6 +160,7 @@ class LoraSet:
                 splits = np.cumsum((0, *rows)) if rows else (0, shape[0])
                 for f, r0, r1 in zip(fields, splits[:-1], splits[1:]):
                     per_layer[i].setdefault(f, []).append((j, at, np.ascontiguousarray(b[r0:r1].T), ad.alpha, rank))
+            ad.pairs = {}  # its tensors are copied above, transposed: not held twice while the rest are read and packed
         # every adapted matrix packed once, by an id (kernels/cpu/lora.py): the layers' by (layer, field), the output's
         matrices, self.where = [], {}
         for i, got in enumerate(per_layer):

@@ -81,7 +81,7 @@ def pack(matrices: list) -> LoraPart:
             alpha.append(al or 0.0)
             rank.append(r)
         first.append(len(rows))
-    cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(8, dt)  # noqa: E731
+    cat = lambda parts, dt: np.concatenate(parts).astype(dt, copy=False) if parts else np.zeros(8, dt)  # noqa: E731
     return LoraPart(1, np.array(first, np.int64), np.array(rows, np.int64).reshape(-1, 7),
                     np.array(alpha, np.float32), np.array(rank, np.float32), cat(w32, np.float32), cat(w16, np.uint16),
                     np.zeros(0, np.int64))
